@@ -1,0 +1,179 @@
+#include "common/coordinator_link.h"
+
+#include <unistd.h>
+
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "common/logging.h"
+
+namespace psrt {
+namespace {
+
+// Calls `rpc` until it gets through or `deadline` passes: daemons start in
+// any order, so an unreachable coordinator is worth waiting for.
+absl::Status RetryWhileUnreachable(const std::string& coordinator, absl::Time deadline,
+                                   const std::function<grpc::Status(absl::Duration)>& rpc) {
+  absl::Duration backoff = absl::Milliseconds(50);
+  const absl::Time start = absl::Now();
+  while (true) {
+    grpc::Status s = rpc(std::max(absl::Milliseconds(100), deadline - absl::Now()));
+    if (s.ok()) return absl::OkStatus();
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          absl::StrCat("coordinator at ", coordinator, " refused: ", s.error_message()));
+    }
+    if (absl::Now() + backoff > deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          "could not reach the coordinator at ", coordinator, " within ",
+          absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(100))), ": ",
+          s.error_message()));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
+
+}  // namespace
+
+CoordinatorLink::CoordinatorLink(Options options)
+    : options_(std::move(options)),
+      stub_(v1::Coordinator::NewStub(MakeChannel(options_.coordinator))) {}
+
+absl::StatusOr<std::unique_ptr<CoordinatorLink>> CoordinatorLink::Connect(Options options) {
+  std::unique_ptr<CoordinatorLink> link(new CoordinatorLink(std::move(options)));
+  const Options& o = link->options_;
+  v1::RegisterRequest req;
+  *req.mutable_id() = o.id;
+  req.set_address(o.address);
+  req.set_host(o.host);
+  req.set_pid(getpid());
+  v1::RegisterResponse resp;
+  absl::Status s = RetryWhileUnreachable(
+      o.coordinator, absl::Now() + o.connect_timeout, [&](absl::Duration timeout) {
+        grpc::ClientContext ctx;
+        PrepareContext(&ctx, o.token, std::min(o.rpc_timeout, timeout));
+        return link->stub_->Register(&ctx, req, &resp);
+      });
+  if (!s.ok()) return s;
+  link->config_ = resp.config();
+  link->heartbeats_ = std::thread([l = link.get()] { l->HeartbeatLoop(); });
+  return link;
+}
+
+CoordinatorLink::~CoordinatorLink() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (heartbeats_.joinable()) heartbeats_.join();
+}
+
+void CoordinatorLink::HeartbeatLoop() {
+  const absl::Duration interval = absl::Seconds(config_.heartbeat_interval_s());
+  const absl::Duration timeout = absl::Seconds(config_.heartbeat_timeout_s());
+  absl::Time last_ok = absl::Now();
+  v1::HeartbeatRequest req;
+  *req.mutable_id() = options_.id;
+  absl::MutexLock lock(&mu_);
+  while (!stop_) {
+    mu_.Unlock();
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, options_.token, std::max(interval, absl::Seconds(1)));
+    v1::HeartbeatResponse resp;
+    grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+    const absl::Time now = absl::Now();
+    mu_.Lock();
+    if (s.ok()) {
+      last_ok = now;
+      if (end_.state == v1::JOB_RUNNING && resp.state() != v1::JOB_RUNNING) {
+        end_.state = resp.state();
+        end_.reason = resp.reason();
+      }
+    } else if (end_.state == v1::JOB_RUNNING && now - last_ok > timeout) {
+      end_.state = v1::JOB_FAILED;
+      end_.reason = absl::StrCat("lost the coordinator at ", options_.coordinator, ": no answer for ",
+                                 absl::FormatDuration(absl::Trunc(now - last_ok, absl::Milliseconds(100))),
+                                 " (", s.error_message(), ")");
+    } else if (!s.ok() && s.error_code() != grpc::StatusCode::UNAVAILABLE &&
+               s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED && end_.state == v1::JOB_RUNNING) {
+      end_.state = v1::JOB_FAILED;
+      end_.reason = absl::StrCat("the coordinator refused a heartbeat: ", s.error_message());
+    }
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), interval);
+  }
+}
+
+CoordinatorLink::JobEnd CoordinatorLink::state() const {
+  absl::MutexLock lock(&mu_);
+  return end_;
+}
+
+CoordinatorLink::JobEnd CoordinatorLink::WaitForEnd() const {
+  return WaitForEnd(absl::InfiniteDuration());
+}
+
+CoordinatorLink::JobEnd CoordinatorLink::WaitForEnd(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return end_.state != v1::JOB_RUNNING; };
+  mu_.AwaitWithTimeout(absl::Condition(&ended), timeout);
+  return end_;
+}
+
+absl::StatusOr<v1::BarrierResponse> CoordinatorLink::Barrier() {
+  const absl::Duration timeout = absl::Seconds(config_.barrier_timeout_s());
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx, options_.token, timeout + absl::Seconds(5));
+  v1::BarrierRequest req;
+  *req.mutable_id() = options_.id;
+  v1::BarrierResponse resp;
+  grpc::Status s = stub_->Barrier(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
+absl::Status CoordinatorLink::ReportExit(const v1::ProcessId& id, int exit_code,
+                                         const std::string& message) {
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx, options_.token, options_.rpc_timeout);
+  v1::ReportExitRequest req;
+  *req.mutable_id() = id;
+  req.set_exit_code(exit_code);
+  req.set_message(message);
+  v1::ReportExitResponse resp;
+  return FromGrpc(stub_->ReportExit(&ctx, req, &resp));
+}
+
+absl::StatusOr<v1::JobStatusResponse> CoordinatorLink::GetJobStatus() {
+  return QueryJobStatus(options_.coordinator, options_.token, options_.rpc_timeout);
+}
+
+absl::StatusOr<v1::JobConfig> FetchJobConfig(const std::string& coordinator,
+                                             const std::string& token, absl::Duration timeout) {
+  auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
+  v1::JobStatusResponse resp;
+  absl::Status s = RetryWhileUnreachable(coordinator, absl::Now() + timeout, [&](absl::Duration t) {
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, token, std::min(t, absl::Seconds(10)));
+    return stub->GetJobStatus(&ctx, v1::JobStatusRequest(), &resp);
+  });
+  if (!s.ok()) return s;
+  return resp.config();
+}
+
+absl::StatusOr<v1::JobStatusResponse> QueryJobStatus(const std::string& coordinator,
+                                                     const std::string& token,
+                                                     absl::Duration timeout) {
+  auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx, token, timeout);
+  v1::JobStatusResponse resp;
+  grpc::Status s = stub->GetJobStatus(&ctx, v1::JobStatusRequest(), &resp);
+  if (!s.ok()) return FromGrpc(s);
+  return resp;
+}
+
+}  // namespace psrt

@@ -1,0 +1,77 @@
+#ifndef PSRT_COMMON_COORDINATOR_LINK_H_
+#define PSRT_COMMON_COORDINATOR_LINK_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "psrt/v1/coordinator.grpc.pb.h"
+
+namespace psrt {
+
+// A process's link to the coordinator: registration, the readiness barrier,
+// heartbeats, and learning how the job ended. Servers, agents and training
+// processes all use it.
+class CoordinatorLink {
+ public:
+  struct Options {
+    std::string coordinator;  // host:port
+    std::string token;
+    v1::ProcessId id;
+    std::string address;  // where this process serves (servers)
+    std::string host;
+    absl::Duration connect_timeout = absl::Seconds(60);
+    absl::Duration rpc_timeout = absl::Seconds(10);
+  };
+  struct JobEnd {
+    v1::JobState state = v1::JOB_RUNNING;
+    std::string reason;
+  };
+
+  // Registers, retrying while the coordinator is not up yet, until
+  // connect_timeout. Starts heartbeats.
+  static absl::StatusOr<std::unique_ptr<CoordinatorLink>> Connect(Options options);
+  ~CoordinatorLink();
+
+  const v1::JobConfig& config() const { return config_; }
+  absl::StatusOr<v1::BarrierResponse> Barrier();
+  absl::Status ReportExit(const v1::ProcessId& id, int exit_code, const std::string& message);
+  absl::StatusOr<v1::JobStatusResponse> GetJobStatus();
+
+  // The job's state as last heard. A coordinator silent for longer than the
+  // heartbeat timeout counts as a failed job.
+  JobEnd state() const;
+  // Blocks until the job has ended (or the coordinator was lost).
+  JobEnd WaitForEnd() const;
+  // Blocks at most `timeout`; returns the state then.
+  JobEnd WaitForEnd(absl::Duration timeout) const;
+
+ private:
+  explicit CoordinatorLink(Options options);
+  void HeartbeatLoop();
+
+  const Options options_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  v1::JobConfig config_;
+  mutable absl::Mutex mu_;
+  JobEnd end_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread heartbeats_;
+};
+
+// Reads the job's settings, waiting up to `timeout` for the coordinator to
+// come up (servers need them before they can serve and register).
+absl::StatusOr<v1::JobConfig> FetchJobConfig(const std::string& coordinator,
+                                             const std::string& token, absl::Duration timeout);
+
+// Reads a job's status from a coordinator once (launcher, tools, tests).
+absl::StatusOr<v1::JobStatusResponse> QueryJobStatus(const std::string& coordinator,
+                                                     const std::string& token,
+                                                     absl::Duration timeout);
+
+}  // namespace psrt
+
+#endif  // PSRT_COMMON_COORDINATOR_LINK_H_

@@ -1,0 +1,59 @@
+#include "common/daemon.h"
+
+#include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "common/logging.h"
+
+namespace psrt {
+
+void InitProcess(const std::string& log_name) {
+  SetLogName(log_name);
+  signal(SIGPIPE, SIG_IGN);
+  // Keys are at most a few MiB: serve them from the heap (reused) rather
+  // than fresh mmap'd pages, and do not hand freed memory back.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
+void HandleSignals(std::function<void(int)> on_signal) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread([set, on_signal = std::move(on_signal)] {
+    while (true) {
+      int sig = 0;
+      if (sigwait(&set, &sig) == 0) on_signal(sig);
+    }
+  }).detach();
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> ServeMetrics(const std::string& bind, int port,
+                                                         Metrics* metrics) {
+  if (port < 0) return std::unique_ptr<HttpServer>();
+  absl::StatusOr<std::unique_ptr<HttpServer>> http =
+      HttpServer::Start(bind, port, "/metrics", [metrics] { return metrics->PrometheusText(); });
+  if (http.ok()) LogInfo("metrics at http://", bind, ":", (*http)->port(), "/metrics");
+  return http;
+}
+
+std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+}  // namespace psrt

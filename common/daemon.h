@@ -1,0 +1,37 @@
+#ifndef PSRT_COMMON_DAEMON_H_
+#define PSRT_COMMON_DAEMON_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/http_server.h"
+#include "common/metrics.h"
+
+namespace psrt {
+
+// Start-up every psrt process shares: log name, SIGPIPE off, and an
+// allocator that keeps freed message buffers for reuse instead of returning
+// them to the kernel (fresh pages cost far more than the copy into them).
+void InitProcess(const std::string& log_name);
+
+// Blocks SIGINT, SIGTERM and SIGHUP in every thread started afterwards and
+// calls `on_signal` with the signal number from a thread of its own. Call it
+// before starting any thread.
+void HandleSignals(std::function<void(int)> on_signal);
+
+// Serves `metrics` as Prometheus text at http://bind:port/metrics when
+// port >= 0 (0 picks a free port); returns null when port < 0.
+absl::StatusOr<std::unique_ptr<HttpServer>> ServeMetrics(const std::string& bind, int port,
+                                                         Metrics* metrics);
+
+// The value of environment variable `name`, or `fallback`.
+std::string EnvOr(const char* name, const std::string& fallback);
+
+// This machine's host name.
+std::string HostName();
+
+}  // namespace psrt
+
+#endif  // PSRT_COMMON_DAEMON_H_

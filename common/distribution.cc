@@ -1,0 +1,548 @@
+#include "common/distribution.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+
+namespace psrt {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kMinPartitionBytes = 4 << 10;
+constexpr int64_t kMaxPartitionBytes = 64 << 20;
+
+// Rejects duplicate keys and captures nlohmann's parse error text; the DOM
+// parser with exceptions disabled only reports "discarded".
+class StrictSax : public Json::json_sax_t {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(Json::number_integer_t) override { return true; }
+  bool number_unsigned(Json::number_unsigned_t) override { return true; }
+  bool number_float(Json::number_float_t, const Json::string_t&) override {
+    return true;
+  }
+  bool string(Json::string_t&) override { return true; }
+  bool binary(Json::binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    keys_.emplace_back();
+    return true;
+  }
+  bool key(Json::string_t& key) override {
+    if (!keys_.back().insert(key).second) {
+      error_ = absl::StrCat("duplicate key '", key,
+                            "' (each key may appear only once per object)");
+      return false;
+    }
+    return true;
+  }
+  bool end_object() override {
+    keys_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&,
+                   const Json::exception& ex) override {
+    error_ = ex.what();
+    return false;
+  }
+
+  const std::string& error() const { return error_; }
+
+ private:
+  std::vector<std::set<std::string>> keys_;
+  std::string error_;
+};
+
+// "string \"2\"", "number 2.5", "object": what the user actually wrote, so
+// a type error shows e.g. that a number was quoted.
+std::string Describe(const Json& v) {
+  if (v.is_object() || v.is_array()) return v.type_name();
+  std::string text = v.dump(-1, ' ', false, Json::error_handler_t::replace);
+  constexpr size_t kMaxShown = 60;
+  if (text.size() > kMaxShown) {
+    text = absl::StrCat(text.substr(0, kMaxShown), "...");
+  }
+  return absl::StrCat(v.type_name(), " ", text);
+}
+
+absl::Status TypeError(absl::string_view key, absl::string_view want,
+                       const Json& v) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", key, "' must be ", want, ", got ", Describe(v)));
+}
+
+std::string RangeText(int64_t lo, int64_t hi) {
+  if (hi == kIntMax || hi == kInt64Max) return absl::StrCat(">= ", lo);
+  return absl::StrCat("between ", lo, " and ", hi);
+}
+
+template <typename T>
+absl::Status SetInt(const Json& v, absl::string_view key, int64_t lo,
+                    int64_t hi, T* out) {
+  if (!v.is_number_integer()) return TypeError(key, "an integer", v);
+  // Values beyond the type's range get an upper-bound message; saying ">= 1"
+  // about 3000000000 would be confusing.
+  if ((v.is_number_unsigned() &&
+       v.get<uint64_t>() > static_cast<uint64_t>(hi)) ||
+      (hi == kIntMax && v.get<int64_t>() > hi)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", key, "' must be at most ", hi, "; got ", v.dump()));
+  }
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", key, "' must be ", RangeText(lo, hi), "; got ", x));
+  }
+  *out = static_cast<T>(x);
+  return absl::OkStatus();
+}
+
+// Timeouts/intervals: integers are accepted too ("10" seconds is natural).
+absl::Status SetSeconds(const Json& v, absl::string_view key,
+                        bool allow_zero, double* out) {
+  if (!v.is_number()) return TypeError(key, "a number", v);
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < 0 || (!allow_zero && x == 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", key, "' must be ", allow_zero ? ">= 0" : "> 0",
+                     " seconds; got ", v.dump()));
+  }
+  *out = x;
+  return absl::OkStatus();
+}
+
+absl::Status SetBool(const Json& v, absl::string_view key, bool* out) {
+  if (!v.is_boolean()) return TypeError(key, "a boolean (true or false)", v);
+  *out = v.get<bool>();
+  return absl::OkStatus();
+}
+
+absl::Status SetString(const Json& v, absl::string_view key, std::string* out) {
+  if (!v.is_string()) return TypeError(key, "a string", v);
+  *out = v.get<std::string>();
+  return absl::OkStatus();
+}
+
+absl::Status SetEnum(const Json& v, absl::string_view key,
+                     const std::vector<absl::string_view>& choices,
+                     std::string* out) {
+  const std::string choice_list = absl::StrJoin(choices, ", ");
+  if (!v.is_string()) {
+    return TypeError(key, absl::StrCat("a string, one of ", choice_list), v);
+  }
+  const std::string s = v.get<std::string>();
+  for (absl::string_view c : choices) {
+    if (s == c) {
+      *out = s;
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "'", key, "' must be one of ", choice_list, "; got '", s, "'"));
+}
+
+// "latest", a step number or a URI; anything else is most likely a typo of
+// "latest" or a relative path, which would resolve differently per host.
+absl::Status SetRestore(const Json& v, std::string* out) {
+  constexpr absl::string_view kWant =
+      "\"latest\", a step number, or a checkpoint URI (scheme://... or "
+      "/absolute/path)";
+  if (v.is_number_integer()) {
+    if (v.is_number_unsigned() || v.get<int64_t>() >= 0) {
+      *out = v.dump();
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("'restore' step number must be >= 0; got ", v.dump()));
+  }
+  if (!v.is_string()) {
+    return TypeError("restore", absl::StrCat("a string: ", kWant), v);
+  }
+  const std::string s = v.get<std::string>();
+  int64_t step = 0;
+  const bool is_step = !s.empty() && absl::ascii_isdigit(s[0]) &&
+                       absl::SimpleAtoi(s, &step) && step >= 0;
+  if (s.empty() || s == "latest" || is_step || absl::StrContains(s, "://") ||
+      absl::StartsWith(s, "/")) {
+    *out = s;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("'restore' must be ", kWant, "; got '", s, "'"));
+}
+
+// Used only to suggest a likely intended key for a typo.
+size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
+                         diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+absl::Status UnknownKey(absl::string_view key, absl::string_view where,
+                        const std::vector<absl::string_view>& accepted) {
+  std::string msg = absl::StrCat("unknown key '", key, "' in ", where,
+                                 "; accepted keys: ",
+                                 absl::StrJoin(accepted, ", "));
+  absl::string_view best;
+  size_t best_distance = 3;  // Suggest only close matches.
+  for (absl::string_view candidate : accepted) {
+    const size_t d = EditDistance(key, candidate);
+    if (d < best_distance) {
+      best_distance = d;
+      best = candidate;
+    }
+  }
+  if (!best.empty()) absl::StrAppend(&msg, ". Did you mean '", best, "'?");
+  return absl::InvalidArgumentError(msg);
+}
+
+// A table keeps parsing, the accepted-key lists and --help in agreement.
+struct KeySpec {
+  const char* name;
+  const char* type;
+  const char* default_value;
+  const char* meaning;
+  absl::Status (*apply)(const Json& v, PsOptions* out);
+};
+
+absl::Status ApplyCheckpoint(const Json& v, PsOptions* out);
+
+const std::vector<KeySpec>& ParameterServerKeys() {
+  static const auto* const kKeys = new std::vector<KeySpec>{
+      {"enabled", "bool", "false", "turn on the parameter-server runtime",
+       [](const Json& v, PsOptions* o) {
+         return SetBool(v, "enabled", &o->enabled);
+       }},
+      {"mode", "string", "\"sync\"",
+       "sync: wait for all workers each step; async: apply each push at once; "
+       "ssp: stale-synchronous, bounded by 'staleness'",
+       [](const Json& v, PsOptions* o) {
+         return SetEnum(v, "mode", {"sync", "async", "ssp"}, &o->mode);
+       }},
+      {"staleness", "int", "0",
+       "ssp only: steps the fastest worker may run ahead of the slowest (>= 0)",
+       [](const Json& v, PsOptions* o) {
+         return SetInt(v, "staleness", 0, kIntMax, &o->staleness);
+       }},
+      {"backup_workers", "int", "0",
+       "sync only: finish a step without the slowest N workers' gradients "
+       "(>= 0)",
+       [](const Json& v, PsOptions* o) {
+         return SetInt(v, "backup_workers", 0, kIntMax, &o->backup_workers);
+       }},
+      {"compression", "string", "\"none\"",
+       "encoding of pushed gradients: none, fp16, bf16",
+       [](const Json& v, PsOptions* o) {
+         return SetEnum(v, "compression", {"none", "fp16", "bf16"},
+                        &o->compression);
+       }},
+      {"pull_compression", "string", "\"none\"",
+       "encoding of pulled parameters: none, fp16, bf16",
+       [](const Json& v, PsOptions* o) {
+         return SetEnum(v, "pull_compression", {"none", "fp16", "bf16"},
+                        &o->pull_compression);
+       }},
+      {"servers_per_host", "int", "1",
+       "parameter-server processes per host (>= 1)",
+       [](const Json& v, PsOptions* o) {
+         return SetInt(v, "servers_per_host", 1, kIntMax, &o->servers_per_host);
+       }},
+      {"workers_per_host", "int", "1", "training processes per host (>= 1)",
+       [](const Json& v, PsOptions* o) {
+         return SetInt(v, "workers_per_host", 1, kIntMax, &o->workers_per_host);
+       }},
+      {"partition_bytes", "int", "4194304",
+       "largest slice of a tensor placed on one server; 4096..67108864, "
+       "multiple of 4",
+       [](const Json& v, PsOptions* o) {
+         int64_t bytes = 0;
+         absl::Status s = SetInt(v, "partition_bytes", kMinPartitionBytes,
+                                 kMaxPartitionBytes, &bytes);
+         if (!s.ok()) return s;
+         if (bytes % 4 != 0) {
+           return absl::InvalidArgumentError(absl::StrCat(
+               "'partition_bytes' must be a multiple of 4 (whole float32 "
+               "values); got ",
+               bytes));
+         }
+         o->partition_bytes = bytes;
+         return absl::OkStatus();
+       }},
+      {"gradient_aggregation", "string", "\"mean\"",
+       "combine workers' gradients by mean (as Horovod) or sum (as MXNet)",
+       [](const Json& v, PsOptions* o) {
+         return SetEnum(v, "gradient_aggregation", {"mean", "sum"},
+                        &o->gradient_aggregation);
+       }},
+      {"on_worker_failure", "string", "\"fail\"",
+       "fail: stop the job when a worker dies; continue: carry on with the "
+       "remaining workers",
+       [](const Json& v, PsOptions* o) {
+         return SetEnum(v, "on_worker_failure", {"fail", "continue"},
+                        &o->on_worker_failure);
+       }},
+      {"restart_workers", "int", "0",
+       "times a failed worker is restarted before on_worker_failure applies "
+       "(>= 0)",
+       [](const Json& v, PsOptions* o) {
+         return SetInt(v, "restart_workers", 0, kIntMax, &o->restart_workers);
+       }},
+      {"heartbeat_timeout_s", "number", "10",
+       "seconds without a heartbeat before a process is declared dead (> 0)",
+       [](const Json& v, PsOptions* o) {
+         return SetSeconds(v, "heartbeat_timeout_s", false,
+                           &o->heartbeat_timeout_s);
+       }},
+      {"barrier_timeout_s", "number", "60",
+       "seconds to wait for all processes at a barrier before failing (> 0)",
+       [](const Json& v, PsOptions* o) {
+         return SetSeconds(v, "barrier_timeout_s", false,
+                           &o->barrier_timeout_s);
+       }},
+      {"restore", "string", "\"\"",
+       "resume from \"latest\" or a step number under checkpoint.uri, or from "
+       "a checkpoint URI; empty starts fresh",
+       [](const Json& v, PsOptions* o) { return SetRestore(v, &o->restore); }},
+      {"checkpoint", "object", "{}",
+       "checkpoint settings: uri, every_steps, every_seconds, keep",
+       &ApplyCheckpoint},
+  };
+  return *kKeys;
+}
+
+struct CheckpointKeySpec {
+  const char* name;
+  const char* type;
+  const char* default_value;
+  const char* meaning;
+  absl::Status (*apply)(const Json& v, CheckpointOptions* out);
+};
+
+const std::vector<CheckpointKeySpec>& CheckpointKeys() {
+  static const auto* const kKeys = new std::vector<CheckpointKeySpec>{
+      {"uri", "string", "\"\"",
+       "where checkpoints are written, e.g. s3://bucket/prefix or /path",
+       [](const Json& v, CheckpointOptions* o) {
+         return SetString(v, "checkpoint.uri", &o->uri);
+       }},
+      {"every_steps", "int", "0", "checkpoint every N steps; 0 disables",
+       [](const Json& v, CheckpointOptions* o) {
+         return SetInt(v, "checkpoint.every_steps", 0, kInt64Max,
+                       &o->every_steps);
+       }},
+      {"every_seconds", "number", "0",
+       "checkpoint every N seconds; 0 disables",
+       [](const Json& v, CheckpointOptions* o) {
+         return SetSeconds(v, "checkpoint.every_seconds", true,
+                           &o->every_seconds);
+       }},
+      {"keep", "int", "0", "keep the newest N checkpoints; 0 keeps all",
+       [](const Json& v, CheckpointOptions* o) {
+         return SetInt(v, "checkpoint.keep", 0, kIntMax, &o->keep);
+       }},
+  };
+  return *kKeys;
+}
+
+template <typename Spec>
+std::vector<absl::string_view> Names(const std::vector<Spec>& specs) {
+  std::vector<absl::string_view> names;
+  names.reserve(specs.size());
+  for (const Spec& s : specs) names.push_back(s.name);
+  return names;
+}
+
+template <typename Spec>
+const Spec* FindKey(const std::vector<Spec>& specs, absl::string_view name) {
+  for (const Spec& s : specs) {
+    if (name == s.name) return &s;
+  }
+  return nullptr;
+}
+
+absl::Status ApplyCheckpoint(const Json& v, PsOptions* out) {
+  if (!v.is_object()) return TypeError("checkpoint", "an object", v);
+  const auto& specs = CheckpointKeys();
+  for (const auto& item : v.items()) {
+    if (FindKey(specs, item.key()) == nullptr) {
+      return UnknownKey(item.key(), "checkpoint", Names(specs));
+    }
+  }
+  // Table order, so the first error reported does not depend on key order.
+  for (const CheckpointKeySpec& spec : specs) {
+    auto it = v.find(spec.name);
+    if (it == v.end()) continue;
+    absl::Status s = spec.apply(*it, &out->checkpoint);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// Checks that involve more than one key.
+absl::Status ValidateCombination(const Json& ps, const PsOptions& o) {
+  const std::string mode_text = absl::StrCat(
+      "'", o.mode, "'", ps.contains("mode") ? "" : " (the default)");
+  if (ps.contains("staleness") && o.mode != "ssp") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'staleness' only applies when 'mode' is 'ssp', but mode is ",
+        mode_text, "; remove 'staleness' or set \"mode\": \"ssp\""));
+  }
+  if (ps.contains("backup_workers") && o.mode != "sync") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'backup_workers' only applies when 'mode' is 'sync', but mode is ",
+        mode_text, "; remove 'backup_workers' or set \"mode\": \"sync\""));
+  }
+  const CheckpointOptions& c = o.checkpoint;
+  if ((c.every_steps > 0 || c.every_seconds > 0) && c.uri.empty()) {
+    return absl::InvalidArgumentError(
+        "'checkpoint.every_steps'/'checkpoint.every_seconds' are set but "
+        "'checkpoint.uri' is empty; set checkpoint.uri to where checkpoints "
+        "should be written");
+  }
+  const bool restore_from_checkpoint_dir =
+      !o.restore.empty() && !absl::StrContains(o.restore, "://") &&
+      !absl::StartsWith(o.restore, "/");
+  if (restore_from_checkpoint_dir && c.uri.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'restore' is '", o.restore,
+        "', which is looked up under 'checkpoint.uri', but checkpoint.uri is "
+        "empty; set checkpoint.uri or give restore a full URI"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+namespace internal {
+
+absl::Status ParseJsonStrict(absl::string_view text, absl::string_view what,
+                             Json* out) {
+  StrictSax sax;
+  if (!Json::sax_parse(text.begin(), text.end(), &sax)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid ", what, " JSON: ",
+        sax.error().empty() ? "parse failed" : sax.error()));
+  }
+  *out = Json::parse(text.begin(), text.end(), nullptr,
+                     /*allow_exceptions=*/false);
+  if (out->is_discarded()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid ", what, " JSON: parse failed"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+
+absl::StatusOr<PsOptions> ParseDistribution(absl::string_view json) {
+  Json root;
+  absl::Status s = internal::ParseJsonStrict(json, "--distribution", &root);
+  if (!s.ok()) return s;
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--distribution must be a JSON object such as "
+        "{\"parameter_server\": {\"enabled\": true}}, got ",
+        Describe(root)));
+  }
+  for (const auto& item : root.items()) {
+    if (item.key() != "parameter_server") {
+      // SageMaker also knows "mpi", "smdistributed", ...; psrt only
+      // implements the parameter-server strategy.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown top-level key '", item.key(),
+          "' in --distribution; accepted keys: parameter_server"));
+    }
+  }
+  PsOptions options;
+  auto ps_it = root.find("parameter_server");
+  if (ps_it == root.end()) return options;
+  const Json& ps = *ps_it;
+  if (!ps.is_object()) {
+    return TypeError("parameter_server",
+                     "an object such as {\"enabled\": true}", ps);
+  }
+  const auto& specs = ParameterServerKeys();
+  for (const auto& item : ps.items()) {
+    if (FindKey(specs, item.key()) == nullptr) {
+      return UnknownKey(item.key(), "parameter_server", Names(specs));
+    }
+  }
+  for (const KeySpec& spec : specs) {
+    auto it = ps.find(spec.name);
+    if (it == ps.end()) continue;
+    s = spec.apply(*it, &options);
+    if (!s.ok()) return s;
+  }
+  s = ValidateCombination(ps, options);
+  if (!s.ok()) return s;
+  return options;
+}
+
+std::string DistributionHelp() {
+  std::string help;
+  const auto add = [&help](absl::string_view name, absl::string_view type,
+                           absl::string_view default_value,
+                           absl::string_view meaning) {
+    absl::StrAppendFormat(&help, "  %-26s %-7s default %-10s %s\n", name, type,
+                          default_value, meaning);
+  };
+  add("parameter_server", "object", "{}",
+      "the only top-level key; the keys below go inside it");
+  for (const KeySpec& k : ParameterServerKeys()) {
+    add(k.name, k.type, k.default_value, k.meaning);
+  }
+  for (const CheckpointKeySpec& k : CheckpointKeys()) {
+    add(absl::StrCat("checkpoint.", k.name), k.type, k.default_value,
+        k.meaning);
+  }
+  return help;
+}
+
+absl::Status CheckImplemented(const PsOptions& o) {
+  auto no = [](absl::string_view what) {
+    return absl::UnimplementedError(absl::StrCat(
+        "parameter_server.", what, " is not available in this build of psrt"));
+  };
+  if (o.mode == "ssp") return no("mode 'ssp'");
+  if (o.backup_workers > 0) return no("backup_workers");
+  if (o.compression != "none") return no("compression");
+  if (o.pull_compression != "none") return no("pull_compression");
+  if (!o.checkpoint.uri.empty() || !o.restore.empty()) return no("checkpoint and restore");
+  if (o.on_worker_failure != "fail") return no("on_worker_failure 'continue'");
+  if (o.restart_workers > 0) return no("restart_workers");
+  return absl::OkStatus();
+}
+
+}  // namespace psrt

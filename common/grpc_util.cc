@@ -1,0 +1,105 @@
+#include "common/grpc_util.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace psrt {
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           int64_t max_message_bytes) {
+  grpc::ChannelArguments args;
+  const int limit = static_cast<int>(std::min<int64_t>(max_message_bytes, INT_MAX));
+  args.SetMaxReceiveMessageSize(limit);
+  args.SetMaxSendMessageSize(limit);
+  // Fail fast on a dead peer instead of waiting out long reconnect backoff.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // One TCP connection per server from each process is the bottleneck for
+  // big tensors; a local subchannel pool per channel keeps channels apart.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+void ConfigureServerBuilder(grpc::ServerBuilder* builder, int64_t max_message_bytes) {
+  const int limit = static_cast<int>(std::min<int64_t>(max_message_bytes, INT_MAX));
+  builder->SetMaxReceiveMessageSize(limit);
+  builder->SetMaxSendMessageSize(limit);
+  grpc::ResourceQuota quota("psrt");
+  // Pulls may block waiting for a version, so allow many handler threads.
+  quota.SetMaxThreads(512);
+  builder->SetResourceQuota(quota);
+}
+
+void PrepareContext(grpc::ClientContext* ctx, const std::string& token,
+                    absl::Duration timeout) {
+  if (!token.empty()) ctx->AddMetadata(kTokenMetadata, token);
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    absl::ToChronoMilliseconds(timeout));
+}
+
+grpc::Status CheckToken(const grpc::ServerContext* ctx, const std::string& token) {
+  if (token.empty()) return grpc::Status::OK;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(kTokenMetadata);
+  if (it == md.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "this call carries no psrt job token");
+  }
+  if (absl::string_view(it->second.data(), it->second.size()) != token) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "this call's job token is not this job's");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+absl::Duration TimeLeft(const grpc::ServerContext* ctx, absl::Duration cap) {
+  absl::Duration left = absl::FromChrono(ctx->deadline() - std::chrono::system_clock::now());
+  return std::max(absl::ZeroDuration(), std::min(left, cap));
+}
+
+std::string RandomToken() {
+  std::random_device rd;
+  std::string out;
+  static const char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < 32; ++i) out.push_back(kHex[rd() % 16]);
+  return out;
+}
+
+int PickFreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  int port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+}  // namespace psrt

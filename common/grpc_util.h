@@ -1,0 +1,54 @@
+#ifndef PSRT_COMMON_GRPC_UTIL_H_
+#define PSRT_COMMON_GRPC_UTIL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace psrt {
+
+// Largest gRPC message either end accepts. A push or pull carries at most a
+// few keys of partition_bytes per server and call, so 256 MiB leaves room
+// for any batching the client does plus framing.
+inline constexpr int64_t kDefaultMaxMessageBytes = 256ll << 20;
+
+// Metadata key of the per-job token checked on every RPC.
+inline constexpr char kTokenMetadata[] = "x-psrt-job-token";
+
+std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& address,
+    int64_t max_message_bytes = kDefaultMaxMessageBytes);
+
+// Applies message limits and thread limits shared by every psrt service.
+void ConfigureServerBuilder(grpc::ServerBuilder* builder,
+                            int64_t max_message_bytes = kDefaultMaxMessageBytes);
+
+// Sets the token and a deadline on an outgoing call.
+void PrepareContext(grpc::ClientContext* ctx, const std::string& token,
+                    absl::Duration timeout);
+
+// UNAUTHENTICATED unless the call carries `token` (an empty token turns the
+// check off, for jobs started without one).
+grpc::Status CheckToken(const grpc::ServerContext* ctx, const std::string& token);
+
+grpc::Status ToGrpc(const absl::Status& s);
+absl::Status FromGrpc(const grpc::Status& s);
+
+// Time left before the call's deadline, capped at `cap`.
+absl::Duration TimeLeft(const grpc::ServerContext* ctx, absl::Duration cap);
+
+// A random hex string for job tokens.
+std::string RandomToken();
+
+// Asks the kernel for a free TCP port on 127.0.0.1 (for local mode).
+int PickFreePort();
+
+}  // namespace psrt
+
+#endif  // PSRT_COMMON_GRPC_UTIL_H_

@@ -1,0 +1,39 @@
+#include "common/logging.h"
+
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace psrt {
+namespace {
+absl::Mutex name_mu;
+std::string& LogName() {
+  static auto* name = new std::string("psrt");
+  return *name;
+}
+}  // namespace
+
+void SetLogName(absl::string_view name) {
+  absl::MutexLock lock(&name_mu);
+  LogName() = std::string(name);
+}
+
+void LogLine(char level, absl::string_view message) {
+  std::string name;
+  {
+    absl::MutexLock lock(&name_mu);
+    name = LogName();
+  }
+  std::string line = absl::StrCat(
+      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()),
+      " ", name, " ", std::string(1, level), " ", message, "\n");
+  // Best effort: a full or closed stderr must not take the daemon down.
+  ssize_t ignored = write(STDERR_FILENO, line.data(), line.size());
+  (void)ignored;
+}
+
+}  // namespace psrt

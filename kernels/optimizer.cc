@@ -1,0 +1,254 @@
+#include "kernels/optimizer.h"
+
+// Eigen's EIGEN_FAST_MATH float sqrt (rsqrt plus one Newton step) is off by
+// 1-2 bits and flushes subnormal inputs to zero, while torch uses an exactly
+// rounded sqrt. Keep every translation unit that includes Eigen on the same
+// setting (best: define EIGEN_FAST_MATH=0 for the whole target) so the
+// inline packet functions do not differ between objects.
+#ifndef EIGEN_FAST_MATH
+#define EIGEN_FAST_MATH 0
+#endif
+#if EIGEN_FAST_MATH
+#error "psrt optimizer kernels need EIGEN_FAST_MATH=0 to match torch's sqrt"
+#endif
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+
+#include "Eigen/Core"
+#include "absl/strings/str_cat.h"
+
+namespace psrt {
+namespace {
+
+using ArrayMap = Eigen::Map<Eigen::ArrayXf>;
+using ConstArrayMap = Eigen::Map<const Eigen::ArrayXf>;
+
+// Elements per block. Each update runs several Eigen expressions; doing them
+// block by block keeps the block's param/grad/slots (<= 5 arrays * 2 KiB) in
+// L1, so main memory is streamed once per update.
+constexpr size_t kBlock = 512;
+
+// NaN fails every comparison, so write checks as !(ok) to reject it.
+absl::Status CheckAtLeast(const char* field, double value, double lo) {
+  if (!(value >= lo)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Invalid ", field, " value: ", value, " (must be >= ", lo, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBeta(const char* field, double value) {
+  if (!(value >= 0.0 && value < 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Invalid ", field, " value: ", value, " (must be in [0, 1))"));
+  }
+  return absl::OkStatus();
+}
+
+// Gradient with L2 weight decay folded in (torch: grad.add(param,
+// alpha=weight_decay)). Returns `grad` untouched when wd == 0, as torch skips
+// the add then (0 * inf param would otherwise turn into NaN).
+const float* DecayedGrad(float wd, const float* param, const float* grad,
+                         size_t len, float* scratch) {
+  if (wd == 0.0f) return grad;
+  ArrayMap(scratch, len) =
+      ConstArrayMap(grad, len) + wd * ConstArrayMap(param, len);
+  return scratch;
+}
+
+void SgdUpdate(const OptimizerConfig& c, double lr, int64_t step, float* param,
+               const float* grad, float* const* slots, size_t n) {
+  const float wd = static_cast<float>(c.weight_decay);
+  const float neg_lr = static_cast<float>(-lr);
+  // torch tests momentum != 0; validation forbids < 0, and > 0 keeps this in
+  // step with NumSlots so an unvalidated config cannot touch a missing slot.
+  const bool has_momentum = c.momentum > 0.0;
+  const float momentum = static_cast<float>(c.momentum);
+  const float keep = static_cast<float>(1.0 - c.dampening);
+  float scratch[kBlock];
+  for (size_t i = 0; i < n; i += kBlock) {
+    const size_t len = std::min(kBlock, n - i);
+    ArrayMap p(param + i, len);
+    ConstArrayMap g(DecayedGrad(wd, param + i, grad + i, len, scratch), len);
+    if (!has_momentum) {
+      p += neg_lr * g;  // param.add_(grad, alpha=-lr)
+      continue;
+    }
+    ArrayMap buf(slots[0] + i, len);
+    if (step <= 1) {
+      buf = g;  // torch clones grad on the first step; no dampening.
+    } else {
+      buf = buf * momentum + keep * g;
+    }
+    if (c.nesterov) {
+      p += neg_lr * (g + momentum * buf);
+    } else {
+      p += neg_lr * buf;
+    }
+  }
+}
+
+void AdamUpdate(const OptimizerConfig& c, double lr, int64_t step, float* param,
+                const float* grad, float* const* slots, size_t n) {
+  const bool decoupled = c.kind == OptimizerKind::kAdamW;
+  // Python-side scalars are doubles in torch; they become float only when
+  // they meet the float tensor.
+  const double bias_correction1 =
+      1.0 - std::pow(c.beta1, static_cast<double>(step));
+  const double bias_correction2 =
+      1.0 - std::pow(c.beta2, static_cast<double>(step));
+  const float neg_step_size = static_cast<float>(-(lr / bias_correction1));
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  const float eps = static_cast<float>(c.eps);
+  const float beta2 = static_cast<float>(c.beta2);
+  const float one_minus_beta2 = static_cast<float>(1.0 - c.beta2);
+  // exp_avg.lerp_(grad, 1 - beta1); torch's lerp switches form at |w| = 0.5
+  // for accuracy, with the weight and 1 - weight in float.
+  const float w = static_cast<float>(1.0 - c.beta1);
+  const bool small_w = std::abs(w) < 0.5f;
+  const float one_minus_w = 1.0f - w;
+  const float wd = decoupled ? 0.0f : static_cast<float>(c.weight_decay);
+  const float decay = static_cast<float>(1.0 - lr * c.weight_decay);
+
+  float scratch[kBlock];
+  for (size_t i = 0; i < n; i += kBlock) {
+    const size_t len = std::min(kBlock, n - i);
+    ArrayMap p(param + i, len);
+    ArrayMap m(slots[0] + i, len);
+    ArrayMap v(slots[1] + i, len);
+    if (decoupled && c.weight_decay != 0.0) p *= decay;
+    ConstArrayMap g(DecayedGrad(wd, param + i, grad + i, len, scratch), len);
+    if (small_w) {
+      m = m + w * (g - m);
+    } else {
+      m = g - (g - m) * one_minus_w;
+    }
+    v = v * beta2 + one_minus_beta2 * g * g;
+    p += neg_step_size * m / (v.sqrt() / bc2_sqrt + eps);
+  }
+}
+
+void AdaGradUpdate(const OptimizerConfig& c, double lr, int64_t step,
+                   float* param, const float* grad, float* const* slots,
+                   size_t n) {
+  const double clr = lr / (1.0 + static_cast<double>(step - 1) * c.lr_decay);
+  const float neg_clr = static_cast<float>(-clr);
+  const float wd = static_cast<float>(c.weight_decay);
+  const float eps = static_cast<float>(c.eps);
+  float scratch[kBlock];
+  for (size_t i = 0; i < n; i += kBlock) {
+    const size_t len = std::min(kBlock, n - i);
+    ArrayMap p(param + i, len);
+    ArrayMap sum(slots[0] + i, len);
+    ConstArrayMap g(DecayedGrad(wd, param + i, grad + i, len, scratch), len);
+    sum += g * g;
+    p += neg_clr * g / (sum.sqrt() + eps);
+  }
+}
+
+}  // namespace
+
+absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
+  absl::Status s;
+  switch (c.kind) {
+    case OptimizerKind::kSgd:
+      s.Update(CheckAtLeast("lr", c.lr, 0.0));
+      s.Update(CheckAtLeast("momentum", c.momentum, 0.0));
+      s.Update(CheckAtLeast("weight_decay", c.weight_decay, 0.0));
+      if (s.ok() && std::isnan(c.dampening)) {
+        s = absl::InvalidArgumentError("Invalid dampening value: nan");
+      }
+      if (s.ok() && c.nesterov && (c.momentum <= 0.0 || c.dampening != 0.0)) {
+        s = absl::InvalidArgumentError(absl::StrCat(
+            "Nesterov momentum requires momentum > 0 and dampening == 0 (got "
+            "momentum=",
+            c.momentum, ", dampening=", c.dampening, ")"));
+      }
+      return s;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      s.Update(CheckAtLeast("lr", c.lr, 0.0));
+      s.Update(CheckAtLeast("eps", c.eps, 0.0));
+      s.Update(CheckBeta("beta1", c.beta1));
+      s.Update(CheckBeta("beta2", c.beta2));
+      s.Update(CheckAtLeast("weight_decay", c.weight_decay, 0.0));
+      return s;
+    case OptimizerKind::kAdaGrad:
+      s.Update(CheckAtLeast("lr", c.lr, 0.0));
+      s.Update(CheckAtLeast("lr_decay", c.lr_decay, 0.0));
+      s.Update(CheckAtLeast("weight_decay", c.weight_decay, 0.0));
+      s.Update(CheckAtLeast("initial_accumulator_value",
+                            c.initial_accumulator_value, 0.0));
+      s.Update(CheckAtLeast("eps", c.eps, 0.0));
+      return s;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("Invalid optimizer kind: ", static_cast<int>(c.kind)));
+}
+
+int NumSlots(const OptimizerConfig& c) {
+  switch (c.kind) {
+    case OptimizerKind::kSgd:
+      return c.momentum > 0.0 ? 1 : 0;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      return 2;
+    case OptimizerKind::kAdaGrad:
+      return 1;
+  }
+  return 0;
+}
+
+void InitSlots(const OptimizerConfig& c, float* const* slots, size_t n) {
+  const float fill = c.kind == OptimizerKind::kAdaGrad
+                         ? static_cast<float>(c.initial_accumulator_value)
+                         : 0.0f;
+  const int num_slots = NumSlots(c);
+  for (int s = 0; s < num_slots; ++s) std::fill(slots[s], slots[s] + n, fill);
+}
+
+void ApplyUpdate(const OptimizerConfig& c, double lr, int64_t step,
+                 float* param, const float* grad, float* const* slots,
+                 size_t n) {
+  assert(step >= 1);
+  if (n == 0) return;
+  switch (c.kind) {
+    case OptimizerKind::kSgd:
+      SgdUpdate(c, lr, step, param, grad, slots, n);
+      return;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      AdamUpdate(c, lr, step, param, grad, slots, n);
+      return;
+    case OptimizerKind::kAdaGrad:
+      AdaGradUpdate(c, lr, step, param, grad, slots, n);
+      return;
+  }
+}
+
+const char* OptimizerName(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::kSgd:
+      return "sgd";
+    case OptimizerKind::kAdam:
+      return "adam";
+    case OptimizerKind::kAdamW:
+      return "adamw";
+    case OptimizerKind::kAdaGrad:
+      return "adagrad";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name) {
+  for (OptimizerKind k : {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW,
+                          OptimizerKind::kAdaGrad}) {
+    if (name == OptimizerName(k)) return k;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown optimizer '", name, "'; accepted: sgd, adam, adamw, adagrad"));
+}
+
+}  // namespace psrt

@@ -1,0 +1,67 @@
+// Server-side optimizer math for one dense float32 partition.
+//
+// The formulas follow torch.optim's single-tensor CPU path (maximize=False,
+// amsgrad=False) operation for operation, so a model trained through the
+// parameter server tracks one trained locally with PyTorch.
+
+#ifndef PSRT_KERNELS_OPTIMIZER_H_
+#define PSRT_KERNELS_OPTIMIZER_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace psrt {
+
+enum class OptimizerKind { kSgd = 0, kAdam = 1, kAdamW = 2, kAdaGrad = 3 };
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  double lr = 0.01;
+  double momentum = 0.0;   // SGD
+  double dampening = 0.0;  // SGD
+  bool nesterov = false;   // SGD
+  double weight_decay = 0.0;
+  // Adam/AdamW. AdaGrad also reads eps; torch's AdaGrad default is 1e-10, so
+  // the caller sets it explicitly.
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double lr_decay = 0.0;                   // AdaGrad
+  double initial_accumulator_value = 0.0;  // AdaGrad
+};
+
+// Checks the fields used by `c.kind` the way torch.optim's constructors do
+// (lr >= 0, 0 <= beta < 1, eps >= 0, Nesterov needs momentum > 0 and zero
+// dampening, ...). NaN is rejected too. The message names the field and the
+// bad value.
+absl::Status ValidateOptimizerConfig(const OptimizerConfig& c);
+
+// Number of per-element float slots this optimizer keeps: SGD 1 if
+// momentum > 0 else 0; Adam/AdamW 2 (exp_avg, exp_avg_sq); AdaGrad 1 (sum).
+int NumSlots(const OptimizerConfig& c);
+
+// Fills fresh slots: AdaGrad's sum with initial_accumulator_value, everything
+// else with 0. `slots` holds NumSlots(c) arrays of `n` floats.
+void InitSlots(const OptimizerConfig& c, float* const* slots, size_t n);
+
+// Applies one update to `param` in place.
+//
+// `step` is the 1-based count of this update for the partition; it drives
+// bias correction, AdaGrad's lr decay, and SGD's first-step momentum buffer
+// (torch sets buf = grad on the first step, ignoring dampening). `grad` is the
+// already aggregated gradient. `lr` overrides c.lr so the learning rate can be
+// scheduled at run time. `param` must not alias `grad` or any slot.
+void ApplyUpdate(const OptimizerConfig& c, double lr, int64_t step,
+                 float* param, const float* grad, float* const* slots,
+                 size_t n);
+
+// "sgd", "adam", "adamw" or "adagrad" ("unknown" for out-of-range values).
+const char* OptimizerName(OptimizerKind k);
+// The inverse of OptimizerName; INVALID_ARGUMENT lists the accepted names.
+absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name);
+
+}  // namespace psrt
+
+#endif  // PSRT_KERNELS_OPTIMIZER_H_

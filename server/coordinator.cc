@@ -1,0 +1,298 @@
+#include "server/coordinator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "common/logging.h"
+
+namespace psrt {
+namespace {
+
+const char* RoleName(v1::Role r) {
+  switch (r) {
+    case v1::ROLE_SERVER: return "server";
+    case v1::ROLE_WORKER: return "worker";
+    case v1::ROLE_AGENT: return "agent";
+    default: return "unknown";
+  }
+}
+
+std::string StateName(v1::JobState s) {
+  switch (s) {
+    case v1::JOB_RUNNING: return "running";
+    case v1::JOB_SUCCEEDED: return "succeeded";
+    case v1::JOB_FAILED: return "failed";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
+
+CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metrics)
+    : options_(std::move(options)),
+      start_(absl::Now()),
+      registered_(metrics->GetGauge("registered_processes", "Processes registered with the coordinator")),
+      heartbeats_(metrics->GetCounter("heartbeats_total", "Heartbeats received")) {
+  const PsOptions& ps = options_.ps;
+  const int num_hosts = static_cast<int>(options_.hosts.size());
+  config_.set_mode(ps.mode);
+  config_.set_num_workers(num_hosts * ps.workers_per_host);
+  config_.set_num_servers(num_hosts * ps.servers_per_host);
+  config_.set_partition_bytes(ps.partition_bytes);
+  config_.set_average_gradients(ps.gradient_aggregation == "mean");
+  config_.set_heartbeat_timeout_s(ps.heartbeat_timeout_s);
+  config_.set_heartbeat_interval_s(std::clamp(ps.heartbeat_timeout_s / 5, 0.05, 1.0));
+  config_.set_barrier_timeout_s(ps.barrier_timeout_s);
+  config_.set_workers_per_host(ps.workers_per_host);
+  config_.set_num_hosts(num_hosts);
+  auto add = [&](v1::Role role, int index, int host) {
+    Process p;
+    p.id.set_role(role);
+    p.id.set_index(index);
+    p.expected_host = options_.hosts[host];
+    p.name = role == v1::ROLE_AGENT
+                 ? absl::StrCat("agent on ", p.expected_host)
+                 : absl::StrCat(RoleName(role), " ", index, " on ", p.expected_host);
+    processes_.push_back(std::move(p));
+  };
+  absl::MutexLock lock(&mu_);
+  for (int h = 0; h < num_hosts; ++h) {
+    for (int i = 0; i < ps.servers_per_host; ++i) add(v1::ROLE_SERVER, h * ps.servers_per_host + i, h);
+  }
+  for (int h = 0; h < num_hosts; ++h) {
+    for (int i = 0; i < ps.workers_per_host; ++i) add(v1::ROLE_WORKER, h * ps.workers_per_host + i, h);
+  }
+  for (int h = 0; h < num_hosts; ++h) add(v1::ROLE_AGENT, h, h);
+  monitor_ = std::thread([this] { Monitor(); });
+}
+
+CoordinatorService::~CoordinatorService() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  monitor_.join();
+}
+
+CoordinatorService::Process* CoordinatorService::FindLocked(const v1::ProcessId& id) {
+  for (Process& p : processes_) {
+    if (p.id.role() == id.role() && p.id.index() == id.index()) return &p;
+  }
+  return nullptr;
+}
+
+grpc::Status CoordinatorService::Lookup(const v1::ProcessId& id, Process** out) {
+  *out = FindLocked(id);
+  if (*out != nullptr) return grpc::Status::OK;
+  const int count = static_cast<int>(std::count_if(
+      processes_.begin(), processes_.end(),
+      [&](const Process& p) { return p.id.role() == id.role(); }));
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat("no ", RoleName(id.role()), " with index ", id.index(),
+                                   " in this job; it has ", count, " ", RoleName(id.role()),
+                                   "s (indices 0..", count - 1, ")"));
+}
+
+void CoordinatorService::FailLocked(const std::string& reason) {
+  if (state_ != v1::JOB_RUNNING) return;
+  state_ = v1::JOB_FAILED;
+  reason_ = reason;
+  ended_at_ = absl::Now();
+  LogError("job failed: ", reason);
+}
+
+void CoordinatorService::Fail(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  FailLocked(reason);
+}
+
+std::vector<std::string> CoordinatorService::MissingLocked() const {
+  std::vector<std::string> missing;
+  for (const Process& p : processes_) {
+    if (!p.registered && p.id.role() != v1::ROLE_AGENT) missing.push_back(p.name);
+  }
+  return missing;
+}
+
+bool CoordinatorService::AllRegisteredLocked() const { return MissingLocked().empty(); }
+
+grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
+                                          v1::RegisterResponse* resp) {
+  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
+  if (req->id().role() == v1::ROLE_SERVER && req->address().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a server must register the address it listens on");
+  }
+  absl::MutexLock lock(&mu_);
+  Process* p;
+  if (grpc::Status s = Lookup(req->id(), &p); !s.ok()) return s;
+  if (state_ != v1::JOB_RUNNING) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("the job has ended (", StateName(state_), "): ", reason_));
+  }
+  if (p->registered && !p->exited && p->id.role() == v1::ROLE_SERVER &&
+      p->address != req->address()) {
+    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                        absl::StrCat(p->name, " is already registered at ", p->address));
+  }
+  const bool again = p->registered;
+  p->registered = true;
+  p->exited = false;
+  p->host = req->host();
+  p->address = req->address();
+  p->last_heartbeat = absl::Now();
+  LogInfo(again ? "re-registered " : "registered ", p->name,
+          p->address.empty() ? "" : absl::StrCat(" at ", p->address), " (pid ", req->pid(), ")");
+  registered_->Set(std::count_if(processes_.begin(), processes_.end(),
+                                 [](const Process& q) { return q.registered; }));
+  *resp->mutable_config() = config_;
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::Barrier(grpc::ServerContext* ctx, const v1::BarrierRequest* req,
+                                         v1::BarrierResponse* resp) {
+  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
+  const absl::Duration timeout = absl::Seconds(
+      req->timeout_s() > 0 ? req->timeout_s() : config_.barrier_timeout_s());
+  const absl::Time deadline = absl::Now() + TimeLeft(ctx, timeout);
+  absl::MutexLock lock(&mu_);
+  Process* p;
+  if (grpc::Status s = Lookup(req->id(), &p); !s.ok()) return s;
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return state_ != v1::JOB_RUNNING || AllRegisteredLocked();
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        absl::StrCat("readiness barrier timed out after ",
+                                     absl::FormatDuration(timeout), "; not arrived: ",
+                                     absl::StrJoin(MissingLocked(), ", ")));
+  }
+  if (state_ != v1::JOB_RUNNING) {
+    return grpc::Status(grpc::StatusCode::ABORTED,
+                        absl::StrCat("the job has ended (", StateName(state_), "): ", reason_));
+  }
+  for (const Process& q : processes_) {
+    if (q.id.role() == v1::ROLE_SERVER) {
+      resp->mutable_shard_map()->add_server_addresses(q.address);
+    }
+  }
+  resp->mutable_shard_map()->set_epoch(1);
+  *resp->mutable_config() = config_;
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
+                                           v1::HeartbeatResponse* resp) {
+  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  Process* p;
+  if (grpc::Status s = Lookup(req->id(), &p); !s.ok()) return s;
+  if (!p->registered) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat(p->name, " sent a heartbeat before registering"));
+  }
+  heartbeats_->Add();
+  p->last_heartbeat = absl::Now();
+  if (state_ != v1::JOB_RUNNING) p->saw_end = true;
+  resp->set_state(state_);
+  resp->set_reason(reason_);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ReportExit(grpc::ServerContext* ctx, const v1::ReportExitRequest* req,
+                                            v1::ReportExitResponse*) {
+  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  Process* p;
+  if (grpc::Status s = Lookup(req->id(), &p); !s.ok()) return s;
+  if (p->exited) return grpc::Status::OK;  // the agent and the worker may both report
+  p->exited = true;
+  p->exit_code = req->exit_code();
+  if (state_ != v1::JOB_RUNNING) p->saw_end = true;
+  LogInfo(p->name, " exited with code ", req->exit_code(),
+          req->message().empty() ? "" : absl::StrCat(": ", req->message()));
+  if (req->exit_code() != 0) {
+    FailLocked(absl::StrCat(p->name, " exited with code ", req->exit_code(),
+                            req->message().empty() ? "" : absl::StrCat(": ", req->message())));
+    return grpc::Status::OK;
+  }
+  if (p->id.role() == v1::ROLE_WORKER && state_ == v1::JOB_RUNNING) {
+    const bool all_done = std::all_of(processes_.begin(), processes_.end(), [](const Process& q) {
+      return q.id.role() != v1::ROLE_WORKER || (q.exited && q.exit_code == 0);
+    });
+    if (all_done) {
+      state_ = v1::JOB_SUCCEEDED;
+      reason_ = "every worker finished";
+      ended_at_ = absl::Now();
+      LogInfo("job succeeded: every worker finished");
+    }
+  } else if (p->id.role() != v1::ROLE_WORKER && state_ == v1::JOB_RUNNING) {
+    FailLocked(absl::StrCat(p->name, " stopped while the job was running",
+                            req->message().empty() ? "" : absl::StrCat(": ", req->message())));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::GetJobStatus(grpc::ServerContext* ctx, const v1::JobStatusRequest*,
+                                              v1::JobStatusResponse* resp) {
+  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  resp->set_state(state_);
+  resp->set_reason(reason_);
+  *resp->mutable_config() = config_;
+  const absl::Time now = absl::Now();
+  for (const Process& p : processes_) {
+    v1::ProcessStatus* s = resp->add_processes();
+    *s->mutable_id() = p.id;
+    s->set_name(p.name);
+    s->set_host(p.host);
+    s->set_registered(p.registered);
+    s->set_exited(p.exited);
+    s->set_exit_code(p.exit_code);
+    if (p.registered) s->set_seconds_since_heartbeat(absl::ToDoubleSeconds(now - p.last_heartbeat));
+  }
+  return grpc::Status::OK;
+}
+
+void CoordinatorService::Monitor() {
+  const absl::Duration timeout = absl::Seconds(config_.heartbeat_timeout_s());
+  const absl::Duration barrier = absl::Seconds(config_.barrier_timeout_s());
+  absl::MutexLock lock(&mu_);
+  while (!stop_) {
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(50));
+    if (stop_ || state_ != v1::JOB_RUNNING) continue;
+    const absl::Time now = absl::Now();
+    for (const Process& p : processes_) {
+      if (p.registered && !p.exited && now - p.last_heartbeat > timeout) {
+        FailLocked(absl::StrCat(p.name, " was lost: no heartbeat for ",
+                                absl::FormatDuration(absl::Trunc(now - p.last_heartbeat, absl::Milliseconds(100)))));
+        break;
+      }
+    }
+    if (state_ == v1::JOB_RUNNING && !AllRegisteredLocked() && now - start_ > barrier) {
+      FailLocked(absl::StrCat("readiness barrier timed out after ", absl::FormatDuration(barrier),
+                              "; not arrived: ", absl::StrJoin(MissingLocked(), ", ")));
+    }
+  }
+}
+
+v1::JobState CoordinatorService::WaitForEnd() {
+  absl::MutexLock lock(&mu_);
+  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return state_ != v1::JOB_RUNNING; };
+  mu_.Await(absl::Condition(&ended));
+  // Let live servers and agents hear the outcome through their heartbeats, so
+  // they exit with the right code, but never wait for a dead one.
+  auto heard = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return std::all_of(processes_.begin(), processes_.end(), [](const Process& p) {
+      return p.id.role() == v1::ROLE_WORKER || !p.registered || p.exited || p.saw_end;
+    });
+  };
+  const absl::Duration grace =
+      absl::Seconds(std::min(config_.heartbeat_timeout_s(), 4 * config_.heartbeat_interval_s() + 1));
+  mu_.AwaitWithDeadline(absl::Condition(&heard), ended_at_ + grace);
+  return state_;
+}
+
+}  // namespace psrt

@@ -1,0 +1,85 @@
+#ifndef PSRT_SERVER_COORDINATOR_H_
+#define PSRT_SERVER_COORDINATOR_H_
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/distribution.h"
+#include "common/metrics.h"
+#include "psrt/v1/coordinator.grpc.pb.h"
+
+namespace psrt {
+
+struct CoordinatorOptions {
+  std::vector<std::string> hosts;  // host i runs servers and workers of index i
+  PsOptions ps;
+  std::string token;
+};
+
+// Membership, readiness, heartbeats and the end of the job. The first failure
+// decides the job's fate and its reason is what every process reports.
+class CoordinatorService final : public v1::Coordinator::Service {
+ public:
+  CoordinatorService(CoordinatorOptions options, Metrics* metrics);
+  ~CoordinatorService() override;
+
+  grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
+                        v1::RegisterResponse* resp) override;
+  grpc::Status Barrier(grpc::ServerContext* ctx, const v1::BarrierRequest* req,
+                       v1::BarrierResponse* resp) override;
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse* resp) override;
+  grpc::Status ReportExit(grpc::ServerContext* ctx, const v1::ReportExitRequest* req,
+                          v1::ReportExitResponse* resp) override;
+  grpc::Status GetJobStatus(grpc::ServerContext* ctx, const v1::JobStatusRequest* req,
+                            v1::JobStatusResponse* resp) override;
+
+  // Blocks until the job has ended and every live server and agent has heard
+  // so (or a grace period passed). Returns the final state.
+  v1::JobState WaitForEnd();
+  // Ends the job from outside (a signal to the coordinator).
+  void Fail(const std::string& reason);
+
+  const v1::JobConfig& config() const { return config_; }
+
+ private:
+  struct Process {
+    v1::ProcessId id;
+    std::string name;  // "server 1 on host-b"
+    std::string expected_host;
+    std::string host;
+    std::string address;
+    bool registered = false;
+    bool exited = false;
+    int exit_code = 0;
+    absl::Time last_heartbeat;
+    bool saw_end = false;  // heartbeat answered after the job ended
+  };
+
+  Process* FindLocked(const v1::ProcessId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  grpc::Status Lookup(const v1::ProcessId& id, Process** out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::string> MissingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AllRegisteredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Monitor();
+
+  const CoordinatorOptions options_;
+  v1::JobConfig config_;
+  const absl::Time start_;
+  absl::Mutex mu_;
+  std::vector<Process> processes_ ABSL_GUARDED_BY(mu_);
+  v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_RUNNING;
+  std::string reason_ ABSL_GUARDED_BY(mu_);
+  absl::Time ended_at_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  Gauge* registered_;
+  Counter* heartbeats_;
+  std::thread monitor_;
+};
+
+}  // namespace psrt
+
+#endif  // PSRT_SERVER_COORDINATOR_H_

@@ -1,0 +1,87 @@
+// psrt-coordinator: membership, readiness, heartbeats and the job's end.
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/daemon.h"
+#include "common/distribution.h"
+#include "common/flags.h"
+#include "common/grpc_util.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "server/coordinator.h"
+
+int main(int argc, char** argv) {
+  std::string bind = "0.0.0.0", hosts = "localhost", port_file;
+  std::string distribution = R"({"parameter_server": {"enabled": true}})";
+  std::string token = psrt::EnvOr("PSRT_JOB_TOKEN", "");
+  int port = 7070, metrics_port = -1;
+  psrt::Flags flags("psrt-coordinator", "--hosts=H1,H2 --distribution=JSON [flags]");
+  flags.Add("hosts", &hosts, "Comma-separated hosts of the job; host i runs servers and workers of index i.");
+  flags.Add("distribution", &distribution,
+            "The parameter_server distribution option as JSON (see psrt-run --help).");
+  flags.Add("bind", &bind, "Address to listen on.");
+  flags.Add("port", &port, "Port to listen on; 0 picks a free one.");
+  flags.Add("port-file", &port_file, "Write the bound port to this file once listening.");
+  flags.Add("token", &token, "Job token every RPC must carry (env PSRT_JOB_TOKEN); empty disables the check.");
+  flags.Add("metrics-port", &metrics_port, "Port for Prometheus /metrics; 0 picks one, -1 disables.");
+  flags.ParseOrExit(argc, argv);
+  psrt::InitProcess("psrt-coordinator");
+
+  absl::StatusOr<psrt::PsOptions> ps = psrt::ParseDistribution(distribution);
+  if (!ps.ok()) {
+    std::fprintf(stderr, "psrt-coordinator: --distribution: %s\n", std::string(ps.status().message()).c_str());
+    return 2;
+  }
+  if (absl::Status s = psrt::CheckImplemented(*ps); !s.ok()) {
+    std::fprintf(stderr, "psrt-coordinator: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (port < 0 || port > 65535) {
+    std::fprintf(stderr, "psrt-coordinator: --port must be in 0..65535\n");
+    return 2;
+  }
+  psrt::CoordinatorOptions options;
+  options.hosts = absl::StrSplit(hosts, ',', absl::SkipEmpty());
+  if (options.hosts.empty()) {
+    std::fprintf(stderr, "psrt-coordinator: --hosts names no host\n");
+    return 2;
+  }
+  options.ps = *ps;
+  options.token = token;
+
+  psrt::Metrics metrics("psrt_coordinator");
+  psrt::CoordinatorService service(options, &metrics);
+  psrt::HandleSignals([&](int sig) { service.Fail(absl::StrCat("the coordinator was stopped by signal ", sig)); });
+  grpc::ServerBuilder builder;
+  psrt::ConfigureServerBuilder(&builder);
+  int bound_port = 0;
+  builder.AddListeningPort(absl::StrCat(bind, ":", port), grpc::InsecureServerCredentials(), &bound_port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    psrt::LogError("cannot listen on ", bind, ":", port);
+    return 1;
+  }
+  auto http = psrt::ServeMetrics(bind, metrics_port, &metrics);
+  if (!http.ok()) {
+    psrt::LogError(http.status().message());
+    return 1;
+  }
+  if (!port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    std::ofstream(tmp) << bound_port << "\n";
+    std::rename(tmp.c_str(), port_file.c_str());
+  }
+  psrt::LogInfo("listening on ", bind, ":", bound_port, " for ", service.config().num_servers(),
+                " servers and ", service.config().num_workers(), " workers on ", options.hosts.size(),
+                " hosts (", service.config().mode(), " mode)");
+  const psrt::v1::JobState state = service.WaitForEnd();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  psrt::LogInfo("exiting");
+  return state == psrt::v1::JOB_SUCCEEDED ? 0 : 1;
+}

@@ -1,0 +1,71 @@
+#include "server/ps_service.h"
+
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "common/logging.h"
+
+namespace psrt {
+
+PsService::PsService(Store* store, Metrics* metrics, std::string token)
+    : store_(store),
+      metrics_(metrics),
+      token_(std::move(token)),
+      rejected_(metrics->GetCounter("rejected_requests_total", "Requests refused as invalid")) {}
+
+grpc::Status PsService::Finish(const absl::Status& s) {
+  if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) {
+    rejected_->Add();
+    LogWarning("refused a request: ", s.ToString());
+  }
+  return ToGrpc(s);
+}
+
+// A pull may wait for a version; it never waits past the caller's deadline.
+static absl::Time Deadline(const grpc::ServerContext* ctx) {
+  return absl::Now() + TimeLeft(ctx, absl::Hours(1));
+}
+
+grpc::Status PsService::RegisterKeys(grpc::ServerContext* ctx, const v1::RegisterKeysRequest* req,
+                                     v1::RegisterKeysResponse*) {
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
+  return Finish(store_->RegisterKeys(*req));
+}
+
+grpc::Status PsService::Push(grpc::ServerContext* ctx, const v1::PushRequest* req,
+                             v1::PushResponse*) {
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
+  return Finish(store_->Push(*req));
+}
+
+grpc::Status PsService::Pull(grpc::ServerContext* ctx, const v1::PullRequest* req,
+                             v1::PullResponse* resp) {
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
+  return Finish(store_->Pull(*req, Deadline(ctx), resp));
+}
+
+grpc::Status PsService::PushPull(grpc::ServerContext* ctx, const v1::PushPullRequest* req,
+                                 v1::PushPullResponse* resp) {
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
+  return Finish(store_->PushPull(*req, Deadline(ctx), resp));
+}
+
+grpc::Status PsService::SetLearningRate(grpc::ServerContext* ctx,
+                                        const v1::SetLearningRateRequest* req,
+                                        v1::SetLearningRateResponse* resp) {
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
+  absl::StatusOr<int64_t> n = store_->SetLearningRate(*req);
+  if (!n.ok()) return Finish(n.status());
+  resp->set_keys_changed(*n);
+  return grpc::Status::OK;
+}
+
+grpc::Status PsService::Stats(grpc::ServerContext* ctx, const v1::StatsRequest*,
+                              v1::StatsResponse* resp) {
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
+  resp->set_num_keys(store_->num_keys());
+  resp->set_bytes_stored(store_->bytes_stored());
+  for (const auto& [name, value] : metrics_->Snapshot()) (*resp->mutable_metrics())[name] = value;
+  return grpc::Status::OK;
+}
+
+}  // namespace psrt

@@ -1,0 +1,106 @@
+// psrt-server: holds a shard of the job's keys and applies updates to them.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/coordinator_link.h"
+#include "common/daemon.h"
+#include "common/flags.h"
+#include "common/grpc_util.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "server/ps_service.h"
+#include "server/store.h"
+
+int main(int argc, char** argv) {
+  std::string coordinator = psrt::EnvOr("PSRT_COORDINATOR", "");
+  std::string token = psrt::EnvOr("PSRT_JOB_TOKEN", "");
+  std::string host = psrt::HostName();
+  std::string bind = "0.0.0.0";
+  int index = -1, port = 0, metrics_port = -1;
+  double connect_timeout_s = 60;
+  psrt::Flags flags("psrt-server", "--coordinator=HOST:PORT --index=N [flags]");
+  flags.Add("coordinator", &coordinator, "Address of psrt-coordinator (env PSRT_COORDINATOR).");
+  flags.Add("index", &index, "This server's index in the job, 0..num_servers-1 (required).");
+  flags.Add("host", &host, "Host name other processes use to reach this server.");
+  flags.Add("bind", &bind, "Address to listen on.");
+  flags.Add("port", &port, "Port to listen on; 0 picks a free one.");
+  flags.Add("token", &token, "Job token every RPC must carry (env PSRT_JOB_TOKEN); empty disables the check.");
+  flags.Add("metrics-port", &metrics_port, "Port for Prometheus /metrics; 0 picks one, -1 disables.");
+  flags.Add("connect-timeout", &connect_timeout_s, "Seconds to wait for the coordinator at start.");
+  flags.ParseOrExit(argc, argv);
+  if (coordinator.empty() || index < 0 || port < 0 || port > 65535 || connect_timeout_s <= 0) {
+    std::fprintf(stderr, "psrt-server: need --coordinator, --index >= 0, --port in 0..65535 and --connect-timeout > 0 (see --help)\n");
+    return 2;
+  }
+  psrt::InitProcess(absl::StrCat("psrt-server[", index, "]"));
+  std::atomic<int> signal_received{0};
+  psrt::HandleSignals([&](int sig) { signal_received = sig; });
+
+  absl::StatusOr<psrt::v1::JobConfig> config =
+      psrt::FetchJobConfig(coordinator, token, absl::Seconds(connect_timeout_s));
+  if (!config.ok()) {
+    psrt::LogError(config.status().message());
+    return 1;
+  }
+  psrt::Metrics metrics("psrt_server");
+  psrt::StoreOptions store_options;
+  store_options.sync = config->mode() == "sync";
+  store_options.num_workers = config->num_workers();
+  store_options.average_gradients = config->average_gradients();
+  psrt::Store store(store_options, &metrics);
+  psrt::PsService service(&store, &metrics, token);
+
+  grpc::ServerBuilder builder;
+  psrt::ConfigureServerBuilder(&builder);
+  int bound_port = 0;
+  builder.AddListeningPort(absl::StrCat(bind, ":", port), grpc::InsecureServerCredentials(), &bound_port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    psrt::LogError("cannot listen on ", bind, ":", port);
+    return 1;
+  }
+  auto http = psrt::ServeMetrics(bind, metrics_port, &metrics);
+  if (!http.ok()) {
+    psrt::LogError(http.status().message());
+    return 1;
+  }
+
+  psrt::CoordinatorLink::Options link_options;
+  link_options.coordinator = coordinator;
+  link_options.token = token;
+  link_options.id.set_role(psrt::v1::ROLE_SERVER);
+  link_options.id.set_index(index);
+  link_options.address = absl::StrCat(host, ":", bound_port);
+  link_options.host = host;
+  link_options.connect_timeout = absl::Seconds(connect_timeout_s);
+  auto link = psrt::CoordinatorLink::Connect(link_options);
+  if (!link.ok()) {
+    psrt::LogError(link.status().message());
+    return 1;
+  }
+  psrt::LogInfo("serving on ", link_options.address, " (", config->mode(), " mode, ",
+                config->num_workers(), " workers)");
+
+  psrt::CoordinatorLink::JobEnd end;
+  while ((end = (*link)->WaitForEnd(absl::Milliseconds(100))).state == psrt::v1::JOB_RUNNING &&
+         signal_received == 0) {
+  }
+  int code = 0;
+  if (signal_received != 0) {
+    std::string why = absl::StrCat("stopped by signal ", signal_received.load());
+    psrt::LogWarning(why);
+    (*link)->ReportExit(link_options.id, 1, why).IgnoreError();
+    code = 1;
+  } else {
+    code = end.state == psrt::v1::JOB_SUCCEEDED ? 0 : 1;
+    psrt::LogInfo("job ", code == 0 ? "succeeded" : "failed", ": ", end.reason, "; exiting");
+  }
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return code;
+}

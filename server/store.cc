@@ -1,0 +1,421 @@
+#include "server/store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/key_map.h"
+
+namespace psrt {
+
+struct Store::Key {
+  absl::Mutex mu;
+  std::string name;  // "variable#partition"
+  v1::KeySpec spec;  // as first registered, without the initial value
+  OptimizerConfig optimizer;
+  int64_t n = 0;
+  bool initialized ABSL_GUARDED_BY(mu) = false;
+  int64_t version ABSL_GUARDED_BY(mu) = 0;
+  double lr ABSL_GUARDED_BY(mu) = 0;
+  std::vector<float> weights ABSL_GUARDED_BY(mu);
+  std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
+  std::vector<float*> slot_ptrs ABSL_GUARDED_BY(mu);
+  // Sync: the sum of this version's pushes so far, and who sent them.
+  std::vector<float> accum ABSL_GUARDED_BY(mu);
+  std::vector<char> contributed ABSL_GUARDED_BY(mu);
+  int contributions ABSL_GUARDED_BY(mu) = 0;
+  // Highest push id applied per worker: a retried push is applied once.
+  std::vector<uint64_t> last_push_id ABSL_GUARDED_BY(mu);
+};
+
+namespace {
+
+const char* DTypeName(v1::DType d) {
+  switch (d) {
+    case v1::DTYPE_FLOAT32: return "float32";
+    case v1::DTYPE_FLOAT16: return "float16";
+    case v1::DTYPE_BFLOAT16: return "bfloat16";
+    default: return "unspecified";
+  }
+}
+
+std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::vector<double> TimeBuckets() {
+  return {1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, 100};
+}
+
+}  // namespace
+
+absl::StatusOr<OptimizerConfig> OptimizerFromProto(const v1::OptimizerConfig& p) {
+  absl::StatusOr<OptimizerKind> kind = ParseOptimizerKind(p.name());
+  if (!kind.ok()) return kind.status();
+  OptimizerConfig c;
+  c.kind = *kind;
+  c.lr = p.lr();
+  c.momentum = p.momentum();
+  c.dampening = p.dampening();
+  c.nesterov = p.nesterov();
+  c.weight_decay = p.weight_decay();
+  c.beta1 = p.beta1();
+  c.beta2 = p.beta2();
+  c.eps = p.eps();
+  c.lr_decay = p.lr_decay();
+  c.initial_accumulator_value = p.initial_accumulator_value();
+  if (absl::Status s = ValidateOptimizerConfig(c); !s.ok()) return s;
+  return c;
+}
+
+Store::Store(StoreOptions options, Metrics* metrics)
+    : options_(options),
+      bytes_in_(metrics->GetCounter("bytes_in_total", "Payload bytes received in pushes and registrations")),
+      bytes_out_(metrics->GetCounter("bytes_out_total", "Payload bytes sent in pulls")),
+      pushes_(metrics->GetCounter("push_requests_total", "Push requests accepted")),
+      key_pushes_(metrics->GetCounter("key_pushes_total", "Key gradients received")),
+      duplicate_pushes_(metrics->GetCounter("duplicate_pushes_total", "Key pushes dropped as retries of applied ones")),
+      pulls_(metrics->GetCounter("key_pulls_total", "Keys sent in pulls")),
+      updates_(metrics->GetCounter("updates_total", "Optimizer updates applied")),
+      update_seconds_(metrics->GetHistogram("update_seconds", "Time to apply one optimizer update to a key", TimeBuckets())),
+      pull_wait_seconds_(metrics->GetHistogram("pull_wait_seconds", "Time a pulled key waited for its version", TimeBuckets())) {}
+
+Store::~Store() = default;
+
+int64_t Store::num_keys() const {
+  absl::ReaderMutexLock lock(&map_mu_);
+  return static_cast<int64_t>(keys_.size());
+}
+
+int64_t Store::bytes_stored() const { return bytes_stored_.load(); }
+
+absl::Status Store::CheckWorker(int32_t rank) const {
+  if (rank < 0 || rank >= options_.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker rank ", rank, " is out of range; this job has ", options_.num_workers,
+        " workers (ranks 0..", options_.num_workers - 1, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Store::Key*> Store::Find(const std::string& variable,
+                                        uint32_t partition) const {
+  absl::ReaderMutexLock lock(&map_mu_);
+  auto it = keys_.find(KeyName(variable, partition));
+  if (it == keys_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "key '", KeyName(variable, partition),
+        "' is not registered on this server; register the variable first"));
+  }
+  return it->second.get();
+}
+
+absl::Status Store::CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t rank) const {
+  const v1::KeySpec& have = key.spec;
+  auto mismatch = [&](absl::string_view what, const std::string& a, const std::string& b) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "key '", key.name, "' was registered with ", what, " ", a, " but worker ", rank,
+        " registers it with ", b));
+  };
+  if (!std::equal(have.shape().begin(), have.shape().end(), spec.shape().begin(),
+                  spec.shape().end())) {
+    return mismatch("shape", ShapeText(have.shape()), ShapeText(spec.shape()));
+  }
+  if (have.dtype() != spec.dtype()) {
+    return mismatch("dtype", DTypeName(have.dtype()), DTypeName(spec.dtype()));
+  }
+  if (have.offset() != spec.offset() || have.num_elements() != spec.num_elements()) {
+    return mismatch("slice",
+                    absl::StrCat("[", have.offset(), ", +", have.num_elements(), ")"),
+                    absl::StrCat("[", spec.offset(), ", +", spec.num_elements(), ")"));
+  }
+  if (have.optimizer().name() != spec.optimizer().name()) {
+    return mismatch("optimizer", have.optimizer().name(), spec.optimizer().name());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
+  if (absl::Status s = CheckWorker(req.worker_rank()); !s.ok()) return s;
+  if (req.keys().empty()) return absl::InvalidArgumentError("register request names no keys");
+  // Validate everything first: a bad request changes nothing.
+  std::vector<OptimizerConfig> optimizers;
+  for (const v1::KeySpec& spec : req.keys()) {
+    const std::string name = KeyName(spec.variable(), spec.partition());
+    if (spec.variable().empty()) return absl::InvalidArgumentError("a key has an empty variable name");
+    if (spec.dtype() != v1::DTYPE_FLOAT32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key '", name, "': variables of dtype ", DTypeName(spec.dtype()),
+          " are not supported; register float32 variables"));
+    }
+    int64_t total = 1;
+    for (int64_t d : spec.shape()) {
+      if (d < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "key '", name, "': shape ", ShapeText(spec.shape()), " has a negative dimension"));
+      }
+      if (d != 0 && total > INT64_MAX / d) {
+        return absl::InvalidArgumentError(absl::StrCat("key '", name, "': shape ", ShapeText(spec.shape()), " overflows 64 bits"));
+      }
+      total *= d;
+    }
+    if (spec.num_elements() <= 0 || spec.offset() < 0 ||
+        spec.offset() > total - spec.num_elements()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key '", name, "': slice [", spec.offset(), ", +", spec.num_elements(),
+          ") does not fit shape ", ShapeText(spec.shape()), " of ", total, " elements"));
+    }
+    if (!spec.init().empty()) {
+      if (req.worker_rank() != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "key '", name, "': only rank 0 sends initial values; worker ", req.worker_rank(), " sent one"));
+      }
+      if (static_cast<int64_t>(spec.init().size()) != spec.num_elements() * 4) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "key '", name, "': initial value has ", spec.init().size(), " bytes; expected ",
+            spec.num_elements() * 4, " (", spec.num_elements(), " float32)"));
+      }
+    } else if (req.worker_rank() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key '", name, "': rank 0 must send the initial value"));
+    }
+    absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(spec.optimizer());
+    if (!opt.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("key '", name, "': ", opt.status().message()));
+    }
+    optimizers.push_back(*opt);
+    absl::ReaderMutexLock lock(&map_mu_);
+    auto it = keys_.find(name);
+    if (it != keys_.end()) {
+      if (absl::Status s = CheckSpec(*it->second, spec, req.worker_rank()); !s.ok()) return s;
+    }
+  }
+  for (int i = 0; i < req.keys_size(); ++i) {
+    const v1::KeySpec& spec = req.keys(i);
+    const std::string name = KeyName(spec.variable(), spec.partition());
+    Key* key;
+    {
+      absl::MutexLock lock(&map_mu_);
+      std::unique_ptr<Key>& slot = keys_[name];
+      if (slot == nullptr) {
+        slot = std::make_unique<Key>();
+        slot->name = name;
+        slot->spec = spec;
+        slot->spec.clear_init();
+        slot->optimizer = optimizers[i];
+        slot->n = spec.num_elements();
+      } else if (absl::Status s = CheckSpec(*slot, spec, req.worker_rank()); !s.ok()) {
+        return s;  // lost a race with a different registration
+      }
+      key = slot.get();
+    }
+    absl::MutexLock lock(&key->mu);
+    bytes_in_->Add(spec.init().size());
+    // Rank 0's value wins, once; a restarted rank 0 keeps the trained weights.
+    if (key->initialized || spec.init().empty()) continue;
+    key->weights.resize(key->n);
+    std::memcpy(key->weights.data(), spec.init().data(), key->n * 4);
+    const int num_slots = NumSlots(key->optimizer);
+    key->slots.assign(num_slots, std::vector<float>(key->n));
+    key->slot_ptrs.clear();
+    for (auto& s : key->slots) key->slot_ptrs.push_back(s.data());
+    InitSlots(key->optimizer, key->slot_ptrs.data(), key->n);
+    if (options_.sync) key->accum.assign(key->n, 0.f);
+    key->contributed.assign(options_.num_workers, 0);
+    key->last_push_id.assign(options_.num_workers, 0);
+    key->lr = key->optimizer.lr;
+    key->initialized = true;
+    bytes_stored_ += key->n * 4 * (1 + num_slots + (options_.sync ? 1 : 0));
+  }
+  return absl::OkStatus();
+}
+
+void Store::Apply(Key* key, const float* grad) {
+  const absl::Time start = absl::Now();
+  ApplyUpdate(key->optimizer, key->lr, key->version + 1, key->weights.data(), grad,
+              key->slot_ptrs.data(), key->n);
+  ++key->version;
+  updates_->Add();
+  update_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+}
+
+absl::Status Store::Push(const v1::PushRequest& req) {
+  if (absl::Status s = CheckWorker(req.worker_rank()); !s.ok()) return s;
+  if (req.keys().empty()) return absl::InvalidArgumentError("push request names no keys");
+  const int w = req.worker_rank();
+  std::vector<Key*> keys;
+  keys.reserve(req.keys_size());
+  for (const v1::KeyData& kd : req.keys()) {
+    absl::StatusOr<Key*> key = Find(kd.variable(), kd.partition());
+    if (!key.ok()) return key.status();
+    Key* k = *key;
+    if (kd.dtype() != v1::DTYPE_FLOAT32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push to key '", k->name, "' has dtype ", DTypeName(kd.dtype()),
+          "; this server takes float32 gradients"));
+    }
+    if (static_cast<int64_t>(kd.data().size()) != k->n * 4) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push to key '", k->name, "' has ", kd.data().size(), " bytes; the key holds ",
+          k->n, " float32 (", k->n * 4, " bytes)"));
+    }
+    absl::MutexLock lock(&k->mu);
+    if (!k->initialized) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "key '", k->name, "' has no value yet: rank 0 has not registered it"));
+    }
+    if (kd.version() < 0 || (options_.sync && kd.version() > k->version)) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "push to key '", k->name, "' is for version ", kd.version(), " but the key is at version ",
+          k->version, options_.sync ? "; in sync mode a worker pushes for the version it pulled" : ""));
+    }
+    keys.push_back(k);
+  }
+  pushes_->Add();
+  for (int i = 0; i < req.keys_size(); ++i) {
+    const v1::KeyData& kd = req.keys(i);
+    Key* k = keys[i];
+    const float* grad = reinterpret_cast<const float*>(kd.data().data());
+    bytes_in_->Add(kd.data().size());
+    key_pushes_->Add();
+    absl::MutexLock lock(&k->mu);
+    if (req.push_id() != 0 && req.push_id() <= k->last_push_id[w]) {
+      duplicate_pushes_->Add();
+      continue;
+    }
+    if (req.push_id() != 0) k->last_push_id[w] = req.push_id();
+    if (!options_.sync) {
+      Apply(k, grad);
+      continue;
+    }
+    if (kd.version() < k->version || k->contributed[w]) {
+      duplicate_pushes_->Add();  // this worker's push for that step is in already
+      continue;
+    }
+    if (k->contributions == 0) {
+      std::memcpy(k->accum.data(), grad, k->n * 4);
+    } else {
+      float* acc = k->accum.data();
+      for (int64_t j = 0; j < k->n; ++j) acc[j] += grad[j];
+    }
+    k->contributed[w] = 1;
+    if (++k->contributions < options_.num_workers) continue;
+    if (options_.average_gradients && options_.num_workers > 1) {
+      const float scale = 1.0f / options_.num_workers;
+      for (float& v : k->accum) v *= scale;
+    }
+    Apply(k, k->accum.data());
+    std::fill(k->contributed.begin(), k->contributed.end(), 0);
+    k->contributions = 0;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::PullKey(Key* k, int64_t min_version, absl::Time deadline,
+                            v1::KeyData* out) {
+  const absl::Time start = absl::Now();
+  absl::MutexLock lock(&k->mu);
+  if (min_version < 0) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "pull of key '", k->name, "' asks for version ", min_version, "; versions start at 0"));
+  }
+  if (options_.sync && k->initialized && min_version > k->version + 1) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "pull of key '", k->name, "' asks for version ", min_version, " but the key is at version ",
+        k->version, "; in sync mode a pull may ask at most one version ahead"));
+  }
+  auto ready = [k, min_version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu) {
+    return k->initialized && k->version >= min_version;
+  };
+  const absl::Time until = std::min(deadline, start + options_.max_pull_wait);
+  if (!k->mu.AwaitWithDeadline(absl::Condition(&ready), until)) {
+    std::string why;
+    if (!k->initialized) {
+      why = "rank 0 has not registered it";
+    } else if (options_.sync) {
+      std::vector<int> missing;
+      for (int w = 0; w < options_.num_workers; ++w) {
+        if (!k->contributed[w]) missing.push_back(w);
+      }
+      why = absl::StrCat("the key is at version ", k->version, "; waiting for pushes from workers ",
+                         absl::StrJoin(missing, ", "));
+    } else {
+      why = absl::StrCat("the key is at version ", k->version);
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "pull of key '", k->name, "' waited ", absl::FormatDuration(absl::Now() - start),
+        " for version ", min_version, ": ", why));
+  }
+  pull_wait_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  out->set_variable(k->spec.variable());
+  out->set_partition(k->spec.partition());
+  out->set_version(k->version);
+  out->set_dtype(v1::DTYPE_FLOAT32);
+  out->set_data(reinterpret_cast<const char*>(k->weights.data()), k->n * 4);
+  bytes_out_->Add(k->n * 4);
+  pulls_->Add();
+  return absl::OkStatus();
+}
+
+absl::Status Store::Pull(const v1::PullRequest& req, absl::Time deadline,
+                         v1::PullResponse* resp) {
+  if (absl::Status s = CheckWorker(req.worker_rank()); !s.ok()) return s;
+  if (req.keys().empty()) return absl::InvalidArgumentError("pull request names no keys");
+  std::vector<Key*> keys;
+  for (const v1::KeyData& kd : req.keys()) {
+    absl::StatusOr<Key*> key = Find(kd.variable(), kd.partition());
+    if (!key.ok()) return key.status();
+    if (!kd.data().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pull of key '", (*key)->name, "' carries data; a pull names keys and versions only"));
+    }
+    keys.push_back(*key);
+  }
+  for (int i = 0; i < req.keys_size(); ++i) {
+    if (absl::Status s = PullKey(keys[i], req.keys(i).version(), deadline, resp->add_keys());
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::PushPull(const v1::PushPullRequest& req, absl::Time deadline,
+                             v1::PushPullResponse* resp) {
+  if (absl::Status s = Push(req.push()); !s.ok()) return s;
+  v1::PullRequest pull;
+  pull.set_worker_rank(req.push().worker_rank());
+  for (const v1::KeyData& kd : req.push().keys()) {
+    v1::KeyData* k = pull.add_keys();
+    k->set_variable(kd.variable());
+    k->set_partition(kd.partition());
+    k->set_version(options_.sync ? kd.version() + 1 : 0);
+  }
+  v1::PullResponse pulled;
+  if (absl::Status s = Pull(pull, deadline, &pulled); !s.ok()) return s;
+  resp->mutable_keys()->Swap(pulled.mutable_keys());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Store::SetLearningRate(const v1::SetLearningRateRequest& req) {
+  if (absl::Status s = CheckWorker(req.worker_rank()); !s.ok()) return s;
+  if (!(req.lr() >= 0) || !std::isfinite(req.lr())) {
+    return absl::InvalidArgumentError(absl::StrCat("learning rate must be finite and >= 0; got ", req.lr()));
+  }
+  std::vector<Key*> keys;
+  {
+    absl::ReaderMutexLock lock(&map_mu_);
+    for (auto& [name, key] : keys_) {
+      if (req.variable().empty() || key->spec.variable() == req.variable()) keys.push_back(key.get());
+    }
+  }
+  for (Key* k : keys) {
+    absl::MutexLock lock(&k->mu);
+    k->lr = req.lr();
+  }
+  return static_cast<int64_t>(keys.size());
+}
+
+}  // namespace psrt

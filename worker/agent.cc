@@ -1,0 +1,97 @@
+#include "worker/agent.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/coordinator_link.h"
+#include "common/daemon.h"
+#include "common/logging.h"
+#include "common/process.h"
+
+namespace psrt {
+
+int RunAgent(const AgentOptions& options) {
+  std::atomic<int> pending_signal{0};
+  HandleSignals([&](int sig) { pending_signal = sig; });
+
+  CoordinatorLink::Options lo;
+  lo.coordinator = options.coordinator;
+  lo.token = options.token;
+  lo.id.set_role(v1::ROLE_AGENT);
+  lo.id.set_index(options.host_index);
+  lo.host = options.host;
+  lo.connect_timeout = options.connect_timeout;
+  absl::StatusOr<std::unique_ptr<CoordinatorLink>> link = CoordinatorLink::Connect(lo);
+  if (!link.ok()) {
+    LogError(link.status().message());
+    return 1;
+  }
+  const v1::JobConfig& config = (*link)->config();
+  const int local = config.workers_per_host();
+
+  std::map<pid_t, int> rank_of;  // running training processes
+  for (int i = 0; i < local; ++i) {
+    const int rank = options.host_index * local + i;
+    std::map<std::string, std::string> env = {
+        {"PSRT_COORDINATOR", options.coordinator},
+        {"PSRT_JOB_TOKEN", options.token},
+        {"PSRT_RANK", absl::StrCat(rank)},
+        {"PSRT_LOCAL_RANK", absl::StrCat(i)},
+        {"PSRT_WORLD_SIZE", absl::StrCat(config.num_workers())},
+        {"PSRT_LOCAL_WORLD_SIZE", absl::StrCat(local)},
+        {"PSRT_HOST", options.host},
+        // The names torch.distributed and most launchers use.
+        {"RANK", absl::StrCat(rank)},
+        {"LOCAL_RANK", absl::StrCat(i)},
+        {"WORLD_SIZE", absl::StrCat(config.num_workers())},
+    };
+    absl::StatusOr<pid_t> pid = Spawn(options.command, env);
+    if (!pid.ok()) {
+      v1::ProcessId id;
+      id.set_role(v1::ROLE_WORKER);
+      id.set_index(rank);
+      (*link)->ReportExit(id, 127, std::string(pid.status().message())).IgnoreError();
+      LogError("worker ", rank, ": ", pid.status().message());
+      break;
+    }
+    LogInfo("started worker ", rank, " (pid ", *pid, ")");
+    rank_of[*pid] = rank;
+  }
+
+  auto report = [&](const Exit& e) {
+    auto it = rank_of.find(e.pid);
+    if (it == rank_of.end()) return;
+    v1::ProcessId id;
+    id.set_role(v1::ROLE_WORKER);
+    id.set_index(it->second);
+    LogInfo("worker ", it->second, " (pid ", e.pid, ") ", e.description);
+    absl::Status s = (*link)->ReportExit(id, e.code, e.description);
+    if (!s.ok()) LogWarning("could not report worker ", it->second, "'s exit: ", s.message());
+    rank_of.erase(it);
+  };
+
+  while (true) {
+    for (const Exit& e : ReapExited()) report(e);
+    if (int sig = pending_signal.exchange(0); sig != 0) {
+      LogWarning("got signal ", sig, "; passing it to ", rank_of.size(), " training processes");
+      for (const auto& [pid, rank] : rank_of) kill(pid, sig);
+    }
+    const CoordinatorLink::JobEnd end = (*link)->WaitForEnd(absl::Milliseconds(50));
+    if (end.state == v1::JOB_RUNNING) continue;
+    if (!rank_of.empty()) {
+      std::vector<pid_t> pids;
+      for (const auto& [pid, rank] : rank_of) pids.push_back(pid);
+      LogWarning("job ended (", end.reason, "); stopping ", pids.size(), " training processes");
+      for (const Exit& e : Terminate(pids, options.kill_grace)) report(e);
+    }
+    const bool ok = end.state == v1::JOB_SUCCEEDED;
+    LogInfo("job ", ok ? "succeeded" : "failed", ": ", end.reason, "; exiting");
+    return ok ? 0 : 1;
+  }
+}
+
+}  // namespace psrt

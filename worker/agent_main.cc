@@ -1,0 +1,39 @@
+// psrt-worker: the per-host agent that runs and supervises training processes.
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "common/daemon.h"
+#include "common/flags.h"
+#include "worker/agent.h"
+
+int main(int argc, char** argv) {
+  psrt::AgentOptions options;
+  options.coordinator = psrt::EnvOr("PSRT_COORDINATOR", "");
+  options.token = psrt::EnvOr("PSRT_JOB_TOKEN", "");
+  options.host = psrt::HostName();
+  options.host_index = -1;
+  double connect_timeout_s = 60, kill_grace_s = 5;
+  psrt::Flags flags("psrt-worker", "--coordinator=HOST:PORT --host-index=N [flags] -- COMMAND [ARGS...]");
+  flags.Add("coordinator", &options.coordinator, "Address of psrt-coordinator (env PSRT_COORDINATOR).");
+  flags.Add("host-index", &options.host_index,
+            "Index of this host in the job (required); its training processes get ranks "
+            "host_index*workers_per_host + local_rank.");
+  flags.Add("host", &options.host, "This host's name, as shown in logs and errors.");
+  flags.Add("token", &options.token, "Job token (env PSRT_JOB_TOKEN), passed to training processes.");
+  flags.Add("connect-timeout", &connect_timeout_s, "Seconds to wait for the coordinator at start.");
+  flags.Add("kill-grace", &kill_grace_s,
+            "Seconds training processes get to exit after SIGTERM before SIGKILL.");
+  flags.ParseOrExit(argc, argv);
+  if (options.coordinator.empty() || options.host_index < 0 || flags.command().empty() ||
+      connect_timeout_s <= 0 || kill_grace_s < 0) {
+    std::fprintf(stderr,
+                 "psrt-worker: need --coordinator, --host-index >= 0, a command after '--', "
+                 "--connect-timeout > 0 and --kill-grace >= 0 (see --help)\n");
+    return 2;
+  }
+  options.command = flags.command();
+  options.connect_timeout = absl::Seconds(connect_timeout_s);
+  options.kill_grace = absl::Seconds(kill_grace_s);
+  psrt::InitProcess(absl::StrCat("psrt-worker[", options.host_index, "]"));
+  return psrt::RunAgent(options);
+}

@@ -1,0 +1,142 @@
+#include "worker/c_api.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/client.h"
+
+struct psrt_client {
+  std::unique_ptr<psrt::Client> client;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+int Fail(const absl::Status& s) {
+  last_error = s.ToString();
+  return -static_cast<int>(s.code());
+}
+
+int64_t Result(const absl::Status& s) {
+  if (!s.ok()) return Fail(s);
+  last_error.clear();
+  return 0;
+}
+
+absl::Status CheckArgs(const psrt_client* c, int n, const char* const* names) {
+  if (c == nullptr) return absl::InvalidArgumentError("client is NULL");
+  if (n <= 0 || names == nullptr) return absl::InvalidArgumentError("no variables given");
+  for (int i = 0; i < n; ++i) {
+    if (names[i] == nullptr) return absl::InvalidArgumentError(absl::StrCat("name ", i, " is NULL"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<psrt::TensorRef> Refs(int n, const char* const* names, const float* const* grads,
+                                  float* const* out) {
+  std::vector<psrt::TensorRef> refs(n);
+  for (int i = 0; i < n; ++i) {
+    refs[i].name = names[i];
+    if (grads != nullptr) refs[i].grad = grads[i];
+    if (out != nullptr) refs[i].out = out[i];
+  }
+  return refs;
+}
+
+}  // namespace
+
+extern "C" {
+
+int psrt_optimizer_defaults(const char* name, double lr, psrt_optimizer* out) {
+  if (name == nullptr || out == nullptr) return Fail(absl::InvalidArgumentError("NULL argument"));
+  absl::StatusOr<psrt::OptimizerKind> kind = psrt::ParseOptimizerKind(name);
+  if (!kind.ok()) return Fail(kind.status());
+  psrt::OptimizerConfig c = psrt::DefaultOptimizer(*kind, lr);
+  *out = {psrt::OptimizerName(*kind), c.lr, c.momentum, c.dampening, c.nesterov ? 1 : 0,
+          c.weight_decay, c.beta1, c.beta2, c.eps, c.lr_decay, c.initial_accumulator_value};
+  return Result(absl::OkStatus());
+}
+
+psrt_client* psrt_connect_from_env(void) {
+  absl::StatusOr<psrt::ClientOptions> options = psrt::ClientOptions::FromEnv();
+  if (!options.ok()) {
+    Fail(options.status());
+    return nullptr;
+  }
+  absl::StatusOr<std::unique_ptr<psrt::Client>> client = psrt::Client::Connect(*options);
+  if (!client.ok()) {
+    Fail(client.status());
+    return nullptr;
+  }
+  last_error.clear();
+  return new psrt_client{std::move(*client)};
+}
+
+void psrt_close(psrt_client* client) { delete client; }
+
+int psrt_rank(const psrt_client* c) { return c ? c->client->rank() : -1; }
+int psrt_num_workers(const psrt_client* c) { return c ? c->client->num_workers() : -1; }
+int psrt_num_servers(const psrt_client* c) { return c ? c->client->num_servers() : -1; }
+int psrt_is_sync(const psrt_client* c) { return c ? c->client->sync() : -1; }
+
+int psrt_register(psrt_client* c, const char* name, const int64_t* shape, int ndim, float* data,
+                  const psrt_optimizer* o) {
+  if (c == nullptr || name == nullptr || o == nullptr || o->name == nullptr || ndim < 0 ||
+      (ndim > 0 && shape == nullptr)) {
+    return Fail(absl::InvalidArgumentError("psrt_register: NULL or negative argument"));
+  }
+  absl::StatusOr<psrt::OptimizerKind> kind = psrt::ParseOptimizerKind(o->name);
+  if (!kind.ok()) return Fail(kind.status());
+  psrt::OptimizerConfig cfg;
+  cfg.kind = *kind;
+  cfg.lr = o->lr;
+  cfg.momentum = o->momentum;
+  cfg.dampening = o->dampening;
+  cfg.nesterov = o->nesterov != 0;
+  cfg.weight_decay = o->weight_decay;
+  cfg.beta1 = o->beta1;
+  cfg.beta2 = o->beta2;
+  cfg.eps = o->eps;
+  cfg.lr_decay = o->lr_decay;
+  cfg.initial_accumulator_value = o->initial_accumulator_value;
+  return static_cast<int>(
+      Result(c->client->RegisterVariable(name, std::vector<int64_t>(shape, shape + ndim), data, cfg)));
+}
+
+int64_t psrt_push(psrt_client* c, int n, const char* const* names, const float* const* grads,
+                  int64_t version) {
+  if (absl::Status s = CheckArgs(c, n, names); !s.ok()) return Fail(s);
+  if (grads == nullptr) return Fail(absl::InvalidArgumentError("no gradient buffers"));
+  return static_cast<int64_t>(c->client->Push(Refs(n, names, grads, nullptr), version));
+}
+
+int64_t psrt_pull(psrt_client* c, int n, const char* const* names, float* const* out,
+                  int64_t min_version) {
+  if (absl::Status s = CheckArgs(c, n, names); !s.ok()) return Fail(s);
+  if (out == nullptr) return Fail(absl::InvalidArgumentError("no output buffers"));
+  return static_cast<int64_t>(c->client->Pull(Refs(n, names, nullptr, out), min_version));
+}
+
+int64_t psrt_push_pull(psrt_client* c, int n, const char* const* names, const float* const* grads,
+                       float* const* out, int64_t version) {
+  if (absl::Status s = CheckArgs(c, n, names); !s.ok()) return Fail(s);
+  if (grads == nullptr || out == nullptr) return Fail(absl::InvalidArgumentError("no buffers"));
+  return static_cast<int64_t>(c->client->PushPull(Refs(n, names, grads, out), version));
+}
+
+int psrt_wait(psrt_client* c, int64_t handle) {
+  if (c == nullptr) return Fail(absl::InvalidArgumentError("client is NULL"));
+  return static_cast<int>(Result(c->client->Wait(static_cast<psrt::Client::Handle>(handle))));
+}
+
+int psrt_set_learning_rate(psrt_client* c, double lr) {
+  if (c == nullptr) return Fail(absl::InvalidArgumentError("client is NULL"));
+  return static_cast<int>(Result(c->client->SetLearningRate(lr)));
+}
+
+const char* psrt_last_error(void) { return last_error.c_str(); }
+
+}  // extern "C"

@@ -1,0 +1,62 @@
+/* psrt's C API: the one entry point every framework plugin shares.
+ *
+ * Functions return 0 (or a handle > 0) on success and a negative absl status
+ * code on failure; psrt_last_error() then says why, for this thread. No
+ * exception ever crosses this boundary. */
+#ifndef PSRT_WORKER_C_API_H_
+#define PSRT_WORKER_C_API_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct psrt_client psrt_client;
+
+/* Server-side optimizer settings with PyTorch's names. */
+typedef struct {
+  const char* name; /* "sgd", "adam", "adamw", "adagrad" */
+  double lr, momentum, dampening;
+  int nesterov;
+  double weight_decay, beta1, beta2, eps, lr_decay, initial_accumulator_value;
+} psrt_optimizer;
+
+/* Fills `out` with PyTorch's defaults for optimizer `name`. */
+int psrt_optimizer_defaults(const char* name, double lr, psrt_optimizer* out);
+
+/* Connects using the environment psrt-worker sets (PSRT_COORDINATOR,
+ * PSRT_RANK, PSRT_JOB_TOKEN). Returns NULL on failure. */
+psrt_client* psrt_connect_from_env(void);
+void psrt_close(psrt_client* client);
+
+int psrt_rank(const psrt_client* client);
+int psrt_num_workers(const psrt_client* client);
+int psrt_num_servers(const psrt_client* client);
+int psrt_is_sync(const psrt_client* client);
+
+/* Registers a float32 variable; on ranks other than 0, `data` receives rank
+ * 0's initial value. */
+int psrt_register(psrt_client* client, const char* name, const int64_t* shape, int ndim,
+                  float* data, const psrt_optimizer* optimizer);
+
+/* Asynchronous operations over n variables; buffers must live until
+ * psrt_wait returns. */
+int64_t psrt_push(psrt_client* client, int n, const char* const* names, const float* const* grads,
+                  int64_t version);
+int64_t psrt_pull(psrt_client* client, int n, const char* const* names, float* const* out,
+                  int64_t min_version);
+int64_t psrt_push_pull(psrt_client* client, int n, const char* const* names,
+                       const float* const* grads, float* const* out, int64_t version);
+int psrt_wait(psrt_client* client, int64_t handle);
+
+int psrt_set_learning_rate(psrt_client* client, double lr);
+
+/* The last error of this thread, or "" if none. */
+const char* psrt_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PSRT_WORKER_C_API_H_ */

@@ -1,0 +1,409 @@
+#include "worker/client.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/coordinator_link.h"
+#include "common/daemon.h"
+#include "common/grpc_util.h"
+#include "common/key_map.h"
+#include "common/thread_pool.h"
+#include "psrt/v1/ps.grpc.pb.h"
+
+namespace psrt {
+
+absl::StatusOr<ClientOptions> ClientOptions::FromEnv() {
+  ClientOptions o;
+  o.coordinator = EnvOr("PSRT_COORDINATOR", "");
+  o.token = EnvOr("PSRT_JOB_TOKEN", "");
+  o.host = EnvOr("PSRT_HOST", HostName());
+  if (o.coordinator.empty()) {
+    return absl::FailedPreconditionError(
+        "PSRT_COORDINATOR is not set; start training processes with psrt-run");
+  }
+  const std::string rank = EnvOr("PSRT_RANK", "");
+  if (!absl::SimpleAtoi(rank, &o.rank) || o.rank < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "PSRT_RANK must be a rank >= 0; got '", rank, "'"));
+  }
+  const std::string timeout = EnvOr("PSRT_RPC_TIMEOUT_S", "");
+  double seconds = 0;
+  if (!timeout.empty()) {
+    if (!absl::SimpleAtod(timeout, &seconds) || seconds <= 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "PSRT_RPC_TIMEOUT_S must be a number of seconds > 0; got '", timeout, "'"));
+    }
+    o.rpc_timeout = absl::Seconds(seconds);
+  }
+  return o;
+}
+
+OptimizerConfig DefaultOptimizer(OptimizerKind kind, double lr) {
+  OptimizerConfig c;
+  c.kind = kind;
+  c.lr = lr;
+  if (kind == OptimizerKind::kAdaGrad) c.eps = 1e-10;
+  if (kind == OptimizerKind::kAdamW) c.weight_decay = 1e-2;
+  return c;
+}
+
+namespace {
+
+struct Variable {
+  int64_t num_elements = 0;
+  std::vector<Partition> parts;
+};
+
+// Progress of one asynchronous operation fanned out over servers.
+struct Op {
+  absl::Mutex mu;
+  int pending ABSL_GUARDED_BY(mu) = 0;
+  absl::Status status ABSL_GUARDED_BY(mu);
+};
+
+v1::OptimizerConfig ToProto(const OptimizerConfig& c) {
+  v1::OptimizerConfig p;
+  p.set_name(OptimizerName(c.kind));
+  p.set_lr(c.lr);
+  p.set_momentum(c.momentum);
+  p.set_dampening(c.dampening);
+  p.set_nesterov(c.nesterov);
+  p.set_weight_decay(c.weight_decay);
+  p.set_beta1(c.beta1);
+  p.set_beta2(c.beta2);
+  p.set_eps(c.eps);
+  p.set_lr_decay(c.lr_decay);
+  p.set_initial_accumulator_value(c.initial_accumulator_value);
+  return p;
+}
+
+}  // namespace
+
+class Client::Impl {
+ public:
+  ClientOptions options;
+  v1::JobConfig config;
+  std::unique_ptr<CoordinatorLink> link;
+  std::vector<std::string> addresses;
+  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs;
+  std::unique_ptr<ThreadPool> pool;
+  absl::Mutex mu;
+  absl::flat_hash_map<std::string, Variable> variables ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<Handle, std::shared_ptr<Op>> ops ABSL_GUARDED_BY(mu);
+  Handle next_handle ABSL_GUARDED_BY(mu) = 1;
+  // Push ids grow across restarts of this rank: they start at the clock.
+  std::atomic<uint64_t> next_push_id{static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())) << 20};
+
+  // One server's share of an operation: key requests and where results go.
+  struct Shard {
+    std::vector<v1::KeyData> keys;
+    std::vector<std::pair<float*, Partition>> outs;  // parallel to keys
+  };
+
+  absl::StatusOr<std::vector<Partition>> PartsOf(const std::string& name) {
+    absl::MutexLock lock(&mu);
+    auto it = variables.find(name);
+    if (it == variables.end()) {
+      return absl::NotFoundError(absl::StrCat("variable '", name, "' is not registered"));
+    }
+    return it->second.parts;
+  }
+
+  // Runs `rpc` against server `s`, retrying while the server is unreachable
+  // (the request is resent unchanged, so a push keeps its id).
+  absl::Status Call(int s, const char* what,
+                    const std::function<grpc::Status(grpc::ClientContext*)>& rpc) {
+    const absl::Time start = absl::Now();
+    absl::Duration backoff = absl::Milliseconds(50);
+    int attempts = 0;
+    while (true) {
+      ++attempts;
+      grpc::ClientContext ctx;
+      PrepareContext(&ctx, options.token, options.rpc_timeout);
+      grpc::Status st = rpc(&ctx);
+      if (st.ok()) return absl::OkStatus();
+      const bool retry = st.error_code() == grpc::StatusCode::UNAVAILABLE &&
+                         absl::Now() - start + backoff < options.retry_budget;
+      if (!retry) {
+        return absl::Status(
+            static_cast<absl::StatusCode>(st.error_code()),
+            absl::StrCat(what, " to server ", s, " at ", addresses[s], " failed after ", attempts,
+                         attempts == 1 ? " attempt" : " attempts", " in ",
+                         absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
+                         ": ", st.error_message()));
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+    }
+  }
+
+  // Splits tensors into per-server shards. With `with_grad` each key carries
+  // its slice of the gradient.
+  absl::StatusOr<std::map<int, Shard>> Split(const std::vector<TensorRef>& tensors,
+                                             int64_t version, bool with_grad, bool with_out) {
+    std::map<int, Shard> shards;
+    for (const TensorRef& t : tensors) {
+      absl::StatusOr<std::vector<Partition>> parts = PartsOf(t.name);
+      if (!parts.ok()) return parts.status();
+      if ((with_grad && t.grad == nullptr) || (with_out && t.out == nullptr)) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has no buffer"));
+      }
+      for (const Partition& p : *parts) {
+        Shard& shard = shards[p.server];
+        v1::KeyData& kd = shard.keys.emplace_back();
+        kd.set_variable(t.name);
+        kd.set_partition(p.index);
+        kd.set_version(version);
+        if (with_grad) {
+          kd.set_dtype(v1::DTYPE_FLOAT32);
+          kd.set_data(reinterpret_cast<const char*>(t.grad + p.offset), p.num_elements * 4);
+        }
+        shard.outs.emplace_back(t.out, p);
+      }
+    }
+    return shards;
+  }
+
+  static absl::Status Store(const google::protobuf::RepeatedPtrField<v1::KeyData>& got,
+                            const Shard& shard) {
+    if (got.size() != static_cast<int>(shard.keys.size())) {
+      return absl::InternalError(absl::StrCat("server answered ", got.size(), " keys for ",
+                                              shard.keys.size(), " asked"));
+    }
+    for (int i = 0; i < got.size(); ++i) {
+      const auto& [out, p] = shard.outs[i];
+      if (static_cast<int64_t>(got[i].data().size()) != p.num_elements * 4) {
+        return absl::InternalError(absl::StrCat(
+            "server sent ", got[i].data().size(), " bytes for key '",
+            KeyName(got[i].variable(), got[i].partition()), "'; expected ", p.num_elements * 4));
+      }
+      std::memcpy(out + p.offset, got[i].data().data(), p.num_elements * 4);
+    }
+    return absl::OkStatus();
+  }
+
+  // Registers an operation of `n` parts and returns its handle.
+  std::pair<Handle, std::shared_ptr<Op>> NewOp(int n, absl::Status initial = absl::OkStatus()) {
+    auto op = std::make_shared<Op>();
+    {
+      absl::MutexLock lock(&op->mu);
+      op->pending = n;
+      op->status = initial;
+    }
+    absl::MutexLock lock(&mu);
+    Handle h = next_handle++;
+    ops[h] = op;
+    return {h, op};
+  }
+
+  static void Done(Op* op, const absl::Status& s) {
+    absl::MutexLock lock(&op->mu);
+    if (op->status.ok() && !s.ok()) op->status = s;
+    --op->pending;
+  }
+
+  Handle Start(std::vector<TensorRef> tensors, int64_t version, bool push, bool pull) {
+    absl::StatusOr<std::map<int, Shard>> shards = Split(tensors, version, push, pull);
+    if (!shards.ok()) return NewOp(0, shards.status()).first;
+    auto [handle, op] = NewOp(static_cast<int>(shards->size()));
+    const uint64_t push_id = push ? next_push_id.fetch_add(1) : 0;
+    const int rank = options.rank;
+    for (auto& [server, shard] : *shards) {
+      auto sh = std::make_shared<Shard>(std::move(shard));
+      pool->Schedule([this, server = server, sh, op = op, push, pull, push_id, rank] {
+        absl::Status s;
+        if (push && pull) {
+          v1::PushPullRequest req;
+          req.mutable_push()->set_worker_rank(rank);
+          req.mutable_push()->set_push_id(push_id);
+          for (v1::KeyData& kd : sh->keys) *req.mutable_push()->add_keys() = std::move(kd);
+          v1::PushPullResponse resp;
+          s = Call(server, "push-pull", [&](grpc::ClientContext* ctx) {
+            return stubs[server]->PushPull(ctx, req, &resp);
+          });
+          if (s.ok()) s = Store(resp.keys(), *sh);
+        } else if (push) {
+          v1::PushRequest req;
+          req.set_worker_rank(rank);
+          req.set_push_id(push_id);
+          for (v1::KeyData& kd : sh->keys) *req.add_keys() = std::move(kd);
+          v1::PushResponse resp;
+          s = Call(server, "push", [&](grpc::ClientContext* ctx) {
+            return stubs[server]->Push(ctx, req, &resp);
+          });
+        } else {
+          v1::PullRequest req;
+          req.set_worker_rank(rank);
+          for (v1::KeyData& kd : sh->keys) *req.add_keys() = std::move(kd);
+          v1::PullResponse resp;
+          s = Call(server, "pull", [&](grpc::ClientContext* ctx) {
+            return stubs[server]->Pull(ctx, req, &resp);
+          });
+          if (s.ok()) s = Store(resp.keys(), *sh);
+        }
+        Done(op.get(), s);
+      });
+    }
+    return handle;
+  }
+};
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (options.coordinator.empty()) return absl::InvalidArgumentError("no coordinator address");
+  if (options.rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank, " < 0"));
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  CoordinatorLink::Options lo;
+  lo.coordinator = options.coordinator;
+  lo.token = options.token;
+  lo.id.set_role(v1::ROLE_WORKER);
+  lo.id.set_index(options.rank);
+  lo.host = options.host;
+  lo.connect_timeout = options.connect_timeout;
+  absl::StatusOr<std::unique_ptr<CoordinatorLink>> link = CoordinatorLink::Connect(lo);
+  if (!link.ok()) return link.status();
+  impl->link = std::move(*link);
+  absl::StatusOr<v1::BarrierResponse> barrier = impl->link->Barrier();
+  if (!barrier.ok()) return barrier.status();
+  impl->config = barrier->config();
+  for (const std::string& addr : barrier->shard_map().server_addresses()) {
+    impl->addresses.push_back(addr);
+    impl->stubs.push_back(v1::ParameterServer::NewStub(MakeChannel(addr)));
+  }
+  if (impl->stubs.empty()) return absl::FailedPreconditionError("the shard map lists no servers");
+  impl->pool = std::make_unique<ThreadPool>(std::max<int>(4, 2 * impl->stubs.size()));
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+int Client::rank() const { return impl_->options.rank; }
+int Client::num_workers() const { return impl_->config.num_workers(); }
+int Client::num_servers() const { return static_cast<int>(impl_->stubs.size()); }
+bool Client::sync() const { return impl_->config.mode() == "sync"; }
+
+absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64_t> shape,
+                                      float* data, const OptimizerConfig& optimizer) {
+  if (data == nullptr) return absl::InvalidArgumentError(absl::StrCat("variable '", name, "' has no buffer"));
+  if (absl::Status s = ValidateOptimizerConfig(optimizer); !s.ok()) return s;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("variable '", name, "' has a negative dimension"));
+    n *= d;
+  }
+  absl::StatusOr<std::vector<Partition>> parts = PartitionVariable(
+      name, n, 4, impl_->config.partition_bytes(), num_servers());
+  if (!parts.ok()) return parts.status();
+  {
+    absl::MutexLock lock(&impl_->mu);
+    auto [it, inserted] = impl_->variables.try_emplace(name);
+    if (!inserted && it->second.num_elements != n) {
+      return absl::AlreadyExistsError(absl::StrCat("variable '", name, "' is already registered with ",
+                                                   it->second.num_elements, " elements"));
+    }
+    it->second.num_elements = n;
+    it->second.parts = *parts;
+  }
+  std::map<int, std::shared_ptr<v1::RegisterKeysRequest>> requests;
+  const v1::OptimizerConfig opt = ToProto(optimizer);
+  for (const Partition& p : *parts) {
+    auto& req = requests[p.server];
+    if (req == nullptr) req = std::make_shared<v1::RegisterKeysRequest>();
+    req->set_worker_rank(rank());
+    v1::KeySpec* spec = req->add_keys();
+    spec->set_variable(name);
+    spec->set_partition(p.index);
+    spec->set_dtype(v1::DTYPE_FLOAT32);
+    for (int64_t d : shape) spec->add_shape(d);
+    spec->set_offset(p.offset);
+    spec->set_num_elements(p.num_elements);
+    *spec->mutable_optimizer() = opt;
+    if (rank() == 0) spec->set_init(reinterpret_cast<const char*>(data + p.offset), p.num_elements * 4);
+  }
+  auto [handle, op] = impl_->NewOp(static_cast<int>(requests.size()));
+  for (auto& [server, req] : requests) {
+    impl_->pool->Schedule([this, server = server, req = req, op = op] {
+      v1::RegisterKeysResponse resp;
+      Impl::Done(op.get(), impl_->Call(server, "register", [&](grpc::ClientContext* ctx) {
+        return impl_->stubs[server]->RegisterKeys(ctx, *req, &resp);
+      }));
+    });
+  }
+  if (absl::Status s = Wait(handle); !s.ok()) return s;
+  if (rank() == 0) return absl::OkStatus();
+  return Wait(Pull({{name, nullptr, data}}, 0));  // rank 0's value wins
+}
+
+Client::Handle Client::Push(std::vector<TensorRef> tensors, int64_t version) {
+  return impl_->Start(std::move(tensors), version, true, false);
+}
+Client::Handle Client::Pull(std::vector<TensorRef> tensors, int64_t min_version) {
+  return impl_->Start(std::move(tensors), min_version, false, true);
+}
+Client::Handle Client::PushPull(std::vector<TensorRef> tensors, int64_t version) {
+  return impl_->Start(std::move(tensors), version, true, true);
+}
+
+absl::Status Client::Wait(Handle handle) {
+  std::shared_ptr<Op> op;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    auto it = impl_->ops.find(handle);
+    if (it == impl_->ops.end()) {
+      return absl::NotFoundError(absl::StrCat("no pending operation with handle ", handle));
+    }
+    op = it->second;
+    impl_->ops.erase(it);
+  }
+  // Each part ends within its RPC deadline and retry budget; the extra
+  // margin only guards against a lost wake-up.
+  const absl::Duration limit = impl_->options.rpc_timeout + impl_->options.retry_budget + absl::Seconds(5);
+  absl::MutexLock lock(&op->mu);
+  auto done = [&op]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(op->mu) { return op->pending == 0; };
+  if (!op->mu.AwaitWithTimeout(absl::Condition(&done), limit)) {
+    return absl::DeadlineExceededError(absl::StrCat("operation ", handle, " did not finish within ",
+                                                    absl::FormatDuration(limit)));
+  }
+  return op->status;
+}
+
+absl::Status Client::SetLearningRate(double lr) {
+  v1::SetLearningRateRequest req;
+  req.set_worker_rank(rank());
+  req.set_lr(lr);
+  for (int s = 0; s < num_servers(); ++s) {
+    v1::SetLearningRateResponse resp;
+    absl::Status st = impl_->Call(s, "set-learning-rate", [&](grpc::ClientContext* ctx) {
+      return impl_->stubs[s]->SetLearningRate(ctx, req, &resp);
+    });
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Client::ServerMetric(const std::string& name) {
+  double total = 0;
+  for (int s = 0; s < num_servers(); ++s) {
+    v1::StatsResponse resp;
+    absl::Status st = impl_->Call(s, "stats", [&](grpc::ClientContext* ctx) {
+      return impl_->stubs[s]->Stats(ctx, v1::StatsRequest(), &resp);
+    });
+    if (!st.ok()) return st;
+    auto it = resp.metrics().find(name);
+    if (it == resp.metrics().end()) return absl::NotFoundError(absl::StrCat("server ", s, " has no metric '", name, "'"));
+    total += it->second;
+  }
+  return total;
+}
+
+}  // namespace psrt

@@ -1,0 +1,98 @@
+#ifndef PSRT_WORKER_CLIENT_H_
+#define PSRT_WORKER_CLIENT_H_
+
+// The worker side of psrt: register variables, push gradients and pull
+// weights for many tensors at once, asynchronously, waiting on handles.
+//
+//   auto client = psrt::Client::Connect(psrt::ClientOptions::FromEnv().value());
+//   client->RegisterVariable("w", {1024}, w.data(), psrt::SgdOptions(0.1));
+//   psrt::Client::Handle h = client->PushPull({{"w", grad.data(), w.data()}}, step);
+//   absl::Status s = client->Wait(h);
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kernels/optimizer.h"
+
+namespace psrt {
+
+struct ClientOptions {
+  std::string coordinator;  // host:port of psrt-coordinator
+  std::string token;        // the job token
+  int rank = -1;            // this worker's rank
+  std::string host;
+  // Longest any single push, pull or registration may take, waits for a
+  // version included.
+  absl::Duration rpc_timeout = absl::Seconds(120);
+  // How long to keep retrying a server that cannot be reached.
+  absl::Duration retry_budget = absl::Seconds(5);
+  absl::Duration connect_timeout = absl::Seconds(120);
+
+  // PSRT_COORDINATOR, PSRT_JOB_TOKEN, PSRT_RANK (as psrt-worker sets them),
+  // PSRT_RPC_TIMEOUT_S.
+  static absl::StatusOr<ClientOptions> FromEnv();
+};
+
+// Optimizer settings with PyTorch's defaults.
+OptimizerConfig DefaultOptimizer(OptimizerKind kind, double lr);
+
+// One variable in a push or pull. Buffers hold the whole variable as
+// float32 and must stay valid until the operation's Wait returns.
+struct TensorRef {
+  std::string name;
+  const float* grad = nullptr;  // pushed (Push, PushPull)
+  float* out = nullptr;         // filled (Pull, PushPull)
+};
+
+class Client {
+ public:
+  using Handle = uint64_t;
+
+  // Registers with the coordinator, passes the readiness barrier and learns
+  // the shard map.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  int rank() const;
+  int num_workers() const;
+  int num_servers() const;
+  bool sync() const;  // false: async mode
+
+  // Registers a float32 variable on the servers. Rank 0's `data` is the
+  // initial value; every other rank's `data` is overwritten with it.
+  absl::Status RegisterVariable(const std::string& name, std::vector<int64_t> shape, float* data,
+                                const OptimizerConfig& optimizer);
+
+  // Pushes gradients computed from weights of `version` (sync mode: the step).
+  Handle Push(std::vector<TensorRef> tensors, int64_t version);
+  // Pulls weights of at least `min_version` (waits for it on the servers).
+  Handle Pull(std::vector<TensorRef> tensors, int64_t min_version);
+  // Pushes, then pulls each tensor at the following version (sync) or the
+  // newest (async), in one round trip per server.
+  Handle PushPull(std::vector<TensorRef> tensors, int64_t version);
+  // Waits for an operation; each handle can be waited on once.
+  absl::Status Wait(Handle handle);
+
+  // Sets the learning rate of every variable on every server.
+  absl::Status SetLearningRate(double lr);
+
+  // Sum of a counter over all servers (e.g. "bytes_in_total").
+  absl::StatusOr<double> ServerMetric(const std::string& name);
+
+ private:
+  class Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace psrt
+
+#endif  // PSRT_WORKER_CLIENT_H_

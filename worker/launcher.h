@@ -1,0 +1,33 @@
+#ifndef PSRT_WORKER_LAUNCHER_H_
+#define PSRT_WORKER_LAUNCHER_H_
+
+#include <string>
+#include <vector>
+
+#include "common/cluster.h"
+#include "common/distribution.h"
+
+namespace psrt {
+
+struct LaunchOptions {
+  std::string distribution;  // the JSON as given, handed to the coordinator
+  PsOptions ps;              // the same, parsed
+  ClusterSpec cluster;
+  // > 0: simulate this many hosts on this machine over loopback and start
+  // every process of the job here.
+  int local_hosts = 0;
+  int coordinator_port = 7070;
+  std::string token;
+  std::string bin_dir;  // where psrt-server, psrt-coordinator, psrt-worker are
+  std::vector<std::string> command;
+  int metrics_port = -1;  // coordinator's; servers pick free ports when >= 0
+};
+
+// Starts this host's share of the job (host 0 also runs the coordinator; in
+// local mode, every host's share), waits for it to end, and prints which
+// process failed and why. Returns 0 when the job succeeded.
+int RunLauncher(const LaunchOptions& options);
+
+}  // namespace psrt
+
+#endif  // PSRT_WORKER_LAUNCHER_H_

@@ -1,0 +1,70 @@
+// psrt-run: starts a psrt job (coordinator, servers, agents) on this host.
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "common/cluster.h"
+#include "common/daemon.h"
+#include "common/distribution.h"
+#include "common/flags.h"
+#include "common/grpc_util.h"
+#include "common/logging.h"
+#include "common/process.h"
+#include "worker/launcher.h"
+
+int main(int argc, char** argv) {
+  psrt::LaunchOptions o;
+  o.distribution = R"({"parameter_server": {"enabled": true}})";
+  o.token = psrt::EnvOr("PSRT_JOB_TOKEN", "");
+  o.bin_dir = psrt::SelfDirectory();
+  std::string hosts, current_host;
+  psrt::Flags flags("psrt-run",
+                    "--distribution=JSON [--local=N | --hosts=H1,H2 --current-host=H] -- COMMAND [ARGS...]\n\n"
+                    "Runs the same on every host: each starts its parameter servers and its agent,\n"
+                    "host 0 also the coordinator. Hosts come from --hosts, else SM_HOSTS and\n"
+                    "SM_CURRENT_HOST (SageMaker), else TF_CONFIG, else this host alone.\n\n"
+                    "Distribution keys (inside \"parameter_server\"):\n" +
+                        psrt::DistributionHelp());
+  flags.Add("distribution", &o.distribution,
+            "JSON with SageMaker's shape: {\"parameter_server\": {\"enabled\": true, ...}}.");
+  flags.Add("local", &o.local_hosts, "Simulate this many hosts on this machine over loopback (0: off).");
+  flags.Add("hosts", &hosts, "Comma-separated hosts of the job (overrides SM_HOSTS and TF_CONFIG).");
+  flags.Add("current-host", &current_host, "Which of --hosts this is, by name or index.");
+  flags.Add("coordinator-port", &o.coordinator_port, "Port of the coordinator on host 0 (multi-host).");
+  flags.Add("token", &o.token,
+            "Job token (env PSRT_JOB_TOKEN); generated in local mode. Every host must use the same one.");
+  flags.Add("bin-dir", &o.bin_dir, "Directory holding psrt-coordinator, psrt-server and psrt-worker.");
+  flags.Add("metrics-port", &o.metrics_port,
+            "Coordinator's Prometheus port (servers then serve /metrics on free ports); -1: off.");
+  flags.ParseOrExit(argc, argv);
+  psrt::InitProcess("psrt-run");
+  auto fail = [](const std::string& msg) {
+    std::fprintf(stderr, "psrt-run: %s\n", msg.c_str());
+    return 2;
+  };
+  if (flags.command().empty()) return fail("no training command; give it after '--' (see --help)");
+  o.command = flags.command();
+  absl::StatusOr<psrt::PsOptions> ps = psrt::ParseDistribution(o.distribution);
+  if (!ps.ok()) return fail(absl::StrCat("--distribution: ", ps.status().message()));
+  if (!ps->enabled) {
+    return fail("--distribution: parameter_server.enabled is not true; psrt-run starts parameter-server jobs only");
+  }
+  if (absl::Status s = psrt::CheckImplemented(*ps); !s.ok()) return fail(std::string(s.message()));
+  o.ps = *ps;
+  if (o.local_hosts < 0 || o.local_hosts > 64) return fail("--local must be in 0..64");
+  if (o.coordinator_port <= 0 || o.coordinator_port > 65535) return fail("--coordinator-port must be in 1..65535");
+  if (o.local_hosts == 0) {
+    absl::StatusOr<psrt::ClusterSpec> cluster = psrt::ResolveCluster(hosts, current_host, std::getenv);
+    if (!cluster.ok()) return fail(std::string(cluster.status().message()));
+    o.cluster = *cluster;
+    if (o.cluster.hosts.size() == 1 && o.cluster.hosts[0] == "localhost") o.local_hosts = 1;
+  }
+  if (o.token.empty()) {
+    if (o.local_hosts > 0) {
+      o.token = psrt::RandomToken();
+    } else {
+      psrt::LogWarning("no job token (--token or PSRT_JOB_TOKEN): RPCs are not authenticated");
+    }
+  }
+  return psrt::RunLauncher(o);
+}
