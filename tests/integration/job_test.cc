@@ -1,0 +1,259 @@
+// Whole jobs started the way users start them: psrt-run and the daemons as
+// real processes talking gRPC over loopback.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "common/process.h"
+
+namespace psrt {
+namespace {
+
+const std::string kBin = PSRT_BIN_DIR;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string TempDir() {
+  char dir[] = "/tmp/psrt-test-XXXXXX";
+  return mkdtemp(dir) ? dir : "/tmp";
+}
+
+// A command started through the shell with its output in a file.
+struct Proc {
+  pid_t pid = 0;
+  std::string log;
+  int code = -1;
+
+  static Proc Start(const std::string& cmd, const std::string& log) {
+    Proc p;
+    p.log = log;
+    auto pid = Spawn({"/bin/sh", "-c", "exec " + cmd + " >" + log + " 2>&1"}, {});
+    EXPECT_TRUE(pid.ok()) << pid.status();
+    p.pid = pid.ok() ? *pid : 0;
+    return p;
+  }
+  // Waits for the exit; on timeout kills it and fails the test.
+  int Wait(absl::Duration timeout, const std::string& what) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return code;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    ADD_FAILURE() << what << " did not end within " << absl::FormatDuration(timeout)
+                  << "; output:\n" << ReadFile(log);
+    return -1;
+  }
+  std::string Output() const { return ReadFile(log); }
+  bool WaitForOutput(const std::string& text, absl::Duration timeout) const {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      if (Output().find(text) != std::string::npos) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+};
+
+// Pids of live processes whose environment carries this job's token.
+std::vector<pid_t> JobProcesses(const std::string& token) {
+  std::vector<pid_t> out;
+  const std::string needle = "PSRT_JOB_TOKEN=" + token;
+  DIR* d = opendir("/proc");
+  while (dirent* e = d ? readdir(d) : nullptr) {
+    const pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    const std::string env = ReadFile(absl::StrCat("/proc/", pid, "/environ"));
+    for (absl::string_view kv : absl::StrSplit(env, '\0')) {
+      if (kv == needle) {
+        // A zombie has left the job already; only running ones count.
+        const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+        if (stat.find(") Z") == std::string::npos) out.push_back(pid);
+        break;
+      }
+    }
+  }
+  if (d) closedir(d);
+  return out;
+}
+
+std::string CmdLine(pid_t pid) {
+  std::string s = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
+  for (char& c : s) {
+    if (c == '\0') c = ' ';
+  }
+  return s;
+}
+
+double JsonNumber(const std::string& json, const std::string& key) {
+  std::smatch m;
+  std::regex re("\"" + key + "\": ([-0-9.eE+a-z]+)");
+  if (!std::regex_search(json, m, re)) {
+    ADD_FAILURE() << "no '" << key << "' in " << json;
+    return NAN;
+  }
+  return std::stod(m[1]);
+}
+
+std::string RunCommand(const std::string& dist, const std::string& token, const std::string& trainer_args) {
+  return absl::StrCat(kBin, "/psrt-run --local=2 --token=", token, " --distribution='", dist, "' -- ",
+                      kBin, "/psrt-example-linreg ", trainer_args);
+}
+
+void ExpectConverges(const std::string& mode, double tolerance) {
+  const std::string dir = TempDir();
+  const std::string token = RandomToken();
+  const std::string dist = absl::StrCat(
+      R"({"parameter_server": {"enabled": true, "mode": ")", mode,
+      R"(", "servers_per_host": 1, "workers_per_host": 1, "partition_bytes": 4096}})");
+  // 2048 weights make 2 keys of 4 KiB, spread over both servers.
+  Proc run = Proc::Start(
+      RunCommand(dist, token, absl::StrCat("--dim=2048 --batch=256 --steps=300 --lr=0.1 --result=", dir, "/r")),
+      dir + "/log");
+  ASSERT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
+  EXPECT_NE(run.Output().find("job succeeded"), std::string::npos) << run.Output();
+  const std::string r0 = ReadFile(dir + "/r.rank0.json"), r1 = ReadFile(dir + "/r.rank1.json");
+  EXPECT_LT(JsonNumber(r0, "relative_error"), tolerance) << r0;
+  EXPECT_LT(JsonNumber(r1, "relative_error"), tolerance) << r1;
+  if (mode == "sync") {
+    // Both read the same final version.
+    EXPECT_EQ(JsonNumber(r0, "w0"), JsonNumber(r1, "w0"));
+  }
+  EXPECT_TRUE(JobProcesses(token).empty()) << "processes of the job outlived it";
+}
+
+TEST(JobTest, SyncTrainsToTheKnownSolution) { ExpectConverges("sync", 1e-4); }
+
+TEST(JobTest, AsyncTrainsToTheKnownSolution) { ExpectConverges("async", 1e-3); }
+
+TEST(JobTest, FailingWorkerFailsTheJobAndNamesIt) {
+  const std::string dir = TempDir();
+  const std::string token = RandomToken();
+  Proc run = Proc::Start(
+      RunCommand(R"({"parameter_server": {"enabled": true}})", token, "--steps=1000 --exit-at-step=5"),
+      dir + "/log");
+  EXPECT_EQ(run.Wait(absl::Seconds(60), "psrt-run"), 1);
+  const std::string out = run.Output();
+  EXPECT_TRUE(std::regex_search(out, std::regex("job failed: worker [01] on local[01] exited with code 3")))
+      << out;
+  EXPECT_TRUE(JobProcesses(token).empty());
+}
+
+TEST(JobTest, KilledServerFailsEveryProcessWithinTheDeadline) {
+  const std::string dir = TempDir();
+  const std::string token = RandomToken();
+  Proc run = Proc::Start(
+      RunCommand(R"({"parameter_server": {"enabled": true, "heartbeat_timeout_s": 2}})", token,
+                 "--steps=100000000 --log-every=10"),
+      dir + "/log");
+  ASSERT_TRUE(run.WaitForOutput("step 10 ", absl::Seconds(60))) << run.Output();
+  pid_t server1 = 0;
+  for (pid_t p : JobProcesses(token)) {
+    const std::string cmd = CmdLine(p);
+    if (cmd.find("psrt-server") != std::string::npos && cmd.find("--index=1") != std::string::npos) server1 = p;
+  }
+  ASSERT_NE(server1, 0) << "psrt-server 1 not found";
+  const absl::Time killed = absl::Now();
+  kill(server1, SIGKILL);
+  EXPECT_EQ(run.Wait(absl::Seconds(60), "psrt-run after a server was killed"), 1);
+  // Heartbeat timeout (2 s) plus retries and shutdown, well short of a hang.
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(30));
+  const std::string out = run.Output();
+  EXPECT_NE(out.find("job failed"), std::string::npos) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("server 1 (on local1 was lost|at 127\\.0\\.0\\.1:[0-9]+ failed)")))
+      << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("psrt-server\\[1\\] killed by signal 9"))) << out;
+  for (const char* name : {"psrt-coordinator", "psrt-server\\[0\\]", "psrt-worker\\[0\\]", "psrt-worker\\[1\\]"}) {
+    EXPECT_TRUE(std::regex_search(out, std::regex(absl::StrCat(name, " exited with code 1")))) << name << "\n" << out;
+  }
+  EXPECT_TRUE(JobProcesses(token).empty());
+}
+
+TEST(JobTest, MissingServerFailsTheBarrierNamingIt) {
+  const std::string dir = TempDir();
+  const std::string token = RandomToken();
+  const std::string env = absl::StrCat("env PSRT_JOB_TOKEN=", token, " ");
+  Proc coord = Proc::Start(
+      absl::StrCat(env, kBin, "/psrt-coordinator --bind=127.0.0.1 --port=0 --port-file=", dir,
+                   "/port --hosts=hostA,hostB --distribution='{\"parameter_server\": {\"enabled\": true, "
+                   "\"barrier_timeout_s\": 2}}'"),
+      dir + "/coord.log");
+  Proc port_file;
+  port_file.log = dir + "/port";
+  ASSERT_TRUE(port_file.WaitForOutput("\n", absl::Seconds(20))) << coord.Output();
+  const std::string address = absl::StrCat("127.0.0.1:", std::stoi(ReadFile(dir + "/port")));
+  // Server 1 (on hostB) never starts.
+  Proc server = Proc::Start(absl::StrCat(env, kBin, "/psrt-server --coordinator=", address,
+                                         " --index=0 --host=127.0.0.1 --bind=127.0.0.1"),
+                            dir + "/server.log");
+  std::vector<Proc> agents;
+  for (int h = 0; h < 2; ++h) {
+    agents.push_back(Proc::Start(absl::StrCat(env, kBin, "/psrt-worker --coordinator=", address,
+                                              " --host-index=", h, " -- ", kBin, "/psrt-example-linreg"),
+                                 absl::StrCat(dir, "/agent", h, ".log")));
+  }
+  EXPECT_EQ(coord.Wait(absl::Seconds(30), "psrt-coordinator"), 1);
+  EXPECT_NE(coord.Output().find("readiness barrier timed out after 2s; not arrived: server 1 on hostB"),
+            std::string::npos)
+      << coord.Output();
+  EXPECT_EQ(server.Wait(absl::Seconds(30), "psrt-server"), 1);
+  for (Proc& a : agents) {
+    EXPECT_EQ(a.Wait(absl::Seconds(30), "psrt-worker"), 1);
+    EXPECT_NE(a.Output().find("server 1 on hostB"), std::string::npos) << a.Output();
+  }
+}
+
+TEST(JobTest, EveryProgramExplainsItsFlags) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> programs = {
+      {"psrt-server", {"--coordinator", "--index", "--port", "--token", "--metrics-port"}},
+      {"psrt-coordinator", {"--hosts", "--distribution", "--port", "--port-file", "--token"}},
+      {"psrt-worker", {"--coordinator", "--host-index", "--kill-grace"}},
+      {"psrt-run", {"--distribution", "--local", "--hosts", "--current-host", "staleness", "checkpoint"}},
+  };
+  const std::string dir = TempDir();
+  for (const auto& [program, flags] : programs) {
+    Proc help = Proc::Start(absl::StrCat(kBin, "/", program, " --help"), dir + "/help");
+    EXPECT_EQ(help.Wait(absl::Seconds(10), program), 0);
+    for (const std::string& f : flags) EXPECT_NE(help.Output().find(f), std::string::npos) << program << " " << f;
+    Proc bad = Proc::Start(absl::StrCat(kBin, "/", program, " --no-such-flag=1"), dir + "/bad");
+    EXPECT_EQ(bad.Wait(absl::Seconds(10), program), 2);
+    EXPECT_NE(bad.Output().find("unknown flag --no-such-flag"), std::string::npos) << bad.Output();
+  }
+}
+
+TEST(JobTest, LauncherRefusesABadDistribution) {
+  const std::string dir = TempDir();
+  Proc run = Proc::Start(absl::StrCat(kBin, "/psrt-run --local=1 --distribution='{\"parameter_server\": "
+                                      "{\"enabled\": true, \"stalenes\": 2}}' -- /bin/true"),
+                         dir + "/log");
+  EXPECT_EQ(run.Wait(absl::Seconds(10), "psrt-run"), 2);
+  EXPECT_NE(run.Output().find("unknown key 'stalenes'"), std::string::npos) << run.Output();
+  EXPECT_NE(run.Output().find("staleness"), std::string::npos) << run.Output();
+}
+
+}  // namespace
+}  // namespace psrt
