@@ -82,6 +82,15 @@ int RunAgent(const AgentOptions& options) {
     }
     const CoordinatorLink::JobEnd end = (*link)->WaitForEnd(absl::Milliseconds(50));
     if (end.state == v1::JOB_RUNNING) continue;
+    if (!rank_of.empty() && end.state == v1::JOB_FAILED) {
+      // Training processes hear of the failure through their own heartbeats
+      // and exit with their own error; give them a moment to say it.
+      const absl::Time deadline = absl::Now() + absl::Seconds(2 * config.heartbeat_interval_s() + 1);
+      while (!rank_of.empty() && absl::Now() < deadline) {
+        for (const Exit& e : ReapExited()) report(e);
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+    }
     if (!rank_of.empty()) {
       std::vector<pid_t> pids;
       for (const auto& [pid, rank] : rank_of) pids.push_back(pid);

@@ -118,6 +118,13 @@ class Client::Impl {
     return it->second.parts;
   }
 
+  // ABORTED with the coordinator's reason once the job has failed.
+  absl::Status JobStatus() const {
+    CoordinatorLink::JobEnd end = link->state();
+    if (end.state != v1::JOB_FAILED) return absl::OkStatus();
+    return absl::AbortedError(absl::StrCat("the job failed: ", end.reason));
+  }
+
   // Runs `rpc` against server `s`, retrying while the server is unreachable
   // (the request is resent unchanged, so a push keeps its id).
   absl::Status Call(int s, const char* what,
@@ -132,7 +139,7 @@ class Client::Impl {
       grpc::Status st = rpc(&ctx);
       if (st.ok()) return absl::OkStatus();
       const bool retry = st.error_code() == grpc::StatusCode::UNAVAILABLE &&
-                         absl::Now() - start + backoff < options.retry_budget;
+                         absl::Now() - start + backoff < options.retry_budget && JobStatus().ok();
       if (!retry) {
         return absl::Status(
             static_cast<absl::StatusCode>(st.error_code()),
@@ -366,13 +373,19 @@ absl::Status Client::Wait(Handle handle) {
     impl_->ops.erase(it);
   }
   // Each part ends within its RPC deadline and retry budget; the extra
-  // margin only guards against a lost wake-up.
-  const absl::Duration limit = impl_->options.rpc_timeout + impl_->options.retry_budget + absl::Seconds(5);
+  // margin only guards against a lost wake-up. A job that failed elsewhere
+  // ends the wait at once, with the coordinator's reason.
+  const absl::Time deadline =
+      absl::Now() + impl_->options.rpc_timeout + impl_->options.retry_budget + absl::Seconds(5);
   absl::MutexLock lock(&op->mu);
   auto done = [&op]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(op->mu) { return op->pending == 0; };
-  if (!op->mu.AwaitWithTimeout(absl::Condition(&done), limit)) {
-    return absl::DeadlineExceededError(absl::StrCat("operation ", handle, " did not finish within ",
-                                                    absl::FormatDuration(limit)));
+  while (!op->mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(50))) {
+    if (absl::Status s = impl_->JobStatus(); !s.ok()) return s;
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "operation ", handle, " did not finish within ",
+          absl::FormatDuration(impl_->options.rpc_timeout + impl_->options.retry_budget)));
+    }
   }
   return op->status;
 }
