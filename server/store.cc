@@ -10,6 +10,9 @@
 
 namespace psrt {
 
+// More of one worker's pushes than this are never in flight at once.
+constexpr int kPushWindow = 8;
+
 struct Store::Key {
   absl::Mutex mu;
   std::string name;  // "variable#partition"
@@ -26,8 +29,10 @@ struct Store::Key {
   std::vector<float> accum ABSL_GUARDED_BY(mu);
   std::vector<char> contributed ABSL_GUARDED_BY(mu);
   int contributions ABSL_GUARDED_BY(mu) = 0;
-  // Highest push id applied per worker: a retried push is applied once.
-  std::vector<uint64_t> last_push_id ABSL_GUARDED_BY(mu);
+  // Async: the last kPushWindow push ids applied per worker, so a retried
+  // push is applied once even when a worker's pushes overtake each other.
+  std::vector<uint64_t> recent_push_ids ABSL_GUARDED_BY(mu);
+  std::vector<uint8_t> recent_next ABSL_GUARDED_BY(mu);
 };
 
 namespace {
@@ -224,7 +229,10 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
     InitSlots(key->optimizer, key->slot_ptrs.data(), key->n);
     if (options_.sync) key->accum.assign(key->n, 0.f);
     key->contributed.assign(options_.num_workers, 0);
-    key->last_push_id.assign(options_.num_workers, 0);
+    if (!options_.sync) {
+      key->recent_push_ids.assign(options_.num_workers * kPushWindow, 0);
+      key->recent_next.assign(options_.num_workers, 0);
+    }
     key->lr = key->optimizer.lr;
     key->initialized = true;
     bytes_stored_ += key->n * 4 * (1 + num_slots + (options_.sync ? 1 : 0));
@@ -281,15 +289,18 @@ absl::Status Store::Push(const v1::PushRequest& req) {
     bytes_in_->Add(kd.data().size());
     key_pushes_->Add();
     absl::MutexLock lock(&k->mu);
-    if (req.push_id() != 0 && req.push_id() <= k->last_push_id[w]) {
-      duplicate_pushes_->Add();
-      continue;
-    }
-    if (req.push_id() != 0) k->last_push_id[w] = req.push_id();
     if (!options_.sync) {
+      uint64_t* recent = &k->recent_push_ids[w * kPushWindow];
+      if (req.push_id() != 0 && std::find(recent, recent + kPushWindow, req.push_id()) != recent + kPushWindow) {
+        duplicate_pushes_->Add();
+        continue;
+      }
+      recent[k->recent_next[w]] = req.push_id();
+      k->recent_next[w] = (k->recent_next[w] + 1) % kPushWindow;
       Apply(k, grad);
       continue;
     }
+    // Sync: one push per worker and version; a retry finds its bit set.
     if (kd.version() < k->version || k->contributed[w]) {
       duplicate_pushes_->Add();  // this worker's push for that step is in already
       continue;

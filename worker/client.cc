@@ -103,8 +103,11 @@ class Client::Impl {
   // Push ids grow across restarts of this rank: they start at the clock.
   std::atomic<uint64_t> next_push_id{static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())) << 20};
 
-  // One server's share of an operation: key requests and where results go.
+  // Part of one server's share of an operation: key requests and where
+  // results go.
   struct Shard {
+    int server = 0;
+    int64_t bytes = 0;
     std::vector<v1::KeyData> keys;
     std::vector<std::pair<float*, Partition>> outs;  // parallel to keys
   };
@@ -153,11 +156,14 @@ class Client::Impl {
     }
   }
 
-  // Splits tensors into per-server shards. With `with_grad` each key carries
-  // its slice of the gradient.
-  absl::StatusOr<std::map<int, Shard>> Split(const std::vector<TensorRef>& tensors,
-                                             int64_t version, bool with_grad, bool with_out) {
-    std::map<int, Shard> shards;
+  // Splits tensors into per-server requests of at most kRequestBytes (or one
+  // key), so big tensors go out as several calls in parallel and no message
+  // nears the size limit. With `with_grad` each key carries its gradient.
+  static constexpr int64_t kRequestBytes = 16 << 20;
+  absl::StatusOr<std::vector<Shard>> Split(const std::vector<TensorRef>& tensors,
+                                           int64_t version, bool with_grad, bool with_out) {
+    std::vector<Shard> shards;
+    std::map<int, size_t> open;  // server -> index of its request being filled
     for (const TensorRef& t : tensors) {
       absl::StatusOr<std::vector<Partition>> parts = PartsOf(t.name);
       if (!parts.ok()) return parts.status();
@@ -165,7 +171,13 @@ class Client::Impl {
         return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has no buffer"));
       }
       for (const Partition& p : *parts) {
-        Shard& shard = shards[p.server];
+        auto it = open.find(p.server);
+        if (it == open.end() || shards[it->second].bytes + p.num_elements * 4 > kRequestBytes) {
+          open[p.server] = shards.size();
+          shards.emplace_back().server = p.server;
+        }
+        Shard& shard = shards[open[p.server]];
+        shard.bytes += p.num_elements * 4;
         v1::KeyData& kd = shard.keys.emplace_back();
         kd.set_variable(t.name);
         kd.set_partition(p.index);
@@ -219,14 +231,14 @@ class Client::Impl {
   }
 
   Handle Start(std::vector<TensorRef> tensors, int64_t version, bool push, bool pull) {
-    absl::StatusOr<std::map<int, Shard>> shards = Split(tensors, version, push, pull);
+    absl::StatusOr<std::vector<Shard>> shards = Split(tensors, version, push, pull);
     if (!shards.ok()) return NewOp(0, shards.status()).first;
     auto [handle, op] = NewOp(static_cast<int>(shards->size()));
     const uint64_t push_id = push ? next_push_id.fetch_add(1) : 0;
     const int rank = options.rank;
-    for (auto& [server, shard] : *shards) {
+    for (Shard& shard : *shards) {
       auto sh = std::make_shared<Shard>(std::move(shard));
-      pool->Schedule([this, server = server, sh, op = op, push, pull, push_id, rank] {
+      pool->Schedule([this, server = sh->server, sh, op = op, push, pull, push_id, rank] {
         absl::Status s;
         if (push && pull) {
           v1::PushPullRequest req;

@@ -1,0 +1,896 @@
+// Unit tests for psrt::Store, driven directly with hand-built v1 requests.
+//
+// Every expected weight is written out by hand. Gradients, learning rates and
+// weights are chosen as small dyadic fractions so that the float32 update
+// p - lr * g is exact and EXPECT_EQ on floats is meaningful.
+
+#include "server/store.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "gtest/gtest.h"
+#include "psrt/v1/ps.pb.h"
+
+namespace psrt {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Bytes(const std::vector<float>& v) {
+  std::string s(v.size() * sizeof(float), '\0');
+  if (!v.empty()) std::memcpy(s.data(), v.data(), s.size());
+  return s;
+}
+
+std::vector<float> Floats(const std::string& s) {
+  std::vector<float> v(s.size() / sizeof(float));
+  if (!v.empty()) std::memcpy(v.data(), s.data(), v.size() * sizeof(float));
+  return v;
+}
+
+v1::KeySpec Spec(const std::string& variable, uint32_t partition,
+                 std::vector<int64_t> shape, int64_t offset, int64_t num_elements,
+                 std::optional<std::vector<float>> init, const std::string& opt = "sgd",
+                 double lr = 0.5) {
+  v1::KeySpec s;
+  s.set_variable(variable);
+  s.set_partition(partition);
+  s.set_dtype(v1::DTYPE_FLOAT32);
+  for (int64_t d : shape) s.add_shape(d);
+  s.set_offset(offset);
+  s.set_num_elements(num_elements);
+  s.mutable_optimizer()->set_name(opt);
+  s.mutable_optimizer()->set_lr(lr);
+  if (opt == "adam" || opt == "adamw") {
+    s.mutable_optimizer()->set_beta1(0.9);
+    s.mutable_optimizer()->set_beta2(0.999);
+    s.mutable_optimizer()->set_eps(1e-8);
+  }
+  if (init.has_value()) s.set_init(Bytes(*init));
+  return s;
+}
+
+// A whole 1-D variable as a single key, SGD.
+v1::KeySpec Simple(const std::string& variable, std::optional<std::vector<float>> init,
+                   int64_t n = 3, double lr = 0.5) {
+  return Spec(variable, 0, {n}, 0, n, std::move(init), "sgd", lr);
+}
+
+v1::RegisterKeysRequest RegReq(int rank, std::vector<v1::KeySpec> specs) {
+  v1::RegisterKeysRequest r;
+  r.set_worker_rank(rank);
+  for (auto& s : specs) *r.add_keys() = std::move(s);
+  return r;
+}
+
+v1::KeyData Grad(const std::string& variable, int64_t version, const std::vector<float>& g,
+                 uint32_t partition = 0) {
+  v1::KeyData kd;
+  kd.set_variable(variable);
+  kd.set_partition(partition);
+  kd.set_version(version);
+  kd.set_dtype(v1::DTYPE_FLOAT32);
+  kd.set_data(Bytes(g));
+  return kd;
+}
+
+v1::PushRequest PushReq(int rank, uint64_t push_id, std::vector<v1::KeyData> keys) {
+  v1::PushRequest r;
+  r.set_worker_rank(rank);
+  r.set_push_id(push_id);
+  for (auto& k : keys) *r.add_keys() = std::move(k);
+  return r;
+}
+
+v1::PullRequest PullReq(int rank, const std::string& variable, int64_t version,
+                        uint32_t partition = 0) {
+  v1::PullRequest r;
+  r.set_worker_rank(rank);
+  v1::KeyData* kd = r.add_keys();
+  kd->set_variable(variable);
+  kd->set_partition(partition);
+  kd->set_version(version);
+  return r;
+}
+
+struct Pulled {
+  int64_t version;
+  std::vector<float> weights;
+};
+
+absl::StatusOr<Pulled> PullOne(Store& store, int rank, const std::string& variable,
+                               int64_t version, absl::Duration wait = absl::Seconds(10),
+                               uint32_t partition = 0) {
+  v1::PullResponse resp;
+  absl::Status s =
+      store.Pull(PullReq(rank, variable, version, partition), absl::Now() + wait, &resp);
+  if (!s.ok()) return s;
+  if (resp.keys_size() != 1) return absl::InternalError("expected one key in the reply");
+  const v1::KeyData& kd = resp.keys(0);
+  if (kd.variable() != variable || kd.partition() != partition ||
+      kd.dtype() != v1::DTYPE_FLOAT32) {
+    return absl::InternalError(absl::StrCat("reply names the wrong key: ", kd.ShortDebugString()));
+  }
+  return Pulled{kd.version(), Floats(kd.data())};
+}
+
+double Metric(const Metrics& m, const std::string& name) {
+  auto snap = m.Snapshot();
+  auto it = snap.find(name);
+  if (it == snap.end()) {
+    ADD_FAILURE() << "no metric " << name;
+    return -1;
+  }
+  return it->second;
+}
+
+StoreOptions Sync(int workers, bool average = true) {
+  StoreOptions o;
+  o.sync = true;
+  o.num_workers = workers;
+  o.average_gradients = average;
+  return o;
+}
+
+StoreOptions Async(int workers) {
+  StoreOptions o;
+  o.sync = false;
+  o.num_workers = workers;
+  return o;
+}
+
+// Asserts the key is at `version` holding `weights`.
+#define EXPECT_KEY(store, var, version_, weights_)                     \
+  do {                                                                 \
+    absl::StatusOr<Pulled> p_ = PullOne(store, 0, var, 0);             \
+    ASSERT_TRUE(p_.ok()) << p_.status();                               \
+    EXPECT_EQ(p_->version, (version_)) << "key " << var;               \
+    EXPECT_EQ(p_->weights, (std::vector<float>(weights_))) << "key " << var; \
+  } while (0)
+
+const std::vector<float> kW0 = {1.0f, -2.0f, 3.5f};
+
+// ---------------------------------------------------------------------------
+// Registration
+
+TEST(StoreTest, RegisterRank0WithInitCreatesKey) {
+  Metrics m("t");
+  Store store(Sync(1), &m);
+  EXPECT_EQ(store.num_keys(), 0);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  EXPECT_EQ(store.num_keys(), 1);
+  // weights + sync accumulator, SGD without momentum has no slot: 2 * 3 * 4.
+  EXPECT_EQ(store.bytes_stored(), 24);
+  absl::StatusOr<Pulled> p = PullOne(store, 0, "w", 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->version, 0);
+  EXPECT_EQ(p->weights, kW0);
+}
+
+TEST(StoreTest, RegisterRank1WithoutInitSeesRank0Value) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  absl::Status s = store.RegisterKeys(RegReq(1, {Simple("w", std::nullopt)}));
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(store.num_keys(), 1);
+  absl::StatusOr<Pulled> p = PullOne(store, 1, "w", 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->version, 0);
+  EXPECT_EQ(p->weights, kW0);
+}
+
+TEST(StoreTest, RegisterRank1FirstThenPullWaitsForRank0) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(1, {Simple("w", std::nullopt)})).ok());
+  EXPECT_EQ(store.num_keys(), 1);
+  absl::StatusOr<Pulled> early = PullOne(store, 1, "w", 0, absl::Milliseconds(50));
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded) << early.status();
+  EXPECT_THAT(std::string(early.status().message()), HasSubstr("rank 0 has not registered"));
+  // A push before rank 0 has registered has nothing to apply to.
+  absl::Status push = store.Push(PushReq(1, 1, {Grad("w", 0, {1, 1, 1})}));
+  EXPECT_EQ(push.code(), absl::StatusCode::kFailedPrecondition) << push;
+
+  absl::StatusOr<Pulled> waited;
+  std::thread puller([&] { waited = PullOne(store, 1, "w", 0, absl::Seconds(20)); });
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  puller.join();
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(waited->version, 0);
+  EXPECT_EQ(waited->weights, kW0);
+}
+
+TEST(StoreTest, ReRegisterKeepsFirstValue) {
+  Metrics m("t");
+  Store store(Sync(1), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  // Train one step so "first value" is distinguishable from a reset too.
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("w", 0, {2.0f, 2.0f, 2.0f})})).ok());
+  // 1 - 0.5*2 = 0, -2 - 1 = -3, 3.5 - 1 = 2.5
+  EXPECT_KEY(store, "w", 1, ({0.0f, -3.0f, 2.5f}));
+  absl::Status s = store.RegisterKeys(RegReq(0, {Simple("w", {{9.0f, 9.0f, 9.0f}})}));
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(store.num_keys(), 1);
+  EXPECT_EQ(store.bytes_stored(), 24);  // not counted twice
+  EXPECT_KEY(store, "w", 1, ({0.0f, -3.0f, 2.5f}));
+}
+
+TEST(StoreTest, RegisterRank1WithInitIsInvalid) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  absl::Status s = store.RegisterKeys(RegReq(1, {Simple("w", {{5, 5, 5}})}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("w#0"));
+  EXPECT_KEY(store, "w", 0, kW0);
+  // Not even for a key that does not exist yet.
+  s = store.RegisterKeys(RegReq(1, {Simple("v", {{5, 5, 5}})}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(store.num_keys(), 1);
+}
+
+TEST(StoreTest, RegisterRank0WithoutInitIsInvalid) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  absl::Status s = store.RegisterKeys(RegReq(0, {Simple("w", std::nullopt)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("initial value"));
+  EXPECT_EQ(store.num_keys(), 0);
+}
+
+TEST(StoreTest, RegisterBadWorkerRankOrNoKeysIsInvalid) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  EXPECT_EQ(store.RegisterKeys(RegReq(-1, {Simple("w", std::nullopt)})).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.RegisterKeys(RegReq(2, {Simple("w", std::nullopt)})).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.RegisterKeys(RegReq(0, {})).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.num_keys(), 0);
+}
+
+TEST(StoreTest, ReRegisterWithDifferentShapeIsFailedPrecondition) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Spec("w", 0, {4}, 0, 4, {{1, 2, 3, 4}})})).ok());
+  absl::Status s = store.RegisterKeys(RegReq(1, {Spec("w", 0, {2, 2}, 0, 4, std::nullopt)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("[4]"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("[2, 2]"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("shape"));
+  EXPECT_KEY(store, "w", 0, ({1, 2, 3, 4}));
+}
+
+TEST(StoreTest, ReRegisterWithDifferentSliceIsFailedPrecondition) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Spec("w", 0, {8}, 0, 4, {{1, 2, 3, 4}})})).ok());
+  absl::Status s = store.RegisterKeys(RegReq(1, {Spec("w", 0, {8}, 4, 4, std::nullopt)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("[0, +4)"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("[4, +4)"));
+  // Same offset, different length.
+  s = store.RegisterKeys(RegReq(1, {Spec("w", 0, {8}, 0, 3, std::nullopt)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("[0, +4)"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("[0, +3)"));
+  EXPECT_KEY(store, "w", 0, ({1, 2, 3, 4}));
+}
+
+TEST(StoreTest, ReRegisterWithDifferentOptimizerIsFailedPrecondition) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Spec("w", 0, {3}, 0, 3, kW0, "sgd")})).ok());
+  absl::Status s =
+      store.RegisterKeys(RegReq(1, {Spec("w", 0, {3}, 0, 3, std::nullopt, "adam")}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("sgd"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("adam"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("optimizer"));
+  EXPECT_KEY(store, "w", 0, kW0);
+}
+
+TEST(StoreTest, RegisterUnknownOptimizerIsInvalid) {
+  Metrics m("t");
+  Store store(Sync(1), &m);
+  absl::Status s = store.RegisterKeys(RegReq(0, {Spec("w", 0, {3}, 0, 3, kW0, "rmsprop")}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rmsprop"));
+  EXPECT_EQ(store.num_keys(), 0);
+  // An invalid config of a known optimizer too.
+  s = store.RegisterKeys(RegReq(0, {Spec("w", 0, {3}, 0, 3, kW0, "sgd", -1.0)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(store.num_keys(), 0);
+}
+
+TEST(StoreTest, RegisterBadShapeSliceOrInitIsInvalid) {
+  Metrics m("t");
+  Store store(Sync(1), &m);
+  struct Case {
+    const char* what;
+    v1::KeySpec spec;
+    const char* in_message;
+  };
+  v1::KeySpec f16 = Spec("w", 0, {3}, 0, 3, kW0);
+  f16.set_dtype(v1::DTYPE_FLOAT16);
+  std::vector<Case> cases = {
+      {"negative dim", Spec("w", 0, {3, -1}, 0, 3, kW0), "negative"},
+      {"slice past end", Spec("w", 0, {4}, 2, 3, kW0), "does not fit"},
+      {"negative offset", Spec("w", 0, {4}, -1, 3, kW0), "does not fit"},
+      {"zero elements", Spec("w", 0, {4}, 0, 0, std::vector<float>{}), "does not fit"},
+      {"more elements than shape", Spec("w", 0, {2}, 0, 3, kW0), "does not fit"},
+      {"init too short", Spec("w", 0, {4}, 0, 4, kW0), "expected 16"},
+      {"init too long", Spec("w", 0, {2}, 0, 2, kW0), "expected 8"},
+      {"empty variable", Spec("", 0, {3}, 0, 3, kW0), "empty"},
+      {"float16 variable", f16, "float16"},
+  };
+  for (const Case& c : cases) {
+    absl::Status s = store.RegisterKeys(RegReq(0, {c.spec}));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what << ": " << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.in_message)) << c.what;
+  }
+  // Init of 11 bytes: not even a whole number of floats.
+  v1::KeySpec odd = Spec("w", 0, {3}, 0, 3, std::nullopt);
+  odd.set_init(std::string(11, '\0'));
+  absl::Status s = store.RegisterKeys(RegReq(0, {odd}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("11 bytes"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("expected 12"));
+  EXPECT_EQ(store.num_keys(), 0);
+  EXPECT_EQ(store.bytes_stored(), 0);
+}
+
+TEST(StoreTest, RegisterWithOneBadKeyRegistersNothing) {
+  Metrics m("t");
+  Store store(Sync(1), &m);
+  // Good key first, bad (negative dim) second.
+  absl::Status s = store.RegisterKeys(
+      RegReq(0, {Simple("good", kW0), Spec("bad", 0, {-3}, 0, 3, kW0)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(store.num_keys(), 0);
+  EXPECT_EQ(store.bytes_stored(), 0);
+  EXPECT_EQ(PullOne(store, 0, "good", 0).status().code(), absl::StatusCode::kNotFound);
+
+  // Good key first, second one conflicts with an existing registration.
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("old", kW0)})).ok());
+  s = store.RegisterKeys(RegReq(0, {Simple("good", kW0), Simple("old", {{1, 2, 3, 4}}, 4)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(store.num_keys(), 1);
+  EXPECT_EQ(PullOne(store, 0, "good", 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_KEY(store, "old", 0, kW0);
+}
+
+TEST(StoreTest, RegisterSeveralPartitions) {
+  Metrics m("t");
+  Store store(Sync(1), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Spec("v", 0, {2, 3}, 0, 4, {{1, 2, 3, 4}}),
+                                            Spec("v", 1, {2, 3}, 4, 2, {{5, 6}})}))
+                  .ok());
+  EXPECT_EQ(store.num_keys(), 2);
+  absl::StatusOr<Pulled> p0 = PullOne(store, 0, "v", 0, absl::Seconds(5), 0);
+  absl::StatusOr<Pulled> p1 = PullOne(store, 0, "v", 0, absl::Seconds(5), 1);
+  ASSERT_TRUE(p0.ok() && p1.ok());
+  EXPECT_EQ(p0->weights, (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(p1->weights, (std::vector<float>{5, 6}));
+  EXPECT_EQ(PullOne(store, 0, "v", 0, absl::Seconds(5), 2).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// ---------------------------------------------------------------------------
+// Sync mode
+
+// w0 = {1, -2, 3.5}, lr = 0.5, g0 = {0.5, 1, -2}, g1 = {1.5, -3, 4}.
+// mean = {1, -1, 1}  -> w1 = {0.5, -1.5, 3}
+// sum  = {2, -2, 2}  -> w1 = {0, -1, 2.5}
+const std::vector<float> kG0 = {0.5f, 1.0f, -2.0f};
+const std::vector<float> kG1 = {1.5f, -3.0f, 4.0f};
+const std::vector<float> kW1Mean = {0.5f, -1.5f, 3.0f};
+const std::vector<float> kW1Sum = {0.0f, -1.0f, 2.5f};
+
+TEST(StoreTest, SyncWaitsForAllWorkersThenAppliesMean) {
+  Metrics m("t");
+  Store store(Sync(2, /*average=*/true), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  ASSERT_TRUE(store.RegisterKeys(RegReq(1, {Simple("w", std::nullopt)})).ok());
+
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("w", 0, kG0)})).ok());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Pulled> early = PullOne(store, 0, "w", 1, absl::Milliseconds(100));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(90));
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded) << early.status();
+  EXPECT_THAT(std::string(early.status().message()),
+              HasSubstr("waiting for pushes from workers 1"));
+  EXPECT_THAT(std::string(early.status().message()), HasSubstr("at version 0"));
+  // Version 0 is still there, untouched.
+  EXPECT_KEY(store, "w", 0, kW0);
+
+  ASSERT_TRUE(store.Push(PushReq(1, 1, {Grad("w", 0, kG1)})).ok());
+  absl::StatusOr<Pulled> p = PullOne(store, 1, "w", 1);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->version, 1);
+  EXPECT_EQ(p->weights, kW1Mean);
+  EXPECT_EQ(Metric(m, "t_updates_total"), 1);
+}
+
+TEST(StoreTest, SyncNamesEveryMissingWorker) {
+  Metrics m("t");
+  Store store(Sync(4), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  ASSERT_TRUE(store.Push(PushReq(2, 1, {Grad("w", 0, kG0)})).ok());
+  absl::StatusOr<Pulled> p = PullOne(store, 2, "w", 1, absl::Milliseconds(30));
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("workers 0, 1, 3"));
+}
+
+TEST(StoreTest, SyncBlockedPullWakesWhenLastWorkerPushes) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("w", 0, kG0)})).ok());
+  absl::StatusOr<Pulled> waited;
+  std::thread puller([&] { waited = PullOne(store, 0, "w", 1, absl::Seconds(20)); });
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(store.Push(PushReq(1, 1, {Grad("w", 0, kG1)})).ok());
+  puller.join();
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(waited->version, 1);
+  EXPECT_EQ(waited->weights, kW1Mean);
+}
+
+TEST(StoreTest, SyncWithoutAveragingAppliesSum) {
+  Metrics m("t");
+  Store store(Sync(2, /*average=*/false), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  ASSERT_TRUE(store.Push(PushReq(1, 1, {Grad("w", 0, kG1)})).ok());
+  EXPECT_KEY(store, "w", 0, kW0);
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("w", 0, kG0)})).ok());
+  EXPECT_KEY(store, "w", 1, kW1Sum);
+}
+
+TEST(StoreTest, SyncSecondStepStartsFromFreshAccumulator) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("w", 0, kG0)})).ok());
+  ASSERT_TRUE(store.Push(PushReq(1, 1, {Grad("w", 0, kG1)})).ok());
+  EXPECT_KEY(store, "w", 1, kW1Mean);
+  // Step 2: g = {2, 2, 2} and {-2, 2, 6}: mean {0, 2, 4}; w2 = w1 - 0.5*mean.
+  ASSERT_TRUE(store.Push(PushReq(1, 2, {Grad("w", 1, {2, 2, 2})})).ok());
+  EXPECT_KEY(store, "w", 1, kW1Mean);
+  ASSERT_TRUE(store.Push(PushReq(0, 2, {Grad("w", 1, {-2, 2, 6})})).ok());
+  EXPECT_KEY(store, "w", 2, ({0.5f, -2.5f, 1.0f}));
+}
+
+TEST(StoreTest, SyncDuplicatePushIsAppliedOnce) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  EXPECT_EQ(Metric(m, "t_duplicate_pushes_total"), 0);
+
+  ASSERT_TRUE(store.Push(PushReq(0, 7, {Grad("w", 0, kG0)})).ok());
+  // The same push retried.
+  ASSERT_TRUE(store.Push(PushReq(0, 7, {Grad("w", 0, kG0)})).ok());
+  EXPECT_EQ(Metric(m, "t_duplicate_pushes_total"), 1);
+  // Same worker, same version, a new id and a different gradient.
+  ASSERT_TRUE(store.Push(PushReq(0, 8, {Grad("w", 0, {100, 100, 100})})).ok());
+  EXPECT_EQ(Metric(m, "t_duplicate_pushes_total"), 2);
+  EXPECT_KEY(store, "w", 0, kW0);  // worker 1 still missing
+
+  ASSERT_TRUE(store.Push(PushReq(1, 1, {Grad("w", 0, kG1)})).ok());
+  EXPECT_KEY(store, "w", 1, kW1Mean);
+  EXPECT_EQ(Metric(m, "t_duplicate_pushes_total"), 2);
+  EXPECT_EQ(Metric(m, "t_updates_total"), 1);
+
+  // Retries arriving after the step completed change nothing either.
+  ASSERT_TRUE(store.Push(PushReq(1, 1, {Grad("w", 0, kG1)})).ok());
+  ASSERT_TRUE(store.Push(PushReq(0, 9, {Grad("w", 0, kG0)})).ok());  // stale version
+  EXPECT_EQ(Metric(m, "t_duplicate_pushes_total"), 4);
+  EXPECT_KEY(store, "w", 1, kW1Mean);
+  EXPECT_EQ(Metric(m, "t_updates_total"), 1);
+}
+
+TEST(StoreTest, SyncPushOrPullOutOfRange) {
+  Metrics m("t");
+  Store store(Sync(1), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+
+  absl::Status s = store.Push(PushReq(0, 1, {Grad("w", 1, kG0)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("version 1"));
+  s = store.Push(PushReq(0, 2, {Grad("w", -1, kG0)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_KEY(store, "w", 0, kW0);
+
+  absl::StatusOr<Pulled> p = PullOne(store, 0, "w", 2, absl::Seconds(10));
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kOutOfRange) << p.status();
+  p = PullOne(store, 0, "w", -1, absl::Seconds(10));
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kOutOfRange) << p.status();
+
+  // After one step, version 2 is one ahead (allowed, times out); 3 is not.
+  ASSERT_TRUE(store.Push(PushReq(0, 3, {Grad("w", 0, {2, 2, 2})})).ok());
+  EXPECT_KEY(store, "w", 1, ({0.0f, -3.0f, 2.5f}));
+  p = PullOne(store, 0, "w", 2, absl::Milliseconds(20));
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kDeadlineExceeded) << p.status();
+  p = PullOne(store, 0, "w", 3, absl::Seconds(10));
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kOutOfRange) << p.status();
+  EXPECT_EQ(store.Push(PushReq(0, 4, {Grad("w", 2, kG0)})).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_KEY(store, "w", 1, ({0.0f, -3.0f, 2.5f}));
+}
+
+TEST(StoreTest, PullWaitIsCappedByMaxPullWait) {
+  Metrics m("t");
+  StoreOptions o = Sync(2);
+  o.max_pull_wait = absl::Milliseconds(50);
+  Store store(o, &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Pulled> p = PullOne(store, 0, "w", 1, absl::Seconds(60));
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kDeadlineExceeded) << p.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
+
+// ---------------------------------------------------------------------------
+// Async mode
+
+TEST(StoreTest, AsyncAppliesEachPushAtOnce) {
+  Metrics m("t");
+  Store store(Async(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  // bytes_stored has no accumulator in async mode.
+  EXPECT_EQ(store.bytes_stored(), 12);
+
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("w", 0, kG0)})).ok());
+  // w0 - 0.5*g0 = {0.75, -2.5, 4.5}
+  EXPECT_KEY(store, "w", 1, ({0.75f, -2.5f, 4.5f}));
+  ASSERT_TRUE(store.Push(PushReq(1, 1, {Grad("w", 0, kG1)})).ok());
+  // - 0.5*g1 = {0, -1, 2.5}
+  EXPECT_KEY(store, "w", 2, ({0.0f, -1.0f, 2.5f}));
+
+  // Worker 0 retries push 1: not applied again.
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("w", 0, kG0)})).ok());
+  EXPECT_KEY(store, "w", 2, ({0.0f, -1.0f, 2.5f}));
+  EXPECT_EQ(Metric(m, "t_duplicate_pushes_total"), 1);
+
+  // A new id from worker 0, for an old version: async applies it.
+  ASSERT_TRUE(store.Push(PushReq(0, 2, {Grad("w", 0, {2, 2, 2})})).ok());
+  EXPECT_KEY(store, "w", 3, ({-1.0f, -2.0f, 1.5f}));
+  EXPECT_EQ(Metric(m, "t_updates_total"), 3);
+  EXPECT_EQ(Metric(m, "t_duplicate_pushes_total"), 1);
+}
+
+// ---------------------------------------------------------------------------
+// Bad input leaves everything as it was.
+
+TEST(StoreTest, BadPushesAndPullsChangeNothing) {
+  Metrics m("t");
+  Store store(Async(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("a", kW0), Simple("b", {{1, 2}}, 2)})).ok());
+  const std::vector<float> kB0 = {1, 2};
+
+  auto check_unchanged = [&](const std::string& what) {
+    SCOPED_TRACE(what);
+    EXPECT_KEY(store, "a", 0, kW0);
+    EXPECT_KEY(store, "b", 0, kB0);
+    EXPECT_EQ(Metric(m, "t_updates_total"), 0);
+  };
+
+  absl::Status s = store.Push(PushReq(0, 1, {Grad("nope", 0, kG0)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("nope#0"));
+  check_unchanged("unknown key");
+
+  v1::KeyData f16 = Grad("a", 0, kG0);
+  f16.set_dtype(v1::DTYPE_FLOAT16);
+  f16.set_data(std::string(6, '\0'));
+  s = store.Push(PushReq(0, 2, {f16}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("float16"));
+  check_unchanged("float16");
+
+  s = store.Push(PushReq(0, 3, {Grad("a", 0, {1, 2})}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("8 bytes"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("12 bytes"));
+  check_unchanged("wrong size");
+
+  s = store.Push(PushReq(-1, 4, {Grad("a", 0, kG0)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("-1"));
+  s = store.Push(PushReq(2, 4, {Grad("a", 0, kG0)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 2"));
+  check_unchanged("bad rank");
+
+  s = store.Push(PushReq(0, 5, {}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  check_unchanged("no keys");
+
+  v1::PullRequest with_data = PullReq(0, "a", 0);
+  with_data.mutable_keys(0)->set_data(Bytes(kG0));
+  v1::PullResponse resp;
+  s = store.Pull(with_data, absl::Now() + absl::Seconds(5), &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  v1::PullRequest no_keys;
+  s = store.Pull(no_keys, absl::Now() + absl::Seconds(5), &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  s = store.Pull(PullReq(2, "a", 0), absl::Now() + absl::Seconds(5), &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  check_unchanged("bad pulls");
+
+  // First key fine, second bad (each way): the first is not applied.
+  s = store.Push(PushReq(0, 6, {Grad("a", 0, kG0), Grad("b", 0, {1, 2, 3})}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  s = store.Push(PushReq(0, 7, {Grad("a", 0, kG0), Grad("nope", 0, kG0)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  check_unchanged("second key bad");
+  EXPECT_EQ(Metric(m, "t_push_requests_total"), 0);
+  EXPECT_EQ(Metric(m, "t_bytes_in_total"), 12 + 8);  // the two inits only
+
+  // The rejected ids were not consumed: the same id, fixed, is applied.
+  ASSERT_TRUE(store.Push(PushReq(0, 7, {Grad("a", 0, kG0), Grad("b", 0, {2, -2})})).ok());
+  EXPECT_KEY(store, "a", 1, ({0.75f, -2.5f, 4.5f}));
+  EXPECT_KEY(store, "b", 1, ({0.0f, 3.0f}));
+  EXPECT_EQ(Metric(m, "t_duplicate_pushes_total"), 0);
+}
+
+TEST(StoreTest, SyncRejectedPushDoesNotCountAsContribution) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("a", kW0), Simple("b", {{1, 2}}, 2)})).ok());
+  // Worker 0's push is rejected for its second key.
+  absl::Status s =
+      store.Push(PushReq(0, 1, {Grad("a", 0, {64, 64, 64}), Grad("b", 1, {1, 1})}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  // The corrected push is accepted as worker 0's contribution.
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("a", 0, kG0), Grad("b", 0, {1, 1})})).ok());
+  ASSERT_TRUE(store.Push(PushReq(1, 1, {Grad("a", 0, kG1), Grad("b", 0, {3, -1})})).ok());
+  EXPECT_EQ(Metric(m, "t_duplicate_pushes_total"), 0);
+  EXPECT_KEY(store, "a", 1, kW1Mean);
+  // b: mean {2, 0}; {1, 2} - 0.5*{2, 0} = {0, 2}
+  EXPECT_KEY(store, "b", 1, ({0.0f, 2.0f}));
+}
+
+// ---------------------------------------------------------------------------
+// PushPull
+
+TEST(StoreTest, PushPullSyncOneWorkerReturnsNextVersion) {
+  Metrics m("t");
+  Store store(Sync(1), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  v1::PushPullRequest req;
+  *req.mutable_push() = PushReq(0, 1, {Grad("w", 0, kG0)});
+  v1::PushPullResponse resp;
+  absl::Status s = store.PushPull(req, absl::Now() + absl::Seconds(10), &resp);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(resp.keys_size(), 1);
+  EXPECT_EQ(resp.keys(0).variable(), "w");
+  EXPECT_EQ(resp.keys(0).version(), 1);
+  EXPECT_EQ(Floats(resp.keys(0).data()), (std::vector<float>{0.75f, -2.5f, 4.5f}));
+
+  *req.mutable_push() = PushReq(0, 2, {Grad("w", 1, {2, 2, 2})});
+  v1::PushPullResponse resp2;
+  ASSERT_TRUE(store.PushPull(req, absl::Now() + absl::Seconds(10), &resp2).ok());
+  ASSERT_EQ(resp2.keys_size(), 1);
+  EXPECT_EQ(resp2.keys(0).version(), 2);
+  EXPECT_EQ(Floats(resp2.keys(0).data()), (std::vector<float>{-0.25f, -3.5f, 3.5f}));
+
+  // A bad push makes PushPull fail without pulling.
+  *req.mutable_push() = PushReq(0, 3, {Grad("w", 5, kG0)});
+  v1::PushPullResponse resp3;
+  EXPECT_EQ(store.PushPull(req, absl::Now() + absl::Seconds(10), &resp3).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(resp3.keys_size(), 0);
+}
+
+TEST(StoreTest, PushPullSyncTwoWorkersBothGetTheStep) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  v1::PushPullResponse r0, r1;
+  absl::Status s0, s1;
+  std::thread t0([&] {
+    v1::PushPullRequest req;
+    *req.mutable_push() = PushReq(0, 1, {Grad("w", 0, kG0)});
+    s0 = store.PushPull(req, absl::Now() + absl::Seconds(20), &r0);
+  });
+  absl::SleepFor(absl::Milliseconds(30));
+  v1::PushPullRequest req;
+  *req.mutable_push() = PushReq(1, 1, {Grad("w", 0, kG1)});
+  s1 = store.PushPull(req, absl::Now() + absl::Seconds(20), &r1);
+  t0.join();
+  ASSERT_TRUE(s0.ok()) << s0;
+  ASSERT_TRUE(s1.ok()) << s1;
+  ASSERT_EQ(r0.keys_size(), 1);
+  ASSERT_EQ(r1.keys_size(), 1);
+  EXPECT_EQ(r0.keys(0).version(), 1);
+  EXPECT_EQ(r1.keys(0).version(), 1);
+  EXPECT_EQ(Floats(r0.keys(0).data()), kW1Mean);
+  EXPECT_EQ(Floats(r1.keys(0).data()), kW1Mean);
+}
+
+// ---------------------------------------------------------------------------
+// Learning rate
+
+TEST(StoreTest, SetLearningRateChangesNextUpdate) {
+  Metrics m("t");
+  Store store(Sync(1), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("a", kW0), Simple("b", {{1, 2}}, 2)})).ok());
+  const std::vector<float> g = {2, 2, 2};
+
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("a", 0, g)})).ok());  // lr 0.5
+  EXPECT_KEY(store, "a", 1, ({0.0f, -3.0f, 2.5f}));
+
+  v1::SetLearningRateRequest lr;
+  lr.set_worker_rank(0);
+  lr.set_lr(0.25);
+  absl::StatusOr<int64_t> changed = store.SetLearningRate(lr);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_EQ(*changed, 2);
+  ASSERT_TRUE(store.Push(PushReq(0, 2, {Grad("a", 1, g)})).ok());  // lr 0.25
+  EXPECT_KEY(store, "a", 2, ({-0.5f, -3.5f, 2.0f}));
+
+  // Only variable b: a keeps 0.25.
+  lr.set_lr(2.0);
+  lr.set_variable("b");
+  changed = store.SetLearningRate(lr);
+  ASSERT_TRUE(changed.ok());
+  EXPECT_EQ(*changed, 1);
+  ASSERT_TRUE(store.Push(PushReq(0, 3, {Grad("a", 2, g), Grad("b", 0, {1, 1})})).ok());
+  EXPECT_KEY(store, "a", 3, ({-1.0f, -4.0f, 1.5f}));
+  EXPECT_KEY(store, "b", 1, ({-1.0f, 0.0f}));
+  lr.set_variable("none");
+  changed = store.SetLearningRate(lr);
+  ASSERT_TRUE(changed.ok());
+  EXPECT_EQ(*changed, 0);
+
+  // Zero is allowed: the version moves, the weights do not.
+  lr.set_variable("");
+  lr.set_lr(0.0);
+  ASSERT_TRUE(store.SetLearningRate(lr).ok());
+  ASSERT_TRUE(store.Push(PushReq(0, 4, {Grad("a", 3, g)})).ok());
+  EXPECT_KEY(store, "a", 4, ({-1.0f, -4.0f, 1.5f}));
+}
+
+TEST(StoreTest, SetLearningRateRejectsNegativeNaNAndInf) {
+  Metrics m("t");
+  Store store(Sync(1), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("a", kW0)})).ok());
+  v1::SetLearningRateRequest lr;
+  lr.set_worker_rank(0);
+  for (double bad : {-0.5, std::numeric_limits<double>::quiet_NaN(),
+                     std::numeric_limits<double>::infinity()}) {
+    lr.set_lr(bad);
+    absl::StatusOr<int64_t> r = store.SetLearningRate(lr);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  lr.set_lr(1.0);
+  lr.set_worker_rank(1);
+  EXPECT_EQ(store.SetLearningRate(lr).status().code(), absl::StatusCode::kInvalidArgument);
+  // The lr is still the registered 0.5.
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("a", 0, {2, 2, 2})})).ok());
+  EXPECT_KEY(store, "a", 1, ({0.0f, -3.0f, 2.5f}));
+}
+
+// ---------------------------------------------------------------------------
+// Concurrency
+
+TEST(StoreTest, ConcurrentAsyncPushesAreAllApplied) {
+  Metrics m("t");
+  constexpr int kThreads = 4;
+  constexpr int kPushes = 200;
+  Store store(Async(kThreads), &m);
+  std::vector<v1::KeySpec> specs = {Simple("shared", {{1000, 2000, -1000, 0}}, 4, 1.0)};
+  for (int t = 0; t < kThreads; ++t) {
+    specs.push_back(Simple(absl::StrCat("own", t), {{500, 0.5f}}, 2, 1.0));
+  }
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, specs)).ok());
+
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> first_error(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 1; i <= kPushes; ++i) {
+        absl::Status s = store.Push(PushReq(
+            t, i, {Grad("shared", 0, {1, 1, 1, 1}), Grad(absl::StrCat("own", t), 0, {1, 1})}));
+        if (!s.ok() && first_error[t].ok()) first_error[t] = s;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_TRUE(first_error[t].ok()) << first_error[t];
+
+  EXPECT_KEY(store, "shared", kThreads * kPushes, ({200, 1200, -1800, -800}));
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_KEY(store, absl::StrCat("own", t), kPushes, ({300, -199.5f}));
+  }
+  EXPECT_EQ(Metric(m, "t_updates_total"), 2 * kThreads * kPushes);
+  EXPECT_EQ(Metric(m, "t_duplicate_pushes_total"), 0);
+  EXPECT_EQ(Metric(m, "t_push_requests_total"), kThreads * kPushes);
+}
+
+TEST(StoreTest, ConcurrentSyncStepsStayInLockstep) {
+  Metrics m("t");
+  constexpr int kThreads = 4;
+  constexpr int kSteps = 200;
+  Store store(Sync(kThreads), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", {{1000, 0}}, 2, 1.0)})).ok());
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> first_error(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int v = 0; v < kSteps; ++v) {
+        // Worker t sends {1, t}: the mean is {1, 1.5}.
+        absl::Status s = store.Push(PushReq(t, v + 1, {Grad("w", v, {1, float(t)})}));
+        if (s.ok()) {
+          absl::StatusOr<Pulled> p = PullOne(store, t, "w", v + 1, absl::Seconds(30));
+          s = p.status();
+          if (s.ok() && p->version != v + 1) s = absl::InternalError("wrong version");
+        }
+        if (!s.ok()) {
+          first_error[t] = s;
+          return;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_TRUE(first_error[t].ok()) << first_error[t];
+  EXPECT_KEY(store, "w", kSteps, ({800, -300}));
+  EXPECT_EQ(Metric(m, "t_updates_total"), kSteps);
+}
+
+// ---------------------------------------------------------------------------
+// Byte counters
+
+TEST(StoreTest, ByteCountersFollowPayloads) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  EXPECT_EQ(Metric(m, "t_bytes_in_total"), 0);
+  EXPECT_EQ(Metric(m, "t_bytes_out_total"), 0);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0), Simple("v", {{1, 2}}, 2)})).ok());
+  EXPECT_EQ(Metric(m, "t_bytes_in_total"), 12 + 8);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(1, {Simple("w", std::nullopt)})).ok());
+  EXPECT_EQ(Metric(m, "t_bytes_in_total"), 20);
+
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("w", 0, kG0), Grad("v", 0, {1, 1})})).ok());
+  EXPECT_EQ(Metric(m, "t_bytes_in_total"), 20 + 20);
+  EXPECT_EQ(Metric(m, "t_key_pushes_total"), 2);
+  EXPECT_EQ(Metric(m, "t_bytes_out_total"), 0);
+
+  v1::PullRequest pull = PullReq(0, "w", 0);
+  v1::KeyData* second = pull.add_keys();
+  second->set_variable("v");
+  v1::PullResponse resp;
+  ASSERT_TRUE(store.Pull(pull, absl::Now() + absl::Seconds(5), &resp).ok());
+  ASSERT_EQ(resp.keys_size(), 2);
+  EXPECT_EQ(resp.keys(0).data().size(), 12u);
+  EXPECT_EQ(resp.keys(1).data().size(), 8u);
+  EXPECT_EQ(Metric(m, "t_bytes_out_total"), 20);
+  EXPECT_EQ(Metric(m, "t_key_pulls_total"), 2);
+
+  // Rejected requests move nothing.
+  EXPECT_FALSE(store.Push(PushReq(0, 2, {Grad("w", 0, {1})})).ok());
+  EXPECT_FALSE(store.Pull(PullReq(0, "w", 5), absl::Now() + absl::Seconds(5), &resp).ok());
+  EXPECT_EQ(Metric(m, "t_bytes_in_total"), 40);
+  EXPECT_EQ(Metric(m, "t_bytes_out_total"), 20);
+}
+
+}  // namespace
+}  // namespace psrt
