@@ -1,7 +1,9 @@
 // psrt-coordinator: membership, readiness, heartbeats and the job's end.
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 
@@ -54,9 +56,17 @@ int main(int argc, char** argv) {
   options.ps = *ps;
   options.token = token;
 
+  // Signals are handled on one thread of their own: block them before the
+  // service starts its threads.
+  std::atomic<psrt::CoordinatorService*> running{nullptr};
+  psrt::HandleSignals([&](int sig) {
+    psrt::CoordinatorService* service = running.load();
+    if (service == nullptr) std::_Exit(1);
+    service->Fail(absl::StrCat("the coordinator was stopped by signal ", sig));
+  });
   psrt::Metrics metrics("psrt_coordinator");
   psrt::CoordinatorService service(options, &metrics);
-  psrt::HandleSignals([&](int sig) { service.Fail(absl::StrCat("the coordinator was stopped by signal ", sig)); });
+  running = &service;
   grpc::ServerBuilder builder;
   psrt::ConfigureServerBuilder(&builder);
   int bound_port = 0;

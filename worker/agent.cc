@@ -74,14 +74,24 @@ int RunAgent(const AgentOptions& options) {
     rank_of.erase(it);
   };
 
+  absl::Time signalled_at = absl::InfiniteFuture();
   while (true) {
     for (const Exit& e : ReapExited()) report(e);
     if (int sig = pending_signal.exchange(0); sig != 0) {
       LogWarning("got signal ", sig, "; passing it to ", rank_of.size(), " training processes");
       for (const auto& [pid, rank] : rank_of) kill(pid, sig);
+      signalled_at = std::min(signalled_at, absl::Now());
     }
     const CoordinatorLink::JobEnd end = (*link)->WaitForEnd(absl::Milliseconds(50));
-    if (end.state == v1::JOB_RUNNING) continue;
+    if (end.state == v1::JOB_RUNNING) {
+      // Told to stop and nothing left to supervise: don't wait for a
+      // coordinator that may be stopping too, beyond a moment to hear why.
+      if (rank_of.empty() && absl::Now() - signalled_at > absl::Seconds(2)) {
+        LogWarning("stopped by signal; exiting");
+        return 1;
+      }
+      continue;
+    }
     if (!rank_of.empty() && end.state == v1::JOB_FAILED) {
       // Training processes hear of the failure through their own heartbeats
       // and exit with their own error; give them a moment to say it.

@@ -1,6 +1,9 @@
 // Whole jobs started the way users start them: psrt-run and the daemons as
 // real processes talking gRPC over loopback.
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -230,6 +233,61 @@ TEST(JobTest, MissingServerFailsTheBarrierNamingIt) {
     EXPECT_EQ(a.Wait(absl::Seconds(30), "psrt-worker"), 1);
     EXPECT_NE(a.Output().find("server 1 on hostB"), std::string::npos) << a.Output();
   }
+}
+
+// GET http://127.0.0.1:port/path; the body, or "" on failure.
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[65536];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
+    }
+  }
+  close(fd);
+  return out;
+}
+
+double MetricValue(const std::string& text, const std::string& name) {
+  std::smatch m;
+  if (!std::regex_search(text, m, std::regex("\n" + name + " ([0-9.e+]+)"))) return -1;
+  return std::stod(m[1]);
+}
+
+TEST(JobTest, MetricsOverHttpAndSignalsStopTheWholeJob) {
+  const std::string dir = TempDir();
+  const std::string token = RandomToken();
+  const int port = PickFreePort();
+  Proc run = Proc::Start(absl::StrCat(kBin, "/psrt-run --local=1 --metrics-port=", port, " --token=", token,
+                                      " -- ", kBin, "/psrt-example-linreg --steps=100000000 --log-every=10"),
+                         dir + "/log");
+  ASSERT_TRUE(run.WaitForOutput("step 20 ", absl::Seconds(60))) << run.Output();
+  std::smatch m;
+  const std::string out = run.Output();
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("psrt-server\\[0\\] I metrics at http://127.0.0.1:([0-9]+)/metrics")))
+      << out;
+  const std::string server = HttpGet(std::stoi(m[1]), "/metrics");
+  EXPECT_NE(server.find("200 OK"), std::string::npos) << server;
+  EXPECT_GT(MetricValue(server, "psrt_server_bytes_in_total"), 0) << server;
+  EXPECT_GT(MetricValue(server, "psrt_server_updates_total"), 0) << server;
+  EXPECT_NE(server.find("# TYPE psrt_server_update_seconds histogram"), std::string::npos) << server;
+  const std::string coordinator = HttpGet(port, "/metrics");
+  EXPECT_GT(MetricValue(coordinator, "psrt_coordinator_heartbeats_total"), 0) << coordinator;
+  EXPECT_EQ(MetricValue(coordinator, "psrt_coordinator_registered_processes"), 3) << coordinator;
+
+  kill(run.pid, SIGTERM);
+  EXPECT_EQ(run.Wait(absl::Seconds(30), "psrt-run after SIGTERM"), 1);
+  EXPECT_NE(run.Output().find("job failed"), std::string::npos) << run.Output();
+  EXPECT_TRUE(JobProcesses(token).empty());
 }
 
 TEST(JobTest, EveryProgramExplainsItsFlags) {

@@ -1,0 +1,663 @@
+// push_pull_bench: PushPull goodput of a real local psrt job against raw
+// loopback TCP.
+//
+// The benchmark starts psrt-coordinator and --servers psrt-server processes
+// on 127.0.0.1 and is itself worker 0 of a one-worker sync job. For each
+// tensor size it registers one float32 variable and times PushPull rounds
+// (push the gradient, pull the next version), buffers allocated once. The
+// baseline moves the same bytes the same way over one loopback TCP
+// connection between two threads of this process: send `bytes`, the peer
+// receives them all and sends `bytes` back. Both report
+//
+//   goodput = 2 * bytes * iterations / seconds   (push + pull payload)
+//
+// so the ratio psrt/TCP says how much of the wire speed psrt's framing,
+// copies, optimizer step and server hop leave.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/daemon.h"
+#include "common/flags.h"
+#include "common/grpc_util.h"
+#include "common/key_map.h"
+#include "common/process.h"
+#include "worker/client.h"
+
+namespace psrt {
+namespace {
+
+constexpr char kProgram[] = "push_pull_bench";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string Tail(const std::string& text, size_t max_chars) {
+  return text.size() <= max_chars ? text : "..." + text.substr(text.size() - max_chars);
+}
+
+std::string HumanBytes(int64_t b) {
+  if (b >= (1ll << 30) && b % (1ll << 30) == 0) return absl::StrCat(b >> 30, " GiB");
+  if (b >= (1ll << 20) && b % (1ll << 20) == 0) return absl::StrCat(b >> 20, " MiB");
+  if (b >= (1ll << 10) && b % (1ll << 10) == 0) return absl::StrCat(b >> 10, " KiB");
+  return absl::StrCat(b, " B");
+}
+
+// "4K", "64KiB", "1M", "256MiB", "1048576".
+absl::StatusOr<int64_t> ParseSize(absl::string_view text) {
+  std::string t = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(text));
+  absl::string_view v = t;
+  int64_t mult = 1;
+  if (!absl::ConsumeSuffix(&v, "IB")) absl::ConsumeSuffix(&v, "B");
+  if (absl::ConsumeSuffix(&v, "K")) {
+    mult = 1ll << 10;
+  } else if (absl::ConsumeSuffix(&v, "M")) {
+    mult = 1ll << 20;
+  } else if (absl::ConsumeSuffix(&v, "G")) {
+    mult = 1ll << 30;
+  }
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(v, &n) || n <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a size (e.g. 4K, 64K, 1M, 4096)"));
+  }
+  return n * mult;
+}
+
+// One measured transport at one size.
+struct Measurement {
+  int64_t iterations = 0;
+  double seconds = 0;
+  double Goodput(int64_t bytes) const { return 2.0 * bytes * iterations / seconds; }  // bytes/s
+  double Latency() const { return seconds / iterations; }                              // s
+};
+
+// Runs `iteration` (which returns OK or the error) first as a warm-up of at
+// least one call and ~0.2 s, then timed for about `target` seconds and at
+// least `min_iterations` calls.
+absl::StatusOr<Measurement> Measure(const std::function<absl::Status()>& iteration, double target,
+                                    int64_t min_iterations) {
+  const absl::Time warm_start = absl::Now();
+  int64_t warm = 0;
+  do {
+    if (absl::Status s = iteration(); !s.ok()) return s;
+    ++warm;
+  } while (absl::Now() - warm_start < absl::Milliseconds(200));
+  const double per_call = absl::ToDoubleSeconds(absl::Now() - warm_start) / warm;
+  const int64_t n = std::max<int64_t>(min_iterations, static_cast<int64_t>(std::ceil(target / per_call)));
+  const absl::Time start = absl::Now();
+  for (int64_t i = 0; i < n; ++i) {
+    if (absl::Status s = iteration(); !s.ok()) return s;
+  }
+  Measurement m;
+  m.iterations = n;
+  m.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return m;
+}
+
+// ---------------------------------------------------------------------------
+// The local psrt job.
+
+// Children of this process; the signal thread and the watchdog stop them too.
+absl::Mutex children_mu;
+std::vector<pid_t>* children = new std::vector<pid_t>;
+
+void StopChildren() {
+  std::vector<pid_t> pids;
+  {
+    absl::MutexLock lock(&children_mu);
+    pids.swap(*children);
+  }
+  if (!pids.empty()) Terminate(pids, absl::Seconds(3));
+}
+
+class LocalJob {
+ public:
+  ~LocalJob() { StopChildren(); }
+
+  absl::Status Start(int servers, int64_t partition_bytes, const std::string& log_dir, bool verbose) {
+    log_dir_ = log_dir;
+    token_ = RandomToken();
+    const std::string bin = SelfDirectory();
+    const std::string port_file = log_dir + "/coordinator.port";
+    const std::string distribution = absl::StrCat(
+        R"({"parameter_server": {"enabled": true, "mode": "sync", "servers_per_host": )", servers,
+        R"(, "workers_per_host": 1, "partition_bytes": )", partition_bytes,
+        // A loaded 2-core machine can stall a heartbeat for a while; the
+        // benchmark is about throughput, not failure detection.
+        R"(, "heartbeat_timeout_s": 60}})");
+    const std::map<std::string, std::string> env = {{"PSRT_JOB_TOKEN", token_}};
+    pid_t coordinator = 0;
+    if (absl::Status s = SpawnLogged("coordinator",
+                                     {bin + "/psrt-coordinator", "--bind=127.0.0.1", "--port=0",
+                                      "--port-file=" + port_file, "--hosts=local0",
+                                      "--distribution=" + distribution},
+                                     env, verbose, &coordinator);
+        !s.ok()) {
+      return s;
+    }
+    // Wait for the port file, or the coordinator's early exit.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    int port = 0;
+    while (true) {
+      std::ifstream in(port_file);
+      if (in >> port && port > 0) break;
+      for (const Exit& e : ReapExited()) {
+        if (e.pid == coordinator) {
+          Forget(e.pid);
+          return absl::FailedPreconditionError(
+              absl::StrCat("psrt-coordinator ", e.description, " before listening", Logs()));
+        }
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("psrt-coordinator did not write ", port_file, " within 30s", Logs()));
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    coordinator_ = absl::StrCat("127.0.0.1:", port);
+    for (int i = 0; i < servers; ++i) {
+      pid_t pid = 0;
+      if (absl::Status s = SpawnLogged(absl::StrCat("server", i),
+                                       {bin + "/psrt-server", "--coordinator=" + coordinator_,
+                                        absl::StrCat("--index=", i), "--host=127.0.0.1",
+                                        "--bind=127.0.0.1", "--connect-timeout=30"},
+                                       env, verbose, &pid);
+          !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Any child that ended early, as an error naming it; OK while all run.
+  absl::Status CheckChildren() {
+    for (const Exit& e : ReapExited()) {
+      Forget(e.pid);
+      return absl::AbortedError(absl::StrCat("a job process (pid ", e.pid, ") ", e.description, Logs()));
+    }
+    return absl::OkStatus();
+  }
+
+  // The children's output, for error messages.
+  std::string Logs() const {
+    std::string out;
+    for (const std::string& name : log_names_) {
+      const std::string text = ReadFile(log_dir_ + "/" + name + ".log");
+      if (!text.empty()) absl::StrAppend(&out, "\n--- ", name, ".log ---\n", Tail(text, 3000));
+    }
+    return out;
+  }
+
+  const std::string& coordinator() const { return coordinator_; }
+  const std::string& token() const { return token_; }
+
+ private:
+  // Starts `argv` with stdout and stderr in LOG_DIR/NAME.log (inherited
+  // from this process across the fork) unless `verbose`.
+  absl::Status SpawnLogged(const std::string& name, const std::vector<std::string>& argv,
+                           const std::map<std::string, std::string>& env, bool verbose, pid_t* pid) {
+    int saved_out = -1, saved_err = -1, log = -1;
+    if (!verbose) {
+      const std::string path = log_dir_ + "/" + name + ".log";
+      log = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (log < 0) return absl::InternalError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+      std::fflush(stdout);
+      std::fflush(stderr);
+      saved_out = dup(1);
+      saved_err = dup(2);
+      dup2(log, 1);
+      dup2(log, 2);
+      log_names_.push_back(name);
+    }
+    absl::StatusOr<pid_t> started = Spawn(argv, env);
+    if (!verbose) {
+      dup2(saved_out, 1);
+      dup2(saved_err, 2);
+      close(saved_out);
+      close(saved_err);
+      close(log);
+    }
+    if (!started.ok()) return started.status();
+    *pid = *started;
+    absl::MutexLock lock(&children_mu);
+    children->push_back(*pid);
+    return absl::OkStatus();
+  }
+
+  static void Forget(pid_t pid) {
+    absl::MutexLock lock(&children_mu);
+    children->erase(std::remove(children->begin(), children->end(), pid), children->end());
+  }
+
+  std::string log_dir_;
+  std::string token_;
+  std::string coordinator_;
+  std::vector<std::string> log_names_;
+};
+
+// Why psrt cannot move `bytes` in one PushPull, or "" when it can: the
+// client sends each server all of its keys in one message, which must stay
+// under gRPC's message limit.
+std::string PsrtLimit(int64_t bytes, int servers, int64_t partition_bytes) {
+  absl::StatusOr<std::vector<Partition>> parts =
+      PartitionVariable(absl::StrCat("bench_", bytes), bytes / 4, 4, partition_bytes, servers);
+  if (!parts.ok()) return std::string(parts.status().message());
+  std::vector<int64_t> per_server(servers, 0);
+  for (const Partition& p : *parts) per_server[p.server] += p.num_elements * 4;
+  const int64_t most = *std::max_element(per_server.begin(), per_server.end());
+  const int64_t limit = kDefaultMaxMessageBytes - (1 << 20);  // room for framing
+  if (most <= limit) return "";
+  return absl::StrCat("one server's share (", HumanBytes(most), ") exceeds the ",
+                      HumanBytes(kDefaultMaxMessageBytes),
+                      " gRPC message limit; use more --servers");
+}
+
+absl::StatusOr<Measurement> MeasurePsrt(Client* client, LocalJob* job, int64_t bytes, float* grad,
+                                        float* out, double target, int64_t min_iterations) {
+  const std::string name = absl::StrCat("bench_", bytes);
+  const int64_t n = bytes / 4;
+  std::fill(out, out + n, 0.5f);
+  if (absl::Status s = client->RegisterVariable(name, {n}, out, DefaultOptimizer(OptimizerKind::kSgd, 0.0));
+      !s.ok()) {
+    return s;
+  }
+  std::fill(out, out + n, 0.0f);
+  const std::vector<TensorRef> refs = {{name, grad, out}};
+  int64_t version = 0;
+  absl::StatusOr<Measurement> m = Measure(
+      [&]() -> absl::Status {
+        absl::Status s = client->Wait(client->PushPull(refs, version));
+        ++version;
+        if (s.ok()) return s;
+        absl::Status children = job->CheckChildren();  // a dead server explains more
+        return children.ok() ? s : children;
+      },
+      target, min_iterations);
+  if (!m.ok()) return m;
+  // lr 0: the pulled weights are the registered ones.
+  if (out[0] != 0.5f || out[n / 2] != 0.5f || out[n - 1] != 0.5f) {
+    return absl::InternalError(absl::StrCat("pulled weights of ", name, " are not the registered 0.5 (got ",
+                                            out[0], ", ", out[n / 2], ", ", out[n - 1], ")"));
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------------------
+// The TCP baseline.
+
+absl::Status Errno(const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
+}
+
+absl::Status SetSocketOptions(int fd, absl::Duration timeout) {
+  int one = 1;
+  if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) return Errno("TCP_NODELAY");
+  timeval tv{};
+  tv.tv_sec = absl::ToInt64Seconds(timeout);
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0) return Errno("SO_RCVTIMEO");
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) return Errno("SO_SNDTIMEO");
+  return absl::OkStatus();
+}
+
+// Both end within the sockets' timeouts.
+absl::Status SendAll(int fd, const char* p, int64_t n) {
+  while (n > 0) {
+    ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return Errno("send");
+    p += k;
+    n -= k;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RecvAll(int fd, char* p, int64_t n) {
+  while (n > 0) {
+    ssize_t k = recv(fd, p, n, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k == 0) return absl::UnavailableError("recv: the peer closed the connection");
+    if (k < 0) return Errno("recv");
+    p += k;
+    n -= k;
+  }
+  return absl::OkStatus();
+}
+
+// A connected pair of loopback sockets with an echo thread on one end.
+class TcpEcho {
+ public:
+  ~TcpEcho() {
+    if (client_ >= 0) shutdown(client_, SHUT_RDWR);
+    if (thread_.joinable()) thread_.join();
+    if (client_ >= 0) close(client_);
+  }
+
+  absl::Status Start(int64_t max_bytes, absl::Duration timeout) {
+    server_buf_.assign(max_bytes, 0);
+    const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (listener < 0) return Errno("socket");
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(listener, 1) != 0 ||
+        getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      absl::Status s = Errno("listen on 127.0.0.1");
+      close(listener);
+      return s;
+    }
+    client_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (client_ < 0 || connect(client_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      absl::Status s = Errno("connect to 127.0.0.1");
+      close(listener);
+      return s;
+    }
+    pollfd pfd{listener, POLLIN, 0};
+    const int ready = poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+    const int server = ready == 1 ? accept4(listener, nullptr, nullptr, SOCK_CLOEXEC) : -1;
+    close(listener);
+    if (server < 0) return ready == 1 ? Errno("accept") : absl::DeadlineExceededError("accept timed out");
+    if (absl::Status s = SetSocketOptions(server, timeout); !s.ok()) {
+      close(server);
+      return s;
+    }
+    if (absl::Status s = SetSocketOptions(client_, timeout); !s.ok()) {
+      close(server);
+      return s;
+    }
+    // Echo: 8-byte length, then that many bytes in, then as many back.
+    thread_ = std::thread([this, server] {
+      while (true) {
+        int64_t n = 0;
+        if (!RecvAll(server, reinterpret_cast<char*>(&n), sizeof(n)).ok() || n <= 0 ||
+            n > static_cast<int64_t>(server_buf_.size())) {
+          break;
+        }
+        if (!RecvAll(server, server_buf_.data(), n).ok()) break;
+        if (!SendAll(server, server_buf_.data(), n).ok()) break;
+      }
+      close(server);
+    });
+    return absl::OkStatus();
+  }
+
+  // One round: `bytes` out, `bytes` back.
+  absl::Status RoundTrip(const char* out, char* in, int64_t bytes) {
+    if (absl::Status s = SendAll(client_, reinterpret_cast<const char*>(&bytes), sizeof(bytes)); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = SendAll(client_, out, bytes); !s.ok()) return s;
+    return RecvAll(client_, in, bytes);
+  }
+
+ private:
+  int client_ = -1;
+  std::vector<char> server_buf_;
+  std::thread thread_;
+};
+
+// ---------------------------------------------------------------------------
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "model name")) {
+      size_t colon = line.find(':');
+      if (colon != std::string::npos) return std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+    }
+  }
+  return "";
+}
+
+std::string LoadAverage() {
+  std::string s = ReadFile("/proc/loadavg");
+  std::vector<std::string> parts = absl::StrSplit(s, ' ');
+  if (parts.size() < 3) return "";
+  return absl::StrCat(parts[0], " ", parts[1], " ", parts[2]);
+}
+
+struct Row {
+  int64_t bytes = 0;
+  std::optional<Measurement> psrt;
+  std::string psrt_skipped;
+  Measurement tcp;
+};
+
+int Run(int argc, char** argv) {
+  int servers = 2;
+  int64_t max_bytes = 256ll << 20, partition_bytes = 4 << 20, min_iterations = 3;
+  double seconds = 1.0, timeout_s = 300;
+  std::string sizes_flag = "4K,64K,1M,16M,64M,256M", json_path;
+  bool verbose = false;
+  Flags flags(kProgram, "[--servers=2] [--sizes=4K,64K,...] [--max-bytes=N] [--json=PATH]");
+  flags.Add("servers", &servers, "psrt-server processes of the local job.");
+  flags.Add("sizes", &sizes_flag, "Comma-separated tensor sizes in bytes (suffixes K, M, G: binary).");
+  flags.Add("max-bytes", &max_bytes, "Skip sizes above this many bytes.");
+  flags.Add("partition-bytes", &partition_bytes, "The job's partition_bytes (key size).");
+  flags.Add("seconds", &seconds, "Timed seconds to aim for per size and transport (after a warm-up).");
+  flags.Add("min-iterations", &min_iterations, "Fewest timed iterations per size and transport.");
+  flags.Add("timeout", &timeout_s, "Give up (and stop the job) after this many seconds in all.");
+  flags.Add("json", &json_path, "Write the results as JSON here.");
+  flags.Add("verbose", &verbose, "Let the job's processes log to this terminal instead of files.");
+  flags.ParseOrExit(argc, argv);
+  if (servers < 1 || max_bytes < 4 || seconds <= 0 || min_iterations < 1 || timeout_s <= 0) {
+    std::fprintf(stderr, "%s: need --servers >= 1, --max-bytes >= 4, --seconds > 0, --min-iterations >= 1, --timeout > 0\n",
+                 kProgram);
+    return 2;
+  }
+  std::vector<int64_t> sizes;
+  for (absl::string_view part : absl::StrSplit(sizes_flag, ',', absl::SkipWhitespace())) {
+    absl::StatusOr<int64_t> b = ParseSize(part);
+    if (!b.ok() || *b % 4 != 0) {
+      std::fprintf(stderr, "%s: --sizes: %s\n", kProgram,
+                   b.ok() ? absl::StrCat(*b, " is not a whole number of float32s").c_str()
+                          : std::string(b.status().message()).c_str());
+      return 2;
+    }
+    if (*b <= max_bytes) sizes.push_back(*b);
+  }
+  if (sizes.empty()) {
+    std::fprintf(stderr, "%s: no size in --sizes is at most --max-bytes=%lld\n", kProgram,
+                 static_cast<long long>(max_bytes));
+    return 2;
+  }
+  const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+
+  // Stop the job on SIGINT/SIGTERM/SIGHUP and when the whole run overruns.
+  // (Before any thread starts, so every thread leaves these signals to it.)
+  HandleSignals([](int sig) {
+    std::fprintf(stderr, "%s: got signal %d; stopping the job\n", kProgram, sig);
+    StopChildren();
+    _exit(128 + sig);
+  });
+  std::thread([timeout_s] {
+    absl::SleepFor(absl::Seconds(timeout_s));
+    std::fprintf(stderr, "%s: still running after --timeout=%gs; stopping the job\n", kProgram, timeout_s);
+    StopChildren();
+    _exit(1);
+  }).detach();
+
+  char dir_template[] = "/tmp/psrt-bench-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) {
+    std::fprintf(stderr, "%s: cannot make a temporary directory: %s\n", kProgram, strerror(errno));
+    return 1;
+  }
+  const std::string log_dir = dir_template;
+  auto fail = [&](const absl::Status& s) {
+    std::fprintf(stderr, "%s: %s\n(job logs kept in %s)\n", kProgram, s.ToString().c_str(), log_dir.c_str());
+    return 1;
+  };
+
+  const std::string date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  const int nproc = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  const std::string load_before = LoadAverage();
+  std::printf("push_pull_bench: %d psrt-server(s), 1 worker (sync), partition_bytes %s; %d CPUs, load %s\n",
+              servers, HumanBytes(partition_bytes).c_str(), nproc, load_before.c_str());
+  std::fflush(stdout);
+
+  // Buffers for every size, allocated and touched once.
+  std::vector<float> grad(largest / 4, 1.0f), out(largest / 4, 0.0f);
+  std::vector<char> tcp_out(largest, 1), tcp_in(largest, 0);
+
+  std::vector<Row> rows;
+  {
+    LocalJob job;
+    if (absl::Status s = job.Start(servers, partition_bytes, log_dir, verbose); !s.ok()) return fail(s);
+    ClientOptions options;
+    options.coordinator = job.coordinator();
+    options.token = job.token();
+    options.rank = 0;
+    options.host = "local0";
+    options.connect_timeout = absl::Seconds(60);
+    options.rpc_timeout = absl::Seconds(60);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    if (!client.ok()) {
+      absl::Status children = job.CheckChildren();
+      return fail(children.ok() ? absl::Status(client.status().code(),
+                                               absl::StrCat(client.status().message(), job.Logs()))
+                                : children);
+    }
+    TcpEcho tcp;
+    if (absl::Status s = tcp.Start(largest, absl::Seconds(60)); !s.ok()) return fail(s);
+
+    for (int64_t bytes : sizes) {
+      Row row;
+      row.bytes = bytes;
+      row.psrt_skipped = PsrtLimit(bytes, servers, partition_bytes);
+      if (row.psrt_skipped.empty()) {
+        absl::StatusOr<Measurement> m =
+            MeasurePsrt(client->get(), &job, bytes, grad.data(), out.data(), seconds, min_iterations);
+        if (!m.ok()) {
+          return fail(absl::Status(m.status().code(),
+                                   absl::StrCat("psrt at ", HumanBytes(bytes), ": ", m.status().message())));
+        }
+        row.psrt = *m;
+      }
+      absl::StatusOr<Measurement> t = Measure(
+          [&] { return tcp.RoundTrip(tcp_out.data(), tcp_in.data(), bytes); }, seconds, min_iterations);
+      if (!t.ok()) {
+        return fail(absl::Status(t.status().code(),
+                                 absl::StrCat("TCP at ", HumanBytes(bytes), ": ", t.status().message())));
+      }
+      row.tcp = *t;
+      rows.push_back(row);
+      std::fprintf(stderr, "  %s done (psrt %s, TCP %lld iterations)\n", HumanBytes(bytes).c_str(),
+                   row.psrt ? absl::StrCat(row.psrt->iterations, " iterations").c_str() : "skipped",
+                   static_cast<long long>(row.tcp.iterations));
+    }
+    client->reset();  // stop heartbeats before the job goes
+  }  // stops the job
+  const std::string load_after = LoadAverage();
+
+  std::printf("\n%10s  %11s  %10s  %11s  %14s  %13s\n", "size", "psrt GB/s", "TCP GB/s", "psrt/TCP",
+              "psrt ms/iter", "TCP ms/iter");
+  for (const Row& r : rows) {
+    const double tcp_gbps = r.tcp.Goodput(r.bytes) / 1e9;
+    if (r.psrt) {
+      const double psrt_gbps = r.psrt->Goodput(r.bytes) / 1e9;
+      std::printf("%10s  %11.3f  %10.3f  %11.3f  %14.3f  %13.3f\n", HumanBytes(r.bytes).c_str(), psrt_gbps,
+                  tcp_gbps, psrt_gbps / tcp_gbps, r.psrt->Latency() * 1e3, r.tcp.Latency() * 1e3);
+    } else {
+      std::printf("%10s  %11s  %10.3f  %11s  %14s  %13.3f   (psrt: %s)\n", HumanBytes(r.bytes).c_str(), "-",
+                  tcp_gbps, "-", "-", r.tcp.Latency() * 1e3, r.psrt_skipped.c_str());
+    }
+  }
+  std::printf("GB/s = 1e9 bytes/s of payload, 2 * size per iteration (push + pull; send + echo).\n");
+
+  if (!json_path.empty()) {
+    nlohmann::json j;
+    j["benchmark"] = "push_pull";
+    j["date"] = date;
+    j["machine"] = {{"nproc", nproc},
+                    {"cpu", CpuModel()},
+                    {"hostname", HostName()},
+                    {"loadavg_before", load_before},
+                    {"loadavg_after", load_after}};
+    j["config"] = {{"servers", servers},
+                   {"workers", 1},
+                   {"mode", "sync"},
+                   {"partition_bytes", partition_bytes},
+                   {"target_seconds", seconds},
+                   {"min_iterations", min_iterations},
+                   {"goodput", "2 * bytes * iterations / seconds; GB = 1e9 bytes"}};
+    nlohmann::json results = nlohmann::json::array();
+    for (const Row& r : rows) {
+      nlohmann::json e;
+      e["bytes"] = r.bytes;
+      e["size"] = HumanBytes(r.bytes);
+      e["tcp"] = {{"iterations", r.tcp.iterations},
+                  {"seconds", r.tcp.seconds},
+                  {"gbps", r.tcp.Goodput(r.bytes) / 1e9},
+                  {"latency_ms", r.tcp.Latency() * 1e3}};
+      if (r.psrt) {
+        e["psrt"] = {{"iterations", r.psrt->iterations},
+                     {"seconds", r.psrt->seconds},
+                     {"gbps", r.psrt->Goodput(r.bytes) / 1e9},
+                     {"latency_ms", r.psrt->Latency() * 1e3}};
+        e["ratio"] = r.psrt->Goodput(r.bytes) / r.tcp.Goodput(r.bytes);
+      } else {
+        e["psrt"] = nullptr;
+        e["ratio"] = nullptr;
+        e["psrt_skipped"] = r.psrt_skipped;
+      }
+      results.push_back(e);
+    }
+    j["results"] = results;
+    std::ofstream f(json_path);
+    f << j.dump(2) << "\n";
+    if (!f) {
+      std::fprintf(stderr, "%s: cannot write %s\n", kProgram, json_path.c_str());
+      return 1;
+    }
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  // Success: the job's logs are of no further use.
+  for (const char* name : {"coordinator.log", "coordinator.port"}) unlink((log_dir + "/" + name).c_str());
+  for (int i = 0; i < servers; ++i) unlink(absl::StrCat(log_dir, "/server", i, ".log").c_str());
+  rmdir(log_dir.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace psrt
+
+int main(int argc, char** argv) { return psrt::Run(argc, argv); }

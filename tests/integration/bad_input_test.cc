@@ -1,0 +1,622 @@
+// Malformed requests against a real psrt-server: each is refused with the
+// right gRPC status and a message that names the problem, none changes the
+// stored state, and the server keeps serving afterwards.
+//
+// The job: one coordinator, one server, one worker (sync mode); the test is
+// worker 0 and talks to the server through a raw ParameterServer stub.
+#include <grpcpp/grpcpp.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/grpc_util.h"
+#include "gtest/gtest.h"
+#include "psrt/v1/ps.grpc.pb.h"
+#include "tests/integration/test_cluster.h"
+
+namespace psrt {
+namespace {
+
+constexpr char kDistribution[] =
+    R"({"parameter_server":{"enabled":true,"mode":"sync","workers_per_host":1}})";
+constexpr int64_t kN = 1024;           // elements of "w"
+constexpr float kLr = 0.5f;
+constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
+constexpr char kRejectedMetric[] = "psrt_server_rejected_requests_total";
+
+// Dyadic values keep init - lr * grad exact in float32.
+std::vector<float> Init() {
+  std::vector<float> v(kN);
+  for (int64_t i = 0; i < kN; ++i) v[i] = static_cast<float>(i % 64) * 0.25f - 8.0f;
+  return v;
+}
+
+std::vector<float> Grad() {
+  std::vector<float> v(kN);
+  for (int64_t i = 0; i < kN; ++i) v[i] = static_cast<float>((i * 7) % 32) * 0.125f - 2.0f;
+  return v;
+}
+
+std::string Bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+std::vector<float> Floats(const std::string& bytes) {
+  std::vector<float> v(bytes.size() / sizeof(float));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
+}
+
+v1::OptimizerConfig Sgd() {
+  v1::OptimizerConfig o;
+  o.set_name("sgd");
+  o.set_lr(kLr);
+  o.set_momentum(0);
+  o.set_dampening(0);
+  o.set_nesterov(false);
+  o.set_weight_decay(0);
+  o.set_beta1(0.9);
+  o.set_beta2(0.999);
+  o.set_eps(1e-8);
+  o.set_lr_decay(0);
+  o.set_initial_accumulator_value(0);
+  return o;
+}
+
+// "w", partition 0: the whole [1024] float32 variable, with its init.
+v1::KeySpec WSpec() {
+  v1::KeySpec k;
+  k.set_variable("w");
+  k.set_partition(0);
+  k.set_dtype(v1::DTYPE_FLOAT32);
+  k.add_shape(kN);
+  k.set_offset(0);
+  k.set_num_elements(kN);
+  *k.mutable_optimizer() = Sgd();
+  k.set_init(Bytes(Init()));
+  return k;
+}
+
+v1::KeyData Key(const std::string& variable, uint32_t partition, int64_t version,
+                v1::DType dtype = v1::DTYPE_FLOAT32, std::string data = "") {
+  v1::KeyData k;
+  k.set_variable(variable);
+  k.set_partition(partition);
+  k.set_version(version);
+  k.set_dtype(dtype);
+  k.set_data(std::move(data));
+  return k;
+}
+
+v1::PushRequest PushOf(v1::KeyData key, int32_t rank = 0, uint64_t push_id = 0) {
+  v1::PushRequest r;
+  r.set_worker_rank(rank);
+  r.set_push_id(push_id);
+  *r.add_keys() = std::move(key);
+  return r;
+}
+
+v1::PullRequest PullOf(const std::string& variable, uint32_t partition, int64_t version,
+                       int32_t rank = 0) {
+  v1::PullRequest r;
+  r.set_worker_rank(rank);
+  *r.add_keys() = Key(variable, partition, version, v1::DTYPE_UNSPECIFIED);
+  return r;
+}
+
+v1::RegisterKeysRequest RegisterOf(v1::KeySpec spec, int32_t rank = 0) {
+  v1::RegisterKeysRequest r;
+  r.set_worker_rank(rank);
+  *r.add_keys() = std::move(spec);
+  return r;
+}
+
+std::string CodeName(grpc::StatusCode c) {
+  switch (c) {
+    case grpc::OK: return "OK";
+    case grpc::CANCELLED: return "CANCELLED";
+    case grpc::UNKNOWN: return "UNKNOWN";
+    case grpc::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::NOT_FOUND: return "NOT_FOUND";
+    case grpc::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::ABORTED: return "ABORTED";
+    case grpc::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::INTERNAL: return "INTERNAL";
+    case grpc::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::DATA_LOSS: return "DATA_LOSS";
+    case grpc::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    default: return absl::StrCat("code ", static_cast<int>(c));
+  }
+}
+
+std::string Describe(const grpc::Status& s) {
+  return absl::StrCat(CodeName(s.error_code()), ": ", s.error_message());
+}
+
+// The call was refused with `code`, and its message contains every fragment.
+::testing::AssertionResult Refused(const grpc::Status& s, grpc::StatusCode code,
+                                   const std::vector<std::string>& fragments) {
+  if (s.error_code() != code) {
+    return ::testing::AssertionFailure()
+           << "expected " << CodeName(code) << ", got " << Describe(s);
+  }
+  for (const std::string& f : fragments) {
+    if (s.error_message().find(f) == std::string::npos) {
+      return ::testing::AssertionFailure()
+             << CodeName(code) << " message \"" << s.error_message() << "\" does not mention \""
+             << f << "\"";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class BadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::ClusterOptions options;
+    options.distribution = kDistribution;
+    options.hosts = {"local0"};
+    absl::StatusOr<std::unique_ptr<testing::TestCluster>> cluster =
+        testing::TestCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << "starting the cluster: " << cluster.status();
+    cluster_ = std::move(*cluster);
+    ASSERT_EQ(cluster_->num_servers(), 1);
+    ASSERT_EQ(cluster_->config().num_workers(), 1);
+    ASSERT_EQ(cluster_->config().mode(), "sync");
+    // Room to send more than the server takes, to see the server refuse it.
+    stub_ = v1::ParameterServer::NewStub(MakeChannel(cluster_->server_address(0), 512ll << 20));
+    grpc::Status s = Register(RegisterOf(WSpec()));
+    ASSERT_TRUE(s.ok()) << "registering w: " << Describe(s);
+  }
+
+  void TearDown() override {
+    // Whatever a test sent, the server must have survived it.
+    if (cluster_ != nullptr) {
+      EXPECT_TRUE(cluster_->ServerAlive(0))
+          << "psrt-server 0 " << cluster_->ServerExitDescription(0);
+    }
+  }
+
+  const std::string& token() const { return cluster_->token(); }
+
+  void Prepare(grpc::ClientContext* ctx, absl::Duration timeout = kRpcTimeout) {
+    PrepareContext(ctx, token(), timeout);
+  }
+
+  grpc::Status Register(const v1::RegisterKeysRequest& req) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::RegisterKeysResponse resp;
+    return stub_->RegisterKeys(&ctx, req, &resp);
+  }
+  grpc::Status Push(const v1::PushRequest& req) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::PushResponse resp;
+    return stub_->Push(&ctx, req, &resp);
+  }
+  grpc::Status Pull(const v1::PullRequest& req, v1::PullResponse* resp,
+                    absl::Duration timeout = kRpcTimeout) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx, timeout);
+    return stub_->Pull(&ctx, req, resp);
+  }
+  grpc::Status Pull(const v1::PullRequest& req) {
+    v1::PullResponse resp;
+    return Pull(req, &resp);
+  }
+  grpc::Status PushPull(const v1::PushPullRequest& req) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::PushPullResponse resp;
+    return stub_->PushPull(&ctx, req, &resp);
+  }
+  grpc::Status SetLearningRate(const v1::SetLearningRateRequest& req) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::SetLearningRateResponse resp;
+    return stub_->SetLearningRate(&ctx, req, &resp);
+  }
+  grpc::Status Stats(v1::StatsResponse* resp) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    return stub_->Stats(&ctx, v1::StatsRequest(), resp);
+  }
+
+  double Rejected() {
+    v1::StatsResponse stats;
+    grpc::Status s = Stats(&stats);
+    EXPECT_TRUE(s.ok()) << "Stats: " << Describe(s);
+    auto it = stats.metrics().find(kRejectedMetric);
+    EXPECT_NE(it, stats.metrics().end()) << "Stats has no " << kRejectedMetric;
+    return it == stats.metrics().end() ? -1 : it->second;
+  }
+
+  // "w" still holds its init at version 0, untouched by what was refused.
+  void ExpectUntouched() {
+    SCOPED_TRACE("w must still hold its init at version 0");
+    ASSERT_TRUE(cluster_->ServerAlive(0)) << "psrt-server 0 " << cluster_->ServerExitDescription(0);
+    v1::PullResponse resp;
+    grpc::Status s = Pull(PullOf("w", 0, 0), &resp);
+    ASSERT_TRUE(s.ok()) << "pull of w at version 0: " << Describe(s);
+    ASSERT_EQ(resp.keys_size(), 1);
+    const v1::KeyData& k = resp.keys(0);
+    EXPECT_EQ(k.variable(), "w");
+    EXPECT_EQ(k.partition(), 0u);
+    EXPECT_EQ(k.version(), 0) << "a refused request moved the version";
+    EXPECT_EQ(k.dtype(), v1::DTYPE_FLOAT32);
+    ASSERT_EQ(k.data().size(), static_cast<size_t>(kN * 4));
+    EXPECT_TRUE(k.data() == Bytes(Init())) << "a refused request changed the weights";
+  }
+
+  // --- each kind of malformed request -------------------------------------------
+
+  void UnknownKey() {
+    SCOPED_TRACE("unknown key");
+    const std::string grad = Bytes(Grad());
+    EXPECT_TRUE(Refused(Push(PushOf(Key("nope", 0, 0, v1::DTYPE_FLOAT32, grad))), grpc::NOT_FOUND,
+                        {"'nope#0'", "not registered"}));
+    // A registered variable, an unregistered partition.
+    EXPECT_TRUE(Refused(Pull(PullOf("w", 7, 0)), grpc::NOT_FOUND, {"'w#7'", "not registered"}));
+    // One good key and one unknown: the whole push is refused, nothing applied.
+    v1::PushRequest both = PushOf(Key("w", 0, 0, v1::DTYPE_FLOAT32, grad));
+    *both.add_keys() = Key("w", 1, 0, v1::DTYPE_FLOAT32, grad);
+    EXPECT_TRUE(Refused(Push(both), grpc::NOT_FOUND, {"'w#1'", "not registered"}));
+    v1::PushPullRequest pp;
+    *pp.mutable_push() = PushOf(Key("nope", 3, 0, v1::DTYPE_FLOAT32, grad));
+    EXPECT_TRUE(Refused(PushPull(pp), grpc::NOT_FOUND, {"'nope#3'"}));
+  }
+
+  void WrongDtype() {
+    SCOPED_TRACE("wrong dtype");
+    EXPECT_TRUE(Refused(
+        Push(PushOf(Key("w", 0, 0, v1::DTYPE_FLOAT16, std::string(kN * 2, '\0')))),
+        grpc::INVALID_ARGUMENT, {"'w#0'", "float16", "float32"}));
+    // Right byte count for float32, but labelled bfloat16.
+    EXPECT_TRUE(Refused(Push(PushOf(Key("w", 0, 0, v1::DTYPE_BFLOAT16, Bytes(Grad())))),
+                        grpc::INVALID_ARGUMENT, {"'w#0'", "bfloat16", "float32"}));
+    EXPECT_TRUE(Refused(Push(PushOf(Key("w", 0, 0, v1::DTYPE_UNSPECIFIED, Bytes(Grad())))),
+                        grpc::INVALID_ARGUMENT, {"'w#0'", "unspecified", "float32"}));
+    // Registering a variable of an unsupported dtype.
+    v1::KeySpec half = WSpec();
+    half.set_variable("h");
+    half.set_dtype(v1::DTYPE_FLOAT16);
+    EXPECT_TRUE(Refused(Register(RegisterOf(half)), grpc::INVALID_ARGUMENT,
+                        {"'h#0'", "float16", "not supported"}));
+    EXPECT_TRUE(Refused(Pull(PullOf("h", 0, 0)), grpc::NOT_FOUND, {"'h#0'"}))
+        << "a refused registration created the key";
+  }
+
+  void WrongSize() {
+    SCOPED_TRACE("wrong size");
+    std::vector<float> short_grad = Grad();
+    short_grad.pop_back();
+    EXPECT_TRUE(Refused(Push(PushOf(Key("w", 0, 0, v1::DTYPE_FLOAT32, Bytes(short_grad)))),
+                        grpc::INVALID_ARGUMENT,
+                        {"'w#0'", "4092 bytes", "1024 float32", "4096 bytes"}));
+    std::vector<float> long_grad = Grad();
+    long_grad.push_back(1);
+    EXPECT_TRUE(Refused(Push(PushOf(Key("w", 0, 0, v1::DTYPE_FLOAT32, Bytes(long_grad)))),
+                        grpc::INVALID_ARGUMENT, {"'w#0'", "4100 bytes", "4096 bytes"}));
+    EXPECT_TRUE(Refused(Push(PushOf(Key("w", 0, 0, v1::DTYPE_FLOAT32, ""))),
+                        grpc::INVALID_ARGUMENT, {"'w#0'", "0 bytes", "4096 bytes"}));
+    // An initial value of the wrong size.
+    v1::KeySpec bad_init = WSpec();
+    bad_init.set_variable("x");
+    bad_init.set_init(std::string(8, '\0'));
+    EXPECT_TRUE(Refused(Register(RegisterOf(bad_init)), grpc::INVALID_ARGUMENT,
+                        {"'x#0'", "8 bytes", "expected 4096", "1024 float32"}));
+    // A slice that does not fit the shape.
+    v1::KeySpec bad_slice = WSpec();
+    bad_slice.set_variable("y");
+    bad_slice.set_offset(1);
+    EXPECT_TRUE(Refused(Register(RegisterOf(bad_slice)), grpc::INVALID_ARGUMENT,
+                        {"'y#0'", "[1, +1024)", "[1024]"}));
+    // A pull that carries data.
+    v1::PullRequest pull = PullOf("w", 0, 0);
+    pull.mutable_keys(0)->set_data(Bytes(Grad()));
+    EXPECT_TRUE(Refused(Pull(pull), grpc::INVALID_ARGUMENT, {"'w#0'", "carries data"}));
+    // Requests naming no key at all.
+    EXPECT_TRUE(Refused(Push(v1::PushRequest()), grpc::INVALID_ARGUMENT, {"no keys"}));
+    EXPECT_TRUE(Refused(Pull(v1::PullRequest()), grpc::INVALID_ARGUMENT, {"no keys"}));
+    EXPECT_TRUE(Refused(Register(v1::RegisterKeysRequest()), grpc::INVALID_ARGUMENT, {"no keys"}));
+  }
+
+  void ShapeMismatch() {
+    SCOPED_TRACE("shape mismatch on re-registration");
+    v1::KeySpec reshaped = WSpec();
+    reshaped.clear_shape();
+    reshaped.add_shape(512);
+    reshaped.add_shape(2);
+    EXPECT_TRUE(Refused(Register(RegisterOf(reshaped)), grpc::FAILED_PRECONDITION,
+                        {"'w#0'", "shape [1024]", "[512, 2]", "worker 0"}));
+    v1::KeySpec bigger = WSpec();
+    bigger.set_shape(0, 2048);
+    EXPECT_TRUE(Refused(Register(RegisterOf(bigger)), grpc::FAILED_PRECONDITION,
+                        {"'w#0'", "shape [1024]", "[2048]"}));
+    v1::KeySpec other_optimizer = WSpec();
+    other_optimizer.mutable_optimizer()->set_name("adam");
+    EXPECT_TRUE(Refused(Register(RegisterOf(other_optimizer)), grpc::FAILED_PRECONDITION,
+                        {"'w#0'", "optimizer sgd", "adam"}));
+    // The same spec again is fine, and rank 0's first value keeps winning.
+    v1::KeySpec same = WSpec();
+    std::vector<float> other(kN, 42.f);
+    same.set_init(Bytes(other));
+    grpc::Status s = Register(RegisterOf(same));
+    EXPECT_TRUE(s.ok()) << "re-registering w unchanged: " << Describe(s);
+  }
+
+  void Oversized() {
+    SCOPED_TRACE("oversized message");
+    const absl::Time start = absl::Now();
+    {
+      v1::PushRequest big = PushOf(Key("w", 0, 0, v1::DTYPE_FLOAT32, std::string(300ll << 20, '\1')));
+      grpc::Status s = Push(big);
+      EXPECT_TRUE(Refused(s, grpc::RESOURCE_EXHAUSTED, {"268435456"}));
+    }
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_LT(took, absl::Seconds(8)) << "refusing a 300 MiB push took " << took;
+  }
+
+  void BadWorkerId() {
+    SCOPED_TRACE("bad worker id");
+    const std::string grad = Bytes(Grad());
+    for (int32_t rank : {1, -1, 1 << 30}) {
+      SCOPED_TRACE(absl::StrCat("rank ", rank));
+      const std::string named = absl::StrCat("worker rank ", rank);
+      EXPECT_TRUE(Refused(Push(PushOf(Key("w", 0, 0, v1::DTYPE_FLOAT32, grad), rank)),
+                          grpc::INVALID_ARGUMENT, {named, "1 workers", "ranks 0..0"}));
+      EXPECT_TRUE(Refused(Pull(PullOf("w", 0, 0, rank)), grpc::INVALID_ARGUMENT,
+                          {named, "ranks 0..0"}));
+      EXPECT_TRUE(Refused(Register(RegisterOf(WSpec(), rank)), grpc::INVALID_ARGUMENT,
+                          {named, "ranks 0..0"}));
+      v1::SetLearningRateRequest lr;
+      lr.set_worker_rank(rank);
+      lr.set_lr(1.0);
+      EXPECT_TRUE(Refused(SetLearningRate(lr), grpc::INVALID_ARGUMENT, {named, "ranks 0..0"}));
+    }
+  }
+
+  void OutOfRangeVersion() {
+    SCOPED_TRACE("out-of-range version");
+    const std::string grad = Bytes(Grad());
+    // Sync mode: a worker pushes for the version it pulled, never ahead.
+    EXPECT_TRUE(Refused(Push(PushOf(Key("w", 0, 1, v1::DTYPE_FLOAT32, grad))), grpc::OUT_OF_RANGE,
+                        {"'w#0'", "version 1", "at version 0"}));
+    EXPECT_TRUE(Refused(Push(PushOf(Key("w", 0, 1000, v1::DTYPE_FLOAT32, grad))),
+                        grpc::OUT_OF_RANGE, {"'w#0'", "version 1000", "at version 0"}));
+    EXPECT_TRUE(Refused(Push(PushOf(Key("w", 0, -1, v1::DTYPE_FLOAT32, grad))), grpc::OUT_OF_RANGE,
+                        {"'w#0'", "version -1"}));
+    // A pull may ask at most one version ahead.
+    EXPECT_TRUE(Refused(Pull(PullOf("w", 0, 2)), grpc::OUT_OF_RANGE,
+                        {"'w#0'", "version 2", "at version 0", "at most one version ahead"}));
+    EXPECT_TRUE(Refused(Pull(PullOf("w", 0, -1)), grpc::OUT_OF_RANGE,
+                        {"'w#0'", "version -1", "versions start at 0"}));
+    v1::PushPullRequest pp;
+    *pp.mutable_push() = PushOf(Key("w", 0, 5, v1::DTYPE_FLOAT32, grad));
+    EXPECT_TRUE(Refused(PushPull(pp), grpc::OUT_OF_RANGE, {"'w#0'", "version 5"}));
+  }
+
+  void JobToken() {
+    SCOPED_TRACE("missing or wrong job token");
+    const v1::PushRequest push = PushOf(Key("w", 0, 0, v1::DTYPE_FLOAT32, Bytes(Grad())));
+    for (const std::string& t : {std::string(), std::string("not-the-token"),
+                                 token() + "x"}) {
+      SCOPED_TRACE(t.empty() ? "no token" : absl::StrCat("token '", t, "'"));
+      const std::string why = t.empty() ? "carries no psrt job token" : "not this job's";
+      auto ctx = [&](grpc::ClientContext* c) {
+        // PrepareContext leaves the token out when it is empty.
+        PrepareContext(c, t, kRpcTimeout);
+      };
+      {
+        grpc::ClientContext c;
+        ctx(&c);
+        v1::PushResponse r;
+        EXPECT_TRUE(Refused(stub_->Push(&c, push, &r), grpc::UNAUTHENTICATED, {why}));
+      }
+      {
+        grpc::ClientContext c;
+        ctx(&c);
+        v1::PullResponse r;
+        EXPECT_TRUE(Refused(stub_->Pull(&c, PullOf("w", 0, 0), &r), grpc::UNAUTHENTICATED, {why}));
+      }
+      {
+        grpc::ClientContext c;
+        ctx(&c);
+        v1::PushPullRequest pp;
+        *pp.mutable_push() = push;
+        v1::PushPullResponse r;
+        EXPECT_TRUE(Refused(stub_->PushPull(&c, pp, &r), grpc::UNAUTHENTICATED, {why}));
+      }
+      {
+        grpc::ClientContext c;
+        ctx(&c);
+        v1::KeySpec spec = WSpec();
+        spec.set_variable("t");
+        v1::RegisterKeysResponse r;
+        EXPECT_TRUE(Refused(stub_->RegisterKeys(&c, RegisterOf(spec), &r), grpc::UNAUTHENTICATED,
+                            {why}));
+      }
+      {
+        grpc::ClientContext c;
+        ctx(&c);
+        v1::SetLearningRateRequest lr;
+        lr.set_lr(100);
+        v1::SetLearningRateResponse r;
+        EXPECT_TRUE(Refused(stub_->SetLearningRate(&c, lr, &r), grpc::UNAUTHENTICATED, {why}));
+      }
+      {
+        grpc::ClientContext c;
+        ctx(&c);
+        v1::StatsResponse r;
+        EXPECT_TRUE(Refused(stub_->Stats(&c, v1::StatsRequest(), &r), grpc::UNAUTHENTICATED,
+                            {why}));
+      }
+    }
+    EXPECT_TRUE(Refused(Pull(PullOf("t", 0, 0)), grpc::NOT_FOUND, {"'t#0'"}))
+        << "an unauthenticated registration created the key";
+  }
+
+  void GarbageOptimizer() {
+    SCOPED_TRACE("garbage optimizer");
+    for (const std::string& name : {std::string("sgdd"), std::string(""), std::string("SGD"),
+                                    std::string("adam\n; drop")}) {
+      v1::KeySpec spec = WSpec();
+      spec.set_variable("v");
+      spec.mutable_optimizer()->set_name(name);
+      EXPECT_TRUE(Refused(Register(RegisterOf(spec)), grpc::INVALID_ARGUMENT,
+                          {"'v#0'", absl::StrCat("unknown optimizer '", name, "'"),
+                           "sgd, adam, adamw, adagrad"}));
+    }
+    // A known optimizer with settings it refuses.
+    v1::KeySpec negative_lr = WSpec();
+    negative_lr.set_variable("v");
+    negative_lr.mutable_optimizer()->set_lr(-1);
+    EXPECT_TRUE(Refused(Register(RegisterOf(negative_lr)), grpc::INVALID_ARGUMENT,
+                        {"'v#0'", "lr", "-1"}));
+    v1::KeySpec bad_beta = WSpec();
+    bad_beta.set_variable("v");
+    bad_beta.mutable_optimizer()->set_name("adam");
+    bad_beta.mutable_optimizer()->set_beta1(1.5);
+    EXPECT_TRUE(Refused(Register(RegisterOf(bad_beta)), grpc::INVALID_ARGUMENT,
+                        {"'v#0'", "beta1", "1.5"}));
+    // The same garbage on the registered key: refused before anything else.
+    v1::KeySpec w_garbage = WSpec();
+    w_garbage.mutable_optimizer()->set_name("sgdd");
+    EXPECT_TRUE(Refused(Register(RegisterOf(w_garbage)), grpc::INVALID_ARGUMENT,
+                        {"'w#0'", "unknown optimizer 'sgdd'"}));
+    // A bad learning rate at run time.
+    v1::SetLearningRateRequest lr;
+    lr.set_lr(-0.1);
+    EXPECT_TRUE(Refused(SetLearningRate(lr), grpc::INVALID_ARGUMENT, {"learning rate", "-0.1"}));
+    lr.set_lr(std::nan(""));
+    EXPECT_TRUE(Refused(SetLearningRate(lr), grpc::INVALID_ARGUMENT, {"learning rate", "nan"}));
+    EXPECT_TRUE(Refused(Pull(PullOf("v", 0, 0)), grpc::NOT_FOUND, {"'v#0'"}))
+        << "a refused registration created the key";
+  }
+};
+
+TEST_F(BadInputTest, UnknownKeyIsNotFound) {
+  UnknownKey();
+  ExpectUntouched();
+}
+
+TEST_F(BadInputTest, WrongDtypeIsInvalidArgument) {
+  WrongDtype();
+  ExpectUntouched();
+}
+
+TEST_F(BadInputTest, WrongSizeIsInvalidArgument) {
+  WrongSize();
+  ExpectUntouched();
+}
+
+TEST_F(BadInputTest, ShapeMismatchOnReregistrationIsFailedPrecondition) {
+  ShapeMismatch();
+  ExpectUntouched();
+}
+
+TEST_F(BadInputTest, OversizedMessageIsResourceExhausted) {
+  Oversized();
+  ExpectUntouched();
+}
+
+TEST_F(BadInputTest, BadWorkerIdIsInvalidArgument) {
+  BadWorkerId();
+  ExpectUntouched();
+}
+
+TEST_F(BadInputTest, OutOfRangeVersionIsOutOfRange) {
+  OutOfRangeVersion();
+  ExpectUntouched();
+}
+
+TEST_F(BadInputTest, MissingOrWrongTokenIsUnauthenticated) {
+  JobToken();
+  ExpectUntouched();
+}
+
+TEST_F(BadInputTest, GarbageOptimizerIsInvalidArgument) {
+  GarbageOptimizer();
+  ExpectUntouched();
+}
+
+// Every kind in one job, then: the server is alive, w is untouched, a
+// correct step applies exactly, and the refusals were counted.
+TEST_F(BadInputTest, ServerSurvivesEveryMalformedRequestThenTrainsCorrectly) {
+  const double rejected_before = Rejected();
+  UnknownKey();
+  WrongDtype();
+  WrongSize();
+  ShapeMismatch();
+  Oversized();
+  BadWorkerId();
+  OutOfRangeVersion();
+  JobToken();
+  GarbageOptimizer();
+
+  ASSERT_TRUE(cluster_->ServerAlive(0)) << "psrt-server 0 " << cluster_->ServerExitDescription(0);
+  ASSERT_TRUE(cluster_->CheckAllAlive().ok()) << cluster_->CheckAllAlive();
+  ExpectUntouched();
+
+  // A correct push for version 0 completes the step (one worker)...
+  const std::vector<float> init = Init();
+  const std::vector<float> grad = Grad();
+  grpc::Status s = Push(PushOf(Key("w", 0, 0, v1::DTYPE_FLOAT32, Bytes(grad)), 0, /*push_id=*/1));
+  ASSERT_TRUE(s.ok()) << "correct push: " << Describe(s);
+  // ...and version 1 is init - lr * grad, exactly.
+  v1::PullResponse resp;
+  s = Pull(PullOf("w", 0, 1), &resp);
+  ASSERT_TRUE(s.ok()) << "pull of version 1: " << Describe(s);
+  ASSERT_EQ(resp.keys_size(), 1);
+  EXPECT_EQ(resp.keys(0).version(), 1);
+  ASSERT_EQ(resp.keys(0).data().size(), static_cast<size_t>(kN * 4));
+  const std::vector<float> got = Floats(resp.keys(0).data());
+  int wrong = 0;
+  for (int64_t i = 0; i < kN; ++i) {
+    const float want = init[i] - kLr * grad[i];
+    if (got[i] != want && ++wrong <= 5) {
+      ADD_FAILURE() << "w[" << i << "] = " << got[i] << ", want " << init[i] << " - " << kLr
+                    << " * " << grad[i] << " = " << want;
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "elements of w off after one sgd step";
+
+  const double rejected = Rejected();
+  EXPECT_GT(rejected, 0) << kRejectedMetric;
+  // Each malformed kind that reaches the service counts at least once.
+  EXPECT_GE(rejected - rejected_before, 7) << kRejectedMetric << " went from " << rejected_before
+                                           << " to " << rejected;
+  EXPECT_TRUE(cluster_->ServerAlive(0)) << "psrt-server 0 " << cluster_->ServerExitDescription(0);
+}
+
+// A pull of a version nobody will push ends at the caller's deadline.
+TEST_F(BadInputTest, PullOfUnpushedVersionEndsAtDeadline) {
+  v1::PullResponse resp;
+  const absl::Time start = absl::Now();
+  grpc::Status s = Pull(PullOf("w", 0, 1), &resp, absl::Milliseconds(300));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(s.error_code(), grpc::DEADLINE_EXCEEDED) << Describe(s);
+  EXPECT_GE(took, absl::Milliseconds(250)) << "the pull returned before its deadline";
+  EXPECT_LT(took, absl::Seconds(2)) << "the pull outlived its 300 ms deadline by far";
+  EXPECT_EQ(resp.keys_size(), 0);
+  // The server is not wedged: the waiting handler let go.
+  ExpectUntouched();
+}
+
+}  // namespace
+}  // namespace psrt

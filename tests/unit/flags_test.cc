@@ -1,0 +1,266 @@
+#include "common/flags.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+
+namespace psrt {
+namespace {
+
+// Keeps the strings alive and hands out a writable argv.
+class Args {
+ public:
+  explicit Args(std::vector<std::string> args) : strings_(std::move(args)) {
+    strings_.insert(strings_.begin(), "prog");
+    for (std::string& s : strings_) ptrs_.push_back(s.data());
+    ptrs_.push_back(nullptr);
+  }
+  int argc() const { return static_cast<int>(strings_.size()); }
+  char** argv() { return ptrs_.data(); }
+
+ private:
+  std::vector<std::string> strings_;
+  std::vector<char*> ptrs_;
+};
+
+#define EXPECT_HAS(haystack, needle)                                  \
+  EXPECT_TRUE(absl::StrContains((haystack), (needle)))                \
+      << "text: " << (haystack) << "\nwanted: " << (needle)
+
+// One flag of each type, with non-trivial defaults.
+struct Bound {
+  std::string name = "alice";
+  std::string empty;
+  int64_t big = 7;
+  int count = 3;
+  double rate = 0.25;
+  bool verbose = false;
+  bool color = true;
+  Flags flags{"prog", "[flags] -- command"};
+
+  Bound() {
+    flags.Add("name", &name, "Who to greet.");
+    flags.Add("empty", &empty, "Starts out empty.");
+    flags.Add("big", &big, "A 64-bit count.");
+    flags.Add("count", &count, "How many times.");
+    flags.Add("rate", &rate, "Fraction per step.");
+    flags.Add("verbose", &verbose, "Talk more.");
+    flags.Add("color", &color, "Use colour.");
+  }
+  absl::Status Parse(std::vector<std::string> args) {
+    Args a(std::move(args));
+    return flags.Parse(a.argc(), a.argv());
+  }
+};
+
+TEST(FlagsTest, NoArgumentsKeepsDefaults) {
+  Bound b;
+  ASSERT_TRUE(b.Parse({}).ok());
+  EXPECT_EQ(b.name, "alice");
+  EXPECT_EQ(b.big, 7);
+  EXPECT_EQ(b.count, 3);
+  EXPECT_EQ(b.rate, 0.25);
+  EXPECT_FALSE(b.verbose);
+  EXPECT_TRUE(b.color);
+  EXPECT_FALSE(b.flags.help_requested());
+  EXPECT_TRUE(b.flags.command().empty());
+}
+
+TEST(FlagsTest, EqualsForm) {
+  Bound b;
+  absl::Status s = b.Parse({"--count=11", "--big=-9000000000", "--rate=1.5e-3",
+                            "--name=bob", "--verbose=true", "--color=false"});
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(b.count, 11);
+  EXPECT_EQ(b.big, -9000000000);
+  EXPECT_EQ(b.rate, 1.5e-3);
+  EXPECT_EQ(b.name, "bob");
+  EXPECT_TRUE(b.verbose);
+  EXPECT_FALSE(b.color);
+}
+
+TEST(FlagsTest, SpaceForm) {
+  Bound b;
+  absl::Status s = b.Parse({"--count", "12", "--big", "9000000001", "--rate", "-2.5",
+                            "--name", "carol"});
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(b.count, 12);
+  EXPECT_EQ(b.big, 9000000001);
+  EXPECT_EQ(b.rate, -2.5);
+  EXPECT_EQ(b.name, "carol");
+}
+
+TEST(FlagsTest, SpaceFormTakesTheNextArgumentVerbatim) {
+  Bound b;
+  ASSERT_TRUE(b.Parse({"--name", "--not-a-flag", "--count", "-4"}).ok());
+  EXPECT_EQ(b.name, "--not-a-flag");
+  EXPECT_EQ(b.count, -4);
+}
+
+TEST(FlagsTest, ValueMayContainEqualsAndBeEmpty) {
+  Bound b;
+  ASSERT_TRUE(b.Parse({"--name=a=b=c"}).ok());
+  EXPECT_EQ(b.name, "a=b=c");
+  ASSERT_TRUE(b.Parse({"--name="}).ok());
+  EXPECT_EQ(b.name, "");
+}
+
+TEST(FlagsTest, LaterValueWins) {
+  Bound b;
+  ASSERT_TRUE(b.Parse({"--count=1", "--count", "2"}).ok());
+  EXPECT_EQ(b.count, 2);
+}
+
+TEST(FlagsTest, Bools) {
+  {
+    Bound b;
+    ASSERT_TRUE(b.Parse({"--verbose"}).ok());
+    EXPECT_TRUE(b.verbose);
+  }
+  {
+    Bound b;
+    ASSERT_TRUE(b.Parse({"--color=false"}).ok());
+    EXPECT_FALSE(b.color);
+    ASSERT_TRUE(b.Parse({"--color"}).ok());
+    EXPECT_TRUE(b.color);
+    ASSERT_TRUE(b.Parse({"--color=0"}).ok());
+    EXPECT_FALSE(b.color);
+    ASSERT_TRUE(b.Parse({"--color=1"}).ok());
+    EXPECT_TRUE(b.color);
+  }
+  {
+    // A bare bool does not eat the next argument.
+    Bound b;
+    ASSERT_TRUE(b.Parse({"--verbose", "--count=5"}).ok());
+    EXPECT_TRUE(b.verbose);
+    EXPECT_EQ(b.count, 5);
+  }
+  {
+    Bound b;
+    absl::Status s = b.Parse({"--verbose=maybe"});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_HAS(s.message(), "--verbose");
+    EXPECT_HAS(s.message(), "maybe");
+  }
+}
+
+TEST(FlagsTest, UnknownFlagListsAcceptedFlags) {
+  Bound b;
+  absl::Status s = b.Parse({"--colour=true"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_HAS(s.message(), "--colour");
+  for (const char* f : {"--name", "--empty", "--big", "--count", "--rate", "--verbose",
+                        "--color"}) {
+    EXPECT_HAS(s.message(), f);
+  }
+  // The space form too, and nothing after it is parsed.
+  Bound c;
+  s = c.Parse({"--nope", "--count=9"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_HAS(s.message(), "--nope");
+}
+
+TEST(FlagsTest, BadNumbersNameTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* flag;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--count=abc"}, "--count"},
+           {{"--count=1.5"}, "--count"},
+           {{"--count", "12x"}, "--count"},
+           {{"--count=99999999999"}, "--count"},  // over int's range
+           {{"--count="}, "--count"},
+           {{"--big=1e3"}, "--big"},
+           {{"--big=99999999999999999999"}, "--big"},  // over int64's range
+           {{"--rate=fast"}, "--rate"},
+           {{"--rate", "1.0.0"}, "--rate"},
+           {{"--rate="}, "--rate"},
+       }) {
+    Bound b;
+    absl::Status s = b.Parse(c.args);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.args[0] << ": " << s;
+    EXPECT_HAS(s.message(), c.flag);
+  }
+  Bound b;
+  absl::Status s = b.Parse({"--count=abc"});
+  EXPECT_HAS(s.message(), "'abc'");
+}
+
+TEST(FlagsTest, MissingValue) {
+  for (const char* flag : {"--count", "--big", "--rate", "--name"}) {
+    Bound b;
+    absl::Status s = b.Parse({"--verbose", flag});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << flag << ": " << s;
+    EXPECT_HAS(s.message(), flag);
+    EXPECT_HAS(s.message(), "needs a value");
+  }
+}
+
+TEST(FlagsTest, PositionalArgumentBeforeDashDashIsRejected) {
+  Bound b;
+  absl::Status s = b.Parse({"--count=1", "stray"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_HAS(s.message(), "stray");
+}
+
+TEST(FlagsTest, CommandAfterDashDashIsKeptVerbatim) {
+  Bound b;
+  absl::Status s = b.Parse({"--count=2", "--", "python3", "train.py", "--count=100",
+                            "--help", "--", "-x", "--unknown", ""});
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(b.count, 2);  // the command's --count is not ours
+  EXPECT_FALSE(b.flags.help_requested());
+  EXPECT_EQ(b.flags.command(),
+            (std::vector<std::string>{"python3", "train.py", "--count=100", "--help", "--",
+                                      "-x", "--unknown", ""}));
+}
+
+TEST(FlagsTest, DashDashAloneGivesEmptyCommand) {
+  Bound b;
+  ASSERT_TRUE(b.Parse({"--verbose", "--"}).ok());
+  EXPECT_TRUE(b.verbose);
+  EXPECT_TRUE(b.flags.command().empty());
+}
+
+TEST(FlagsTest, HelpIsRequestedAndListsEveryFlag) {
+  for (const char* help : {"--help", "-h"}) {
+    Bound b;
+    absl::Status s = b.Parse({"--count=4", help, "--verbose"});
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(b.flags.help_requested()) << help;
+    EXPECT_EQ(b.count, 4);
+    EXPECT_TRUE(b.verbose);
+  }
+  Bound b;
+  const std::string text = b.flags.Help();
+  EXPECT_HAS(text, "prog");
+  EXPECT_HAS(text, "[flags] -- command");
+  EXPECT_HAS(text, "--name\n      Who to greet. (default: \"alice\")\n");
+  EXPECT_HAS(text, "--empty\n      Starts out empty.\n");
+  EXPECT_HAS(text, "--big\n      A 64-bit count. (default: 7)\n");
+  EXPECT_HAS(text, "--count\n      How many times. (default: 3)\n");
+  EXPECT_HAS(text, "--rate\n      Fraction per step. (default: 0.25)\n");
+  EXPECT_HAS(text, "--verbose\n      Talk more. (default: false)\n");
+  EXPECT_HAS(text, "--color\n      Use colour. (default: true)\n");
+  EXPECT_HAS(text, "--help");
+  // Flags appear in the order they were added.
+  EXPECT_LT(text.find("--name"), text.find("--empty"));
+  EXPECT_LT(text.find("--empty"), text.find("--big"));
+  EXPECT_LT(text.find("--rate"), text.find("--verbose"));
+  EXPECT_LT(text.find("--verbose"), text.find("--color"));
+}
+
+TEST(FlagsTest, HelpShowsDefaultsAsAdded) {
+  // The default is the value at Add() time, not after parsing.
+  Bound b;
+  ASSERT_TRUE(b.Parse({"--count=42"}).ok());
+  EXPECT_HAS(b.flags.Help(), "How many times. (default: 3)");
+}
+
+}  // namespace
+}  // namespace psrt
