@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= 2
 DEMO_DISTRIBUTION ?= {"parameter_server": {"enabled": true, "mode": "sync", "servers_per_host": 1, "workers_per_host": 1}}
 
-.PHONY: all setup configure build test unit-test demo bench clean
+.PHONY: all setup configure build test unit-test demo bench bazel clean
 
 all: build
 
@@ -29,6 +29,10 @@ demo: build
 
 bench: build
 	@scripts/bench.sh $(BUILD)
+
+# The optional Bazel build (BUILD.bazel), offline against the same Debian
+# packages; installs bazel-bootstrap first.
+bazel: ; @scripts/setup.sh bazel && scripts/bazel_check.sh
 
 clean:
 	rm -rf $(BUILD)

@@ -14,6 +14,7 @@
 // so the ratio psrt/TCP says how much of the wire speed psrt's framing,
 // copies, optimizer step and server hop leave.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -31,8 +32,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
-#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -54,7 +55,6 @@
 #include "common/daemon.h"
 #include "common/flags.h"
 #include "common/grpc_util.h"
-#include "common/key_map.h"
 #include "common/process.h"
 #include "worker/client.h"
 
@@ -109,26 +109,25 @@ struct Measurement {
   double Latency() const { return seconds / iterations; }                              // s
 };
 
-// Runs `iteration` (which returns OK or the error) first as a warm-up of at
-// least one call and ~0.2 s, then timed for about `target` seconds and at
-// least `min_iterations` calls.
+// Runs `iteration` (which returns OK or the error) untimed for ~0.1 s (at
+// least once: connections, page faults, allocator), then timed until
+// `target` seconds and `min_iterations` calls have both passed.
 absl::StatusOr<Measurement> Measure(const std::function<absl::Status()>& iteration, double target,
                                     int64_t min_iterations) {
   const absl::Time warm_start = absl::Now();
-  int64_t warm = 0;
   do {
     if (absl::Status s = iteration(); !s.ok()) return s;
-    ++warm;
-  } while (absl::Now() - warm_start < absl::Milliseconds(200));
-  const double per_call = absl::ToDoubleSeconds(absl::Now() - warm_start) / warm;
-  const int64_t n = std::max<int64_t>(min_iterations, static_cast<int64_t>(std::ceil(target / per_call)));
-  const absl::Time start = absl::Now();
-  for (int64_t i = 0; i < n; ++i) {
-    if (absl::Status s = iteration(); !s.ok()) return s;
-  }
+  } while (absl::Now() - warm_start < absl::Milliseconds(100));
+  const absl::Duration wanted = absl::Seconds(target);
   Measurement m;
-  m.iterations = n;
-  m.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const absl::Time start = absl::Now();
+  absl::Duration elapsed;
+  do {
+    if (absl::Status s = iteration(); !s.ok()) return s;
+    ++m.iterations;
+    elapsed = absl::Now() - start;
+  } while (m.iterations < min_iterations || elapsed < wanted);
+  m.seconds = absl::ToDoubleSeconds(elapsed);
   return m;
 }
 
@@ -136,6 +135,9 @@ absl::StatusOr<Measurement> Measure(const std::function<absl::Status()>& iterati
 // The local psrt job.
 
 // Children of this process; the signal thread and the watchdog stop them too.
+// Set once a signal or the watchdog is stopping the job: the errors that
+// follow in the main thread are consequences, not news.
+std::atomic<bool> stopping{false};
 absl::Mutex children_mu;
 std::vector<pid_t>* children = new std::vector<pid_t>;
 
@@ -211,7 +213,9 @@ class LocalJob {
   absl::Status CheckChildren() {
     for (const Exit& e : ReapExited()) {
       Forget(e.pid);
-      return absl::AbortedError(absl::StrCat("a job process (pid ", e.pid, ") ", e.description, Logs()));
+      auto it = names_.find(e.pid);
+      const std::string name = it == names_.end() ? "a job process" : it->second;
+      return absl::AbortedError(absl::StrCat(name, " (pid ", e.pid, ") ", e.description, Logs()));
     }
     return absl::OkStatus();
   }
@@ -257,6 +261,8 @@ class LocalJob {
     }
     if (!started.ok()) return started.status();
     *pid = *started;
+    names_[*pid] = absl::StrCat(argv[0].substr(argv[0].rfind('/') + 1),
+                                name == "coordinator" ? "" : absl::StrCat("[", name.substr(6), "]"));
     absl::MutexLock lock(&children_mu);
     children->push_back(*pid);
     return absl::OkStatus();
@@ -271,24 +277,8 @@ class LocalJob {
   std::string token_;
   std::string coordinator_;
   std::vector<std::string> log_names_;
+  std::map<pid_t, std::string> names_;
 };
-
-// Why psrt cannot move `bytes` in one PushPull, or "" when it can: the
-// client sends each server all of its keys in one message, which must stay
-// under gRPC's message limit.
-std::string PsrtLimit(int64_t bytes, int servers, int64_t partition_bytes) {
-  absl::StatusOr<std::vector<Partition>> parts =
-      PartitionVariable(absl::StrCat("bench_", bytes), bytes / 4, 4, partition_bytes, servers);
-  if (!parts.ok()) return std::string(parts.status().message());
-  std::vector<int64_t> per_server(servers, 0);
-  for (const Partition& p : *parts) per_server[p.server] += p.num_elements * 4;
-  const int64_t most = *std::max_element(per_server.begin(), per_server.end());
-  const int64_t limit = kDefaultMaxMessageBytes - (1 << 20);  // room for framing
-  if (most <= limit) return "";
-  return absl::StrCat("one server's share (", HumanBytes(most), ") exceeds the ",
-                      HumanBytes(kDefaultMaxMessageBytes),
-                      " gRPC message limit; use more --servers");
-}
 
 absl::StatusOr<Measurement> MeasurePsrt(Client* client, LocalJob* job, int64_t bytes, float* grad,
                                         float* out, double target, int64_t min_iterations) {
@@ -455,10 +445,22 @@ std::string LoadAverage() {
   return absl::StrCat(parts[0], " ", parts[1], " ", parts[2]);
 }
 
+// Removes a flat directory of files (the job's logs).
+void RemoveDirectory(const std::string& dir) {
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+        unlink((dir + "/" + e->d_name).c_str());
+      }
+    }
+    closedir(d);
+  }
+  rmdir(dir.c_str());
+}
+
 struct Row {
   int64_t bytes = 0;
-  std::optional<Measurement> psrt;
-  std::string psrt_skipped;
+  Measurement psrt;
   Measurement tcp;
 };
 
@@ -473,7 +475,7 @@ int Run(int argc, char** argv) {
   flags.Add("sizes", &sizes_flag, "Comma-separated tensor sizes in bytes (suffixes K, M, G: binary).");
   flags.Add("max-bytes", &max_bytes, "Skip sizes above this many bytes.");
   flags.Add("partition-bytes", &partition_bytes, "The job's partition_bytes (key size).");
-  flags.Add("seconds", &seconds, "Timed seconds to aim for per size and transport (after a warm-up).");
+  flags.Add("seconds", &seconds, "Least timed seconds per size and transport (after a warm-up).");
   flags.Add("min-iterations", &min_iterations, "Fewest timed iterations per size and transport.");
   flags.Add("timeout", &timeout_s, "Give up (and stop the job) after this many seconds in all.");
   flags.Add("json", &json_path, "Write the results as JSON here.");
@@ -502,20 +504,6 @@ int Run(int argc, char** argv) {
   }
   const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
 
-  // Stop the job on SIGINT/SIGTERM/SIGHUP and when the whole run overruns.
-  // (Before any thread starts, so every thread leaves these signals to it.)
-  HandleSignals([](int sig) {
-    std::fprintf(stderr, "%s: got signal %d; stopping the job\n", kProgram, sig);
-    StopChildren();
-    _exit(128 + sig);
-  });
-  std::thread([timeout_s] {
-    absl::SleepFor(absl::Seconds(timeout_s));
-    std::fprintf(stderr, "%s: still running after --timeout=%gs; stopping the job\n", kProgram, timeout_s);
-    StopChildren();
-    _exit(1);
-  }).detach();
-
   char dir_template[] = "/tmp/psrt-bench-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) {
     std::fprintf(stderr, "%s: cannot make a temporary directory: %s\n", kProgram, strerror(errno));
@@ -523,9 +511,28 @@ int Run(int argc, char** argv) {
   }
   const std::string log_dir = dir_template;
   auto fail = [&](const absl::Status& s) {
+    if (stopping) absl::SleepFor(absl::Seconds(10));  // the stopping thread exits the process
     std::fprintf(stderr, "%s: %s\n(job logs kept in %s)\n", kProgram, s.ToString().c_str(), log_dir.c_str());
     return 1;
   };
+
+  // Stop the job on SIGINT/SIGTERM/SIGHUP and when the whole run overruns.
+  // (Before any thread starts, so every thread leaves these signals to it.)
+  HandleSignals([log_dir](int sig) {
+    stopping = true;
+    std::fprintf(stderr, "%s: got signal %d; stopping the job\n", kProgram, sig);
+    StopChildren();
+    RemoveDirectory(log_dir);
+    _exit(128 + sig);
+  });
+  std::thread([timeout_s, log_dir] {
+    absl::SleepFor(absl::Seconds(timeout_s));
+    stopping = true;
+    std::fprintf(stderr, "%s: still running after --timeout=%gs; stopping the job (logs in %s)\n", kProgram,
+                 timeout_s, log_dir.c_str());
+    StopChildren();
+    _exit(1);
+  }).detach();
 
   const std::string date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
   const int nproc = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
@@ -562,16 +569,13 @@ int Run(int argc, char** argv) {
     for (int64_t bytes : sizes) {
       Row row;
       row.bytes = bytes;
-      row.psrt_skipped = PsrtLimit(bytes, servers, partition_bytes);
-      if (row.psrt_skipped.empty()) {
-        absl::StatusOr<Measurement> m =
-            MeasurePsrt(client->get(), &job, bytes, grad.data(), out.data(), seconds, min_iterations);
-        if (!m.ok()) {
-          return fail(absl::Status(m.status().code(),
-                                   absl::StrCat("psrt at ", HumanBytes(bytes), ": ", m.status().message())));
-        }
-        row.psrt = *m;
+      absl::StatusOr<Measurement> m =
+          MeasurePsrt(client->get(), &job, bytes, grad.data(), out.data(), seconds, min_iterations);
+      if (!m.ok()) {
+        return fail(absl::Status(m.status().code(),
+                                 absl::StrCat("psrt at ", HumanBytes(bytes), ": ", m.status().message())));
       }
+      row.psrt = *m;
       absl::StatusOr<Measurement> t = Measure(
           [&] { return tcp.RoundTrip(tcp_out.data(), tcp_in.data(), bytes); }, seconds, min_iterations);
       if (!t.ok()) {
@@ -580,9 +584,8 @@ int Run(int argc, char** argv) {
       }
       row.tcp = *t;
       rows.push_back(row);
-      std::fprintf(stderr, "  %s done (psrt %s, TCP %lld iterations)\n", HumanBytes(bytes).c_str(),
-                   row.psrt ? absl::StrCat(row.psrt->iterations, " iterations").c_str() : "skipped",
-                   static_cast<long long>(row.tcp.iterations));
+      std::fprintf(stderr, "  %s done (psrt %lld iterations, TCP %lld)\n", HumanBytes(bytes).c_str(),
+                   static_cast<long long>(row.psrt.iterations), static_cast<long long>(row.tcp.iterations));
     }
     client->reset();  // stop heartbeats before the job goes
   }  // stops the job
@@ -591,15 +594,9 @@ int Run(int argc, char** argv) {
   std::printf("\n%10s  %11s  %10s  %11s  %14s  %13s\n", "size", "psrt GB/s", "TCP GB/s", "psrt/TCP",
               "psrt ms/iter", "TCP ms/iter");
   for (const Row& r : rows) {
-    const double tcp_gbps = r.tcp.Goodput(r.bytes) / 1e9;
-    if (r.psrt) {
-      const double psrt_gbps = r.psrt->Goodput(r.bytes) / 1e9;
-      std::printf("%10s  %11.3f  %10.3f  %11.3f  %14.3f  %13.3f\n", HumanBytes(r.bytes).c_str(), psrt_gbps,
-                  tcp_gbps, psrt_gbps / tcp_gbps, r.psrt->Latency() * 1e3, r.tcp.Latency() * 1e3);
-    } else {
-      std::printf("%10s  %11s  %10.3f  %11s  %14s  %13.3f   (psrt: %s)\n", HumanBytes(r.bytes).c_str(), "-",
-                  tcp_gbps, "-", "-", r.tcp.Latency() * 1e3, r.psrt_skipped.c_str());
-    }
+    const double tcp_gbps = r.tcp.Goodput(r.bytes) / 1e9, psrt_gbps = r.psrt.Goodput(r.bytes) / 1e9;
+    std::printf("%10s  %11.3f  %10.3f  %11.3f  %14.3f  %13.3f\n", HumanBytes(r.bytes).c_str(), psrt_gbps,
+                tcp_gbps, psrt_gbps / tcp_gbps, r.psrt.Latency() * 1e3, r.tcp.Latency() * 1e3);
   }
   std::printf("GB/s = 1e9 bytes/s of payload, 2 * size per iteration (push + pull; send + echo).\n");
 
@@ -628,17 +625,11 @@ int Run(int argc, char** argv) {
                   {"seconds", r.tcp.seconds},
                   {"gbps", r.tcp.Goodput(r.bytes) / 1e9},
                   {"latency_ms", r.tcp.Latency() * 1e3}};
-      if (r.psrt) {
-        e["psrt"] = {{"iterations", r.psrt->iterations},
-                     {"seconds", r.psrt->seconds},
-                     {"gbps", r.psrt->Goodput(r.bytes) / 1e9},
-                     {"latency_ms", r.psrt->Latency() * 1e3}};
-        e["ratio"] = r.psrt->Goodput(r.bytes) / r.tcp.Goodput(r.bytes);
-      } else {
-        e["psrt"] = nullptr;
-        e["ratio"] = nullptr;
-        e["psrt_skipped"] = r.psrt_skipped;
-      }
+      e["psrt"] = {{"iterations", r.psrt.iterations},
+                   {"seconds", r.psrt.seconds},
+                   {"gbps", r.psrt.Goodput(r.bytes) / 1e9},
+                   {"latency_ms", r.psrt.Latency() * 1e3}};
+      e["ratio"] = r.psrt.Goodput(r.bytes) / r.tcp.Goodput(r.bytes);
       results.push_back(e);
     }
     j["results"] = results;
@@ -650,10 +641,7 @@ int Run(int argc, char** argv) {
     }
     std::printf("wrote %s\n", json_path.c_str());
   }
-  // Success: the job's logs are of no further use.
-  for (const char* name : {"coordinator.log", "coordinator.port"}) unlink((log_dir + "/" + name).c_str());
-  for (int i = 0; i < servers; ++i) unlink(absl::StrCat(log_dir, "/server", i, ".log").c_str());
-  rmdir(log_dir.c_str());
+  RemoveDirectory(log_dir);  // success: the job's logs are of no further use
   return 0;
 }
 

@@ -15,8 +15,12 @@ namespace psrt {
 void InitProcess(const std::string& log_name) {
   SetLogName(log_name);
   signal(SIGPIPE, SIG_IGN);
-  // Keys are at most a few MiB: serve them from the heap (reused) rather
-  // than fresh mmap'd pages, and do not hand freed memory back.
+  ReuseFreedMemory();
+}
+
+void ReuseFreedMemory() {
+  // Requests are at most 16 MiB and keys a few MiB: serve them from the heap
+  // (reused) rather than fresh mmap'd pages, and do not hand freed memory back.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }

@@ -11,10 +11,13 @@
 
 namespace psrt {
 
-// Start-up every psrt process shares: log name, SIGPIPE off, and an
-// allocator that keeps freed message buffers for reuse instead of returning
-// them to the kernel (fresh pages cost far more than the copy into them).
+// Start-up every psrt daemon shares: log name, SIGPIPE off, ReuseFreedMemory.
 void InitProcess(const std::string& log_name);
+
+// Makes glibc keep freed message buffers (up to 32 MiB each) for reuse
+// instead of returning them to the kernel: fresh pages cost far more than
+// the copy into them. Training processes call it through the client.
+void ReuseFreedMemory();
 
 // Blocks SIGINT, SIGTERM and SIGHUP in every thread started afterwards and
 // calls `on_signal` with the signal number from a thread of its own. Call it

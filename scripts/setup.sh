@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Installs what building and testing psrt needs on Debian 12. Idempotent and
 # quiet when everything is there already.
+#
+#   scripts/setup.sh          what the CMake build and its tests need
+#   scripts/setup.sh bazel    that, plus Bazel (Debian's bazel-bootstrap) for
+#                             the optional Bazel build (`make bazel`)
 set -euo pipefail
 
 packages=(
@@ -10,15 +14,38 @@ packages=(
   nlohmann-json3-dev
 )
 
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+# install_missing PACKAGE...: apt-get installs those that are not installed.
+install_missing() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+# Optional: Bazel 4 from Debian for the Bazel build (WORKSPACE, BUILD.bazel,
+# scripts/bazel_check.sh). It pulls in a JDK, so plain setup leaves it out.
+setup_bazel() {
+  install_missing bazel-bootstrap
+}
+
+case "${1:-}" in
+  "")
+    install_missing "${packages[@]}"
+    ;;
+  bazel)
+    install_missing "${packages[@]}"
+    setup_bazel
+    ;;
+  *)
+    echo "usage: $0 [bazel]" >&2
+    exit 2
+    ;;
+esac

@@ -156,10 +156,27 @@ class Client::Impl {
     }
   }
 
-  // Splits tensors into per-server requests of at most kRequestBytes (or one
-  // key), so big tensors go out as several calls in parallel and no message
-  // nears the size limit. With `with_grad` each key carries its gradient.
+  // Requests carry at most kRequestBytes (or one key), so big tensors go out
+  // as several calls in parallel and no message nears the size limit.
   static constexpr int64_t kRequestBytes = 16 << 20;
+
+  // The batch of `batches` (each with .server and .bytes) to which `bytes`
+  // for `server` go; `open` tracks each server's batch being filled.
+  template <typename Batch>
+  static Batch& BatchFor(std::vector<Batch>* batches, std::map<int, size_t>* open, int server,
+                         int64_t bytes) {
+    auto it = open->find(server);
+    if (it == open->end() || (*batches)[it->second].bytes + bytes > kRequestBytes) {
+      (*open)[server] = batches->size();
+      batches->emplace_back().server = server;
+    }
+    Batch& b = (*batches)[(*open)[server]];
+    b.bytes += bytes;
+    return b;
+  }
+
+  // Splits tensors into per-server requests. With `with_grad` each key
+  // carries its gradient.
   absl::StatusOr<std::vector<Shard>> Split(const std::vector<TensorRef>& tensors,
                                            int64_t version, bool with_grad, bool with_out) {
     std::vector<Shard> shards;
@@ -171,13 +188,7 @@ class Client::Impl {
         return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has no buffer"));
       }
       for (const Partition& p : *parts) {
-        auto it = open.find(p.server);
-        if (it == open.end() || shards[it->second].bytes + p.num_elements * 4 > kRequestBytes) {
-          open[p.server] = shards.size();
-          shards.emplace_back().server = p.server;
-        }
-        Shard& shard = shards[open[p.server]];
-        shard.bytes += p.num_elements * 4;
+        Shard& shard = BatchFor(&shards, &open, p.server, p.num_elements * 4);
         v1::KeyData& kd = shard.keys.emplace_back();
         kd.set_variable(t.name);
         kd.set_partition(p.index);
@@ -282,6 +293,7 @@ Client::~Client() = default;
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.coordinator.empty()) return absl::InvalidArgumentError("no coordinator address");
   if (options.rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank, " < 0"));
+  ReuseFreedMemory();
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   CoordinatorLink::Options lo;
@@ -333,13 +345,18 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
     it->second.num_elements = n;
     it->second.parts = *parts;
   }
-  std::map<int, std::shared_ptr<v1::RegisterKeysRequest>> requests;
+  struct Batch {
+    int server = 0;
+    int64_t bytes = 0;
+    std::shared_ptr<v1::RegisterKeysRequest> req = std::make_shared<v1::RegisterKeysRequest>();
+  };
+  std::vector<Batch> batches;
+  std::map<int, size_t> open;
   const v1::OptimizerConfig opt = ToProto(optimizer);
   for (const Partition& p : *parts) {
-    auto& req = requests[p.server];
-    if (req == nullptr) req = std::make_shared<v1::RegisterKeysRequest>();
-    req->set_worker_rank(rank());
-    v1::KeySpec* spec = req->add_keys();
+    Batch& b = Impl::BatchFor(&batches, &open, p.server, rank() == 0 ? p.num_elements * 4 : 0);
+    b.req->set_worker_rank(rank());
+    v1::KeySpec* spec = b.req->add_keys();
     spec->set_variable(name);
     spec->set_partition(p.index);
     spec->set_dtype(v1::DTYPE_FLOAT32);
@@ -349,9 +366,9 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
     *spec->mutable_optimizer() = opt;
     if (rank() == 0) spec->set_init(reinterpret_cast<const char*>(data + p.offset), p.num_elements * 4);
   }
-  auto [handle, op] = impl_->NewOp(static_cast<int>(requests.size()));
-  for (auto& [server, req] : requests) {
-    impl_->pool->Schedule([this, server = server, req = req, op = op] {
+  auto [handle, op] = impl_->NewOp(static_cast<int>(batches.size()));
+  for (const Batch& b : batches) {
+    impl_->pool->Schedule([this, server = b.server, req = b.req, op = op] {
       v1::RegisterKeysResponse resp;
       Impl::Done(op.get(), impl_->Call(server, "register", [&](grpc::ClientContext* ctx) {
         return impl_->stubs[server]->RegisterKeys(ctx, *req, &resp);

@@ -508,6 +508,9 @@ class BadInputTest : public ::testing::Test {
     EXPECT_TRUE(Refused(Pull(PullOf("v", 0, 0)), grpc::NOT_FOUND, {"'v#0'"}))
         << "a refused registration created the key";
   }
+
+  std::unique_ptr<testing::TestCluster> cluster_;
+  std::unique_ptr<v1::ParameterServer::Stub> stub_;
 };
 
 TEST_F(BadInputTest, UnknownKeyIsNotFound) {

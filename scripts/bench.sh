@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs every benchmark and writes its reports under BUILD_DIR/bench/.
+# Usage: scripts/bench.sh BUILD_DIR      (what `make bench` runs)
+set -euo pipefail
+
+if [ $# -ne 1 ]; then
+  echo "usage: $0 BUILD_DIR" >&2
+  exit 2
+fi
+build=$1
+bin=$build/bin
+out=$build/bench
+mkdir -p "$out"
+
+if [ ! -x "$bin/push_pull_bench" ]; then
+  echo "bench: $bin/push_pull_bench is missing; build it with: ninja -C $build push_pull_bench" >&2
+  exit 1
+fi
+
+reports=()
+
+# PushPull through a local job vs. raw loopback TCP (table on stdout, JSON).
+echo "bench: push_pull_bench"
+"$bin/push_pull_bench" --json "$out/push_pull.json" | tee "$out/push_pull.txt"
+reports+=("$out/push_pull.json" "$out/push_pull.txt")
+
+# Any other *_bench is a Google Benchmark binary.
+shopt -s nullglob
+for exe in "$bin"/*_bench; do
+  name=$(basename "$exe")
+  [ "$name" = push_pull_bench ] && continue
+  [ -x "$exe" ] || continue
+  echo "bench: $name"
+  "$exe" --benchmark_out="$out/$name.json" --benchmark_out_format=json | tee "$out/$name.txt"
+  reports+=("$out/$name.json" "$out/$name.txt")
+done
+
+echo "bench: reports in $out/:"
+for r in "${reports[@]}"; do echo "  $r"; done
