@@ -34,28 +34,41 @@ void Flags::Add(const std::string& name, bool* value, std::string help) {
 }
 
 absl::Status Flags::Set(const Flag& flag, const std::string& text) {
+  // Parse into a temporary: a bad value leaves the flag as it was.
   bool ok = true;
   const char* expected = "";
   switch (flag.type) {
     case Type::kString:
       *static_cast<std::string*>(flag.value) = text;
       break;
-    case Type::kInt64:
-      ok = absl::SimpleAtoi(text, static_cast<int64_t*>(flag.value));
+    case Type::kInt64: {
+      int64_t v;
+      ok = absl::SimpleAtoi(text, &v);
+      if (ok) *static_cast<int64_t*>(flag.value) = v;
       expected = "an integer";
       break;
-    case Type::kInt:
-      ok = absl::SimpleAtoi(text, static_cast<int*>(flag.value));
+    }
+    case Type::kInt: {
+      int v;
+      ok = absl::SimpleAtoi(text, &v);
+      if (ok) *static_cast<int*>(flag.value) = v;
       expected = "an integer";
       break;
-    case Type::kDouble:
-      ok = absl::SimpleAtod(text, static_cast<double*>(flag.value));
+    }
+    case Type::kDouble: {
+      double v;
+      ok = absl::SimpleAtod(text, &v);
+      if (ok) *static_cast<double*>(flag.value) = v;
       expected = "a number";
       break;
-    case Type::kBool:
-      ok = absl::SimpleAtob(text, static_cast<bool*>(flag.value));
+    }
+    case Type::kBool: {
+      bool v;
+      ok = absl::SimpleAtob(text, &v);
+      if (ok) *static_cast<bool*>(flag.value) = v;
       expected = "true or false";
       break;
+    }
   }
   if (!ok) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -101,7 +114,7 @@ absl::Status Flags::Parse(int argc, char** argv) {
     if (!has_value) {
       if (flag->type == Type::kBool) {
         text = "true";
-      } else if (i + 1 < argc) {
+      } else if (i + 1 < argc && std::string(argv[i + 1]) != "--") {
         text = argv[++i];
       } else {
         return absl::InvalidArgumentError(

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -17,11 +18,12 @@ struct Store::Key {
   absl::Mutex mu;
   std::string name;  // "variable#partition"
   v1::KeySpec spec;  // as first registered, without the initial value
-  OptimizerConfig optimizer;
+  OptimizerConfig optimizer ABSL_GUARDED_BY(mu);  // rank 0's, once it registered
   int64_t n = 0;
   bool initialized ABSL_GUARDED_BY(mu) = false;
   int64_t version ABSL_GUARDED_BY(mu) = 0;
   double lr ABSL_GUARDED_BY(mu) = 0;
+  bool lr_set ABSL_GUARDED_BY(mu) = false;  // changed by a worker before init
   std::vector<float> weights ABSL_GUARDED_BY(mu);
   std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
   std::vector<float*> slot_ptrs ABSL_GUARDED_BY(mu);
@@ -147,8 +149,12 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
   if (req.keys().empty()) return absl::InvalidArgumentError("register request names no keys");
   // Validate everything first: a bad request changes nothing.
   std::vector<OptimizerConfig> optimizers;
+  absl::flat_hash_set<std::string> names;
   for (const v1::KeySpec& spec : req.keys()) {
     const std::string name = KeyName(spec.variable(), spec.partition());
+    if (!names.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("key '", name, "' appears twice in one request"));
+    }
     if (spec.variable().empty()) return absl::InvalidArgumentError("a key has an empty variable name");
     if (spec.dtype() != v1::DTYPE_FLOAT32) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -209,7 +215,6 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
         slot->name = name;
         slot->spec = spec;
         slot->spec.clear_init();
-        slot->optimizer = optimizers[i];
         slot->n = spec.num_elements();
       } else if (absl::Status s = CheckSpec(*slot, spec, req.worker_rank()); !s.ok()) {
         return s;  // lost a race with a different registration
@@ -218,8 +223,10 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
     }
     absl::MutexLock lock(&key->mu);
     bytes_in_->Add(spec.init().size());
-    // Rank 0's value wins, once; a restarted rank 0 keeps the trained weights.
+    // Rank 0's value and optimizer settings win, once; a restarted rank 0
+    // keeps the trained weights.
     if (key->initialized || spec.init().empty()) continue;
+    key->optimizer = optimizers[i];
     key->weights.resize(key->n);
     std::memcpy(key->weights.data(), spec.init().data(), key->n * 4);
     const int num_slots = NumSlots(key->optimizer);
@@ -233,7 +240,7 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
       key->recent_push_ids.assign(options_.num_workers * kPushWindow, 0);
       key->recent_next.assign(options_.num_workers, 0);
     }
-    key->lr = key->optimizer.lr;
+    if (!key->lr_set) key->lr = key->optimizer.lr;
     key->initialized = true;
     bytes_stored_ += key->n * 4 * (1 + num_slots + (options_.sync ? 1 : 0));
   }
@@ -425,6 +432,7 @@ absl::StatusOr<int64_t> Store::SetLearningRate(const v1::SetLearningRateRequest&
   for (Key* k : keys) {
     absl::MutexLock lock(&k->mu);
     k->lr = req.lr();
+    k->lr_set = true;
   }
   return static_cast<int64_t>(keys.size());
 }

@@ -262,5 +262,20 @@ TEST(FlagsTest, HelpShowsDefaultsAsAdded) {
   EXPECT_HAS(b.flags.Help(), "How many times. (default: 3)");
 }
 
+TEST(FlagsTest, AFlagBeforeTheSeparatorNeedsAValue) {
+  Bound b;
+  absl::Status s = b.Parse({"--name", "--", "cmd"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(s.message(), "--name needs a value");
+}
+
+TEST(FlagsTest, ABadValueLeavesTheFlagAsItWas) {
+  Bound b;
+  EXPECT_FALSE(b.Parse({"--rate=abc"}).ok());
+  EXPECT_EQ(b.rate, 0.25);
+  EXPECT_FALSE(b.Parse({"--count=99999999999"}).ok());
+  EXPECT_EQ(b.count, 3);
+}
+
 }  // namespace
 }  // namespace psrt

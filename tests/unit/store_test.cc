@@ -588,6 +588,30 @@ TEST(StoreTest, AsyncAppliesEachPushAtOnce) {
   EXPECT_EQ(Metric(m, "t_duplicate_pushes_total"), 1);
 }
 
+TEST(StoreTest, AsyncPushesThatOvertakeEachOtherAreEachAppliedOnce) {
+  Metrics m("t");
+  Store store(Async(1), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", {{0}}, 1, 1.0)})).ok());
+  // Push 2 arrives before push 1: both are new and both count.
+  ASSERT_TRUE(store.Push(PushReq(0, 2, {Grad("w", 0, {1})})).ok());
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("w", 0, {2})})).ok());
+  EXPECT_KEY(store, "w", 2, {-3});
+  // Retries of either are dropped.
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("w", 0, {2})})).ok());
+  ASSERT_TRUE(store.Push(PushReq(0, 2, {Grad("w", 0, {1})})).ok());
+  EXPECT_KEY(store, "w", 2, {-3});
+  EXPECT_EQ(Metric(m, "t_duplicate_pushes_total"), 2);
+  // Six more pushes (8 distinct ids in all): a retry of the oldest is still
+  // recognised.
+  for (uint64_t id = 3; id <= 8; ++id) {
+    ASSERT_TRUE(store.Push(PushReq(0, id, {Grad("w", 0, {4})})).ok());
+  }
+  EXPECT_KEY(store, "w", 8, {-27});
+  ASSERT_TRUE(store.Push(PushReq(0, 2, {Grad("w", 0, {1})})).ok());
+  EXPECT_KEY(store, "w", 8, {-27});
+  EXPECT_EQ(Metric(m, "t_duplicate_pushes_total"), 3);
+}
+
 // ---------------------------------------------------------------------------
 // Bad input leaves everything as it was.
 
@@ -903,6 +927,38 @@ TEST(StoreTest, ByteCountersFollowPayloads) {
   EXPECT_FALSE(store.Pull(PullReq(0, "w", 5), absl::Now() + absl::Seconds(5), &resp).ok());
   EXPECT_EQ(Metric(m, "t_bytes_in_total"), 40);
   EXPECT_EQ(Metric(m, "t_bytes_out_total"), 20);
+}
+
+TEST(StoreTest, TheSameKeyTwiceInOneRequestRegistersNothing) {
+  Metrics m("t");
+  Store store(Sync(1), &m);
+  absl::Status s = store.RegisterKeys(RegReq(0, {Simple("a", {{1, 2, 3}}), Spec("a", 0, {4}, 0, 4, {{1, 2, 3, 4}})}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(s, "key 'a#0' appears twice");
+  EXPECT_EQ(store.num_keys(), 0);
+  EXPECT_EQ(store.bytes_stored(), 0);
+}
+
+TEST(StoreTest, Rank0sOptimizerSettingsWinWhoeverRegistersFirst) {
+  Metrics m("t");
+  Store store(Async(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(1, {Simple("a", std::nullopt, 1, 0.25)})).ok());
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("a", {{0}}, 1, 1.0)})).ok());
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("a", 0, {1})})).ok());
+  EXPECT_KEY(store, "a", 1, {-1.0f});  // lr 1.0 from rank 0, not rank 1's 0.25
+}
+
+TEST(StoreTest, ALearningRateSetBeforeRank0RegistersIsKept) {
+  Metrics m("t");
+  Store store(Async(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(1, {Simple("a", std::nullopt, 1, 1.0)})).ok());
+  v1::SetLearningRateRequest lr;
+  lr.set_worker_rank(1);
+  lr.set_lr(0.25);
+  ASSERT_TRUE(store.SetLearningRate(lr).ok());
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("a", {{0}}, 1, 1.0)})).ok());
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("a", 0, {1})})).ok());
+  EXPECT_KEY(store, "a", 1, {-0.25f});
 }
 
 }  // namespace
