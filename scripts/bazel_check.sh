@@ -27,8 +27,9 @@ if ! command -v "$bazel_bin" >/dev/null 2>&1; then
   exit 1
 fi
 
-# Startup options: the output tree outside the repository, no per-user rc.
-startup=(--output_user_root="$root" --nohome_rc)
+# Startup options: the output tree outside the repository, no per-user rc,
+# and a server that goes away after 10 idle minutes (the machine is shared).
+startup=(--output_user_root="$root" --nohome_rc --max_idle_secs=600)
 opts=(--jobs="$jobs" --local_cpu_resources="$jobs" --local_test_jobs="$jobs")
 
 passed=0

@@ -5,12 +5,10 @@
 // The job: one coordinator, one server, one worker (sync mode); the test is
 // worker 0 and talks to the server through a raw ParameterServer stub.
 #include <grpcpp/grpcpp.h>
-#include <sys/types.h>
 
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>

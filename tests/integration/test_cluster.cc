@@ -1,6 +1,5 @@
 #include "tests/integration/test_cluster.h"
 
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -12,10 +11,10 @@
 #include <fstream>
 #include <system_error>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/process.h"
