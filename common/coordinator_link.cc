@@ -76,6 +76,7 @@ void CoordinatorLink::HeartbeatLoop() {
   const absl::Duration interval = absl::Seconds(config_.heartbeat_interval_s());
   const absl::Duration timeout = absl::Seconds(config_.heartbeat_timeout_s());
   absl::Time last_ok = absl::Now();
+  int64_t epoch = 0;
   v1::HeartbeatRequest req;
   *req.mutable_id() = options_.id;
   absl::MutexLock lock(&mu_);
@@ -86,6 +87,10 @@ void CoordinatorLink::HeartbeatLoop() {
     v1::HeartbeatResponse resp;
     grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
     const absl::Time now = absl::Now();
+    if (s.ok() && resp.membership().epoch() != epoch && options_.on_membership) {
+      epoch = resp.membership().epoch();
+      options_.on_membership(resp.membership());
+    }
     mu_.Lock();
     if (s.ok()) {
       last_ok = now;
@@ -136,13 +141,14 @@ absl::StatusOr<v1::BarrierResponse> CoordinatorLink::Barrier() {
 }
 
 absl::Status CoordinatorLink::ReportExit(const v1::ProcessId& id, int exit_code,
-                                         const std::string& message) {
+                                         const std::string& message, bool restarting) {
   grpc::ClientContext ctx;
   PrepareContext(&ctx, options_.token, options_.rpc_timeout);
   v1::ReportExitRequest req;
   *req.mutable_id() = id;
   req.set_exit_code(exit_code);
   req.set_message(message);
+  req.set_restarting(restarting);
   v1::ReportExitResponse resp;
   return FromGrpc(stub_->ReportExit(&ctx, req, &resp));
 }

@@ -1,6 +1,7 @@
 #ifndef PSRT_COMMON_COORDINATOR_LINK_H_
 #define PSRT_COMMON_COORDINATOR_LINK_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -25,6 +26,8 @@ class CoordinatorLink {
     std::string host;
     absl::Duration connect_timeout = absl::Seconds(60);
     absl::Duration rpc_timeout = absl::Seconds(10);
+    // Called from the heartbeat thread whenever the membership epoch changes.
+    std::function<void(const v1::Membership&)> on_membership;
   };
   struct JobEnd {
     v1::JobState state = v1::JOB_RUNNING;
@@ -38,7 +41,8 @@ class CoordinatorLink {
 
   const v1::JobConfig& config() const { return config_; }
   absl::StatusOr<v1::BarrierResponse> Barrier();
-  absl::Status ReportExit(const v1::ProcessId& id, int exit_code, const std::string& message);
+  absl::Status ReportExit(const v1::ProcessId& id, int exit_code, const std::string& message,
+                          bool restarting = false);
   absl::StatusOr<v1::JobStatusResponse> GetJobStatus();
 
   // The job's state as last heard. A coordinator silent for longer than the

@@ -535,13 +535,9 @@ absl::Status CheckImplemented(const PsOptions& o) {
     return absl::UnimplementedError(absl::StrCat(
         "parameter_server.", what, " is not available in this build of psrt"));
   };
-  if (o.mode == "ssp") return no("mode 'ssp'");
-  if (o.backup_workers > 0) return no("backup_workers");
   if (o.compression != "none") return no("compression");
   if (o.pull_compression != "none") return no("pull_compression");
   if (!o.checkpoint.uri.empty() || !o.restore.empty()) return no("checkpoint and restore");
-  if (o.on_worker_failure != "fail") return no("on_worker_failure 'continue'");
-  if (o.restart_workers > 0) return no("restart_workers");
   return absl::OkStatus();
 }
 

@@ -35,7 +35,9 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
     : options_(std::move(options)),
       start_(absl::Now()),
       registered_(metrics->GetGauge("registered_processes", "Processes registered with the coordinator")),
-      heartbeats_(metrics->GetCounter("heartbeats_total", "Heartbeats received")) {
+      heartbeats_(metrics->GetCounter("heartbeats_total", "Heartbeats received")),
+      epoch_gauge_(metrics->GetGauge("membership_epoch", "Membership epoch: changes when a worker is lost or rejoins")),
+      active_workers_(metrics->GetGauge("active_workers", "Training processes taking part")) {
   const PsOptions& ps = options_.ps;
   const int num_hosts = static_cast<int>(options_.hosts.size());
   config_.set_mode(ps.mode);
@@ -48,6 +50,12 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
   config_.set_barrier_timeout_s(ps.barrier_timeout_s);
   config_.set_workers_per_host(ps.workers_per_host);
   config_.set_num_hosts(num_hosts);
+  config_.set_staleness(ps.staleness);
+  config_.set_backup_workers(ps.backup_workers);
+  config_.set_on_worker_failure(ps.on_worker_failure);
+  config_.set_restart_workers(ps.restart_workers);
+  epoch_gauge_->Set(1);
+  active_workers_->Set(config_.num_workers());
   auto add = [&](v1::Role role, int index, int host) {
     Process p;
     p.id.set_role(role);
@@ -109,6 +117,50 @@ void CoordinatorService::Fail(const std::string& reason) {
   FailLocked(reason);
 }
 
+v1::Membership CoordinatorService::MembershipLocked() const {
+  v1::Membership m;
+  m.set_epoch(epoch_);
+  for (const Process& p : processes_) {
+    if (p.id.role() == v1::ROLE_WORKER && !p.lost && !p.exited) m.add_active_workers(p.id.index());
+  }
+  return m;
+}
+
+void CoordinatorService::WorkerLostLocked(Process* p, const std::string& reason) {
+  if (state_ != v1::JOB_RUNNING || p->lost) return;
+  if (config_.on_worker_failure() != "continue") {
+    FailLocked(reason);
+    return;
+  }
+  p->lost = true;
+  p->restarting = false;
+  ++epoch_;
+  const v1::Membership m = MembershipLocked();
+  epoch_gauge_->Set(epoch_);
+  active_workers_->Set(m.active_workers_size());
+  LogWarning(reason, "; continuing with ", m.active_workers_size(), " workers (epoch ", epoch_, ")");
+  if (m.active_workers_size() == 0) {
+    FailLocked(absl::StrCat("every worker was lost; the last: ", reason));
+    return;
+  }
+  CheckSuccessLocked();
+}
+
+void CoordinatorService::CheckSuccessLocked() {
+  if (state_ != v1::JOB_RUNNING) return;
+  bool any = false;
+  for (const Process& q : processes_) {
+    if (q.id.role() != v1::ROLE_WORKER || q.lost) continue;
+    if (!q.exited || q.exit_code != 0) return;
+    any = true;
+  }
+  if (!any) return;
+  state_ = v1::JOB_SUCCEEDED;
+  reason_ = "every worker finished";
+  ended_at_ = absl::Now();
+  LogInfo("job succeeded: every worker finished");
+}
+
 std::vector<std::string> CoordinatorService::MissingLocked() const {
   std::vector<std::string> missing;
   for (const Process& p : processes_) {
@@ -138,8 +190,16 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
                         absl::StrCat(p->name, " is already registered at ", p->address));
   }
   const bool again = p->registered;
+  if (p->lost || p->exited) {
+    // A lost worker that comes back takes part again from the next step.
+    p->lost = false;
+    ++epoch_;
+    epoch_gauge_->Set(epoch_);
+    LogInfo(p->name, " rejoined (epoch ", epoch_, ")");
+  }
   p->registered = true;
   p->exited = false;
+  p->restarting = false;
   p->host = req->host();
   p->address = req->address();
   p->last_heartbeat = absl::Now();
@@ -147,6 +207,7 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
           p->address.empty() ? "" : absl::StrCat(" at ", p->address), " (pid ", req->pid(), ")");
   registered_->Set(std::count_if(processes_.begin(), processes_.end(),
                                  [](const Process& q) { return q.registered; }));
+  active_workers_->Set(MembershipLocked().active_workers_size());
   *resp->mutable_config() = config_;
   return grpc::Status::OK;
 }
@@ -180,6 +241,7 @@ grpc::Status CoordinatorService::Barrier(grpc::ServerContext* ctx, const v1::Bar
   }
   resp->mutable_shard_map()->set_epoch(1);
   *resp->mutable_config() = config_;
+  *resp->mutable_membership() = MembershipLocked();
   return grpc::Status::OK;
 }
 
@@ -198,6 +260,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx, const v1::H
   if (state_ != v1::JOB_RUNNING) p->saw_end = true;
   resp->set_state(state_);
   resp->set_reason(reason_);
+  *resp->mutable_membership() = MembershipLocked();
   return grpc::Status::OK;
 }
 
@@ -208,29 +271,33 @@ grpc::Status CoordinatorService::ReportExit(grpc::ServerContext* ctx, const v1::
   Process* p;
   if (grpc::Status s = Lookup(req->id(), &p); !s.ok()) return s;
   if (p->exited) return grpc::Status::OK;  // the agent and the worker may both report
+  const std::string what = absl::StrCat(p->name, " exited with code ", req->exit_code(),
+                                        req->message().empty() ? "" : absl::StrCat(": ", req->message()));
+  if (req->restarting() && p->id.role() == v1::ROLE_WORKER && state_ == v1::JOB_RUNNING) {
+    // Its heartbeats stop until the new process registers; the barrier
+    // timeout bounds how long that may take.
+    p->restarting = true;
+    p->last_heartbeat = absl::Now();
+    LogWarning(what, "; its agent restarts it");
+    return grpc::Status::OK;
+  }
   p->exited = true;
   p->exit_code = req->exit_code();
   if (state_ != v1::JOB_RUNNING) p->saw_end = true;
-  LogInfo(p->name, " exited with code ", req->exit_code(),
-          req->message().empty() ? "" : absl::StrCat(": ", req->message()));
-  if (req->exit_code() != 0) {
-    FailLocked(absl::StrCat(p->name, " exited with code ", req->exit_code(),
-                            req->message().empty() ? "" : absl::StrCat(": ", req->message())));
-    return grpc::Status::OK;
-  }
-  if (p->id.role() == v1::ROLE_WORKER && state_ == v1::JOB_RUNNING) {
-    const bool all_done = std::all_of(processes_.begin(), processes_.end(), [](const Process& q) {
-      return q.id.role() != v1::ROLE_WORKER || (q.exited && q.exit_code == 0);
-    });
-    if (all_done) {
-      state_ = v1::JOB_SUCCEEDED;
-      reason_ = "every worker finished";
-      ended_at_ = absl::Now();
-      LogInfo("job succeeded: every worker finished");
+  LogInfo(what);
+  if (p->id.role() == v1::ROLE_WORKER) {
+    if (req->exit_code() != 0) {
+      WorkerLostLocked(p, what);
+    } else {
+      // A finished worker takes no further part: nobody waits for it.
+      ++epoch_;
+      epoch_gauge_->Set(epoch_);
+      active_workers_->Set(MembershipLocked().active_workers_size());
+      CheckSuccessLocked();
     }
-  } else if (p->id.role() != v1::ROLE_WORKER && state_ == v1::JOB_RUNNING) {
-    FailLocked(absl::StrCat(p->name, " stopped while the job was running",
-                            req->message().empty() ? "" : absl::StrCat(": ", req->message())));
+  } else if (state_ == v1::JOB_RUNNING) {
+    FailLocked(req->exit_code() != 0 ? what
+                                     : absl::StrCat(p->name, " stopped while the job was running"));
   }
   return grpc::Status::OK;
 }
@@ -242,6 +309,7 @@ grpc::Status CoordinatorService::GetJobStatus(grpc::ServerContext* ctx, const v1
   resp->set_state(state_);
   resp->set_reason(reason_);
   *resp->mutable_config() = config_;
+  *resp->mutable_membership() = MembershipLocked();
   const absl::Time now = absl::Now();
   for (const Process& p : processes_) {
     v1::ProcessStatus* s = resp->add_processes();
@@ -264,12 +332,22 @@ void CoordinatorService::Monitor() {
     mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(50));
     if (stop_ || state_ != v1::JOB_RUNNING) continue;
     const absl::Time now = absl::Now();
-    for (const Process& p : processes_) {
-      if (p.registered && !p.exited && now - p.last_heartbeat > timeout) {
-        FailLocked(absl::StrCat(p.name, " was lost: no heartbeat for ",
-                                absl::FormatDuration(absl::Trunc(now - p.last_heartbeat, absl::Milliseconds(100)))));
-        break;
+    for (Process& p : processes_) {
+      if (!p.registered || p.exited || p.lost) continue;
+      const absl::Duration silent = now - p.last_heartbeat;
+      if (silent <= (p.restarting ? barrier : timeout)) continue;
+      const std::string reason =
+          p.restarting
+              ? absl::StrCat(p.name, " did not come back within ", absl::FormatDuration(barrier),
+                             " of its restart")
+              : absl::StrCat(p.name, " was lost: no heartbeat for ",
+                             absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))));
+      if (p.id.role() == v1::ROLE_WORKER) {
+        WorkerLostLocked(&p, reason);
+      } else {
+        FailLocked(reason);
       }
+      if (state_ != v1::JOB_RUNNING) break;
     }
     if (state_ == v1::JOB_RUNNING && !AllRegisteredLocked() && now - start_ > barrier) {
       FailLocked(absl::StrCat("readiness barrier timed out after ", absl::FormatDuration(barrier),

@@ -57,11 +57,17 @@ class CoordinatorService final : public v1::Coordinator::Service {
     int exit_code = 0;
     absl::Time last_heartbeat;
     bool saw_end = false;  // heartbeat answered after the job ended
+    bool restarting = false;  // its agent is starting it again
+    bool lost = false;        // a worker the job goes on without
   };
 
   Process* FindLocked(const v1::ProcessId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   grpc::Status Lookup(const v1::ProcessId& id, Process** out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker died or went silent: the job fails, or goes on without it.
+  void WorkerLostLocked(Process* p, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckSuccessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::Membership MembershipLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> MissingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AllRegisteredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Monitor();
@@ -75,7 +81,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
   std::string reason_ ABSL_GUARDED_BY(mu_);
   absl::Time ended_at_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
   Gauge* registered_;
+  Gauge* epoch_gauge_;
+  Gauge* active_workers_;
   Counter* heartbeats_;
   std::thread monitor_;
 };

@@ -13,7 +13,8 @@ PsService::PsService(Store* store, Metrics* metrics, std::string token)
       rejected_(metrics->GetCounter("rejected_requests_total", "Requests refused as invalid")) {}
 
 grpc::Status PsService::Finish(const absl::Status& s) {
-  if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) {
+  if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded &&
+      s.code() != absl::StatusCode::kCancelled && s.code() != absl::StatusCode::kUnavailable) {
     rejected_->Add();
     LogWarning("refused a request: ", s.ToString());
   }
@@ -40,13 +41,13 @@ grpc::Status PsService::Push(grpc::ServerContext* ctx, const v1::PushRequest* re
 grpc::Status PsService::Pull(grpc::ServerContext* ctx, const v1::PullRequest* req,
                              v1::PullResponse* resp) {
   if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
-  return Finish(store_->Pull(*req, Deadline(ctx), resp));
+  return Finish(store_->Pull(*req, Deadline(ctx), resp, [ctx] { return ctx->IsCancelled(); }));
 }
 
 grpc::Status PsService::PushPull(grpc::ServerContext* ctx, const v1::PushPullRequest* req,
                                  v1::PushPullResponse* resp) {
   if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
-  return Finish(store_->PushPull(*req, Deadline(ctx), resp));
+  return Finish(store_->PushPull(*req, Deadline(ctx), resp, [ctx] { return ctx->IsCancelled(); }));
 }
 
 grpc::Status PsService::SetLearningRate(grpc::ServerContext* ctx,
@@ -65,6 +66,8 @@ grpc::Status PsService::Stats(grpc::ServerContext* ctx, const v1::StatsRequest*,
   resp->set_num_keys(store_->num_keys());
   resp->set_bytes_stored(store_->bytes_stored());
   for (const auto& [name, value] : metrics_->Snapshot()) (*resp->mutable_metrics())[name] = value;
+  for (int64_t c : store_->WorkerClocks()) resp->add_worker_clocks(c);
+  resp->set_membership_epoch(store_->membership_epoch());
   return grpc::Status::OK;
 }
 

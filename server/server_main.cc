@@ -52,6 +52,8 @@ int main(int argc, char** argv) {
   store_options.sync = config->mode() == "sync";
   store_options.num_workers = config->num_workers();
   store_options.average_gradients = config->average_gradients();
+  store_options.staleness = config->mode() == "ssp" ? config->staleness() : -1;
+  store_options.backup_workers = config->backup_workers();
   psrt::Store store(store_options, &metrics);
   psrt::PsService service(&store, &metrics, token);
 
@@ -79,6 +81,10 @@ int main(int argc, char** argv) {
   link_options.address = absl::StrCat(host, ":", bound_port);
   link_options.host = host;
   link_options.connect_timeout = absl::Seconds(connect_timeout_s);
+  link_options.on_membership = [&store](const psrt::v1::Membership& m) {
+    store.SetMembership(m.epoch(), {m.active_workers().begin(), m.active_workers().end()});
+    psrt::LogInfo("membership epoch ", m.epoch(), ": ", m.active_workers_size(), " active workers");
+  };
   auto link = psrt::CoordinatorLink::Connect(link_options);
   if (!link.ok()) {
     psrt::LogError(link.status().message());
@@ -101,6 +107,7 @@ int main(int argc, char** argv) {
     code = end.state == psrt::v1::JOB_SUCCEEDED ? 0 : 1;
     psrt::LogInfo("job ", code == 0 ? "succeeded" : "failed", ": ", end.reason, "; exiting");
   }
+  store.Close();  // waiting pulls end now, so Shutdown has no handler to wait for
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return code;
 }

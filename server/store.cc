@@ -1,6 +1,7 @@
 #include "server/store.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 
 #include "absl/container/flat_hash_set.h"
@@ -31,6 +32,14 @@ struct Store::Key {
   std::vector<float> accum ABSL_GUARDED_BY(mu);
   std::vector<char> contributed ABSL_GUARDED_BY(mu);
   int contributions ABSL_GUARDED_BY(mu) = 0;
+  // Sync: the last version each worker pushed for, to tell a retry of an
+  // applied step from a backup worker's late push.
+  std::vector<int64_t> last_step ABSL_GUARDED_BY(mu);
+  // Who takes part, and (sync) how many pushes complete a step.
+  std::vector<char> active ABSL_GUARDED_BY(mu);
+  int required ABSL_GUARDED_BY(mu) = 1;
+  // Async and ssp: each worker's clock (pushes made), for the staleness bound.
+  std::vector<int64_t> clock ABSL_GUARDED_BY(mu);
   // Async: the last kPushWindow push ids applied per worker, so a retried
   // push is applied once even when a worker's pushes overtake each other.
   std::vector<uint64_t> recent_push_ids ABSL_GUARDED_BY(mu);
@@ -87,7 +96,13 @@ Store::Store(StoreOptions options, Metrics* metrics)
       pulls_(metrics->GetCounter("key_pulls_total", "Keys sent in pulls")),
       updates_(metrics->GetCounter("updates_total", "Optimizer updates applied")),
       update_seconds_(metrics->GetHistogram("update_seconds", "Time to apply one optimizer update to a key", TimeBuckets())),
-      pull_wait_seconds_(metrics->GetHistogram("pull_wait_seconds", "Time a pulled key waited for its version", TimeBuckets())) {}
+      pull_wait_seconds_(metrics->GetHistogram("pull_wait_seconds", "Time a pulled key waited for its version", TimeBuckets())),
+      dropped_pushes_(metrics->GetCounter("dropped_pushes_total", "Sync pushes dropped because their step was applied without them (backup workers)")),
+      staleness_(metrics->GetHistogram("staleness", "Clocks by which a pulling worker was ahead of the slowest active worker (async, ssp)", {0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64})),
+      epoch_gauge_(metrics->GetGauge("membership_epoch", "Membership epoch this server works in")) {
+  active_.assign(options_.num_workers, 1);
+  epoch_gauge_->Set(1);
+}
 
 Store::~Store() = default;
 
@@ -236,6 +251,14 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
     InitSlots(key->optimizer, key->slot_ptrs.data(), key->n);
     if (options_.sync) key->accum.assign(key->n, 0.f);
     key->contributed.assign(options_.num_workers, 0);
+    key->last_step.assign(options_.num_workers, -1);
+    key->clock.assign(options_.num_workers, 0);
+    {
+      absl::MutexLock members(&members_mu_);
+      key->active = active_;
+    }
+    key->required = std::max<int>(
+        1, std::count(key->active.begin(), key->active.end(), 1) - options_.backup_workers);
     if (!options_.sync) {
       key->recent_push_ids.assign(options_.num_workers * kPushWindow, 0);
       key->recent_next.assign(options_.num_workers, 0);
@@ -281,6 +304,10 @@ absl::Status Store::Push(const v1::PushRequest& req) {
       return absl::FailedPreconditionError(absl::StrCat(
           "key '", k->name, "' has no value yet: rank 0 has not registered it"));
     }
+    if (!k->active[w]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", w, " is not an active worker of this job (it was lost); it must rejoin first"));
+    }
     if (kd.version() < 0 || (options_.sync && kd.version() > k->version)) {
       return absl::OutOfRangeError(absl::StrCat(
           "push to key '", k->name, "' is for version ", kd.version(), " but the key is at version ",
@@ -305,11 +332,17 @@ absl::Status Store::Push(const v1::PushRequest& req) {
       recent[k->recent_next[w]] = req.push_id();
       k->recent_next[w] = (k->recent_next[w] + 1) % kPushWindow;
       Apply(k, grad);
+      k->clock[w] = std::max(k->clock[w], kd.version() + 1);
       continue;
     }
-    // Sync: one push per worker and version; a retry finds its bit set.
-    if (kd.version() < k->version || k->contributed[w]) {
-      duplicate_pushes_->Add();  // this worker's push for that step is in already
+    // Sync: one push per worker and version; a retry finds its step applied
+    // or its bit set, a backup worker's late push finds its step applied.
+    if (kd.version() < k->version) {
+      (k->last_step[w] == kd.version() ? duplicate_pushes_ : dropped_pushes_)->Add();
+      continue;
+    }
+    if (k->contributed[w]) {
+      duplicate_pushes_->Add();
       continue;
     }
     if (k->contributions == 0) {
@@ -319,20 +352,75 @@ absl::Status Store::Push(const v1::PushRequest& req) {
       for (int64_t j = 0; j < k->n; ++j) acc[j] += grad[j];
     }
     k->contributed[w] = 1;
-    if (++k->contributions < options_.num_workers) continue;
-    if (options_.average_gradients && options_.num_workers > 1) {
-      const float scale = 1.0f / options_.num_workers;
-      for (float& v : k->accum) v *= scale;
-    }
-    Apply(k, k->accum.data());
-    std::fill(k->contributed.begin(), k->contributed.end(), 0);
-    k->contributions = 0;
+    k->last_step[w] = kd.version();
+    ++k->contributions;
+    MaybeFinishStep(k);
   }
   return absl::OkStatus();
 }
 
+void Store::MaybeFinishStep(Key* k) {
+  if (k->contributions == 0 || k->contributions < k->required) return;
+  if (options_.average_gradients && k->contributions > 1) {
+    const float scale = 1.0f / k->contributions;
+    for (float& v : k->accum) v *= scale;
+  }
+  Apply(k, k->accum.data());
+  std::fill(k->contributed.begin(), k->contributed.end(), 0);
+  k->contributions = 0;
+}
+
+std::vector<Store::Key*> Store::AllKeys() const {
+  std::vector<Key*> keys;
+  absl::ReaderMutexLock lock(&map_mu_);
+  for (const auto& [name, key] : keys_) keys.push_back(key.get());
+  return keys;
+}
+
+void Store::SetMembership(int64_t epoch, const std::vector<int>& active_workers) {
+  std::vector<char> active(options_.num_workers, 0);
+  for (int w : active_workers) {
+    if (w >= 0 && w < options_.num_workers) active[w] = 1;
+  }
+  {
+    absl::MutexLock lock(&members_mu_);
+    if (epoch <= epoch_) return;
+    epoch_ = epoch;
+    active_ = active;
+  }
+  epoch_gauge_->Set(epoch);
+  const int required = std::max<int>(1, std::count(active.begin(), active.end(), 1) - options_.backup_workers);
+  for (Key* k : AllKeys()) {
+    absl::MutexLock lock(&k->mu);
+    if (!k->initialized) continue;
+    k->active = active;
+    k->required = required;
+    if (options_.sync) MaybeFinishStep(k);
+  }
+}
+
+std::vector<int64_t> Store::WorkerClocks() const {
+  std::vector<int64_t> clocks(options_.num_workers, INT64_MAX);
+  bool any = false;
+  for (Key* k : AllKeys()) {
+    absl::MutexLock lock(&k->mu);
+    if (!k->initialized) continue;
+    any = true;
+    for (int w = 0; w < options_.num_workers; ++w) clocks[w] = std::min(clocks[w], k->clock[w]);
+  }
+  if (!any) clocks.assign(options_.num_workers, 0);
+  return clocks;
+}
+
+int64_t Store::membership_epoch() const {
+  absl::MutexLock lock(&members_mu_);
+  return epoch_;
+}
+
+void Store::Close() { closing_ = true; }
+
 absl::Status Store::PullKey(Key* k, int64_t min_version, absl::Time deadline,
-                            v1::KeyData* out) {
+                            const Cancelled& cancelled, v1::KeyData* out) {
   const absl::Time start = absl::Now();
   absl::MutexLock lock(&k->mu);
   if (min_version < 0) {
@@ -344,28 +432,55 @@ absl::Status Store::PullKey(Key* k, int64_t min_version, absl::Time deadline,
         "pull of key '", k->name, "' asks for version ", min_version, " but the key is at version ",
         k->version, "; in sync mode a pull may ask at most one version ahead"));
   }
-  auto ready = [k, min_version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu) {
-    return k->initialized && k->version >= min_version;
+  const bool ssp = !options_.sync && options_.staleness >= 0;
+  // The least clock among active workers (async and ssp).
+  auto slowest = [this, k]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu) {
+    int64_t m = INT64_MAX;
+    for (int w = 0; w < options_.num_workers; ++w) {
+      if (k->active[w]) m = std::min(m, k->clock[w]);
+    }
+    return m;
+  };
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu) {
+    if (!k->initialized) return false;
+    if (options_.sync) return k->version >= min_version;
+    return !ssp || slowest() >= min_version - options_.staleness;
   };
   const absl::Time until = std::min(deadline, start + options_.max_pull_wait);
-  if (!k->mu.AwaitWithDeadline(absl::Condition(&ready), until)) {
+  // Wait in slices, to notice a caller that went away or a server stopping.
+  bool got = false;
+  while (!(got = k->mu.AwaitWithDeadline(absl::Condition(&ready),
+                                         std::min(until, absl::Now() + absl::Milliseconds(50))))) {
+    if (closing_) return absl::UnavailableError("the server is stopping");
+    if (cancelled && cancelled()) return absl::CancelledError("the caller cancelled the pull");
+    if (absl::Now() >= until) break;
+  }
+  if (!got) {
     std::string why;
     if (!k->initialized) {
       why = "rank 0 has not registered it";
     } else if (options_.sync) {
       std::vector<int> missing;
       for (int w = 0; w < options_.num_workers; ++w) {
-        if (!k->contributed[w]) missing.push_back(w);
+        if (k->active[w] && !k->contributed[w]) missing.push_back(w);
       }
       why = absl::StrCat("the key is at version ", k->version, "; waiting for pushes from workers ",
                          absl::StrJoin(missing, ", "));
     } else {
-      why = absl::StrCat("the key is at version ", k->version);
+      std::vector<std::string> behind;
+      for (int w = 0; w < options_.num_workers; ++w) {
+        if (k->active[w] && k->clock[w] < min_version - options_.staleness) {
+          behind.push_back(absl::StrCat("worker ", w, " at clock ", k->clock[w]));
+        }
+      }
+      why = absl::StrCat("staleness bound ", options_.staleness, " needs every worker at clock >= ",
+                         min_version - options_.staleness, "; behind: ", absl::StrJoin(behind, ", "));
     }
     return absl::DeadlineExceededError(absl::StrCat(
         "pull of key '", k->name, "' waited ", absl::FormatDuration(absl::Now() - start),
-        " for version ", min_version, ": ", why));
+        options_.sync ? " for version " : " at clock ", min_version, ": ", why));
   }
+  if (!options_.sync) staleness_->Observe(std::max<int64_t>(0, min_version - slowest()));
   pull_wait_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   out->set_variable(k->spec.variable());
   out->set_partition(k->spec.partition());
@@ -378,7 +493,7 @@ absl::Status Store::PullKey(Key* k, int64_t min_version, absl::Time deadline,
 }
 
 absl::Status Store::Pull(const v1::PullRequest& req, absl::Time deadline,
-                         v1::PullResponse* resp) {
+                         v1::PullResponse* resp, const Cancelled& cancelled) {
   if (absl::Status s = CheckWorker(req.worker_rank()); !s.ok()) return s;
   if (req.keys().empty()) return absl::InvalidArgumentError("pull request names no keys");
   std::vector<Key*> keys;
@@ -392,7 +507,7 @@ absl::Status Store::Pull(const v1::PullRequest& req, absl::Time deadline,
     keys.push_back(*key);
   }
   for (int i = 0; i < req.keys_size(); ++i) {
-    if (absl::Status s = PullKey(keys[i], req.keys(i).version(), deadline, resp->add_keys());
+    if (absl::Status s = PullKey(keys[i], req.keys(i).version(), deadline, cancelled, resp->add_keys());
         !s.ok()) {
       return s;
     }
@@ -401,7 +516,7 @@ absl::Status Store::Pull(const v1::PullRequest& req, absl::Time deadline,
 }
 
 absl::Status Store::PushPull(const v1::PushPullRequest& req, absl::Time deadline,
-                             v1::PushPullResponse* resp) {
+                             v1::PushPullResponse* resp, const Cancelled& cancelled) {
   if (absl::Status s = Push(req.push()); !s.ok()) return s;
   v1::PullRequest pull;
   pull.set_worker_rank(req.push().worker_rank());
@@ -409,10 +524,10 @@ absl::Status Store::PushPull(const v1::PushPullRequest& req, absl::Time deadline
     v1::KeyData* k = pull.add_keys();
     k->set_variable(kd.variable());
     k->set_partition(kd.partition());
-    k->set_version(options_.sync ? kd.version() + 1 : 0);
+    k->set_version(kd.version() + 1);
   }
   v1::PullResponse pulled;
-  if (absl::Status s = Pull(pull, deadline, &pulled); !s.ok()) return s;
+  if (absl::Status s = Pull(pull, deadline, &pulled, cancelled); !s.ok()) return s;
   resp->mutable_keys()->Swap(pulled.mutable_keys());
   return absl::OkStatus();
 }

@@ -2,9 +2,11 @@
 #define PSRT_SERVER_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
+#include <atomic>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -19,8 +21,14 @@ namespace psrt {
 
 struct StoreOptions {
   bool sync = true;              // false: async, every push applied at once
+  // Not sync: a pull at clock c waits until every active worker's clock is at
+  // least c - staleness (SSP); < 0: never waits (async).
+  int staleness = -1;
   int num_workers = 1;
   bool average_gradients = true;  // sync: apply the mean of the pushes
+  // Sync: a step is applied once (active workers - backup_workers) pushes
+  // for it arrived; later ones are dropped and counted.
+  int backup_workers = 0;
   // Longest a pull waits for a version, whatever the caller's deadline.
   absl::Duration max_pull_wait = absl::Minutes(10);
 };
@@ -35,14 +43,26 @@ class Store {
 
   absl::Status RegisterKeys(const v1::RegisterKeysRequest& req);
   absl::Status Push(const v1::PushRequest& req);
+  // Called while a pull waits; true ends the wait (the caller went away).
+  using Cancelled = std::function<bool()>;
+
   // Waits (until `deadline`) for each key to reach the version asked for.
   absl::Status Pull(const v1::PullRequest& req, absl::Time deadline,
-                    v1::PullResponse* resp);
+                    v1::PullResponse* resp, const Cancelled& cancelled = nullptr);
   // Push, then pull each pushed key at the version after the pushed one
   // (sync) or the newest (async).
   absl::Status PushPull(const v1::PushPullRequest& req, absl::Time deadline,
-                        v1::PushPullResponse* resp);
+                        v1::PushPullResponse* resp, const Cancelled& cancelled = nullptr);
+  // Ends every wait, now and later, with UNAVAILABLE: the server is stopping.
+  void Close();
   absl::StatusOr<int64_t> SetLearningRate(const v1::SetLearningRateRequest& req);
+  // The workers taking part from now on (from the coordinator). Sync steps
+  // in progress complete if the pushes they have are now enough.
+  void SetMembership(int64_t epoch, const std::vector<int>& active_workers);
+
+  // Per worker rank, the least clock over all keys (async and ssp).
+  std::vector<int64_t> WorkerClocks() const;
+  int64_t membership_epoch() const;
 
   int64_t num_keys() const;
   int64_t bytes_stored() const;
@@ -53,13 +73,20 @@ class Store {
   absl::Status CheckWorker(int32_t rank) const;
   absl::Status CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t rank) const;
   void Apply(Key* key, const float* grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  // Sync: applies the step when enough pushes for it arrived.
+  void MaybeFinishStep(Key* key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  std::vector<Key*> AllKeys() const;
   absl::Status PullKey(Key* key, int64_t min_version, absl::Time deadline,
-                       v1::KeyData* out);
+                       const Cancelled& cancelled, v1::KeyData* out);
 
   const StoreOptions options_;
   mutable absl::Mutex map_mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Key>> keys_ ABSL_GUARDED_BY(map_mu_);
   std::atomic<int64_t> bytes_stored_{0};
+  std::atomic<bool> closing_{false};
+  mutable absl::Mutex members_mu_;
+  std::vector<char> active_ ABSL_GUARDED_BY(members_mu_);
+  int64_t epoch_ ABSL_GUARDED_BY(members_mu_) = 1;
 
   Counter* bytes_in_;
   Counter* bytes_out_;
@@ -70,6 +97,9 @@ class Store {
   Counter* updates_;
   Histogram* update_seconds_;
   Histogram* pull_wait_seconds_;
+  Counter* dropped_pushes_;
+  Histogram* staleness_;
+  Gauge* epoch_gauge_;
 };
 
 absl::StatusOr<OptimizerConfig> OptimizerFromProto(const v1::OptimizerConfig& p);

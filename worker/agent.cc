@@ -33,45 +33,59 @@ int RunAgent(const AgentOptions& options) {
   const v1::JobConfig& config = (*link)->config();
   const int local = config.workers_per_host();
 
-  std::map<pid_t, int> rank_of;  // running training processes
-  for (int i = 0; i < local; ++i) {
-    const int rank = options.host_index * local + i;
+  std::map<pid_t, int> rank_of;        // running training processes
+  std::map<int, int> restarts;         // per rank, restarts made so far
+  auto report_exit = [&](int rank, int code, const std::string& message, bool restarting) {
+    v1::ProcessId id;
+    id.set_role(v1::ROLE_WORKER);
+    id.set_index(rank);
+    absl::Status s = (*link)->ReportExit(id, code, message, restarting);
+    if (!s.ok()) LogWarning("could not report worker ", rank, "'s exit: ", s.message());
+  };
+  auto start = [&](int rank) {
+    const int local_rank = rank - options.host_index * local;
     std::map<std::string, std::string> env = {
         {"PSRT_COORDINATOR", options.coordinator},
         {"PSRT_JOB_TOKEN", options.token},
         {"PSRT_RANK", absl::StrCat(rank)},
-        {"PSRT_LOCAL_RANK", absl::StrCat(i)},
+        {"PSRT_LOCAL_RANK", absl::StrCat(local_rank)},
         {"PSRT_WORLD_SIZE", absl::StrCat(config.num_workers())},
         {"PSRT_LOCAL_WORLD_SIZE", absl::StrCat(local)},
         {"PSRT_HOST", options.host},
+        {"PSRT_RESTART_COUNT", absl::StrCat(restarts[rank])},
         // The names torch.distributed and most launchers use.
         {"RANK", absl::StrCat(rank)},
-        {"LOCAL_RANK", absl::StrCat(i)},
+        {"LOCAL_RANK", absl::StrCat(local_rank)},
         {"WORLD_SIZE", absl::StrCat(config.num_workers())},
     };
     absl::StatusOr<pid_t> pid = Spawn(options.command, env);
     if (!pid.ok()) {
-      v1::ProcessId id;
-      id.set_role(v1::ROLE_WORKER);
-      id.set_index(rank);
-      (*link)->ReportExit(id, 127, std::string(pid.status().message())).IgnoreError();
       LogError("worker ", rank, ": ", pid.status().message());
-      break;
+      report_exit(rank, 127, std::string(pid.status().message()), false);
+      return false;
     }
-    LogInfo("started worker ", rank, " (pid ", *pid, ")");
+    LogInfo("started worker ", rank, " (pid ", *pid, ")",
+            restarts[rank] > 0 ? absl::StrCat(", restart ", restarts[rank]) : "");
     rank_of[*pid] = rank;
+    return true;
+  };
+  for (int i = 0; i < local; ++i) {
+    if (!start(options.host_index * local + i)) break;
   }
 
   auto report = [&](const Exit& e) {
     auto it = rank_of.find(e.pid);
     if (it == rank_of.end()) return;
-    v1::ProcessId id;
-    id.set_role(v1::ROLE_WORKER);
-    id.set_index(it->second);
-    LogInfo("worker ", it->second, " (pid ", e.pid, ") ", e.description);
-    absl::Status s = (*link)->ReportExit(id, e.code, e.description);
-    if (!s.ok()) LogWarning("could not report worker ", it->second, "'s exit: ", s.message());
+    const int rank = it->second;
     rank_of.erase(it);
+    LogInfo("worker ", rank, " (pid ", e.pid, ") ", e.description);
+    const bool restart = e.code != 0 && restarts[rank] < config.restart_workers() &&
+                         (*link)->state().state == v1::JOB_RUNNING;
+    report_exit(rank, e.code, e.description, restart);
+    if (restart) {
+      ++restarts[rank];
+      start(rank);
+    }
   };
 
   absl::Time signalled_at = absl::InfiniteFuture();

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -61,6 +62,7 @@ namespace {
 struct Variable {
   int64_t num_elements = 0;
   std::vector<Partition> parts;
+  std::vector<int64_t> pulled_versions;  // per partition, from the latest pull
 };
 
 // Progress of one asynchronous operation fanned out over servers.
@@ -90,6 +92,20 @@ v1::OptimizerConfig ToProto(const OptimizerConfig& c) {
 
 class Client::Impl {
  public:
+  // Cancels calls in flight, so a process that gives up (the job failed, a
+  // server is gone) exits at once instead of waiting out their deadlines.
+  ~Impl() {
+    {
+      absl::MutexLock lock(&calls_mu);
+      closing = true;
+      for (grpc::ClientContext* ctx : live_calls) ctx->TryCancel();
+    }
+    pool.reset();  // joins its threads while everything they use still exists
+  }
+
+  absl::Mutex calls_mu;
+  bool closing ABSL_GUARDED_BY(calls_mu) = false;
+  absl::flat_hash_set<grpc::ClientContext*> live_calls ABSL_GUARDED_BY(calls_mu);
   ClientOptions options;
   v1::JobConfig config;
   std::unique_ptr<CoordinatorLink> link;
@@ -139,7 +155,16 @@ class Client::Impl {
       ++attempts;
       grpc::ClientContext ctx;
       PrepareContext(&ctx, options.token, options.rpc_timeout);
+      {
+        absl::MutexLock lock(&calls_mu);
+        if (closing) return absl::CancelledError("the client is closing");
+        live_calls.insert(&ctx);
+      }
       grpc::Status st = rpc(&ctx);
+      {
+        absl::MutexLock lock(&calls_mu);
+        live_calls.erase(&ctx);
+      }
       if (st.ok()) return absl::OkStatus();
       const bool retry = st.error_code() == grpc::StatusCode::UNAVAILABLE &&
                          absl::Now() - start + backoff < options.retry_budget && JobStatus().ok();
@@ -203,8 +228,8 @@ class Client::Impl {
     return shards;
   }
 
-  static absl::Status Store(const google::protobuf::RepeatedPtrField<v1::KeyData>& got,
-                            const Shard& shard) {
+  absl::Status Store(const google::protobuf::RepeatedPtrField<v1::KeyData>& got,
+                     const Shard& shard) {
     if (got.size() != static_cast<int>(shard.keys.size())) {
       return absl::InternalError(absl::StrCat("server answered ", got.size(), " keys for ",
                                               shard.keys.size(), " asked"));
@@ -217,6 +242,13 @@ class Client::Impl {
             KeyName(got[i].variable(), got[i].partition()), "'; expected ", p.num_elements * 4));
       }
       std::memcpy(out + p.offset, got[i].data().data(), p.num_elements * 4);
+    }
+    absl::MutexLock lock(&mu);
+    for (const v1::KeyData& kd : got) {
+      auto it = variables.find(kd.variable());
+      if (it != variables.end() && kd.partition() < it->second.pulled_versions.size()) {
+        it->second.pulled_versions[kd.partition()] = kd.version();
+      }
     }
     return absl::OkStatus();
   }
@@ -344,6 +376,7 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
     }
     it->second.num_elements = n;
     it->second.parts = *parts;
+    it->second.pulled_versions.assign(parts->size(), 0);
   }
   struct Batch {
     int server = 0;
@@ -376,8 +409,7 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
     });
   }
   if (absl::Status s = Wait(handle); !s.ok()) return s;
-  if (rank() == 0) return absl::OkStatus();
-  return Wait(Pull({{name, nullptr, data}}, 0));  // rank 0's value wins
+  return Wait(Pull({{name, nullptr, data}}, 0));
 }
 
 Client::Handle Client::Push(std::vector<TensorRef> tensors, int64_t version) {
@@ -417,6 +449,15 @@ absl::Status Client::Wait(Handle handle) {
     }
   }
   return op->status;
+}
+
+absl::StatusOr<int64_t> Client::PulledVersion(const std::string& name) const {
+  absl::MutexLock lock(&impl_->mu);
+  auto it = impl_->variables.find(name);
+  if (it == impl_->variables.end()) {
+    return absl::NotFoundError(absl::StrCat("variable '", name, "' is not registered"));
+  }
+  return *std::min_element(it->second.pulled_versions.begin(), it->second.pulled_versions.end());
 }
 
 absl::Status Client::SetLearningRate(double lr) {

@@ -67,7 +67,8 @@ class Client {
   bool sync() const;  // false: async mode
 
   // Registers a float32 variable on the servers. Rank 0's `data` is the
-  // initial value; every other rank's `data` is overwritten with it.
+  // initial value; then every rank's `data` is overwritten with the current
+  // weights (rank 0's value, or the trained weights for a worker that rejoins).
   absl::Status RegisterVariable(const std::string& name, std::vector<int64_t> shape, float* data,
                                 const OptimizerConfig& optimizer);
 
@@ -80,6 +81,10 @@ class Client {
   Handle PushPull(std::vector<TensorRef> tensors, int64_t version);
   // Waits for an operation; each handle can be waited on once.
   absl::Status Wait(Handle handle);
+
+  // The version of `name` its latest pull returned (the least over its keys):
+  // in sync mode the step to push next.
+  absl::StatusOr<int64_t> PulledVersion(const std::string& name) const;
 
   // Sets the learning rate of every variable on every server.
   absl::Status SetLearningRate(double lr);

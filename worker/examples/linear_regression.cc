@@ -5,12 +5,14 @@
 // w*_j = sin(j + 1) and b* = 0.5, and minimises the mean squared error. The
 // data has no noise, so the weights converge to (w*, b*) exactly.
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/flags.h"
 #include "worker/client.h"
 
@@ -24,9 +26,10 @@ int Fail(const absl::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t dim = 64, batch = 32, steps = 200, log_every = 50, exit_at_step = -1;
-  double lr = 0.1;
-  std::string optimizer = "sgd", result;
+  int64_t dim = 64, batch = 32, steps = 200, log_every = 50, exit_at_step = -1, exit_rank = -1;
+  int64_t slow_rank = -1, reference_workers = 0;
+  double lr = 0.1, slowdown = 1;
+  std::string optimizer = "sgd", result, loss_log, aggregation = "mean";
   psrt::Flags flags("psrt-example-linreg", "[flags]  (run under psrt-run)");
   flags.Add("dim", &dim, "Number of features (weights).");
   flags.Add("batch", &batch, "Samples per step on each worker.");
@@ -35,10 +38,22 @@ int main(int argc, char** argv) {
   flags.Add("optimizer", &optimizer, "sgd, momentum, nesterov, adam, adamw or adagrad.");
   flags.Add("log-every", &log_every, "Print the loss every this many steps (rank 0).");
   flags.Add("result", &result, "Write the final loss and error of each rank to RESULT.rankN.json.");
-  flags.Add("exit-at-step", &exit_at_step, "Exit with code 3 at this step (failure drills); -1: never.");
+  flags.Add("exit-at-step", &exit_at_step,
+            "Exit with code 3 at this step (failure drills; not after a restart); -1: never.");
+  flags.Add("exit-rank", &exit_rank, "The rank that exits at --exit-at-step; -1: every rank.");
+  flags.Add("slow-rank", &slow_rank, "This rank computes --slowdown times slower; -1: none.");
+  flags.Add("slowdown", &slowdown, "How much slower --slow-rank computes (>= 1).");
+  flags.Add("loss-log", &loss_log, "Rank 0 appends 'seconds step loss' lines to this file.");
+  flags.Add("reference", &reference_workers,
+            "Run without psrt as one process applying the aggregate gradient of this many workers' "
+            "batches each step (sync's exact equivalent), and write RESULT.reference.*.");
+  flags.Add("aggregation", &aggregation, "With --reference: mean or sum of the workers' gradients.");
   flags.ParseOrExit(argc, argv);
-  if (dim <= 0 || batch <= 0 || steps < 0 || lr <= 0 || log_every <= 0) {
-    std::fprintf(stderr, "linear_regression: --dim, --batch, --lr and --log-every must be > 0, --steps >= 0\n");
+  if (dim <= 0 || batch <= 0 || steps < 0 || lr <= 0 || log_every <= 0 || slowdown < 1 ||
+      reference_workers < 0 || (aggregation != "mean" && aggregation != "sum")) {
+    std::fprintf(stderr,
+                 "linear_regression: --dim, --batch, --lr and --log-every must be > 0, --steps and "
+                 "--reference >= 0, --slowdown >= 1, --aggregation mean or sum\n");
     return 2;
   }
   psrt::OptimizerConfig opt;
@@ -60,90 +75,156 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  std::vector<float> w_star(dim);
+  for (int64_t j = 0; j < dim; ++j) w_star[j] = static_cast<float>(std::sin(j + 1.0));
+  const float b_star = 0.5f;
+
+  // One worker's data stream and gradient, identical in psrt and reference runs.
+  struct Shard {
+    std::mt19937_64 rng;
+    std::normal_distribution<float> normal;
+    std::vector<float> x, y;
+  };
+  auto make_shard = [&](int rank) {
+    return Shard{std::mt19937_64(1000 + rank), {}, std::vector<float>(batch * dim), std::vector<float>(batch)};
+  };
+  auto draw = [&](Shard& d) {
+    for (int64_t i = 0; i < batch; ++i) {
+      double yi = b_star;
+      for (int64_t j = 0; j < dim; ++j) {
+        d.x[i * dim + j] = d.normal(d.rng);
+        yi += d.x[i * dim + j] * w_star[j];
+      }
+      d.y[i] = static_cast<float>(yi);
+    }
+  };
+  // Mean squared error / 2 on the shard's batch; fills the gradients if asked.
+  auto loss_on = [&](const Shard& d, const std::vector<float>& w, const std::vector<float>& b,
+                     std::vector<float>* gw, std::vector<float>* gb) {
+    double loss = 0;
+    if (gw != nullptr) {
+      std::fill(gw->begin(), gw->end(), 0.f);
+      (*gb)[0] = 0;
+    }
+    for (int64_t i = 0; i < batch; ++i) {
+      const float* xi = &d.x[i * dim];
+      double pred = b[0];
+      for (int64_t j = 0; j < dim; ++j) pred += xi[j] * w[j];
+      const double err = pred - d.y[i];
+      loss += 0.5 * err * err / batch;
+      if (gw != nullptr) {
+        for (int64_t j = 0; j < dim; ++j) (*gw)[j] += static_cast<float>(err * xi[j] / batch);
+        (*gb)[0] += static_cast<float>(err / batch);
+      }
+    }
+    return loss;
+  };
+  auto relative_error = [&](const std::vector<float>& w, const std::vector<float>& b) {
+    double err2 = (b[0] - b_star) * (b[0] - b_star), norm2 = b_star * b_star;
+    for (int64_t j = 0; j < dim; ++j) {
+      err2 += (w[j] - w_star[j]) * (w[j] - w_star[j]);
+      norm2 += w_star[j] * w_star[j];
+    }
+    return std::sqrt(err2 / norm2);
+  };
+  auto write_result = [&](const std::string& who, double loss, const std::vector<float>& w,
+                          const std::vector<float>& b) {
+    if (result.empty()) return;
+    std::ofstream out(absl::StrCat(result, ".", who, ".json"));
+    out << "{\"who\": \"" << who << "\", \"steps\": " << steps << ", \"loss\": " << loss
+        << ", \"relative_error\": " << relative_error(w, b) << ", \"w0\": " << w[0] << "}\n";
+    std::ofstream weights(absl::StrCat(result, ".", who, ".weights"), std::ios::binary);
+    weights.write(reinterpret_cast<const char*>(w.data()), w.size() * sizeof(float));
+    weights.write(reinterpret_cast<const char*>(b.data()), sizeof(float));
+  };
+
+  if (reference_workers > 0) {
+    // What sync training computes, in one process: the aggregate of every
+    // worker's gradient at the same weights, then one plain SGD step, in the
+    // same float arithmetic as the servers.
+    if (optimizer != "sgd") {
+      std::fprintf(stderr, "linear_regression: --reference supports --optimizer=sgd\n");
+      return 2;
+    }
+    std::vector<Shard> shards;
+    for (int r = 0; r < reference_workers; ++r) shards.push_back(make_shard(r));
+    std::vector<float> w(dim, 0.f), b(1, 0.f), gw(dim), gb(1), sw(dim), sb(1);
+    const float lr_f = static_cast<float>(lr);
+    const float scale = aggregation == "mean" ? 1.0f / reference_workers : 1.0f;
+    for (int64_t step = 0; step < steps; ++step) {
+      for (int r = 0; r < reference_workers; ++r) {
+        draw(shards[r]);
+        loss_on(shards[r], w, b, &gw, &gb);
+        for (int64_t j = 0; j < dim; ++j) sw[j] = r == 0 ? gw[j] : sw[j] + gw[j];
+        sb[0] = r == 0 ? gb[0] : sb[0] + gb[0];
+      }
+      if (reference_workers > 1 && scale != 1.0f) {
+        for (float& v : sw) v *= scale;
+        sb[0] *= scale;
+      }
+      for (int64_t j = 0; j < dim; ++j) w[j] -= lr_f * sw[j];
+      b[0] -= lr_f * sb[0];
+    }
+    draw(shards[0]);
+    const double loss = loss_on(shards[0], w, b, nullptr, nullptr);
+    std::printf("reference final loss %.6g relative error %.6g\n", loss, relative_error(w, b));
+    write_result("reference", loss, w, b);
+    return 0;
+  }
+
   absl::StatusOr<psrt::ClientOptions> options = psrt::ClientOptions::FromEnv();
   if (!options.ok()) return Fail(options.status());
   absl::StatusOr<std::unique_ptr<psrt::Client>> client = psrt::Client::Connect(*options);
   if (!client.ok()) return Fail(client.status());
   psrt::Client& c = **client;
   const int rank = c.rank();
+  const bool restarted = std::atoi(std::getenv("PSRT_RESTART_COUNT") ? std::getenv("PSRT_RESTART_COUNT") : "0") > 0;
 
-  std::vector<float> w_star(dim);
-  for (int64_t j = 0; j < dim; ++j) w_star[j] = static_cast<float>(std::sin(j + 1.0));
-  const float b_star = 0.5f;
   // Rank 0's initial value wins; the others start from garbage to show it.
   std::vector<float> w(dim, rank == 0 ? 0.f : 1e3f), b(1, rank == 0 ? 0.f : -1e3f);
   if (absl::Status s = c.RegisterVariable("weight", {dim}, w.data(), opt); !s.ok()) return Fail(s);
   if (absl::Status s = c.RegisterVariable("bias", {1}, b.data(), opt); !s.ok()) return Fail(s);
 
-  std::mt19937_64 rng(1000 + rank);
-  std::normal_distribution<float> normal;
-  std::vector<float> x(batch * dim), y(batch), gw(dim), gb(1);
-  auto loss_on = [&](bool grad) {
-    double loss = 0;
-    if (grad) {
-      std::fill(gw.begin(), gw.end(), 0.f);
-      gb[0] = 0;
-    }
-    for (int64_t i = 0; i < batch; ++i) {
-      const float* xi = &x[i * dim];
-      double pred = b[0];
-      for (int64_t j = 0; j < dim; ++j) pred += xi[j] * w[j];
-      const double err = pred - y[i];
-      loss += 0.5 * err * err / batch;
-      if (grad) {
-        for (int64_t j = 0; j < dim; ++j) gw[j] += static_cast<float>(err * xi[j] / batch);
-        gb[0] += static_cast<float>(err / batch);
-      }
-    }
-    return loss;
-  };
-  auto draw = [&] {
-    for (int64_t i = 0; i < batch; ++i) {
-      double yi = b_star;
-      for (int64_t j = 0; j < dim; ++j) {
-        x[i * dim + j] = normal(rng);
-        yi += x[i * dim + j] * w_star[j];
-      }
-      y[i] = static_cast<float>(yi);
-    }
-  };
-
+  Shard shard = make_shard(rank);
+  std::vector<float> gw(dim), gb(1);
+  std::FILE* loss_file = rank == 0 && !loss_log.empty() ? std::fopen(loss_log.c_str(), "a") : nullptr;
+  const absl::Time start = absl::Now();
+  // Sync: the step is the version pulled (a rejoining worker picks up where
+  // the job is; a backup worker whose push came late skips ahead). Async and
+  // ssp: the step is this worker's clock.
+  int64_t step = c.sync() ? c.PulledVersion("weight").value_or(0) : 0;
   double loss = 0;
-  for (int64_t step = 0; step < steps; ++step) {
-    if (step == exit_at_step) {
+  while (step < steps) {
+    if (step == exit_at_step && (exit_rank < 0 || exit_rank == rank) && !restarted) {
       std::fprintf(stderr, "linear_regression: rank %d exits at step %ld as asked\n", rank, static_cast<long>(step));
       return 3;
     }
-    draw();
-    loss = loss_on(true);
-    // Sync: the gradient is for version `step`; the reply is version step+1.
-    psrt::Client::Handle h = c.PushPull(
-        {{"weight", gw.data(), w.data()}, {"bias", gb.data(), b.data()}}, c.sync() ? step : 0);
+    const absl::Time compute_start = absl::Now();
+    draw(shard);
+    loss = loss_on(shard, w, b, &gw, &gb);
+    if (rank == slow_rank) absl::SleepFor((slowdown - 1) * (absl::Now() - compute_start));
+    psrt::Client::Handle h = c.PushPull({{"weight", gw.data(), w.data()}, {"bias", gb.data(), b.data()}}, step);
     if (absl::Status s = c.Wait(h); !s.ok()) return Fail(s);
     if (rank == 0 && (step % log_every == 0 || step == steps - 1)) {
       std::printf("step %ld loss %.6g\n", static_cast<long>(step), loss);
       std::fflush(stdout);
     }
+    if (loss_file != nullptr) {
+      std::fprintf(loss_file, "%.6f %ld %.9g\n", absl::ToDoubleSeconds(absl::Now() - start),
+                   static_cast<long>(step), loss);
+    }
+    step = c.sync() ? c.PulledVersion("weight").value_or(step + 1) : step + 1;
   }
-  // Final weights: in sync mode every rank sees the same version.
+  if (loss_file != nullptr) std::fclose(loss_file);
+  // Final weights: in sync mode every rank reads the same version.
   if (absl::Status s = c.Wait(c.Pull({{"weight", nullptr, w.data()}, {"bias", nullptr, b.data()}},
-                                     c.sync() ? steps : 0));
+                                     c.sync() ? steps : step));
       !s.ok()) {
     return Fail(s);
   }
-  draw();
-  loss = loss_on(false);
-  double err2 = (b[0] - b_star) * (b[0] - b_star), norm2 = b_star * b_star;
-  for (int64_t j = 0; j < dim; ++j) {
-    err2 += (w[j] - w_star[j]) * (w[j] - w_star[j]);
-    norm2 += w_star[j] * w_star[j];
-  }
-  const double rel_error = std::sqrt(err2 / norm2);
-  std::printf("rank %d final loss %.6g relative error %.6g\n", rank, loss, rel_error);
-  if (!result.empty()) {
-    std::ofstream out(absl::StrCat(result, ".rank", rank, ".json"));
-    out << "{\"rank\": " << rank << ", \"steps\": " << steps << ", \"loss\": " << loss
-        << ", \"relative_error\": " << rel_error << ", \"w0\": " << w[0] << "}\n";
-  }
+  draw(shard);
+  loss = loss_on(shard, w, b, nullptr, nullptr);
+  std::printf("rank %d final loss %.6g relative error %.6g\n", rank, loss, relative_error(w, b));
+  write_result(absl::StrCat("rank", rank), loss, w, b);
   return 0;
 }
