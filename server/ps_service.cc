@@ -21,9 +21,11 @@ grpc::Status PsService::Finish(const absl::Status& s) {
   return ToGrpc(s);
 }
 
-// A pull may wait for a version; it never waits past the caller's deadline.
+// A pull may wait for a version; it stops a little before the caller's
+// deadline so that its answer, which says what it waited for, still arrives.
 static absl::Time Deadline(const grpc::ServerContext* ctx) {
-  return absl::Now() + TimeLeft(ctx, absl::Hours(1));
+  const absl::Duration left = TimeLeft(ctx, absl::Hours(1));
+  return absl::Now() + left - std::min(left / 10, absl::Milliseconds(500));
 }
 
 grpc::Status PsService::RegisterKeys(grpc::ServerContext* ctx, const v1::RegisterKeysRequest* req,

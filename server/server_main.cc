@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   store_options.average_gradients = config->average_gradients();
   store_options.staleness = config->mode() == "ssp" ? config->staleness() : -1;
   store_options.backup_workers = config->backup_workers();
+  store_options.max_key_bytes = config->partition_bytes();
   psrt::Store store(store_options, &metrics);
   psrt::PsService service(&store, &metrics, token);
 

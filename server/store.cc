@@ -187,6 +187,12 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
       }
       total *= d;
     }
+    if (spec.num_elements() > options_.max_key_bytes / 4) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key '", name, "' has ", spec.num_elements(), " elements; a key holds at most ",
+          options_.max_key_bytes / 4, " float32 (the job's partition size, ", options_.max_key_bytes,
+          " bytes)"));
+    }
     if (spec.num_elements() <= 0 || spec.offset() < 0 ||
         spec.offset() > total - spec.num_elements()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -408,7 +414,7 @@ std::vector<int64_t> Store::WorkerClocks() const {
     any = true;
     for (int w = 0; w < options_.num_workers; ++w) clocks[w] = std::min(clocks[w], k->clock[w]);
   }
-  if (!any) clocks.assign(options_.num_workers, 0);
+  if (!any) clocks.clear();  // no key here: nothing to say about clocks
   return clocks;
 }
 

@@ -29,6 +29,9 @@ struct StoreOptions {
   // Sync: a step is applied once (active workers - backup_workers) pushes
   // for it arrived; later ones are dropped and counted.
   int backup_workers = 0;
+  // Largest key accepted (the job's partition size): bounds what one
+  // registration can make the server allocate.
+  int64_t max_key_bytes = 64ll << 20;
   // Longest a pull waits for a version, whatever the caller's deadline.
   absl::Duration max_pull_wait = absl::Minutes(10);
 };
@@ -60,7 +63,8 @@ class Store {
   // in progress complete if the pushes they have are now enough.
   void SetMembership(int64_t epoch, const std::vector<int>& active_workers);
 
-  // Per worker rank, the least clock over all keys (async and ssp).
+  // Per worker rank, the least clock over all keys (async and ssp); empty
+  // while this server holds no key.
   std::vector<int64_t> WorkerClocks() const;
   int64_t membership_epoch() const;
 

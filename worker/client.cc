@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -472,6 +473,24 @@ absl::Status Client::SetLearningRate(double lr) {
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> Client::WorkerClocks() {
+  std::vector<int64_t> clocks(num_workers(), INT64_MAX);
+  for (int s = 0; s < num_servers(); ++s) {
+    v1::StatsResponse resp;
+    absl::Status st = impl_->Call(s, "stats", [&](grpc::ClientContext* ctx) {
+      return impl_->stubs[s]->Stats(ctx, v1::StatsRequest(), &resp);
+    });
+    if (!st.ok()) return st;
+    for (int w = 0; w < resp.worker_clocks_size() && w < num_workers(); ++w) {
+      clocks[w] = std::min(clocks[w], resp.worker_clocks(w));
+    }
+  }
+  for (int64_t& c : clocks) {
+    if (c == INT64_MAX) c = 0;  // no server holds a key yet
+  }
+  return clocks;
 }
 
 absl::StatusOr<double> Client::ServerMetric(const std::string& name) {

@@ -89,7 +89,12 @@ class Client {
   // Sets the learning rate of every variable on every server.
   absl::Status SetLearningRate(double lr);
 
-  // Sum of a counter over all servers (e.g. "bytes_in_total").
+  // Per worker rank, the least clock over every key on every server (async
+  // and ssp: the pushes each worker has made).
+  absl::StatusOr<std::vector<int64_t>> WorkerClocks();
+
+  // Sum of a metric over all servers, by its full name
+  // (e.g. "psrt_server_bytes_in_total").
   absl::StatusOr<double> ServerMetric(const std::string& name);
 
  private:

@@ -350,6 +350,20 @@ class BadInputTest : public ::testing::Test {
     other_optimizer.mutable_optimizer()->set_name("adam");
     EXPECT_TRUE(Refused(Register(RegisterOf(other_optimizer)), grpc::FAILED_PRECONDITION,
                         {"'w#0'", "optimizer sgd", "adam"}));
+    // One request naming a new key twice, with different shapes: refused as a
+    // whole, so the key does not exist afterwards.
+    v1::KeySpec four = WSpec();
+    four.set_variable("d");
+    four.set_shape(0, 4);
+    four.set_num_elements(4);
+    four.set_init(std::string(16, '\0'));
+    v1::KeySpec eight = four;
+    eight.set_shape(0, 8);
+    v1::RegisterKeysRequest twice = RegisterOf(four);
+    *twice.add_keys() = eight;
+    EXPECT_TRUE(Refused(Register(twice), grpc::INVALID_ARGUMENT, {"'d#0'", "twice"}));
+    EXPECT_TRUE(Refused(Pull(PullOf("d", 0, 0)), grpc::NOT_FOUND, {"'d#0'"}))
+        << "a refused registration created the key";
     // The same spec again is fine, and rank 0's first value keeps winning.
     v1::KeySpec same = WSpec();
     std::vector<float> other(kN, 42.f);

@@ -961,5 +961,21 @@ TEST(StoreTest, ALearningRateSetBeforeRank0RegistersIsKept) {
   EXPECT_KEY(store, "a", 1, {-0.25f});
 }
 
+TEST(StoreTest, AKeyBeyondThePartitionSizeIsRefusedBeforeAnyAllocation) {
+  Metrics m("t");
+  StoreOptions o = Sync(1);
+  o.max_key_bytes = 4096;
+  Store store(o, &m);
+  // (2^62 + 1) * 4 wraps to 4 in 64 bits: the size check must not multiply.
+  const int64_t huge = (int64_t{1} << 62) + 1;
+  absl::Status s = store.RegisterKeys(RegReq(0, {Spec("huge", 0, {huge}, 0, huge, {{1}})}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(s, "a key holds at most 1024 float32");
+  EXPECT_EQ(store.RegisterKeys(RegReq(0, {Simple("big", std::vector<float>(1025, 0.f), 1025)})).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.num_keys(), 0);
+  EXPECT_TRUE(store.RegisterKeys(RegReq(0, {Simple("fits", std::vector<float>(1024, 0.f), 1024)})).ok());
+}
+
 }  // namespace
 }  // namespace psrt
