@@ -35,5 +35,13 @@ for exe in "$bin"/*_bench; do
   reports+=("$out/$name.json" "$out/$name.txt")
 done
 
+# Loss against wall time in sync, async and ssp with one slowed worker
+# (Python with matplotlib, from the .venv that `setup.sh python` makes).
+echo "bench: consistency_bench"
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$root/scripts/setup.sh" python
+"$root/.venv/bin/python" "$root/benchmarks/consistency_bench.py" --build "$build" --out "$out"
+reports+=("$out/consistency.json" "$out/consistency.png")
+
 echo "bench: reports in $out/:"
 for r in "${reports[@]}"; do echo "  $r"; done

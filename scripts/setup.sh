@@ -5,6 +5,9 @@
 #   scripts/setup.sh          what the CMake build and its tests need
 #   scripts/setup.sh bazel    that, plus Bazel (Debian's bazel-bootstrap) for
 #                             the optional Bazel build (`make bazel`)
+#   scripts/setup.sh python   that, plus a virtual environment .venv (made with
+#                             the python3 on PATH) holding matplotlib, for the
+#                             Python benchmarks (`make bench`)
 set -euo pipefail
 
 packages=(
@@ -36,6 +39,28 @@ setup_bazel() {
   install_missing bazel-bootstrap
 }
 
+# Optional: .venv at the top of the repository, made with the python3 on PATH,
+# with matplotlib for benchmarks/consistency_bench.py's plot. Debian's python3
+# needs python3-venv for `python3 -m venv`; another python3 (pyenv, ...) brings
+# its own venv and ensurepip.
+setup_python() {
+  local root venv
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  venv=$root/.venv
+  if ! command -v python3 >/dev/null || ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+    install_missing python3 python3-venv
+  fi
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import sys' 2>/dev/null; then
+    echo "setup: creating $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+  fi
+  if ! "$venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
+    echo "setup: installing matplotlib into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check matplotlib
+  fi
+}
+
 case "${1:-}" in
   "")
     install_missing "${packages[@]}"
@@ -44,8 +69,12 @@ case "${1:-}" in
     install_missing "${packages[@]}"
     setup_bazel
     ;;
+  python)
+    install_missing "${packages[@]}"
+    setup_python
+    ;;
   *)
-    echo "usage: $0 [bazel]" >&2
+    echo "usage: $0 [bazel|python]" >&2
     exit 2
     ;;
 esac
