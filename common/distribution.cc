@@ -535,8 +535,6 @@ absl::Status CheckImplemented(const PsOptions& o) {
     return absl::UnimplementedError(absl::StrCat(
         "parameter_server.", what, " is not available in this build of psrt"));
   };
-  if (o.compression != "none") return no("compression");
-  if (o.pull_compression != "none") return no("pull_compression");
   if (!o.checkpoint.uri.empty() || !o.restore.empty()) return no("checkpoint and restore");
   return absl::OkStatus();
 }

@@ -40,6 +40,20 @@ void ConfigureServerBuilder(grpc::ServerBuilder* builder, int64_t max_message_by
   builder->SetResourceQuota(quota);
 }
 
+absl::StatusOr<ServingServer> StartServer(const std::string& bind, int port,
+                                          grpc::Service* service) {
+  grpc::ServerBuilder builder;
+  ConfigureServerBuilder(&builder);
+  ServingServer out;
+  builder.AddListeningPort(absl::StrCat(bind, ":", port), grpc::InsecureServerCredentials(), &out.port);
+  builder.RegisterService(service);
+  out.server = builder.BuildAndStart();
+  if (out.server == nullptr || out.port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", bind, ":", port));
+  }
+  return out;
+}
+
 void PrepareContext(grpc::ClientContext* ctx, const std::string& token,
                     absl::Duration timeout) {
   if (!token.empty()) ctx->AddMetadata(kTokenMetadata, token);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
@@ -28,6 +29,15 @@ std::shared_ptr<grpc::Channel> MakeChannel(
 // Applies message limits and thread limits shared by every psrt service.
 void ConfigureServerBuilder(grpc::ServerBuilder* builder,
                             int64_t max_message_bytes = kDefaultMaxMessageBytes);
+
+// A started gRPC server and the port it got.
+struct ServingServer {
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+// Serves `service` on bind:port (0 picks a free port) with the limits of
+// ConfigureServerBuilder; UNAVAILABLE naming the address when it cannot.
+absl::StatusOr<ServingServer> StartServer(const std::string& bind, int port, grpc::Service* service);
 
 // Sets the token and a deadline on an outgoing call.
 void PrepareContext(grpc::ClientContext* ctx, const std::string& token,

@@ -18,6 +18,8 @@
 
 #include "Eigen/Core"
 #include "absl/strings/str_cat.h"
+#include "kernels/isa.h"
+#include "kernels/optimizer_internal.h"
 
 namespace psrt {
 namespace {
@@ -58,95 +60,70 @@ const float* DecayedGrad(float wd, const float* param, const float* grad,
   return scratch;
 }
 
-void SgdUpdate(const OptimizerConfig& c, double lr, int64_t step, float* param,
-               const float* grad, float* const* slots, size_t n) {
-  const float wd = static_cast<float>(c.weight_decay);
-  const float neg_lr = static_cast<float>(-lr);
-  // torch tests momentum != 0; validation forbids < 0, and > 0 keeps this in
-  // step with NumSlots so an unvalidated config cannot touch a missing slot.
-  const bool has_momentum = c.momentum > 0.0;
-  const float momentum = static_cast<float>(c.momentum);
-  const float keep = static_cast<float>(1.0 - c.dampening);
+// The baseline (Isa::kScalar) kernels: Eigen, vectorised for SSE2. The AVX2
+// and AVX-512 kernels in optimizer_simd.cc repeat these expressions operation
+// for operation (Eigen evaluates `a * b + c * d` as (a * b) + (c * d), left
+// to right), which is what makes their results bit-identical.
+void SgdEigen(const kernels_internal::SgdParams& s, float* param,
+              const float* grad, float* buf_slot, size_t n) {
   float scratch[kBlock];
   for (size_t i = 0; i < n; i += kBlock) {
     const size_t len = std::min(kBlock, n - i);
     ArrayMap p(param + i, len);
-    ConstArrayMap g(DecayedGrad(wd, param + i, grad + i, len, scratch), len);
-    if (!has_momentum) {
-      p += neg_lr * g;  // param.add_(grad, alpha=-lr)
+    ConstArrayMap g(DecayedGrad(s.wd, param + i, grad + i, len, scratch), len);
+    if (!s.has_momentum) {
+      p += s.neg_lr * g;  // param.add_(grad, alpha=-lr)
       continue;
     }
-    ArrayMap buf(slots[0] + i, len);
-    if (step <= 1) {
+    ArrayMap buf(buf_slot + i, len);
+    if (s.first_step) {
       buf = g;  // torch clones grad on the first step; no dampening.
     } else {
-      buf = buf * momentum + keep * g;
+      buf = buf * s.momentum + s.keep * g;
     }
-    if (c.nesterov) {
-      p += neg_lr * (g + momentum * buf);
+    if (s.nesterov) {
+      p += s.neg_lr * (g + s.momentum * buf);
     } else {
-      p += neg_lr * buf;
+      p += s.neg_lr * buf;
     }
   }
 }
 
-void AdamUpdate(const OptimizerConfig& c, double lr, int64_t step, float* param,
-                const float* grad, float* const* slots, size_t n) {
-  const bool decoupled = c.kind == OptimizerKind::kAdamW;
-  // Python-side scalars are doubles in torch; they become float only when
-  // they meet the float tensor.
-  const double bias_correction1 =
-      1.0 - std::pow(c.beta1, static_cast<double>(step));
-  const double bias_correction2 =
-      1.0 - std::pow(c.beta2, static_cast<double>(step));
-  const float neg_step_size = static_cast<float>(-(lr / bias_correction1));
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  const float eps = static_cast<float>(c.eps);
-  const float beta2 = static_cast<float>(c.beta2);
-  const float one_minus_beta2 = static_cast<float>(1.0 - c.beta2);
-  // exp_avg.lerp_(grad, 1 - beta1); torch's lerp switches form at |w| = 0.5
-  // for accuracy, with the weight and 1 - weight in float.
-  const float w = static_cast<float>(1.0 - c.beta1);
-  const bool small_w = std::abs(w) < 0.5f;
-  const float one_minus_w = 1.0f - w;
-  const float wd = decoupled ? 0.0f : static_cast<float>(c.weight_decay);
-  const float decay = static_cast<float>(1.0 - lr * c.weight_decay);
-
+void AdamEigen(const kernels_internal::AdamParams& s, float* param,
+               const float* grad, float* exp_avg, float* exp_avg_sq, size_t n) {
   float scratch[kBlock];
   for (size_t i = 0; i < n; i += kBlock) {
     const size_t len = std::min(kBlock, n - i);
     ArrayMap p(param + i, len);
-    ArrayMap m(slots[0] + i, len);
-    ArrayMap v(slots[1] + i, len);
-    if (decoupled && c.weight_decay != 0.0) p *= decay;
-    ConstArrayMap g(DecayedGrad(wd, param + i, grad + i, len, scratch), len);
-    if (small_w) {
-      m = m + w * (g - m);
+    ArrayMap m(exp_avg + i, len);
+    ArrayMap v(exp_avg_sq + i, len);
+    if (s.apply_decay) p *= s.decay;
+    ConstArrayMap g(DecayedGrad(s.wd, param + i, grad + i, len, scratch), len);
+    if (s.small_w) {
+      m = m + s.w * (g - m);
     } else {
-      m = g - (g - m) * one_minus_w;
+      m = g - (g - m) * s.one_minus_w;
     }
-    v = v * beta2 + one_minus_beta2 * g * g;
-    p += neg_step_size * m / (v.sqrt() / bc2_sqrt + eps);
+    v = v * s.beta2 + s.one_minus_beta2 * g * g;
+    p += s.neg_step_size * m / (v.sqrt() / s.bc2_sqrt + s.eps);
   }
 }
 
-void AdaGradUpdate(const OptimizerConfig& c, double lr, int64_t step,
-                   float* param, const float* grad, float* const* slots,
-                   size_t n) {
-  const double clr = lr / (1.0 + static_cast<double>(step - 1) * c.lr_decay);
-  const float neg_clr = static_cast<float>(-clr);
-  const float wd = static_cast<float>(c.weight_decay);
-  const float eps = static_cast<float>(c.eps);
+void AdaGradEigen(const kernels_internal::AdaGradParams& s, float* param,
+                  const float* grad, float* sum_slot, size_t n) {
   float scratch[kBlock];
   for (size_t i = 0; i < n; i += kBlock) {
     const size_t len = std::min(kBlock, n - i);
     ArrayMap p(param + i, len);
-    ArrayMap sum(slots[0] + i, len);
-    ConstArrayMap g(DecayedGrad(wd, param + i, grad + i, len, scratch), len);
+    ArrayMap sum(sum_slot + i, len);
+    ConstArrayMap g(DecayedGrad(s.wd, param + i, grad + i, len, scratch), len);
     sum += g * g;
-    p += neg_clr * g / (sum.sqrt() + eps);
+    p += s.neg_clr * g / (sum.sqrt() + s.eps);
   }
 }
+
+constexpr kernels_internal::OptimizerKernels kEigenKernels = {
+    Isa::kScalar, SgdEigen, AdamEigen, AdaGradEigen};
 
 }  // namespace
 
@@ -209,23 +186,94 @@ void InitSlots(const OptimizerConfig& c, float* const* slots, size_t n) {
   for (int s = 0; s < num_slots; ++s) std::fill(slots[s], slots[s] + n, fill);
 }
 
+namespace kernels_internal {
+
+SgdParams MakeSgdParams(const OptimizerConfig& c, double lr, int64_t step) {
+  SgdParams s;
+  s.neg_lr = static_cast<float>(-lr);
+  s.wd = static_cast<float>(c.weight_decay);
+  // torch tests momentum != 0; validation forbids < 0, and > 0 keeps this in
+  // step with NumSlots so an unvalidated config cannot touch a missing slot.
+  s.has_momentum = c.momentum > 0.0;
+  s.momentum = static_cast<float>(c.momentum);
+  s.keep = static_cast<float>(1.0 - c.dampening);
+  s.nesterov = c.nesterov;
+  s.first_step = step <= 1;
+  return s;
+}
+
+AdamParams MakeAdamParams(const OptimizerConfig& c, double lr, int64_t step) {
+  const bool decoupled = c.kind == OptimizerKind::kAdamW;
+  // Python-side scalars are doubles in torch; they become float only when
+  // they meet the float tensor.
+  const double bias_correction1 =
+      1.0 - std::pow(c.beta1, static_cast<double>(step));
+  const double bias_correction2 =
+      1.0 - std::pow(c.beta2, static_cast<double>(step));
+  AdamParams s;
+  s.neg_step_size = static_cast<float>(-(lr / bias_correction1));
+  s.bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  s.eps = static_cast<float>(c.eps);
+  s.beta2 = static_cast<float>(c.beta2);
+  s.one_minus_beta2 = static_cast<float>(1.0 - c.beta2);
+  // exp_avg.lerp_(grad, 1 - beta1); torch's lerp switches form at |w| = 0.5
+  // for accuracy, with the weight and 1 - weight in float.
+  s.w = static_cast<float>(1.0 - c.beta1);
+  s.small_w = std::abs(s.w) < 0.5f;
+  s.one_minus_w = 1.0f - s.w;
+  s.wd = decoupled ? 0.0f : static_cast<float>(c.weight_decay);
+  s.apply_decay = decoupled && c.weight_decay != 0.0;
+  s.decay = static_cast<float>(1.0 - lr * c.weight_decay);
+  return s;
+}
+
+AdaGradParams MakeAdaGradParams(const OptimizerConfig& c, double lr,
+                                int64_t step) {
+  const double clr = lr / (1.0 + static_cast<double>(step - 1) * c.lr_decay);
+  AdaGradParams s;
+  s.neg_clr = static_cast<float>(-clr);
+  s.wd = static_cast<float>(c.weight_decay);
+  s.eps = static_cast<float>(c.eps);
+  return s;
+}
+
+const OptimizerKernels& OptimizerKernelsFor(Isa isa) {
+  const OptimizerKernels* k = nullptr;
+  if (isa == Isa::kAvx512) k = Avx512OptimizerKernels();
+  if (isa == Isa::kAvx2) k = Avx2OptimizerKernels();
+  return k != nullptr ? *k : kEigenKernels;
+}
+
+void ApplyUpdateWithIsa(Isa isa, const OptimizerConfig& c, double lr,
+                        int64_t step, float* param, const float* grad,
+                        float* const* slots, size_t n) {
+  assert(step >= 1);
+  if (n == 0) return;
+  const OptimizerKernels& k = OptimizerKernelsFor(isa);
+  switch (c.kind) {
+    case OptimizerKind::kSgd: {
+      const SgdParams s = MakeSgdParams(c, lr, step);
+      k.sgd(s, param, grad, s.has_momentum ? slots[0] : nullptr, n);
+      return;
+    }
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      k.adam(MakeAdamParams(c, lr, step), param, grad, slots[0], slots[1], n);
+      return;
+    case OptimizerKind::kAdaGrad:
+      k.adagrad(MakeAdaGradParams(c, lr, step), param, grad, slots[0], n);
+      return;
+  }
+}
+
+}  // namespace kernels_internal
+
 void ApplyUpdate(const OptimizerConfig& c, double lr, int64_t step,
                  float* param, const float* grad, float* const* slots,
                  size_t n) {
-  assert(step >= 1);
-  if (n == 0) return;
-  switch (c.kind) {
-    case OptimizerKind::kSgd:
-      SgdUpdate(c, lr, step, param, grad, slots, n);
-      return;
-    case OptimizerKind::kAdam:
-    case OptimizerKind::kAdamW:
-      AdamUpdate(c, lr, step, param, grad, slots, n);
-      return;
-    case OptimizerKind::kAdaGrad:
-      AdaGradUpdate(c, lr, step, param, grad, slots, n);
-      return;
-  }
+  // DetectIsa() is resolved once (a function-local static).
+  kernels_internal::ApplyUpdateWithIsa(DetectIsa(), c, lr, step, param, grad,
+                                       slots, n);
 }
 
 const char* OptimizerName(OptimizerKind k) {
@@ -243,8 +291,8 @@ const char* OptimizerName(OptimizerKind k) {
 }
 
 absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name) {
-  for (OptimizerKind k : {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW,
-                          OptimizerKind::kAdaGrad}) {
+  for (OptimizerKind k : {OptimizerKind::kSgd, OptimizerKind::kAdam,
+                          OptimizerKind::kAdamW, OptimizerKind::kAdaGrad}) {
     if (name == OptimizerName(k)) return k;
   }
   return absl::InvalidArgumentError(absl::StrCat(

@@ -53,6 +53,9 @@ void InitSlots(const OptimizerConfig& c, float* const* slots, size_t n);
 // (torch sets buf = grad on the first step, ignoring dampening). `grad` is the
 // already aggregated gradient. `lr` overrides c.lr so the learning rate can be
 // scheduled at run time. `param` must not alias `grad` or any slot.
+//
+// Runs the kernel for DetectIsa() (kernels/isa.h): AVX-512, AVX2 or the Eigen
+// baseline, whose results are bit-identical (kernels/optimizer_internal.h).
 void ApplyUpdate(const OptimizerConfig& c, double lr, int64_t step,
                  float* param, const float* grad, float* const* slots,
                  size_t n);

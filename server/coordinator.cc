@@ -54,6 +54,8 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
   config_.set_backup_workers(ps.backup_workers);
   config_.set_on_worker_failure(ps.on_worker_failure);
   config_.set_restart_workers(ps.restart_workers);
+  config_.set_compression(ps.compression);
+  config_.set_pull_compression(ps.pull_compression);
   epoch_gauge_->Set(1);
   active_workers_->Set(config_.num_workers());
   auto add = [&](v1::Role role, int index, int host) {

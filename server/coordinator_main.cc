@@ -67,16 +67,12 @@ int main(int argc, char** argv) {
   psrt::Metrics metrics("psrt_coordinator");
   psrt::CoordinatorService service(options, &metrics);
   running = &service;
-  grpc::ServerBuilder builder;
-  psrt::ConfigureServerBuilder(&builder);
-  int bound_port = 0;
-  builder.AddListeningPort(absl::StrCat(bind, ":", port), grpc::InsecureServerCredentials(), &bound_port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || bound_port == 0) {
-    psrt::LogError("cannot listen on ", bind, ":", port);
+  absl::StatusOr<psrt::ServingServer> serving = psrt::StartServer(bind, port, &service);
+  if (!serving.ok()) {
+    psrt::LogError(serving.status().message());
     return 1;
   }
+  const int bound_port = serving->port;
   auto http = psrt::ServeMetrics(bind, metrics_port, &metrics);
   if (!http.ok()) {
     psrt::LogError(http.status().message());
@@ -91,7 +87,7 @@ int main(int argc, char** argv) {
                 " servers and ", service.config().num_workers(), " workers on ", options.hosts.size(),
                 " hosts (", service.config().mode(), " mode)");
   const psrt::v1::JobState state = service.WaitForEnd();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  serving->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   psrt::LogInfo("exiting");
   return state == psrt::v1::JOB_SUCCEEDED ? 0 : 1;
 }

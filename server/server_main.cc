@@ -58,16 +58,12 @@ int main(int argc, char** argv) {
   psrt::Store store(store_options, &metrics);
   psrt::PsService service(&store, &metrics, token);
 
-  grpc::ServerBuilder builder;
-  psrt::ConfigureServerBuilder(&builder);
-  int bound_port = 0;
-  builder.AddListeningPort(absl::StrCat(bind, ":", port), grpc::InsecureServerCredentials(), &bound_port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || bound_port == 0) {
-    psrt::LogError("cannot listen on ", bind, ":", port);
+  absl::StatusOr<psrt::ServingServer> serving = psrt::StartServer(bind, port, &service);
+  if (!serving.ok()) {
+    psrt::LogError(serving.status().message());
     return 1;
   }
+  const int bound_port = serving->port;
   auto http = psrt::ServeMetrics(bind, metrics_port, &metrics);
   if (!http.ok()) {
     psrt::LogError(http.status().message());
@@ -109,6 +105,6 @@ int main(int argc, char** argv) {
     psrt::LogInfo("job ", code == 0 ? "succeeded" : "failed", ": ", end.reason, "; exiting");
   }
   store.Close();  // waiting pulls end now, so Shutdown has no handler to wait for
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  serving->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return code;
 }

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/compression.h"
 #include "common/key_map.h"
 
 namespace psrt {
@@ -38,6 +40,8 @@ struct Store::Key {
   // Who takes part, and (sync) how many pushes complete a step.
   std::vector<char> active ABSL_GUARDED_BY(mu);
   int required ABSL_GUARDED_BY(mu) = 1;
+  // Async and ssp: a compressed gradient decoded, reused for every push.
+  std::vector<float> scratch ABSL_GUARDED_BY(mu);
   // Async and ssp: each worker's clock (pushes made), for the staleness bound.
   std::vector<int64_t> clock ABSL_GUARDED_BY(mu);
   // Async: the last kPushWindow push ids applied per worker, so a retried
@@ -99,7 +103,10 @@ Store::Store(StoreOptions options, Metrics* metrics)
       pull_wait_seconds_(metrics->GetHistogram("pull_wait_seconds", "Time a pulled key waited for its version", TimeBuckets())),
       dropped_pushes_(metrics->GetCounter("dropped_pushes_total", "Sync pushes dropped because their step was applied without them (backup workers)")),
       staleness_(metrics->GetHistogram("staleness", "Clocks by which a pulling worker was ahead of the slowest active worker (async, ssp)", {0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64})),
-      epoch_gauge_(metrics->GetGauge("membership_epoch", "Membership epoch this server works in")) {
+      epoch_gauge_(metrics->GetGauge("membership_epoch", "Membership epoch this server works in")),
+      compressed_pushes_(metrics->GetCounter("compressed_pushes_total", "Key pushes in float16 or bfloat16")),
+      rescaled_pushes_(metrics->GetCounter("rescaled_pushes_total", "Compressed key pushes scaled to fit float16's range")),
+      nonfinite_pushes_(metrics->GetCounter("nonfinite_pushes_total", "Key pushes whose gradient held NaN or Inf")) {
   active_.assign(options_.num_workers, 1);
   epoch_gauge_->Set(1);
 }
@@ -295,15 +302,20 @@ absl::Status Store::Push(const v1::PushRequest& req) {
     absl::StatusOr<Key*> key = Find(kd.variable(), kd.partition());
     if (!key.ok()) return key.status();
     Key* k = *key;
-    if (kd.dtype() != v1::DTYPE_FLOAT32) {
+    const int bpv = BytesPerValue(kd.dtype());
+    if (bpv == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "push to key '", k->name, "' has dtype ", DTypeName(kd.dtype()),
-          "; this server takes float32 gradients"));
+          "; gradients are float32, float16 or bfloat16"));
     }
-    if (static_cast<int64_t>(kd.data().size()) != k->n * 4) {
+    if (static_cast<int64_t>(kd.data().size()) != k->n * bpv) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "push to key '", k->name, "' has ", kd.data().size(), " bytes; the key holds ",
-          k->n, " float32 (", k->n * 4, " bytes)"));
+          "push to key '", k->name, "' has ", kd.data().size(), " bytes; the key holds ", k->n, " ",
+          DTypeName(kd.dtype()), " (", k->n * bpv, " bytes)"));
+    }
+    if (!std::isfinite(kd.scale()) || kd.scale() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push to key '", k->name, "' has scale ", kd.scale(), "; a scale is finite and > 0"));
     }
     absl::MutexLock lock(&k->mu);
     if (!k->initialized) {
@@ -325,9 +337,11 @@ absl::Status Store::Push(const v1::PushRequest& req) {
   for (int i = 0; i < req.keys_size(); ++i) {
     const v1::KeyData& kd = req.keys(i);
     Key* k = keys[i];
-    const float* grad = reinterpret_cast<const float*>(kd.data().data());
     bytes_in_->Add(kd.data().size());
     key_pushes_->Add();
+    if (kd.dtype() != v1::DTYPE_FLOAT32) compressed_pushes_->Add();
+    if (kd.scale() != 0 && kd.scale() != 1) rescaled_pushes_->Add();
+    if (kd.nonfinite()) nonfinite_pushes_->Add();
     absl::MutexLock lock(&k->mu);
     if (!options_.sync) {
       uint64_t* recent = &k->recent_push_ids[w * kPushWindow];
@@ -337,6 +351,12 @@ absl::Status Store::Push(const v1::PushRequest& req) {
       }
       recent[k->recent_next[w]] = req.push_id();
       k->recent_next[w] = (k->recent_next[w] + 1) % kPushWindow;
+      const float* grad = reinterpret_cast<const float*>(kd.data().data());
+      if (kd.dtype() != v1::DTYPE_FLOAT32) {
+        k->scratch.resize(k->n);
+        DecodeValues(kd.data(), kd.dtype(), kd.scale(), k->scratch.data(), k->n, false);
+        grad = k->scratch.data();
+      }
       Apply(k, grad);
       k->clock[w] = std::max(k->clock[w], kd.version() + 1);
       continue;
@@ -351,12 +371,7 @@ absl::Status Store::Push(const v1::PushRequest& req) {
       duplicate_pushes_->Add();
       continue;
     }
-    if (k->contributions == 0) {
-      std::memcpy(k->accum.data(), grad, k->n * 4);
-    } else {
-      float* acc = k->accum.data();
-      for (int64_t j = 0; j < k->n; ++j) acc[j] += grad[j];
-    }
+    DecodeValues(kd.data(), kd.dtype(), kd.scale(), k->accum.data(), k->n, k->contributions > 0);
     k->contributed[w] = 1;
     k->last_step[w] = kd.version();
     ++k->contributions;
@@ -425,7 +440,7 @@ int64_t Store::membership_epoch() const {
 
 void Store::Close() { closing_ = true; }
 
-absl::Status Store::PullKey(Key* k, int64_t min_version, absl::Time deadline,
+absl::Status Store::PullKey(Key* k, int64_t min_version, v1::DType dtype, absl::Time deadline,
                             const Cancelled& cancelled, v1::KeyData* out) {
   const absl::Time start = absl::Now();
   absl::MutexLock lock(&k->mu);
@@ -491,9 +506,9 @@ absl::Status Store::PullKey(Key* k, int64_t min_version, absl::Time deadline,
   out->set_variable(k->spec.variable());
   out->set_partition(k->spec.partition());
   out->set_version(k->version);
-  out->set_dtype(v1::DTYPE_FLOAT32);
-  out->set_data(reinterpret_cast<const char*>(k->weights.data()), k->n * 4);
-  bytes_out_->Add(k->n * 4);
+  out->set_dtype(dtype);
+  out->set_scale(EncodeValues(k->weights.data(), k->n, dtype, out->mutable_data()).scale);
+  bytes_out_->Add(out->data().size());
   pulls_->Add();
   return absl::OkStatus();
 }
@@ -510,10 +525,17 @@ absl::Status Store::Pull(const v1::PullRequest& req, absl::Time deadline,
       return absl::InvalidArgumentError(absl::StrCat(
           "pull of key '", (*key)->name, "' carries data; a pull names keys and versions only"));
     }
+    if (kd.dtype() != v1::DTYPE_UNSPECIFIED && BytesPerValue(kd.dtype()) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pull of key '", (*key)->name, "' asks for dtype ", kd.dtype(),
+          "; weights are sent as float32, float16 or bfloat16"));
+    }
     keys.push_back(*key);
   }
   for (int i = 0; i < req.keys_size(); ++i) {
-    if (absl::Status s = PullKey(keys[i], req.keys(i).version(), deadline, cancelled, resp->add_keys());
+    const v1::DType dtype =
+        req.keys(i).dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_FLOAT32 : req.keys(i).dtype();
+    if (absl::Status s = PullKey(keys[i], req.keys(i).version(), dtype, deadline, cancelled, resp->add_keys());
         !s.ok()) {
       return s;
     }
@@ -531,6 +553,7 @@ absl::Status Store::PushPull(const v1::PushPullRequest& req, absl::Time deadline
     k->set_variable(kd.variable());
     k->set_partition(kd.partition());
     k->set_version(kd.version() + 1);
+    k->set_dtype(kd.pull_dtype());
   }
   v1::PullResponse pulled;
   if (absl::Status s = Pull(pull, deadline, &pulled, cancelled); !s.ok()) return s;

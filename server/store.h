@@ -80,7 +80,7 @@ class Store {
   // Sync: applies the step when enough pushes for it arrived.
   void MaybeFinishStep(Key* key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   std::vector<Key*> AllKeys() const;
-  absl::Status PullKey(Key* key, int64_t min_version, absl::Time deadline,
+  absl::Status PullKey(Key* key, int64_t min_version, v1::DType dtype, absl::Time deadline,
                        const Cancelled& cancelled, v1::KeyData* out);
 
   const StoreOptions options_;
@@ -104,6 +104,9 @@ class Store {
   Counter* dropped_pushes_;
   Histogram* staleness_;
   Gauge* epoch_gauge_;
+  Counter* compressed_pushes_;
+  Counter* rescaled_pushes_;
+  Counter* nonfinite_pushes_;
 };
 
 absl::StatusOr<OptimizerConfig> OptimizerFromProto(const v1::OptimizerConfig& p);

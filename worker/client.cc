@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/compression.h"
 #include "common/coordinator_link.h"
 #include "common/daemon.h"
 #include "common/grpc_util.h"
@@ -64,6 +65,8 @@ struct Variable {
   int64_t num_elements = 0;
   std::vector<Partition> parts;
   std::vector<int64_t> pulled_versions;  // per partition, from the latest pull
+  v1::DType push_dtype = v1::DTYPE_FLOAT32;
+  v1::DType pull_dtype = v1::DTYPE_FLOAT32;
 };
 
 // Progress of one asynchronous operation fanned out over servers.
@@ -129,13 +132,13 @@ class Client::Impl {
     std::vector<std::pair<float*, Partition>> outs;  // parallel to keys
   };
 
-  absl::StatusOr<std::vector<Partition>> PartsOf(const std::string& name) {
+  absl::StatusOr<Variable> Find(const std::string& name) {
     absl::MutexLock lock(&mu);
     auto it = variables.find(name);
     if (it == variables.end()) {
       return absl::NotFoundError(absl::StrCat("variable '", name, "' is not registered"));
     }
-    return it->second.parts;
+    return it->second;
   }
 
   // ABORTED with the coordinator's reason once the job has failed.
@@ -204,12 +207,14 @@ class Client::Impl {
   // Splits tensors into per-server requests. With `with_grad` each key
   // carries its gradient.
   absl::StatusOr<std::vector<Shard>> Split(const std::vector<TensorRef>& tensors,
-                                           int64_t version, bool with_grad, bool with_out) {
+                                           int64_t version, bool with_grad, bool with_out,
+                                           bool exact) {
     std::vector<Shard> shards;
     std::map<int, size_t> open;  // server -> index of its request being filled
     for (const TensorRef& t : tensors) {
-      absl::StatusOr<std::vector<Partition>> parts = PartsOf(t.name);
-      if (!parts.ok()) return parts.status();
+      absl::StatusOr<Variable> var = Find(t.name);
+      if (!var.ok()) return var.status();
+      const std::vector<Partition>* parts = &var->parts;
       if ((with_grad && t.grad == nullptr) || (with_out && t.out == nullptr)) {
         return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has no buffer"));
       }
@@ -220,8 +225,14 @@ class Client::Impl {
         kd.set_partition(p.index);
         kd.set_version(version);
         if (with_grad) {
-          kd.set_dtype(v1::DTYPE_FLOAT32);
-          kd.set_data(reinterpret_cast<const char*>(t.grad + p.offset), p.num_elements * 4);
+          kd.set_dtype(var->push_dtype);
+          const EncodeInfo info =
+              EncodeValues(t.grad + p.offset, p.num_elements, var->push_dtype, kd.mutable_data());
+          if (info.scale != 1) kd.set_scale(info.scale);
+          kd.set_nonfinite(info.nonfinite);
+          kd.set_pull_dtype(var->pull_dtype);
+        } else {
+          kd.set_dtype(exact ? v1::DTYPE_FLOAT32 : var->pull_dtype);
         }
         shard.outs.emplace_back(t.out, p);
       }
@@ -237,12 +248,13 @@ class Client::Impl {
     }
     for (int i = 0; i < got.size(); ++i) {
       const auto& [out, p] = shard.outs[i];
-      if (static_cast<int64_t>(got[i].data().size()) != p.num_elements * 4) {
+      const int64_t expected = p.num_elements * BytesPerValue(got[i].dtype());
+      if (expected == 0 || static_cast<int64_t>(got[i].data().size()) != expected) {
         return absl::InternalError(absl::StrCat(
-            "server sent ", got[i].data().size(), " bytes for key '",
-            KeyName(got[i].variable(), got[i].partition()), "'; expected ", p.num_elements * 4));
+            "server sent ", got[i].data().size(), " bytes of dtype ", got[i].dtype(), " for key '",
+            KeyName(got[i].variable(), got[i].partition()), "'; expected ", expected));
       }
-      std::memcpy(out + p.offset, got[i].data().data(), p.num_elements * 4);
+      DecodeValues(got[i].data(), got[i].dtype(), got[i].scale(), out + p.offset, p.num_elements, false);
     }
     absl::MutexLock lock(&mu);
     for (const v1::KeyData& kd : got) {
@@ -274,8 +286,10 @@ class Client::Impl {
     --op->pending;
   }
 
-  Handle Start(std::vector<TensorRef> tensors, int64_t version, bool push, bool pull) {
-    absl::StatusOr<std::vector<Shard>> shards = Split(tensors, version, push, pull);
+  // `exact`: pull float32 whatever the variable's pull compression.
+  Handle Start(std::vector<TensorRef> tensors, int64_t version, bool push, bool pull,
+               bool exact = false) {
+    absl::StatusOr<std::vector<Shard>> shards = Split(tensors, version, push, pull, exact);
     if (!shards.ok()) return NewOp(0, shards.status()).first;
     auto [handle, op] = NewOp(static_cast<int>(shards->size()));
     const uint64_t push_id = push ? next_push_id.fetch_add(1) : 0;
@@ -357,7 +371,19 @@ int Client::num_servers() const { return static_cast<int>(impl_->stubs.size()); 
 bool Client::sync() const { return impl_->config.mode() == "sync"; }
 
 absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64_t> shape,
-                                      float* data, const OptimizerConfig& optimizer) {
+                                      float* data, const OptimizerConfig& optimizer,
+                                      Compression push, Compression pull) {
+  auto dtype_of = [](Compression c, const std::string& job_default, v1::DType* dtype) {
+    switch (c) {
+      case Compression::kNone: *dtype = v1::DTYPE_FLOAT32; return absl::OkStatus();
+      case Compression::kFp16: *dtype = v1::DTYPE_FLOAT16; return absl::OkStatus();
+      case Compression::kBf16: *dtype = v1::DTYPE_BFLOAT16; return absl::OkStatus();
+      default: return ParseCompression(job_default.empty() ? "none" : job_default, dtype);
+    }
+  };
+  v1::DType push_dtype, pull_dtype;
+  if (absl::Status s = dtype_of(push, impl_->config.compression(), &push_dtype); !s.ok()) return s;
+  if (absl::Status s = dtype_of(pull, impl_->config.pull_compression(), &pull_dtype); !s.ok()) return s;
   if (data == nullptr) return absl::InvalidArgumentError(absl::StrCat("variable '", name, "' has no buffer"));
   if (absl::Status s = ValidateOptimizerConfig(optimizer); !s.ok()) return s;
   int64_t n = 1;
@@ -378,6 +404,8 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
     it->second.num_elements = n;
     it->second.parts = *parts;
     it->second.pulled_versions.assign(parts->size(), 0);
+    it->second.push_dtype = push_dtype;
+    it->second.pull_dtype = pull_dtype;
   }
   struct Batch {
     int server = 0;
@@ -410,7 +438,8 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
     });
   }
   if (absl::Status s = Wait(handle); !s.ok()) return s;
-  return Wait(Pull({{name, nullptr, data}}, 0));
+  // The starting weights travel exactly, whatever the pull compression.
+  return Wait(impl_->Start({{name, nullptr, data}}, 0, false, true, /*exact=*/true));
 }
 
 Client::Handle Client::Push(std::vector<TensorRef> tensors, int64_t version) {

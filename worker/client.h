@@ -50,6 +50,10 @@ struct TensorRef {
   float* out = nullptr;         // filled (Pull, PushPull)
 };
 
+// How a variable's values travel; kJobDefault takes the job's
+// "compression" / "pull_compression" setting.
+enum class Compression { kJobDefault, kNone, kFp16, kBf16 };
+
 class Client {
  public:
   using Handle = uint64_t;
@@ -69,8 +73,12 @@ class Client {
   // Registers a float32 variable on the servers. Rank 0's `data` is the
   // initial value; then every rank's `data` is overwritten with the current
   // weights (rank 0's value, or the trained weights for a worker that rejoins).
+  // `push` and `pull` choose how its gradients and weights travel (fp16 and
+  // bf16 halve the bytes; servers keep float32 master weights).
   absl::Status RegisterVariable(const std::string& name, std::vector<int64_t> shape, float* data,
-                                const OptimizerConfig& optimizer);
+                                const OptimizerConfig& optimizer,
+                                Compression push = Compression::kJobDefault,
+                                Compression pull = Compression::kJobDefault);
 
   // Pushes gradients computed from weights of `version` (sync mode: the step).
   Handle Push(std::vector<TensorRef> tensors, int64_t version);

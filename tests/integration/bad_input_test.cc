@@ -281,14 +281,26 @@ class BadInputTest : public ::testing::Test {
 
   void WrongDtype() {
     SCOPED_TRACE("wrong dtype");
-    EXPECT_TRUE(Refused(
-        Push(PushOf(Key("w", 0, 0, v1::DTYPE_FLOAT16, std::string(kN * 2, '\0')))),
-        grpc::INVALID_ARGUMENT, {"'w#0'", "float16", "float32"}));
-    // Right byte count for float32, but labelled bfloat16.
+    // float16 and bfloat16 gradients are 2 bytes a value: float32's byte count
+    // under their label is refused, naming the size expected.
+    EXPECT_TRUE(Refused(Push(PushOf(Key("w", 0, 0, v1::DTYPE_FLOAT16, Bytes(Grad())))),
+                        grpc::INVALID_ARGUMENT, {"'w#0'", "float16", "2048 bytes"}));
     EXPECT_TRUE(Refused(Push(PushOf(Key("w", 0, 0, v1::DTYPE_BFLOAT16, Bytes(Grad())))),
-                        grpc::INVALID_ARGUMENT, {"'w#0'", "bfloat16", "float32"}));
+                        grpc::INVALID_ARGUMENT, {"'w#0'", "bfloat16", "2048 bytes"}));
     EXPECT_TRUE(Refused(Push(PushOf(Key("w", 0, 0, v1::DTYPE_UNSPECIFIED, Bytes(Grad())))),
-                        grpc::INVALID_ARGUMENT, {"'w#0'", "unspecified", "float32"}));
+                        grpc::INVALID_ARGUMENT, {"'w#0'", "unspecified", "float32, float16 or bfloat16"}));
+    EXPECT_TRUE(Refused(Push(PushOf(Key("w", 0, 0, static_cast<v1::DType>(99), Bytes(Grad())))),
+                        grpc::INVALID_ARGUMENT, {"'w#0'", "float32, float16 or bfloat16"}));
+    // A negative or infinite scale.
+    v1::KeyData scaled = Key("w", 0, 0, v1::DTYPE_FLOAT16, std::string(kN * 2, '\0'));
+    scaled.set_scale(-2);
+    EXPECT_TRUE(Refused(Push(PushOf(scaled)), grpc::INVALID_ARGUMENT, {"'w#0'", "scale -2"}));
+    scaled.set_scale(INFINITY);
+    EXPECT_TRUE(Refused(Push(PushOf(scaled)), grpc::INVALID_ARGUMENT, {"'w#0'", "scale inf"}));
+    // A pull asking for weights in a dtype that does not exist.
+    v1::PullRequest odd = PullOf("w", 0, 0);
+    odd.mutable_keys(0)->set_dtype(static_cast<v1::DType>(42));
+    EXPECT_TRUE(Refused(Pull(odd), grpc::INVALID_ARGUMENT, {"'w#0'", "dtype 42"}));
     // Registering a variable of an unsupported dtype.
     v1::KeySpec half = WSpec();
     half.set_variable("h");

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/compression.h"
 #include "common/metrics.h"
 #include "gtest/gtest.h"
 #include "psrt/v1/ps.pb.h"
@@ -635,10 +636,10 @@ TEST(StoreTest, BadPushesAndPullsChangeNothing) {
 
   v1::KeyData f16 = Grad("a", 0, kG0);
   f16.set_dtype(v1::DTYPE_FLOAT16);
-  f16.set_data(std::string(6, '\0'));
+  f16.set_data(std::string(5, '\0'));  // 3 float16 take 6 bytes
   s = store.Push(PushReq(0, 2, {f16}));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_HAS(s, "float16");
+  EXPECT_HAS(s, "float16 (6 bytes)");
   check_unchanged("float16");
 
   s = store.Push(PushReq(0, 3, {Grad("a", 0, {1, 2})}));
@@ -975,6 +976,45 @@ TEST(StoreTest, AKeyBeyondThePartitionSizeIsRefusedBeforeAnyAllocation) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store.num_keys(), 0);
   EXPECT_TRUE(store.RegisterKeys(RegReq(0, {Simple("fits", std::vector<float>(1024, 0.f), 1024)})).ok());
+}
+
+// A gradient compressed as the client does it (common/compression.h).
+v1::KeyData Compressed(const std::string& variable, int64_t version, const std::vector<float>& g,
+                       v1::DType dtype) {
+  v1::KeyData kd = Grad(variable, version, g);
+  kd.set_dtype(dtype);
+  const EncodeInfo info = EncodeValues(g.data(), g.size(), dtype, kd.mutable_data());
+  kd.set_scale(info.scale);
+  return kd;
+}
+
+TEST(StoreTest, CompressedPushesAreDecodedAndSummedInFloat32) {
+  Metrics m("t");
+  Store store(Sync(3), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("a", {{0, 0, 0}}, 3, 1.0)})).ok());
+  // Exact in fp16 and bf16; 2^20 needs fp16's scale.
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Compressed("a", 0, {1, 0x1p20f, -0.5}, v1::DTYPE_FLOAT16)})).ok());
+  ASSERT_TRUE(store.Push(PushReq(1, 1, {Compressed("a", 0, {2, 0x1p20f, -0.5}, v1::DTYPE_BFLOAT16)})).ok());
+  ASSERT_TRUE(store.Push(PushReq(2, 1, {Grad("a", 0, {3, 0x1p20f, -0.5})})).ok());
+  EXPECT_KEY(store, "a", 1, {-2.f, -0x1p20f, 0.5f});
+  EXPECT_EQ(Metric(m, "t_compressed_pushes_total"), 2);
+  EXPECT_EQ(Metric(m, "t_rescaled_pushes_total"), 1);
+  EXPECT_EQ(Metric(m, "t_bytes_in_total"), 12 + 6 + 6 + 12);  // init, fp16, bf16, fp32
+}
+
+TEST(StoreTest, PullsSendTheDtypeAsked) {
+  Metrics m("t");
+  Store store(Async(1), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("a", {{1.5f, 0x1p20f, -3}}, 3)})).ok());
+  v1::PullRequest req = PullReq(0, "a", 0);
+  req.mutable_keys(0)->set_dtype(v1::DTYPE_FLOAT16);
+  v1::PullResponse resp;
+  ASSERT_TRUE(store.Pull(req, absl::Now() + absl::Seconds(5), &resp).ok());
+  ASSERT_EQ(resp.keys(0).dtype(), v1::DTYPE_FLOAT16);
+  ASSERT_EQ(resp.keys(0).data().size(), 6u);
+  std::vector<float> w(3);
+  DecodeValues(resp.keys(0).data(), v1::DTYPE_FLOAT16, resp.keys(0).scale(), w.data(), 3, false);
+  EXPECT_EQ(w, (std::vector<float>{1.5f, 0x1p20f, -3}));
 }
 
 }  // namespace
