@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/optimizer.h"
 
 // The CUDA runtime's own declaration (driver_types.h), repeated so callers
@@ -73,6 +74,25 @@ absl::Status CudaApplyUpdate(const OptimizerConfig& c, double lr, int64_t step,
                              float* d_param, const float* d_grad,
                              float* const* d_slots, size_t n,
                              cudaStream_t stream);
+
+// --- moving tensors between a training process's GPU and the host ----------
+
+// Whether `p` points into CUDA device memory (false without a usable GPU).
+bool IsDevicePointer(const void* p);
+absl::Status CudaCopyToHost(const void* d_src, void* h_dst, size_t bytes);
+absl::Status CudaCopyToDevice(const void* h_src, void* d_dst, size_t bytes);
+
+// Encodes `n` float32 values in device memory into `h_out` (n uint16) as fp16
+// or bf16, converting on the device so that only half the bytes cross to the
+// host. For fp16 the block's largest magnitude, found on the device, picks a
+// scale through `choose_scale` (common/compression.h's Fp16Scale); bf16 uses
+// 1. Synchronous; a device staging buffer per thread is kept for reuse.
+struct CudaEncoded {
+  float scale = 1;
+  bool nonfinite = false;
+};
+absl::StatusOr<CudaEncoded> CudaEncodeToHost(const float* d_in, size_t n, bool fp16,
+                                             float (*choose_scale)(float), uint16_t* h_out);
 
 }  // namespace psrt
 

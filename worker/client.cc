@@ -20,6 +20,9 @@
 #include "common/grpc_util.h"
 #include "common/key_map.h"
 #include "common/thread_pool.h"
+#ifdef PSRT_HAVE_CUDA
+#include "kernels/cuda_kernels.h"
+#endif
 #include "psrt/v1/ps.grpc.pb.h"
 
 namespace psrt {
@@ -60,6 +63,40 @@ OptimizerConfig DefaultOptimizer(OptimizerKind kind, double lr) {
 }
 
 namespace {
+
+// Encodes a gradient for the wire. One in GPU memory is converted on the
+// device, so only the compressed bytes cross to the host.
+absl::StatusOr<EncodeInfo> EncodeGradient(const float* grad, int64_t n, v1::DType dtype,
+                                          std::string* out) {
+#ifdef PSRT_HAVE_CUDA
+  if (IsDevicePointer(grad)) {
+    out->resize(n * BytesPerValue(dtype));
+    if (dtype == v1::DTYPE_FLOAT32) {
+      if (absl::Status s = CudaCopyToHost(grad, out->data(), n * 4); !s.ok()) return s;
+      return EncodeInfo{};
+    }
+    absl::StatusOr<CudaEncoded> e = CudaEncodeToHost(grad, n, dtype == v1::DTYPE_FLOAT16, &Fp16Scale,
+                                                     reinterpret_cast<uint16_t*>(out->data()));
+    if (!e.ok()) return e.status();
+    return EncodeInfo{e->scale, e->nonfinite};
+  }
+#endif
+  return EncodeValues(grad, n, dtype, out);
+}
+
+// Decodes pulled weights into `out`, on the host or in GPU memory.
+absl::Status DecodeWeights(const v1::KeyData& kd, float* out, int64_t n) {
+#ifdef PSRT_HAVE_CUDA
+  if (IsDevicePointer(out)) {
+    thread_local std::vector<float> host;  // reused: no allocation per pull
+    host.resize(n);
+    DecodeValues(kd.data(), kd.dtype(), kd.scale(), host.data(), n, false);
+    return CudaCopyToDevice(host.data(), out, n * 4);
+  }
+#endif
+  DecodeValues(kd.data(), kd.dtype(), kd.scale(), out, n, false);
+  return absl::OkStatus();
+}
 
 struct Variable {
   int64_t num_elements = 0;
@@ -226,10 +263,11 @@ class Client::Impl {
         kd.set_version(version);
         if (with_grad) {
           kd.set_dtype(var->push_dtype);
-          const EncodeInfo info =
-              EncodeValues(t.grad + p.offset, p.num_elements, var->push_dtype, kd.mutable_data());
-          if (info.scale != 1) kd.set_scale(info.scale);
-          kd.set_nonfinite(info.nonfinite);
+          absl::StatusOr<EncodeInfo> info =
+              EncodeGradient(t.grad + p.offset, p.num_elements, var->push_dtype, kd.mutable_data());
+          if (!info.ok()) return info.status();
+          if (info->scale != 1) kd.set_scale(info->scale);
+          kd.set_nonfinite(info->nonfinite);
           kd.set_pull_dtype(var->pull_dtype);
         } else {
           kd.set_dtype(exact ? v1::DTYPE_FLOAT32 : var->pull_dtype);
@@ -254,7 +292,7 @@ class Client::Impl {
             "server sent ", got[i].data().size(), " bytes of dtype ", got[i].dtype(), " for key '",
             KeyName(got[i].variable(), got[i].partition()), "'; expected ", expected));
       }
-      DecodeValues(got[i].data(), got[i].dtype(), got[i].scale(), out + p.offset, p.num_elements, false);
+      if (absl::Status s = DecodeWeights(got[i], out + p.offset, p.num_elements); !s.ok()) return s;
     }
     absl::MutexLock lock(&mu);
     for (const v1::KeyData& kd : got) {

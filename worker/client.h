@@ -43,7 +43,9 @@ struct ClientOptions {
 OptimizerConfig DefaultOptimizer(OptimizerKind kind, double lr);
 
 // One variable in a push or pull. Buffers hold the whole variable as
-// float32 and must stay valid until the operation's Wait returns.
+// float32 and must stay valid until the operation's Wait returns. They may
+// be in GPU memory (in a build with CUDA): gradients are then compressed on
+// the device before the device-to-host copy.
 struct TensorRef {
   std::string name;
   const float* grad = nullptr;  // pushed (Push, PushPull)

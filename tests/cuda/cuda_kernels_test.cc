@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/compression.h"
 #include "kernels/convert.h"
 #include "kernels/isa.h"
 #include "kernels/optimizer.h"
@@ -368,6 +369,46 @@ TEST_F(CudaKernelsTest, OptimizersMatchCpu) {
       if (HasFailure()) return;
     }
   }
+}
+
+}  // namespace
+}  // namespace psrt
+
+namespace psrt {
+namespace {
+
+// A gradient in GPU memory is encoded on the device exactly as the CPU
+// encodes it (common/compression.h), scale and all.
+TEST(CudaTransferTest, EncodeToHostMatchesTheCpuEncoding) {
+  if (!CudaAvailable()) GTEST_SKIP() << "no usable GPU: " << CudaUnavailableReason();
+  std::vector<float> host(100003);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = std::sin(i * 0.37f) * (i % 11 == 0 ? 3e5f : 1.f);
+  float* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, host.size() * 4), cudaSuccess);
+  ASSERT_TRUE(CudaCopyToDevice(host.data(), device, host.size() * 4).ok());
+  EXPECT_TRUE(IsDevicePointer(device));
+  EXPECT_FALSE(IsDevicePointer(host.data()));
+  for (v1::DType dtype : {v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16}) {
+    std::string cpu;
+    const EncodeInfo want = EncodeValues(host.data(), host.size(), dtype, &cpu);
+    std::vector<uint16_t> got(host.size());
+    auto enc = CudaEncodeToHost(device, host.size(), dtype == v1::DTYPE_FLOAT16, &Fp16Scale, got.data());
+    ASSERT_TRUE(enc.ok()) << enc.status();
+    EXPECT_EQ(enc->scale, want.scale);
+    EXPECT_EQ(enc->nonfinite, want.nonfinite);
+    EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size()), 0) << "dtype " << dtype;
+  }
+  cudaFree(device);
+}
+
+TEST(CudaTransferTest, WithoutAGpuEveryCallFailsCleanly) {
+  if (CudaAvailable()) GTEST_SKIP() << "a GPU is present";
+  float x = 1;
+  uint16_t y = 0;
+  EXPECT_FALSE(IsDevicePointer(&x));
+  EXPECT_EQ(CudaCopyToHost(&x, &y, 2).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CudaEncodeToHost(&x, 1, true, &Fp16Scale, &y).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -1,0 +1,113 @@
+// The C API that every framework plugin shares, driven the way a plugin
+// drives it: this binary is started by psrt-run as the training process of a
+// 2-worker job and talks to real servers through libpsrt_c.so alone.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "worker/c_api.h"
+
+namespace {
+
+int failures = 0;
+#define CHECK_OR_COUNT(cond, ...)                                            \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      std::fprintf(stderr, "c_api_test rank check failed: %s: ", #cond);     \
+      std::fprintf(stderr, __VA_ARGS__);                                     \
+      std::fprintf(stderr, " (last error: %s)\n", psrt_last_error());        \
+      ++failures;                                                            \
+    }                                                                        \
+  } while (0)
+
+// The training process: returns its exit code.
+int Train() {
+  psrt_client* c = psrt_connect_from_env();
+  if (c == nullptr) {
+    std::fprintf(stderr, "psrt_connect_from_env: %s\n", psrt_last_error());
+    return 1;
+  }
+  const int rank = psrt_rank(c);
+  CHECK_OR_COUNT(psrt_num_workers(c) == 2, "%d workers", psrt_num_workers(c));
+  CHECK_OR_COUNT(psrt_num_servers(c) == 2, "%d servers", psrt_num_servers(c));
+  CHECK_OR_COUNT(psrt_is_sync(c) == 1, "not sync");
+
+  psrt_optimizer opt;
+  CHECK_OR_COUNT(psrt_optimizer_defaults("sgd", 0.5, &opt) == 0, "defaults");
+  CHECK_OR_COUNT(psrt_optimizer_defaults("lamb", 0.5, &opt) == -3, "lamb accepted");
+  CHECK_OR_COUNT(std::strstr(psrt_last_error(), "accepted: sgd, adam, adamw, adagrad") != nullptr, "message");
+  psrt_optimizer_defaults("sgd", 0.5, &opt);
+
+  constexpr int kN = 5000;  // 20 KB: several keys with 4 KiB partitions
+  const int64_t shape[2] = {50, 100};
+  std::vector<float> w(kN), g(kN);
+  for (int i = 0; i < kN; ++i) w[i] = rank == 0 ? i * 0.25f : -1e9f;
+  CHECK_OR_COUNT(psrt_register(c, "w", shape, 2, w.data(), &opt) == 0, "register");
+  for (int i = 0; i < kN; ++i) CHECK_OR_COUNT(w[i] == i * 0.25f, "w[%d] = %g after register", i, w[i]);
+
+  // Bad calls fail with a status and a message, and change nothing.
+  CHECK_OR_COUNT(psrt_register(c, nullptr, shape, 2, w.data(), &opt) == -3, "NULL name");
+  CHECK_OR_COUNT(psrt_push(c, 0, nullptr, nullptr, 0) == -3, "no variables");
+  const char* missing = "nope";
+  const float* grads[1] = {g.data()};
+  float* outs[1] = {w.data()};
+  // Operations are asynchronous: their errors arrive with the wait.
+  CHECK_OR_COUNT(psrt_wait(c, psrt_push(c, 1, &missing, grads, 0)) == -5, "unknown variable pushed");
+  CHECK_OR_COUNT(std::strstr(psrt_last_error(), "'nope' is not registered") != nullptr, "message");
+  CHECK_OR_COUNT(psrt_wait(c, 987654) == -5, "bogus handle");
+
+  // Step 0: rank r pushes r + 1 everywhere; the mean is 1.5.
+  for (int i = 0; i < kN; ++i) g[i] = rank + 1.f;
+  const char* names[1] = {"w"};
+  const int64_t h = psrt_push_pull(c, 1, names, grads, outs, 0);
+  CHECK_OR_COUNT(h > 0, "push_pull handle %ld", static_cast<long>(h));
+  CHECK_OR_COUNT(psrt_wait(c, h) == 0, "wait");
+  for (int i = 0; i < kN; ++i) CHECK_OR_COUNT(w[i] == i * 0.25f - 0.75f, "w[%d] = %g after step 0", i, w[i]);
+
+  // The learning rate can change; step 1 then moves by 0.25 * 1.5.
+  CHECK_OR_COUNT(psrt_set_learning_rate(c, 0.25) == 0, "set lr");
+  CHECK_OR_COUNT(psrt_wait(c, psrt_push(c, 1, names, grads, 1)) == 0, "push step 1");
+  CHECK_OR_COUNT(psrt_wait(c, psrt_pull(c, 1, names, outs, 2)) == 0, "pull step 2");
+  for (int i = 0; i < kN; ++i) {
+    CHECK_OR_COUNT(w[i] == i * 0.25f - 0.75f - 0.375f, "w[%d] = %g after step 1", i, w[i]);
+  }
+  psrt_close(c);
+  std::fprintf(stderr, "c_api_test rank %d: %d failed checks\n", rank, failures);
+  return failures == 0 ? 0 : 1;
+}
+
+std::string self_path;
+
+TEST(CApiTest, APluginsCallsWorkInARealJob) {
+  const std::string cmd = std::string(PSRT_BIN_DIR) +
+                          "/psrt-run --local=2 --distribution='{\"parameter_server\": {\"enabled\": true, "
+                          "\"partition_bytes\": 4096}}' -- timeout 60 " + self_path + " 2>&1";
+  std::FILE* p = popen(("timeout 90 " + cmd).c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("c_api_test rank 0: 0 failed checks"), std::string::npos) << out;
+  EXPECT_NE(out.find("c_api_test rank 1: 0 failed checks"), std::string::npos) << out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (std::getenv("PSRT_COORDINATOR") != nullptr) return Train();
+  char path[4096] = {};
+  if (readlink("/proc/self/exe", path, sizeof(path) - 1) <= 0) return 1;
+  self_path = path;
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
