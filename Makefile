@@ -21,6 +21,7 @@ build: setup configure
 	@test -x $(BUILD)/bin/psrt-run
 
 test: build
+	@scripts/setup.sh s3
 	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 300
 
 demo: build

@@ -8,13 +8,16 @@
 #   scripts/setup.sh python   that, plus a virtual environment .venv (made with
 #                             the python3 on PATH) holding matplotlib, for the
 #                             Python benchmarks (`make bench`)
+#   scripts/setup.sh s3       that, plus moto's standalone S3 server
+#                             (moto[server]) in .venv, for the S3 checkpoint
+#                             integration test (tests/integration/s3_test.cc)
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev
+  nlohmann-json3-dev libcurl4-openssl-dev libssl-dev
 )
 
 # install_missing PACKAGE...: apt-get installs those that are not installed.
@@ -61,6 +64,19 @@ setup_python() {
   fi
 }
 
+# Optional: moto's standalone server (moto_server) in .venv, the loopback S3
+# that tests/integration/s3_test.cc talks to; that test skips itself without it.
+setup_s3() {
+  setup_python
+  local root venv
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  venv=$root/.venv
+  if [ ! -x "$venv/bin/moto_server" ] || ! "$venv/bin/python" -c 'import moto.server, flask' 2>/dev/null; then
+    echo "setup: installing moto[server] into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check 'moto[server]'
+  fi
+}
+
 case "${1:-}" in
   "")
     install_missing "${packages[@]}"
@@ -73,8 +89,12 @@ case "${1:-}" in
     install_missing "${packages[@]}"
     setup_python
     ;;
+  s3)
+    install_missing "${packages[@]}"
+    setup_s3
+    ;;
   *)
-    echo "usage: $0 [bazel|python]" >&2
+    echo "usage: $0 [bazel|python|s3]" >&2
     exit 2
     ;;
 esac

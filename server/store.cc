@@ -315,7 +315,7 @@ absl::Status Store::Push(const v1::PushRequest& req) {
     }
     if (!std::isfinite(kd.scale()) || kd.scale() < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "push to key '", k->name, "' has scale ", kd.scale(), "; a scale is finite and > 0"));
+          "push to key '", k->name, "' has scale ", kd.scale(), "; a scale is finite and positive (0 stands for 1)"));
     }
     absl::MutexLock lock(&k->mu);
     if (!k->initialized) {
