@@ -1,0 +1,312 @@
+// The S3 client against a real S3-protocol server on loopback: moto's
+// standalone server (`scripts/setup.sh s3` installs it into .venv; `make test`
+// does that). Without it every test here reports itself skipped.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/process.h"
+#include "gtest/gtest.h"
+#include "server/checkpoint/s3_client.h"
+
+namespace psrt {
+namespace {
+
+// A port nothing listens on right now.
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+bool Accepts(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  const bool ok =
+      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+std::string MotoServerPath() {
+  const char* path = std::getenv("PSRT_MOTO_SERVER");
+  if (path != nullptr && *path != '\0') return path;
+  return std::string(PSRT_SOURCE_DIR) + "/.venv/bin/moto_server";
+}
+
+// moto_server as a child process on a free loopback port, for one test.
+class MotoServer {
+ public:
+  ~MotoServer() {
+    if (pid_ > 0) Terminate({pid_}, absl::Seconds(5));
+  }
+
+  // Empty when it runs; else why not (the caller skips or fails).
+  std::string Start(const std::map<std::string, std::string>& env = {}) {
+    const std::string path = MotoServerPath();
+    if (access(path.c_str(), X_OK) != 0) {
+      return absl::StrCat("moto_server not found at ", path,
+                          "; run `scripts/setup.sh s3` (make test does) or set "
+                          "PSRT_MOTO_SERVER");
+    }
+    port_ = FreePort();
+    absl::StatusOr<pid_t> pid =
+        Spawn({path, "-H", "127.0.0.1", "-p", absl::StrCat(port_)}, env);
+    if (!pid.ok()) return std::string(pid.status().message());
+    pid_ = *pid;
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < deadline) {
+      if (Accepts(port_)) return "";
+      for (const Exit& exit : ReapExited()) {
+        if (exit.pid == pid_) {
+          pid_ = 0;
+          return absl::StrCat(path, " ", exit.description);
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return absl::StrCat(path, " did not listen on port ", port_, " within 60s");
+  }
+
+  std::string endpoint() const {
+    return absl::StrCat("http://127.0.0.1:", port_);
+  }
+
+ private:
+  pid_t pid_ = 0;
+  int port_ = 0;
+};
+
+S3ClientOptions TestOptions(const std::string& endpoint) {
+  S3ClientOptions options;
+  options.endpoint = endpoint;
+  options.region = "us-east-1";
+  options.credentials = AwsCredentials{"testing", "testing", ""};
+  options.request_timeout = absl::Seconds(30);
+  options.retry_deadline = absl::Seconds(60);
+  return options;
+}
+
+std::string RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string data(n, '\0');
+  for (size_t i = 0; i < n; i += 8) {
+    const uint64_t v = rng();
+    for (size_t j = 0; j < 8 && i + j < n; ++j)
+      data[i + j] = static_cast<char>(v >> (8 * j));
+  }
+  return data;
+}
+
+class S3Test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string why = moto_.Start();
+    if (!why.empty()) GTEST_SKIP() << why;
+    S3ClientOptions options = TestOptions(moto_.endpoint());
+    options.part_size = kS3MinPartSize;
+    options.list_page_size = 2;  // exercise continuation tokens
+    absl::StatusOr<std::unique_ptr<S3Client>> client =
+        S3Client::Create(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+    ASSERT_TRUE(client_->CreateBucket(kBucket).ok());
+  }
+
+  static constexpr char kBucket[] = "psrt-ckpt";
+  MotoServer moto_;
+  std::unique_ptr<S3Client> client_;
+};
+
+TEST_F(S3Test, PutGetHeadDeleteSmallObject) {
+  const std::string key = "ckpt/step-1/dir name/shard+0=é";
+  const std::string data = "hello, checkpoint";
+  ASSERT_TRUE(client_->Put(kBucket, key, data).ok());
+  absl::StatusOr<std::string> got = client_->GetObject(kBucket, key);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, data);
+
+  absl::StatusOr<S3ObjectInfo> head = client_->HeadObject(kBucket, key);
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ(head->size, data.size());
+  EXPECT_FALSE(head->etag.empty());
+
+  ASSERT_TRUE(client_->PutObject(kBucket, "empty", "").ok());
+  got = client_->GetObject(kBucket, "empty");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "");
+
+  ASSERT_TRUE(client_->DeleteObject(kBucket, key).ok());
+  got = client_->GetObject(kBucket, key);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << got.status();
+  head = client_->HeadObject(kBucket, key);
+  EXPECT_EQ(head.status().code(), absl::StatusCode::kNotFound) << head.status();
+  // Deleting what is not there is fine, as in S3.
+  EXPECT_TRUE(client_->DeleteObject(kBucket, key).ok());
+}
+
+TEST_F(S3Test, MissingKeyIsNotFoundNamingIt) {
+  absl::StatusOr<std::string> got = client_->GetObject(kBucket, "no/such/key");
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kNotFound) << got.status();
+  const std::string message(got.status().message());
+  EXPECT_TRUE(absl::StrContains(message, "s3://psrt-ckpt/no/such/key"))
+      << message;
+  EXPECT_TRUE(absl::StrContains(message, "HTTP 404")) << message;
+  EXPECT_TRUE(absl::StrContains(message, "NoSuchKey")) << message;
+
+  got = client_->GetObject("no-such-bucket", "k");
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << got.status();
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "NoSuchBucket"))
+      << got.status();
+
+  // Re-creating one's own bucket: 200 in us-east-1 (S3's legacy behaviour,
+  // which moto copies), BucketAlreadyOwnedByYou elsewhere.
+  const absl::Status again = client_->CreateBucket(kBucket);
+  EXPECT_TRUE(again.ok() || again.code() == absl::StatusCode::kAlreadyExists)
+      << again;
+}
+
+TEST_F(S3Test, MultipartPutAboveThePartSize) {
+  const std::string data = RandomBytes(12 << 20, 42);  // parts 5, 5, 2 MiB
+  ASSERT_TRUE(client_->Put(kBucket, "ckpt/big", data).ok());
+  absl::StatusOr<S3ObjectInfo> head = client_->HeadObject(kBucket, "ckpt/big");
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ(head->size, data.size());
+  // A multipart object's ETag ends in -<number of parts>.
+  EXPECT_TRUE(absl::StrContains(head->etag, "-3")) << head->etag;
+  absl::StatusOr<std::string> got = client_->GetObject(kBucket, "ckpt/big");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), data.size());
+  EXPECT_TRUE(*got == data) << "12 MiB object came back different";
+}
+
+TEST_F(S3Test, PutIntoAMissingBucketFailsNamingIt) {
+  const std::string big(kS3MinPartSize + 1, 'x');  // the multipart path
+  absl::Status status = client_->Put("no-such-bucket", "ckpt/big", big);
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  EXPECT_TRUE(
+      absl::StrContains(status.message(), "s3://no-such-bucket/ckpt/big"))
+      << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "NoSuchBucket")) << status;
+  status = client_->Put("no-such-bucket", "small", "x");
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+}
+
+TEST_F(S3Test, MultipartStepsAndAbort) {
+  absl::StatusOr<std::string> id =
+      client_->CreateMultipartUpload(kBucket, "mp");
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<std::string> etag =
+      client_->UploadPart(kBucket, "mp", *id, 1, "only part");
+  ASSERT_TRUE(etag.ok()) << etag.status();
+  ASSERT_TRUE(client_->AbortMultipartUpload(kBucket, "mp", *id).ok());
+  // Completing an aborted upload fails, naming the key.
+  absl::Status complete =
+      client_->CompleteMultipartUpload(kBucket, "mp", *id, {{1, *etag}});
+  EXPECT_FALSE(complete.ok());
+  EXPECT_TRUE(absl::StrContains(complete.message(), "s3://psrt-ckpt/mp"))
+      << complete;
+  EXPECT_EQ(client_->GetObject(kBucket, "mp").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(S3Test, ListWithPrefixFollowsContinuation) {
+  for (const char* key : {"ckpt/1/a", "ckpt/1/b", "ckpt/1/c", "ckpt/10/a",
+                          "ckpt/2/a", "other/a"}) {
+    ASSERT_TRUE(client_->Put(kBucket, key, key).ok()) << key;
+  }
+  absl::StatusOr<std::vector<S3ObjectInfo>> listed =
+      client_->ListObjectsV2(kBucket, "ckpt/1");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  std::vector<std::string> keys;
+  for (const S3ObjectInfo& info : *listed) {
+    keys.push_back(info.key);
+    EXPECT_EQ(info.size, info.key.size());
+  }
+  EXPECT_EQ(keys, (std::vector<std::string>{"ckpt/1/a", "ckpt/1/b", "ckpt/1/c",
+                                            "ckpt/10/a"}));
+  listed = client_->ListObjectsV2(kBucket, "");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->size(), 6u);
+  listed = client_->ListObjectsV2(kBucket, "nothing/");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_TRUE(listed->empty());
+  EXPECT_EQ(client_->ListObjectsV2("no-such-bucket", "").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// moto checks signatures and access keys only with INITIAL_NO_AUTH_ACTION_COUNT
+// set; then keys it never issued are refused.
+TEST(S3AuthTest, BadCredentialsAreRefused) {
+  MotoServer moto;
+  const std::string why = moto.Start({{"INITIAL_NO_AUTH_ACTION_COUNT", "0"}});
+  if (!why.empty()) GTEST_SKIP() << why;
+  S3ClientOptions options = TestOptions(moto.endpoint());
+  options.credentials =
+      AwsCredentials{"AKIANOTAKEY00000000", "not-the-secret", ""};
+  absl::StatusOr<std::unique_ptr<S3Client>> client = S3Client::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::Status status = (*client)->CreateBucket("psrt-auth");
+  if (status.ok()) GTEST_SKIP() << "this moto does not enforce credentials";
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "HTTP 403")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "s3://psrt-auth")) << status;
+}
+
+TEST(S3DeadEndpointTest, FailsWithinTheRetryDeadline) {
+  const std::string endpoint = absl::StrCat("http://127.0.0.1:", FreePort());
+  S3ClientOptions options = TestOptions(endpoint);
+  options.max_attempts = 100;
+  options.retry_deadline = absl::Seconds(2);
+  options.initial_backoff = absl::Milliseconds(50);
+  options.max_backoff = absl::Milliseconds(400);
+  absl::StatusOr<std::unique_ptr<S3Client>> client = S3Client::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::string> got = (*client)->GetObject("bucket", "key");
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kUnavailable)
+      << got.status();
+  EXPECT_TRUE(absl::StrContains(got.status().message(), endpoint))
+      << got.status();
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "s3://bucket/key"))
+      << got.status();
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "attempts"))
+      << got.status();
+  EXPECT_LT(took, absl::Seconds(4)) << got.status();
+
+  // A bounded attempt count ends it sooner.
+  options.max_attempts = 2;
+  options.retry_deadline = absl::Seconds(60);
+  client = S3Client::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const absl::Time start2 = absl::Now();
+  EXPECT_EQ((*client)->PutObject("bucket", "key", "x").code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - start2, absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace psrt
