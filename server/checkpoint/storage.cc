@@ -57,10 +57,7 @@ absl::StatusOr<std::unique_ptr<Storage>> OpenStorage(absl::string_view uri) {
     while (root.size() > 1 && root.back() == '/') root.pop_back();
     return NewPosixStorage(std::move(root));
   }
-  if (absl::StartsWith(uri, "s3://")) {
-    return absl::UnimplementedError(
-        absl::StrCat("checkpoint URI '", uri, "': the S3 backend is not implemented yet"));
-  }
+  if (absl::StartsWith(uri, "s3://")) return OpenS3Storage(uri);
   return absl::InvalidArgumentError(
       absl::StrCat("checkpoint URI '", uri, "' is not supported; ", kAcceptedForms));
 }

@@ -44,12 +44,17 @@ class Storage {
 // Opens the destination named by `uri`:
 //   file:///absolute/dir   POSIX files under /absolute/dir (created on the
 //                          first Put if missing)
-//   s3://bucket/prefix     S3 (not implemented yet: UNIMPLEMENTED)
+//   s3://bucket/prefix     OpenS3Storage
 // Anything else is INVALID_ARGUMENT.
 absl::StatusOr<std::unique_ptr<Storage>> OpenStorage(absl::string_view uri);
 
 // Checks an object path as described on Storage (what every backend accepts).
 absl::Status ValidateObjectPath(absl::string_view path);
+
+// s3://bucket/prefix on S3, or on an S3-compatible store named by
+// AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL; credentials and region as the AWS
+// tools find them (server/checkpoint/s3_client.h).
+absl::StatusOr<std::unique_ptr<Storage>> OpenS3Storage(absl::string_view uri);
 
 // The POSIX backend on directory `root` (absolute). OpenStorage("file://...")
 // is the usual way in.

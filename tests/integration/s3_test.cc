@@ -20,6 +20,7 @@
 #include "common/process.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint/s3_client.h"
+#include "server/checkpoint/storage.h"
 
 namespace psrt {
 namespace {
@@ -259,6 +260,39 @@ TEST_F(S3Test, ListWithPrefixFollowsContinuation) {
 
 // moto checks signatures and access keys only with INITIAL_NO_AUTH_ACTION_COUNT
 // set; then keys it never issued are refused.
+TEST_F(S3Test, CheckpointStorageOnS3ByUri) {
+  // As a job finds it: the URI, with the endpoint and credentials in the
+  // standard AWS variables.
+  setenv("AWS_ENDPOINT_URL", moto_.endpoint().c_str(), 1);
+  setenv("AWS_ACCESS_KEY_ID", "testing", 1);
+  setenv("AWS_SECRET_ACCESS_KEY", "testing", 1);
+  setenv("AWS_REGION", "us-east-1", 1);
+  absl::StatusOr<std::unique_ptr<Storage>> storage = OpenStorage("s3://psrt-ckpt/jobs/x");
+  unsetenv("AWS_ENDPOINT_URL");
+  ASSERT_TRUE(storage.ok()) << storage.status();
+  Storage& st = **storage;
+  EXPECT_EQ(st.uri(), "s3://psrt-ckpt/jobs/x");
+  ASSERT_TRUE(st.Put("step-10/shard-0", "weights").ok());
+  ASSERT_TRUE(st.Put("step-10/MANIFEST", "manifest").ok());
+  ASSERT_TRUE(st.Put("LATEST", "step-10").ok());
+  auto got = st.Get("step-10/shard-0");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "weights");
+  auto listed = st.List("step-10/");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(*listed, (std::vector<std::string>{"step-10/MANIFEST", "step-10/shard-0"}));
+  // The prefix keeps jobs apart: the bucket holds "jobs/x/...".
+  auto raw = client_->ListObjectsV2(kBucket, "jobs/x/");
+  ASSERT_TRUE(raw.ok());
+  EXPECT_EQ(raw->size(), 3u);
+  EXPECT_TRUE(st.Exists("LATEST").value_or(false));
+  ASSERT_TRUE(st.Delete("LATEST").ok());
+  EXPECT_FALSE(st.Exists("LATEST").value_or(true));
+  EXPECT_TRUE(st.Delete("LATEST").ok());  // deleting a missing object is fine
+  EXPECT_EQ(st.Get("LATEST").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(st.Put("../escape", "x").code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(S3AuthTest, BadCredentialsAreRefused) {
   MotoServer moto;
   const std::string why = moto.Start({{"INITIAL_NO_AUTH_ACTION_COUNT", "0"}});
