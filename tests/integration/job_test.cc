@@ -201,6 +201,32 @@ TEST(JobTest, KilledServerFailsEveryProcessWithinTheDeadline) {
   EXPECT_TRUE(JobProcesses(token).empty());
 }
 
+TEST(JobTest, AWorkerThatGoesSilentIsLostWithinTheHeartbeatTimeout) {
+  const std::string dir = TempDir();
+  const std::string token = RandomToken();
+  Proc run = Proc::Start(
+      RunCommand(R"({"parameter_server": {"enabled": true, "heartbeat_timeout_s": 2}})", token,
+                 "--steps=100000000 --log-every=10"),
+      dir + "/log");
+  ASSERT_TRUE(run.WaitForOutput("step 10 ", absl::Seconds(60))) << run.Output();
+  // Freeze worker 1: alive, but silent (no exit for its agent to see).
+  pid_t worker1 = 0;
+  for (pid_t p : JobProcesses(token)) {
+    if (CmdLine(p).find("psrt-example-linreg") == std::string::npos) continue;
+    if (ReadFile(absl::StrCat("/proc/", p, "/environ")).find(std::string("PSRT_RANK=1\0", 12)) != std::string::npos) {
+      worker1 = p;
+    }
+  }
+  ASSERT_NE(worker1, 0) << "training process of rank 1 not found";
+  const absl::Time stopped = absl::Now();
+  kill(worker1, SIGSTOP);
+  EXPECT_EQ(run.Wait(absl::Seconds(60), "psrt-run after a worker froze"), 1);
+  EXPECT_LT(absl::Now() - stopped, absl::Seconds(30));
+  EXPECT_TRUE(std::regex_search(run.Output(), std::regex("job failed: worker 1 on local1 was lost: no heartbeat for 2")))
+      << run.Output();
+  EXPECT_TRUE(JobProcesses(token).empty());
+}
+
 TEST(JobTest, MissingServerFailsTheBarrierNamingIt) {
   const std::string dir = TempDir();
   const std::string token = RandomToken();
