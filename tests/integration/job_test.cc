@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -112,6 +113,14 @@ std::string CmdLine(pid_t pid) {
   return s;
 }
 
+// The live process of the job for which `match` holds, or 0.
+pid_t FindJobProcess(const std::string& token, const std::function<bool(pid_t)>& match) {
+  for (pid_t p : JobProcesses(token)) {
+    if (match(p)) return p;
+  }
+  return 0;
+}
+
 double JsonNumber(const std::string& json, const std::string& key) {
   std::smatch m;
   std::regex re("\"" + key + "\": ([-0-9.eE+a-z]+)");
@@ -174,11 +183,10 @@ TEST(JobTest, KilledServerFailsEveryProcessWithinTheDeadline) {
                  "--steps=100000000 --log-every=10"),
       dir + "/log");
   ASSERT_TRUE(run.WaitForOutput("step 10 ", absl::Seconds(60))) << run.Output();
-  pid_t server1 = 0;
-  for (pid_t p : JobProcesses(token)) {
+  const pid_t server1 = FindJobProcess(token, [](pid_t p) {
     const std::string cmd = CmdLine(p);
-    if (cmd.find("psrt-server") != std::string::npos && cmd.find("--index=1") != std::string::npos) server1 = p;
-  }
+    return cmd.find("psrt-server") != std::string::npos && cmd.find("--index=1") != std::string::npos;
+  });
   ASSERT_NE(server1, 0) << "psrt-server 1 not found";
   const absl::Time killed = absl::Now();
   kill(server1, SIGKILL);
@@ -210,13 +218,11 @@ TEST(JobTest, AWorkerThatGoesSilentIsLostWithinTheHeartbeatTimeout) {
       dir + "/log");
   ASSERT_TRUE(run.WaitForOutput("step 10 ", absl::Seconds(60))) << run.Output();
   // Freeze worker 1: alive, but silent (no exit for its agent to see).
-  pid_t worker1 = 0;
-  for (pid_t p : JobProcesses(token)) {
-    if (CmdLine(p).find("psrt-example-linreg") == std::string::npos) continue;
-    if (ReadFile(absl::StrCat("/proc/", p, "/environ")).find(std::string("PSRT_RANK=1\0", 12)) != std::string::npos) {
-      worker1 = p;
-    }
-  }
+  const pid_t worker1 = FindJobProcess(token, [](pid_t p) {
+    return CmdLine(p).find("psrt-example-linreg") != std::string::npos &&
+           ReadFile(absl::StrCat("/proc/", p, "/environ")).find(std::string("PSRT_RANK=1\0", 12)) !=
+               std::string::npos;
+  });
   ASSERT_NE(worker1, 0) << "training process of rank 1 not found";
   const absl::Time stopped = absl::Now();
   kill(worker1, SIGSTOP);
