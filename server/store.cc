@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/compression.h"
 #include "common/key_map.h"
+#include "common/optimizer_proto.h"
 
 namespace psrt {
 
@@ -71,24 +72,6 @@ std::vector<double> TimeBuckets() {
 
 }  // namespace
 
-absl::StatusOr<OptimizerConfig> OptimizerFromProto(const v1::OptimizerConfig& p) {
-  absl::StatusOr<OptimizerKind> kind = ParseOptimizerKind(p.name());
-  if (!kind.ok()) return kind.status();
-  OptimizerConfig c;
-  c.kind = *kind;
-  c.lr = p.lr();
-  c.momentum = p.momentum();
-  c.dampening = p.dampening();
-  c.nesterov = p.nesterov();
-  c.weight_decay = p.weight_decay();
-  c.beta1 = p.beta1();
-  c.beta2 = p.beta2();
-  c.eps = p.eps();
-  c.lr_decay = p.lr_decay();
-  c.initial_accumulator_value = p.initial_accumulator_value();
-  if (absl::Status s = ValidateOptimizerConfig(c); !s.ok()) return s;
-  return c;
-}
 
 Store::Store(StoreOptions options, Metrics* metrics)
     : options_(options),

@@ -109,7 +109,6 @@ class Store {
   Counter* nonfinite_pushes_;
 };
 
-absl::StatusOr<OptimizerConfig> OptimizerFromProto(const v1::OptimizerConfig& p);
 
 }  // namespace psrt
 

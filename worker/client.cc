@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/compression.h"
+#include "common/optimizer_proto.h"
 #include "common/coordinator_link.h"
 #include "common/daemon.h"
 #include "common/grpc_util.h"
@@ -113,21 +114,6 @@ struct Op {
   absl::Status status ABSL_GUARDED_BY(mu);
 };
 
-v1::OptimizerConfig ToProto(const OptimizerConfig& c) {
-  v1::OptimizerConfig p;
-  p.set_name(OptimizerName(c.kind));
-  p.set_lr(c.lr);
-  p.set_momentum(c.momentum);
-  p.set_dampening(c.dampening);
-  p.set_nesterov(c.nesterov);
-  p.set_weight_decay(c.weight_decay);
-  p.set_beta1(c.beta1);
-  p.set_beta2(c.beta2);
-  p.set_eps(c.eps);
-  p.set_lr_decay(c.lr_decay);
-  p.set_initial_accumulator_value(c.initial_accumulator_value);
-  return p;
-}
 
 }  // namespace
 
@@ -452,7 +438,7 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
   };
   std::vector<Batch> batches;
   std::map<int, size_t> open;
-  const v1::OptimizerConfig opt = ToProto(optimizer);
+  const v1::OptimizerConfig opt = OptimizerToProto(optimizer);
   for (const Partition& p : *parts) {
     Batch& b = Impl::BatchFor(&batches, &open, p.server, rank() == 0 ? p.num_elements * 4 : 0);
     b.req->set_worker_rank(rank());

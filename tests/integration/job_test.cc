@@ -175,13 +175,17 @@ TEST(JobTest, FailingWorkerFailsTheJobAndNamesIt) {
   EXPECT_TRUE(JobProcesses(token).empty());
 }
 
+// A 2-host job that trains until something stops it, with a 2 s heartbeat
+// timeout, for failure drills.
+Proc StartEndlessJob(const std::string& token) {
+  return Proc::Start(RunCommand(R"({"parameter_server": {"enabled": true, "heartbeat_timeout_s": 2}})",
+                                token, "--steps=100000000 --log-every=10"),
+                     TempDir() + "/log");
+}
+
 TEST(JobTest, KilledServerFailsEveryProcessWithinTheDeadline) {
-  const std::string dir = TempDir();
   const std::string token = RandomToken();
-  Proc run = Proc::Start(
-      RunCommand(R"({"parameter_server": {"enabled": true, "heartbeat_timeout_s": 2}})", token,
-                 "--steps=100000000 --log-every=10"),
-      dir + "/log");
+  Proc run = StartEndlessJob(token);
   ASSERT_TRUE(run.WaitForOutput("step 10 ", absl::Seconds(60))) << run.Output();
   const pid_t server1 = FindJobProcess(token, [](pid_t p) {
     const std::string cmd = CmdLine(p);
@@ -210,12 +214,8 @@ TEST(JobTest, KilledServerFailsEveryProcessWithinTheDeadline) {
 }
 
 TEST(JobTest, AWorkerThatGoesSilentIsLostWithinTheHeartbeatTimeout) {
-  const std::string dir = TempDir();
   const std::string token = RandomToken();
-  Proc run = Proc::Start(
-      RunCommand(R"({"parameter_server": {"enabled": true, "heartbeat_timeout_s": 2}})", token,
-                 "--steps=100000000 --log-every=10"),
-      dir + "/log");
+  Proc run = StartEndlessJob(token);
   ASSERT_TRUE(run.WaitForOutput("step 10 ", absl::Seconds(60))) << run.Output();
   // Freeze worker 1: alive, but silent (no exit for its agent to see).
   const pid_t worker1 = FindJobProcess(token, [](pid_t p) {
