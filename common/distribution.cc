@@ -530,13 +530,4 @@ std::string DistributionHelp() {
   return help;
 }
 
-absl::Status CheckImplemented(const PsOptions& o) {
-  auto no = [](absl::string_view what) {
-    return absl::UnimplementedError(absl::StrCat(
-        "parameter_server.", what, " is not available in this build of psrt"));
-  };
-  if (!o.checkpoint.uri.empty() || !o.restore.empty()) return no("checkpoint and restore");
-  return absl::OkStatus();
-}
-
 }  // namespace psrt

@@ -64,11 +64,6 @@ absl::StatusOr<PsOptions> ParseDistribution(absl::string_view json);
 // --help output and for appending to parse errors.
 std::string DistributionHelp();
 
-// OK when this build implements every setting in `options`; otherwise
-// UNIMPLEMENTED naming the setting. Options parsed here that later parts of
-// psrt implement are refused up front rather than silently ignored.
-absl::Status CheckImplemented(const PsOptions& options);
-
 namespace internal {
 
 // Parses `text` as strict JSON without exceptions. Unlike

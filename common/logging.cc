@@ -22,12 +22,13 @@ void SetLogName(absl::string_view name) {
   LogName() = std::string(name);
 }
 
+std::string ProcessLogName() {
+  absl::MutexLock lock(&name_mu);
+  return LogName();
+}
+
 void LogLine(char level, absl::string_view message) {
-  std::string name;
-  {
-    absl::MutexLock lock(&name_mu);
-    name = LogName();
-  }
+  const std::string name = ProcessLogName();
   std::string line = absl::StrCat(
       absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()),
       " ", name, " ", std::string(1, level), " ", message, "\n");

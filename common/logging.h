@@ -1,6 +1,8 @@
 #ifndef PSRT_COMMON_LOGGING_H_
 #define PSRT_COMMON_LOGGING_H_
 
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
@@ -8,6 +10,7 @@ namespace psrt {
 
 // Names this process in every log line ("psrt-server[1]").
 void SetLogName(absl::string_view name);
+std::string ProcessLogName();
 
 // Writes one line to stderr: UTC time, process name, level, message. One
 // write(2) per line so lines of concurrent processes never interleave.

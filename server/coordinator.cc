@@ -56,6 +56,12 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
   config_.set_restart_workers(ps.restart_workers);
   config_.set_compression(ps.compression);
   config_.set_pull_compression(ps.pull_compression);
+  config_.mutable_checkpoint()->set_uri(ps.checkpoint.uri);
+  config_.mutable_checkpoint()->set_every_steps(ps.checkpoint.every_steps);
+  config_.mutable_checkpoint()->set_every_seconds(ps.checkpoint.every_seconds);
+  config_.mutable_checkpoint()->set_keep(ps.checkpoint.keep);
+  config_.set_restore_uri(options_.restore_uri);
+  config_.set_restored_step(options_.restored_step);
   epoch_gauge_->Set(1);
   active_workers_->Set(config_.num_workers());
   auto add = [&](v1::Role role, int index, int host) {
@@ -85,6 +91,15 @@ CoordinatorService::~CoordinatorService() {
     stop_ = true;
   }
   monitor_.join();
+  if (finisher_.joinable()) finisher_.join();
+}
+
+std::vector<std::string> CoordinatorService::ServerAddressesLocked() const {
+  std::vector<std::string> out;
+  for (const Process& q : processes_) {
+    if (q.id.role() == v1::ROLE_SERVER) out.push_back(q.address);
+  }
+  return out;
 }
 
 CoordinatorService::Process* CoordinatorService::FindLocked(const v1::ProcessId& id) {
@@ -157,6 +172,24 @@ void CoordinatorService::CheckSuccessLocked() {
     any = true;
   }
   if (!any) return;
+  if (options_.checkpointer != nullptr && !final_saved_) {
+    if (finishing_) return;
+    finishing_ = true;
+    // The servers still hold the trained model: save it before anyone hears
+    // that the job is over.
+    finisher_ = std::thread([this] {
+      absl::StatusOr<v1::CheckpointResponse> r = options_.checkpointer->Finish();
+      absl::MutexLock lock(&mu_);
+      final_saved_ = true;
+      if (!r.ok()) {
+        FailLocked(absl::StrCat("the final checkpoint failed: ", r.status().message()));
+        return;
+      }
+      LogInfo("final checkpoint: ", r->uri(), r->already_saved() ? " (already saved)" : "");
+      CheckSuccessLocked();
+    });
+    return;
+  }
   state_ = v1::JOB_SUCCEEDED;
   reason_ = "every worker finished";
   ended_at_ = absl::Now();
@@ -236,11 +269,7 @@ grpc::Status CoordinatorService::Barrier(grpc::ServerContext* ctx, const v1::Bar
     return grpc::Status(grpc::StatusCode::ABORTED,
                         absl::StrCat("the job has ended (", StateName(state_), "): ", reason_));
   }
-  for (const Process& q : processes_) {
-    if (q.id.role() == v1::ROLE_SERVER) {
-      resp->mutable_shard_map()->add_server_addresses(q.address);
-    }
-  }
+  for (const std::string& a : ServerAddressesLocked()) resp->mutable_shard_map()->add_server_addresses(a);
   resp->mutable_shard_map()->set_epoch(1);
   *resp->mutable_config() = config_;
   *resp->mutable_membership() = MembershipLocked();
@@ -326,6 +355,30 @@ grpc::Status CoordinatorService::GetJobStatus(grpc::ServerContext* ctx, const v1
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext* ctx, const v1::CheckpointRequest*,
+                                            v1::CheckpointResponse* resp) {
+  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
+  if (options_.checkpointer == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this job writes no checkpoints: set checkpoint.uri in the parameter_server option");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ != v1::JOB_RUNNING || finishing_) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "the job is ending; its final checkpoint is written (or it failed)");
+    }
+    if (!checkpoints_started_) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the job's processes have not all registered yet");
+    }
+  }
+  absl::StatusOr<v1::CheckpointResponse> r =
+      options_.checkpointer->SaveNow(absl::Now() + TimeLeft(ctx, absl::Minutes(10)));
+  if (!r.ok()) return ToGrpc(r.status());
+  *resp = *r;
+  return grpc::Status::OK;
+}
+
 void CoordinatorService::Monitor() {
   const absl::Duration timeout = absl::Seconds(config_.heartbeat_timeout_s());
   const absl::Duration barrier = absl::Seconds(config_.barrier_timeout_s());
@@ -350,6 +403,11 @@ void CoordinatorService::Monitor() {
         FailLocked(reason);
       }
       if (state_ != v1::JOB_RUNNING) break;
+    }
+    if (state_ == v1::JOB_RUNNING && options_.checkpointer != nullptr && !checkpoints_started_ &&
+        AllRegisteredLocked()) {
+      checkpoints_started_ = true;
+      options_.checkpointer->Start(ServerAddressesLocked());
     }
     if (state_ == v1::JOB_RUNNING && !AllRegisteredLocked() && now - start_ > barrier) {
       FailLocked(absl::StrCat("readiness barrier timed out after ", absl::FormatDuration(barrier),

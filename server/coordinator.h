@@ -10,6 +10,7 @@
 #include "common/distribution.h"
 #include "common/metrics.h"
 #include "psrt/v1/coordinator.grpc.pb.h"
+#include "server/checkpointer.h"
 
 namespace psrt {
 
@@ -17,6 +18,11 @@ struct CoordinatorOptions {
   std::vector<std::string> hosts;  // host i runs servers and workers of index i
   PsOptions ps;
   std::string token;
+  // Writes the job's checkpoints (none without); outlives the service.
+  Checkpointer* checkpointer = nullptr;
+  // The checkpoint the job starts from, if any, and its step.
+  std::string restore_uri;
+  int64_t restored_step = 0;
 };
 
 // Membership, readiness, heartbeats and the end of the job. The first failure
@@ -36,6 +42,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
                           v1::ReportExitResponse* resp) override;
   grpc::Status GetJobStatus(grpc::ServerContext* ctx, const v1::JobStatusRequest* req,
                             v1::JobStatusResponse* resp) override;
+  grpc::Status Checkpoint(grpc::ServerContext* ctx, const v1::CheckpointRequest* req,
+                          v1::CheckpointResponse* resp) override;
 
   // Blocks until the job has ended and every live server and agent has heard
   // so (or a grace period passed). Returns the final state.
@@ -71,6 +79,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   std::vector<std::string> MissingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AllRegisteredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Monitor();
+  std::vector<std::string> ServerAddressesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
   v1::JobConfig config_;
@@ -86,6 +95,12 @@ class CoordinatorService final : public v1::Coordinator::Service {
   Gauge* epoch_gauge_;
   Gauge* active_workers_;
   Counter* heartbeats_;
+  // Checkpoints: started once every process registered; when the workers
+  // are done, the final checkpoint is written before the job succeeds.
+  bool checkpoints_started_ ABSL_GUARDED_BY(mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool final_saved_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread finisher_;
   std::thread monitor_;
 };
 

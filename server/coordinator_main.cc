@@ -1,4 +1,5 @@
-// psrt-coordinator: membership, readiness, heartbeats and the job's end.
+// psrt-coordinator: membership, readiness, heartbeats, checkpoints and the
+// job's end.
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -15,6 +16,8 @@
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "server/checkpoint/catalog.h"
+#include "server/checkpointer.h"
 #include "server/coordinator.h"
 
 int main(int argc, char** argv) {
@@ -39,15 +42,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "psrt-coordinator: --distribution: %s\n", std::string(ps.status().message()).c_str());
     return 2;
   }
-  if (absl::Status s = psrt::CheckImplemented(*ps); !s.ok()) {
-    std::fprintf(stderr, "psrt-coordinator: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
   if (port < 0 || port > 65535) {
     std::fprintf(stderr, "psrt-coordinator: --port must be in 0..65535\n");
     return 2;
   }
   psrt::CoordinatorOptions options;
+  psrt::Metrics metrics("psrt_coordinator");
   options.hosts = absl::StrSplit(hosts, ',', absl::SkipEmpty());
   if (options.hosts.empty()) {
     std::fprintf(stderr, "psrt-coordinator: --hosts names no host\n");
@@ -64,7 +64,39 @@ int main(int argc, char** argv) {
     if (service == nullptr) std::_Exit(1);
     service->Fail(absl::StrCat("the coordinator was stopped by signal ", sig));
   });
-  psrt::Metrics metrics("psrt_coordinator");
+  // Checkpoint destination and restore source are checked before anything
+  // starts: a bad bucket, credentials or checkpoint ends the job here.
+  std::unique_ptr<psrt::Checkpointer> checkpointer;
+  if (!ps->restore.empty()) {
+    absl::StatusOr<psrt::CheckpointRef> from = psrt::ResolveCheckpoint(ps->restore, ps->checkpoint.uri);
+    if (!from.ok()) {
+      psrt::LogError("cannot restore '", ps->restore, "': ", from.status().message());
+      return 1;
+    }
+    options.restore_uri = from->uri();
+    options.restored_step = from->manifest.step();
+    psrt::LogInfo("restoring ", options.restore_uri, " (step ", options.restored_step, ", written by ",
+                  from->manifest.num_servers(), " servers)");
+  }
+  if (!ps->checkpoint.uri.empty()) {
+    psrt::CheckpointerOptions c;
+    c.config.set_uri(ps->checkpoint.uri);
+    c.config.set_every_steps(ps->checkpoint.every_steps);
+    c.config.set_every_seconds(ps->checkpoint.every_seconds);
+    c.config.set_keep(ps->checkpoint.keep);
+    c.mode = ps->mode;
+    c.partition_bytes = ps->partition_bytes;
+    c.token = token;
+    c.start_step = options.restored_step;
+    absl::StatusOr<std::unique_ptr<psrt::Checkpointer>> opened = psrt::Checkpointer::Open(c, &metrics);
+    if (!opened.ok()) {
+      psrt::LogError("checkpoint.uri: ", opened.status().message());
+      return 1;
+    }
+    checkpointer = *std::move(opened);
+    options.checkpointer = checkpointer.get();
+  }
+
   psrt::CoordinatorService service(options, &metrics);
   running = &service;
   absl::StatusOr<psrt::ServingServer> serving = psrt::StartServer(bind, port, &service);
@@ -87,6 +119,7 @@ int main(int argc, char** argv) {
                 " servers and ", service.config().num_workers(), " workers on ", options.hosts.size(),
                 " hosts (", service.config().mode(), " mode)");
   const psrt::v1::JobState state = service.WaitForEnd();
+  if (checkpointer != nullptr) checkpointer->Stop();
   serving->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   psrt::LogInfo("exiting");
   return state == psrt::v1::JOB_SUCCEEDED ? 0 : 1;

@@ -10,6 +10,7 @@ PsService::PsService(Store* store, Metrics* metrics, std::string token)
     : store_(store),
       metrics_(metrics),
       token_(std::move(token)),
+      saver_(store),
       rejected_(metrics->GetCounter("rejected_requests_total", "Requests refused as invalid")) {}
 
 grpc::Status PsService::Finish(const absl::Status& s) {
@@ -70,7 +71,19 @@ grpc::Status PsService::Stats(grpc::ServerContext* ctx, const v1::StatsRequest*,
   for (const auto& [name, value] : metrics_->Snapshot()) (*resp->mutable_metrics())[name] = value;
   for (int64_t c : store_->WorkerClocks()) resp->add_worker_clocks(c);
   resp->set_membership_epoch(store_->membership_epoch());
+  const auto [lo, hi] = store_->VersionRange();
+  resp->set_min_version(lo);
+  resp->set_max_version(hi);
   return grpc::Status::OK;
+}
+
+grpc::Status PsService::SaveShard(grpc::ServerContext* ctx, const v1::SaveShardRequest* req,
+                                  v1::SaveShardResponse* resp) {
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
+  absl::Status s = saver_.Save(*req, resp);
+  // A step already passed is the coordinator's cue to pick a later one.
+  if (s.code() == absl::StatusCode::kFailedPrecondition) return ToGrpc(s);
+  return Finish(s);
 }
 
 }  // namespace psrt

@@ -5,6 +5,7 @@
 
 #include "common/metrics.h"
 #include "psrt/v1/ps.grpc.pb.h"
+#include "server/checkpoint_io.h"
 #include "server/store.h"
 
 namespace psrt {
@@ -27,6 +28,10 @@ class PsService final : public v1::ParameterServer::Service {
                                v1::SetLearningRateResponse* resp) override;
   grpc::Status Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
                      v1::StatsResponse* resp) override;
+  grpc::Status SaveShard(grpc::ServerContext* ctx, const v1::SaveShardRequest* req,
+                         v1::SaveShardResponse* resp) override;
+
+  ShardSaver* saver() { return &saver_; }
 
  private:
   grpc::Status Finish(const absl::Status& s);
@@ -35,6 +40,7 @@ class PsService final : public v1::ParameterServer::Service {
   Metrics* metrics_;
   const std::string token_;
   Counter* rejected_;
+  ShardSaver saver_;
 };
 
 }  // namespace psrt

@@ -7,12 +7,14 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/coordinator_link.h"
 #include "common/daemon.h"
 #include "common/flags.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "server/checkpoint_io.h"
 #include "server/ps_service.h"
 #include "server/store.h"
 
@@ -55,9 +57,23 @@ int main(int argc, char** argv) {
   store_options.staleness = config->mode() == "ssp" ? config->staleness() : -1;
   store_options.backup_workers = config->backup_workers();
   store_options.max_key_bytes = config->partition_bytes();
+  store_options.restore_pending = !config->restore_uri().empty();
   psrt::Store store(store_options, &metrics);
   psrt::PsService service(&store, &metrics, token);
 
+  if (!config->checkpoint().uri().empty()) {
+    // Named exactly as the coordinator names it (its Storage::uri()).
+    absl::StatusOr<std::unique_ptr<psrt::Storage>> root =
+        psrt::OpenStorage(psrt::NormalizeUri(config->checkpoint().uri()));
+    if (!root.ok()) {
+      psrt::LogError("checkpoint.uri: ", root.status().message());
+      return 1;
+    }
+    if (store_options.sync && config->checkpoint().every_steps() > 0) {
+      service.saver()->ArmPeriodic((*root)->uri(), config->checkpoint().every_steps(),
+                                   config->restored_step());
+    }
+  }
   absl::StatusOr<psrt::ServingServer> serving = psrt::StartServer(bind, port, &service);
   if (!serving.ok()) {
     psrt::LogError(serving.status().message());
@@ -89,6 +105,31 @@ int main(int argc, char** argv) {
   }
   psrt::LogInfo("serving on ", link_options.address, " (", config->mode(), " mode, ",
                 config->num_workers(), " workers)");
+  if (store_options.restore_pending) {
+    // Registrations wait until the keys are in; a checkpoint that cannot be
+    // read ends the job, with the reason, before any training step.
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::vector<psrt::Store::RestoredKey>> keys;
+    absl::StatusOr<psrt::CheckpointRef> from = psrt::OpenCheckpoint(config->restore_uri());
+    if (from.ok()) {
+      keys = psrt::LoadServerKeys(*from, index, config->num_servers(), config->partition_bytes());
+    } else {
+      keys = from.status();
+    }
+    const bool ok = keys.ok();
+    const std::string why = ok ? "" : std::string(keys.status().message());
+    const size_t count = ok ? keys->size() : 0;
+    store.FinishRestore(std::move(keys), config->restored_step(), config->restore_uri());
+    if (!ok) {
+      const std::string what = absl::StrCat("cannot restore ", config->restore_uri(), ": ", why);
+      psrt::LogError(what);
+      (*link)->ReportExit(link_options.id, 1, what).IgnoreError();
+      serving->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+      return 1;
+    }
+    psrt::LogInfo("restored ", count, " keys from ", config->restore_uri(), " (step ",
+                  config->restored_step(), ") in ", absl::FormatDuration(absl::Now() - start));
+  }
 
   psrt::CoordinatorLink::JobEnd end;
   while ((end = (*link)->WaitForEnd(absl::Milliseconds(100))).state == psrt::v1::JOB_RUNNING &&

@@ -49,6 +49,9 @@ struct Store::Key {
   // push is applied once even when a worker's pushes overtake each other.
   std::vector<uint64_t> recent_push_ids ABSL_GUARDED_BY(mu);
   std::vector<uint8_t> recent_next ABSL_GUARDED_BY(mu);
+  // The copy an armed checkpoint took (buffers kept for the next one).
+  bool snap_ready ABSL_GUARDED_BY(mu) = false;
+  KeyRecord snap ABSL_GUARDED_BY(mu);
 };
 
 namespace {
@@ -89,8 +92,10 @@ Store::Store(StoreOptions options, Metrics* metrics)
       epoch_gauge_(metrics->GetGauge("membership_epoch", "Membership epoch this server works in")),
       compressed_pushes_(metrics->GetCounter("compressed_pushes_total", "Key pushes in float16 or bfloat16")),
       rescaled_pushes_(metrics->GetCounter("rescaled_pushes_total", "Compressed key pushes scaled to fit float16's range")),
-      nonfinite_pushes_(metrics->GetCounter("nonfinite_pushes_total", "Key pushes whose gradient held NaN or Inf")) {
+      nonfinite_pushes_(metrics->GetCounter("nonfinite_pushes_total", "Key pushes whose gradient held NaN or Inf")),
+      snapshot_pause_seconds_(metrics->GetHistogram("checkpoint_pause_seconds", "Time a key was held to copy it for a checkpoint", TimeBuckets())) {
   active_.assign(options_.num_workers, 1);
+  restore_pending_ = options_.restore_pending;
   epoch_gauge_->Set(1);
 }
 
@@ -126,10 +131,15 @@ absl::StatusOr<Store::Key*> Store::Find(const std::string& variable,
 
 absl::Status Store::CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t rank) const {
   const v1::KeySpec& have = key.spec;
+  std::string from;
+  {
+    absl::MutexLock lock(&restore_mu_);
+    from = restored_from_;
+  }
   auto mismatch = [&](absl::string_view what, const std::string& a, const std::string& b) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "key '", key.name, "' was registered with ", what, " ", a, " but worker ", rank,
-        " registers it with ", b));
+        "key '", key.name, "' ", from.empty() ? "was registered with " : "holds, in checkpoint " + from + ", ",
+        what, " ", a, " but worker ", rank, " registers it with ", b));
   };
   if (!std::equal(have.shape().begin(), have.shape().end(), spec.shape().begin(),
                   spec.shape().end())) {
@@ -152,6 +162,12 @@ absl::Status Store::CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t r
 absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
   if (absl::Status s = CheckWorker(req.worker_rank()); !s.ok()) return s;
   if (req.keys().empty()) return absl::InvalidArgumentError("register request names no keys");
+  if (absl::Status s = WaitForRestore(); !s.ok()) return s;
+  std::string restored_from;
+  {
+    absl::MutexLock lock(&restore_mu_);
+    restored_from = restored_from_;
+  }
   // Validate everything first: a bad request changes nothing.
   std::vector<OptimizerConfig> optimizers;
   absl::flat_hash_set<std::string> names;
@@ -212,6 +228,15 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
     auto it = keys_.find(name);
     if (it != keys_.end()) {
       if (absl::Status s = CheckSpec(*it->second, spec, req.worker_rank()); !s.ok()) return s;
+    } else if (!restored_from.empty()) {
+      std::vector<std::string> held;
+      for (const auto& [n, k] : keys_) held.push_back(n);
+      std::sort(held.begin(), held.end());
+      if (held.size() > 8) held.resize(8), held.push_back("...");
+      return absl::FailedPreconditionError(absl::StrCat(
+          "key '", name, "' is not in checkpoint ", restored_from, " (this server holds ",
+          held.empty() ? "none of its keys" : absl::StrJoin(held, ", "),
+          "): the checkpoint is of another model, or of this variable with another shape"));
     }
   }
   for (int i = 0; i < req.keys_size(); ++i) {
@@ -237,33 +262,37 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
     // Rank 0's value and optimizer settings win, once; a restarted rank 0
     // keeps the trained weights.
     if (key->initialized || spec.init().empty()) continue;
-    key->optimizer = optimizers[i];
-    key->weights.resize(key->n);
+    InitKey(key, optimizers[i]);
     std::memcpy(key->weights.data(), spec.init().data(), key->n * 4);
-    const int num_slots = NumSlots(key->optimizer);
-    key->slots.assign(num_slots, std::vector<float>(key->n));
-    key->slot_ptrs.clear();
-    for (auto& s : key->slots) key->slot_ptrs.push_back(s.data());
     InitSlots(key->optimizer, key->slot_ptrs.data(), key->n);
-    if (options_.sync) key->accum.assign(key->n, 0.f);
-    key->contributed.assign(options_.num_workers, 0);
-    key->last_step.assign(options_.num_workers, -1);
-    key->clock.assign(options_.num_workers, 0);
-    {
-      absl::MutexLock members(&members_mu_);
-      key->active = active_;
-    }
-    key->required = std::max<int>(
-        1, std::count(key->active.begin(), key->active.end(), 1) - options_.backup_workers);
-    if (!options_.sync) {
-      key->recent_push_ids.assign(options_.num_workers * kPushWindow, 0);
-      key->recent_next.assign(options_.num_workers, 0);
-    }
     if (!key->lr_set) key->lr = key->optimizer.lr;
-    key->initialized = true;
-    bytes_stored_ += key->n * 4 * (1 + num_slots + (options_.sync ? 1 : 0));
   }
   return absl::OkStatus();
+}
+
+void Store::InitKey(Key* key, const OptimizerConfig& optimizer) {
+  key->optimizer = optimizer;
+  key->weights.resize(key->n);
+  const int num_slots = NumSlots(key->optimizer);
+  key->slots.assign(num_slots, std::vector<float>(key->n));
+  key->slot_ptrs.clear();
+  for (auto& s : key->slots) key->slot_ptrs.push_back(s.data());
+  if (options_.sync) key->accum.assign(key->n, 0.f);
+  key->contributed.assign(options_.num_workers, 0);
+  key->last_step.assign(options_.num_workers, -1);
+  key->clock.assign(options_.num_workers, 0);
+  {
+    absl::MutexLock members(&members_mu_);
+    key->active = active_;
+  }
+  key->required = std::max<int>(
+      1, std::count(key->active.begin(), key->active.end(), 1) - options_.backup_workers);
+  if (!options_.sync) {
+    key->recent_push_ids.assign(options_.num_workers * kPushWindow, 0);
+    key->recent_next.assign(options_.num_workers, 0);
+  }
+  key->initialized = true;
+  bytes_stored_ += key->n * 4 * (1 + num_slots + (options_.sync ? 1 : 0));
 }
 
 void Store::Apply(Key* key, const float* grad) {
@@ -271,6 +300,7 @@ void Store::Apply(Key* key, const float* grad) {
   ApplyUpdate(key->optimizer, key->lr, key->version + 1, key->weights.data(), grad,
               key->slot_ptrs.data(), key->n);
   ++key->version;
+  if (key->version == snapshot_step_.load(std::memory_order_relaxed)) CopyForSnapshot(key);
   updates_->Add();
   update_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
 }
@@ -562,6 +592,159 @@ absl::StatusOr<int64_t> Store::SetLearningRate(const v1::SetLearningRateRequest&
     k->lr_set = true;
   }
   return static_cast<int64_t>(keys.size());
+}
+
+std::pair<int64_t, int64_t> Store::VersionRange() const {
+  int64_t lo = INT64_MAX, hi = 0;
+  for (Key* k : AllKeys()) {
+    absl::MutexLock lock(&k->mu);
+    if (!k->initialized) continue;
+    lo = std::min(lo, k->version);
+    hi = std::max(hi, k->version);
+  }
+  return {lo == INT64_MAX ? 0 : lo, hi};
+}
+
+void Store::CopyForSnapshot(Key* k) {
+  const absl::Time start = absl::Now();
+  KeyRecord& r = k->snap;
+  r.variable = k->spec.variable();
+  r.partition = k->spec.partition();
+  r.offset = k->spec.offset();
+  r.num_elements = k->n;
+  r.version = k->version;
+  r.learning_rate = k->lr;
+  r.optimizer = OptimizerToProto(k->optimizer).name();
+  r.weights.assign(k->weights.begin(), k->weights.end());
+  r.slots.resize(k->slots.size());
+  for (size_t i = 0; i < k->slots.size(); ++i) r.slots[i].assign(k->slots[i].begin(), k->slots[i].end());
+  k->snap_ready = true;
+  const double pause = absl::ToDoubleSeconds(absl::Now() - start);
+  snapshot_pause_seconds_->Observe(pause);
+  double seen = max_pause_s_.load();
+  while (pause > seen && !max_pause_s_.compare_exchange_weak(seen, pause)) {
+  }
+}
+
+absl::Status Store::ArmSnapshot(int64_t step) {
+  const std::vector<Key*> keys = AllKeys();
+  // Forget the last copies before arming, so a key that reaches the step
+  // while the loop below runs keeps the copy it took.
+  for (Key* k : keys) {
+    absl::MutexLock lock(&k->mu);
+    k->snap_ready = false;
+  }
+  max_pause_s_ = 0;
+  snapshot_now_ = step < 0;
+  snapshot_step_ = step >= 0 ? step : kNotArmed;
+  for (Key* k : keys) {
+    absl::MutexLock lock(&k->mu);
+    if (!k->initialized || k->snap_ready) continue;
+    if (step < 0 || k->version == step) {
+      CopyForSnapshot(k);
+    } else if (k->version > step) {
+      snapshot_step_ = kNotArmed;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "key '", k->name, "' is at version ", k->version, ", past the checkpoint's step ", step));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t Store::WaitSnapshot(absl::Time deadline) {
+  if (snapshot_now_) return 0;  // every key was copied when armed
+  for (;;) {
+    int64_t waiting = 0;
+    for (Key* k : AllKeys()) {
+      absl::MutexLock lock(&k->mu);
+      if (k->initialized && !k->snap_ready) ++waiting;
+    }
+    if (waiting == 0 || closing_ || absl::Now() >= deadline) return waiting;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+}
+
+void Store::DisarmSnapshot() { snapshot_step_ = kNotArmed; }
+
+void Store::EncodeSnapshot(std::string* out, v1::SaveShardResponse* info) {
+  DisarmSnapshot();  // from here on nothing writes the copies
+  std::vector<Key*> keys = AllKeys();
+  std::sort(keys.begin(), keys.end(), [](Key* a, Key* b) { return a->name < b->name; });
+  std::vector<const KeyRecord*> records;
+  absl::flat_hash_set<std::string> variables;
+  for (Key* k : keys) {
+    absl::MutexLock lock(&k->mu);
+    if (!k->snap_ready) continue;
+    records.push_back(&k->snap);
+    v1::ManifestKey* mk = info->add_keys();
+    mk->set_variable(k->snap.variable);
+    mk->set_partition(k->snap.partition);
+    mk->set_offset(k->snap.offset);
+    mk->set_num_elements(k->snap.num_elements);
+    mk->set_version(k->snap.version);
+    if (variables.insert(k->spec.variable()).second) {
+      v1::ManifestVariable* v = info->add_variables();
+      v->set_name(k->spec.variable());
+      *v->mutable_shape() = k->spec.shape();
+      v->set_dtype(k->spec.dtype());
+      *v->mutable_optimizer() = OptimizerToProto(k->optimizer);
+    }
+  }
+  EncodeShardTo(records, out);
+  for (int64_t c : WorkerClocks()) info->add_worker_clocks(c);
+  info->set_max_pause_s(max_pause_s_.load());
+}
+
+absl::Status Store::WaitForRestore() {
+  absl::MutexLock lock(&restore_mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(restore_mu_) { return !restore_pending_; };
+  if (!restore_mu_.AwaitWithTimeout(absl::Condition(&done), options_.max_pull_wait)) {
+    return absl::UnavailableError(absl::StrCat("this server is still restoring its checkpoint after ",
+                                               absl::FormatDuration(options_.max_pull_wait)));
+  }
+  return restore_status_;
+}
+
+void Store::FinishRestore(absl::StatusOr<std::vector<RestoredKey>> restored, int64_t step,
+                          const std::string& from) {
+  if (restored.ok()) {
+    for (RestoredKey& r : *restored) {
+      const std::string name = KeyName(r.spec.variable(), r.spec.partition());
+      auto key = std::make_unique<Key>();
+      key->name = name;
+      key->spec = r.spec;
+      key->n = r.spec.num_elements();
+      absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(r.spec.optimizer());
+      if (!opt.ok() || NumSlots(*opt) != static_cast<int>(r.state.slots.size()) ||
+          static_cast<int64_t>(r.state.weights.size()) != key->n) {
+        restored = absl::DataLossError(absl::StrCat(
+            "checkpoint ", from, ": key '", name, "' does not fit its optimizer ",
+            r.spec.optimizer().name(), " (", r.state.slots.size(), " slots, ", r.state.weights.size(),
+            " weights for ", key->n, " elements)", opt.ok() ? "" : absl::StrCat(": ", opt.status().message())));
+        break;
+      }
+      {
+        absl::MutexLock lock(&key->mu);
+        InitKey(key.get(), *opt);
+        key->weights = std::move(r.state.weights);
+        key->slots = std::move(r.state.slots);
+        key->slot_ptrs.clear();
+        for (auto& sl : key->slots) key->slot_ptrs.push_back(sl.data());
+        key->version = r.state.version;
+        key->lr = r.state.learning_rate;
+        std::fill(key->clock.begin(), key->clock.end(), step);
+      }
+      absl::MutexLock map_lock(&map_mu_);
+      keys_[name] = std::move(key);
+    }
+  }
+  absl::MutexLock lock(&restore_mu_);
+  restore_pending_ = false;
+  restore_status_ = restored.ok() ? absl::OkStatus()
+                                  : absl::FailedPreconditionError(absl::StrCat(
+                                        "this server could not restore its checkpoint: ",
+                                        restored.status().message()));
+  restored_from_ = from;
 }
 
 }  // namespace psrt

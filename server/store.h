@@ -1,12 +1,13 @@
 #ifndef PSRT_SERVER_STORE_H_
 #define PSRT_SERVER_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
-#include <atomic>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -16,6 +17,7 @@
 #include "common/metrics.h"
 #include "kernels/optimizer.h"
 #include "psrt/v1/ps.pb.h"
+#include "server/checkpoint/shard_format.h"
 
 namespace psrt {
 
@@ -34,6 +36,8 @@ struct StoreOptions {
   int64_t max_key_bytes = 64ll << 20;
   // Longest a pull waits for a version, whatever the caller's deadline.
   absl::Duration max_pull_wait = absl::Minutes(10);
+  // The job starts from a checkpoint: registrations wait for FinishRestore.
+  bool restore_pending = false;
 };
 
 // The keys one server holds: float32 weights, optimizer slots and versions.
@@ -70,6 +74,35 @@ class Store {
 
   int64_t num_keys() const;
   int64_t bytes_stored() const;
+  // Least and greatest version over the initialized keys (0, 0 with none).
+  std::pair<int64_t, int64_t> VersionRange() const;
+
+  // ---- Checkpoints ----
+  // Arms a snapshot: each key is copied the moment it reaches version `step`
+  // (at once if it is there), so a sync checkpoint sees every key at the
+  // same step while training runs on; the pause is one copy of one key.
+  // step < 0 copies every key now. FAILED_PRECONDITION (and nothing armed)
+  // if a key is already past `step`.
+  absl::Status ArmSnapshot(int64_t step);
+  // Waits until every key is copied or `deadline`; the keys left to copy.
+  int64_t WaitSnapshot(absl::Time deadline);
+  // Disarms, encodes the copies as a shard into `out` and describes them in
+  // `info` (keys, variables, worker clocks, longest pause). The copies'
+  // buffers stay for the next checkpoint.
+  void EncodeSnapshot(std::string* out, v1::SaveShardResponse* info);
+  void DisarmSnapshot();
+
+  // A key as a checkpoint holds it: spec (no initial value) and state.
+  struct RestoredKey {
+    v1::KeySpec spec;
+    KeyRecord state;
+  };
+  // Installs the keys of a checkpoint (or, with an error, refuses every
+  // registration with it) and lets registrations in. Workers resume at
+  // `step`: every worker's clock starts there. From then on a registration
+  // must match a restored key: another model's variables are refused.
+  void FinishRestore(absl::StatusOr<std::vector<RestoredKey>> keys, int64_t step,
+                     const std::string& from);
 
  private:
   struct Key;
@@ -80,6 +113,10 @@ class Store {
   // Sync: applies the step when enough pushes for it arrived.
   void MaybeFinishStep(Key* key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   std::vector<Key*> AllKeys() const;
+  // Sizes a key's state for `optimizer` (slots initialised, weights unset).
+  void InitKey(Key* key, const OptimizerConfig& optimizer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  void CopyForSnapshot(Key* key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  absl::Status WaitForRestore();
   absl::Status PullKey(Key* key, int64_t min_version, v1::DType dtype, absl::Time deadline,
                        const Cancelled& cancelled, v1::KeyData* out);
 
@@ -91,6 +128,15 @@ class Store {
   mutable absl::Mutex members_mu_;
   std::vector<char> active_ ABSL_GUARDED_BY(members_mu_);
   int64_t epoch_ ABSL_GUARDED_BY(members_mu_) = 1;
+
+  static constexpr int64_t kNotArmed = INT64_MIN;
+  std::atomic<int64_t> snapshot_step_{kNotArmed};
+  std::atomic<bool> snapshot_now_{false};  // armed with step < 0: all copied
+  std::atomic<double> max_pause_s_{0};
+  mutable absl::Mutex restore_mu_;
+  bool restore_pending_ ABSL_GUARDED_BY(restore_mu_);
+  absl::Status restore_status_ ABSL_GUARDED_BY(restore_mu_);
+  std::string restored_from_ ABSL_GUARDED_BY(restore_mu_);
 
   Counter* bytes_in_;
   Counter* bytes_out_;
@@ -107,6 +153,7 @@ class Store {
   Counter* compressed_pushes_;
   Counter* rescaled_pushes_;
   Counter* nonfinite_pushes_;
+  Histogram* snapshot_pause_seconds_;
 };
 
 

@@ -34,6 +34,8 @@ int psrt_rank(const psrt_client* client);
 int psrt_num_workers(const psrt_client* client);
 int psrt_num_servers(const psrt_client* client);
 int psrt_is_sync(const psrt_client* client);
+/* The step a job started from a checkpoint resumes at; 0 for a fresh job. */
+int64_t psrt_restored_step(const psrt_client* client);
 
 /* Registers a float32 variable; on ranks other than 0, `data` receives rank
  * 0's initial value. */

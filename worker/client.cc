@@ -393,6 +393,7 @@ int Client::rank() const { return impl_->options.rank; }
 int Client::num_workers() const { return impl_->config.num_workers(); }
 int Client::num_servers() const { return static_cast<int>(impl_->stubs.size()); }
 bool Client::sync() const { return impl_->config.mode() == "sync"; }
+int64_t Client::restored_step() const { return impl_->config.restored_step(); }
 
 absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64_t> shape,
                                       float* data, const OptimizerConfig& optimizer,

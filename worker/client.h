@@ -71,6 +71,10 @@ class Client {
   int num_workers() const;
   int num_servers() const;
   bool sync() const;  // false: async mode
+  // The step the job resumes at when it started from a checkpoint (0
+  // otherwise): a training loop starts counting there. In sync mode it is
+  // also the version RegisterVariable pulls.
+  int64_t restored_step() const;
 
   // Registers a float32 variable on the servers. Rank 0's `data` is the
   // initial value; then every rank's `data` is overwritten with the current

@@ -49,7 +49,6 @@ int main(int argc, char** argv) {
   if (!ps->enabled) {
     return fail("--distribution: parameter_server.enabled is not true; psrt-run starts parameter-server jobs only");
   }
-  if (absl::Status s = psrt::CheckImplemented(*ps); !s.ok()) return fail(std::string(s.message()));
   o.ps = *ps;
   if (o.local_hosts < 0 || o.local_hosts > 64) return fail("--local must be in 0..64");
   if (o.coordinator_port <= 0 || o.coordinator_port > 65535) return fail("--coordinator-port must be in 1..65535");

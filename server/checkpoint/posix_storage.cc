@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/failpoint.h"
 #include "server/checkpoint/storage.h"
 
 namespace psrt {
@@ -152,7 +153,12 @@ class PosixStorage : public Storage {
     } while (fd < 0 && errno == EINTR);
     if (fd < 0) return ErrnoError(errno, "cannot create temporary file", tmp);
     Fd file(fd);
-    s = WriteAll(fd, data, tmp);
+    // Written in two halves so that crash drills can stop in between.
+    s = WriteAll(fd, data.substr(0, data.size() / 2), tmp);
+    if (s.ok()) {
+      Failpoint("storage.half_written");
+      s = WriteAll(fd, data.substr(data.size() / 2), tmp);
+    }
     if (s.ok() && ::fsync(fd) != 0) s = ErrnoError(errno, "cannot fsync", tmp);
     if (s.ok()) {
       // close can report a deferred write error (e.g. NFS); do not ignore it.
@@ -234,7 +240,12 @@ class PosixStorage : public Storage {
       if (errno == ENOENT || errno == ENOTDIR) return absl::OkStatus();
       return ErrnoError(errno, "cannot delete", file);
     }
-    return FsyncDir(Parent(file));
+    // Folders exist only for the objects in them (as in S3): remove the ones
+    // this leaves empty, best effort (rmdir fails on a non-empty one).
+    std::string dir = Parent(file);
+    for (; dir.size() > root_.size() && ::rmdir(dir.c_str()) == 0; dir = Parent(dir)) {
+    }
+    return FsyncDir(dir);
   }
 
   absl::StatusOr<bool> Exists(absl::string_view path) override {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/failpoint.h"
 #include "common/logging.h"
 
 namespace psrt {
@@ -567,6 +568,7 @@ absl::Status S3Client::Put(absl::string_view bucket, absl::string_view key,
       break;
     }
     parts.push_back({number, *std::move(etag)});
+    Failpoint("storage.half_written");  // crash drills: parts sent, none visible
   }
   if (status.ok()) {
     status = CompleteMultipartUpload(bucket, key, *upload_id, parts);

@@ -211,44 +211,53 @@ bool KeyRecord::operator==(const KeyRecord& o) const {
   return true;
 }
 
-std::string EncodeShard(const std::vector<KeyRecord>& records) {
+void EncodeShardTo(absl::Span<const KeyRecord* const> records, std::string* out) {
   size_t total = kHeaderSize + kTrailerSize;
-  for (const KeyRecord& r : records) {
-    total += kRecordOverhead + kMinBody + r.variable.size() + r.optimizer.size() +
-             8 * r.step_counters.size() + 4 * r.weights.size();
-    for (const auto& s : r.slots) total += 4 * s.size();
+  for (const KeyRecord* r : records) {
+    total += kRecordOverhead + kMinBody + r->variable.size() + r->optimizer.size() +
+             8 * r->step_counters.size() + 4 * r->weights.size();
+    for (const auto& s : r->slots) total += 4 * s.size();
   }
+  out->clear();
+  out->reserve(total);
+  out->append(kShardMagic, kMagicSize);
+  PutFixed(out, kShardFormatVersion);
+  PutFixed(out, uint32_t{0});  // flags
+  for (const KeyRecord* r : records) {
+    // The body goes straight into `out`; its length is patched in after.
+    const size_t start = out->size();
+    PutFixed(out, uint64_t{0});
+    PutString(out, r->variable);
+    PutFixed(out, r->partition);
+    PutFixed(out, r->offset);
+    PutFixed(out, r->num_elements);
+    PutFixed(out, r->version);
+    PutDouble(out, r->learning_rate);
+    PutString(out, r->optimizer);
+    PutFixed(out, static_cast<uint32_t>(r->step_counters.size()));
+    for (int64_t c : r->step_counters) PutFixed(out, c);
+    PutFloats(out, r->weights);
+    PutFixed(out, static_cast<uint32_t>(r->slots.size()));
+    for (const auto& s : r->slots) PutFloats(out, s);
+    std::string length;
+    PutFixed(&length, static_cast<uint64_t>(out->size() - start - 8));
+    out->replace(start, 8, length);
+    PutFixed(out, Crc32c(absl::string_view(*out).substr(start)));
+  }
+  const size_t trailer = out->size();
+  out->append(kTrailerMagic, kMagicSize);
+  PutFixed(out, static_cast<uint64_t>(records.size()));
+  uint32_t crc = Crc32c(absl::string_view(*out).substr(0, kHeaderSize));
+  crc = Crc32c(absl::string_view(*out).substr(trailer), crc);
+  PutFixed(out, crc);
+}
+
+std::string EncodeShard(const std::vector<KeyRecord>& records) {
+  std::vector<const KeyRecord*> ptrs;
+  ptrs.reserve(records.size());
+  for (const KeyRecord& r : records) ptrs.push_back(&r);
   std::string out;
-  out.reserve(total);
-  out.append(kShardMagic, kMagicSize);
-  PutFixed(&out, kShardFormatVersion);
-  PutFixed(&out, uint32_t{0});  // flags
-  std::string body;
-  for (const KeyRecord& r : records) {
-    body.clear();
-    PutString(&body, r.variable);
-    PutFixed(&body, r.partition);
-    PutFixed(&body, r.offset);
-    PutFixed(&body, r.num_elements);
-    PutFixed(&body, r.version);
-    PutDouble(&body, r.learning_rate);
-    PutString(&body, r.optimizer);
-    PutFixed(&body, static_cast<uint32_t>(r.step_counters.size()));
-    for (int64_t c : r.step_counters) PutFixed(&body, c);
-    PutFloats(&body, r.weights);
-    PutFixed(&body, static_cast<uint32_t>(r.slots.size()));
-    for (const auto& s : r.slots) PutFloats(&body, s);
-    const size_t start = out.size();
-    PutFixed(&out, static_cast<uint64_t>(body.size()));
-    out.append(body);
-    PutFixed(&out, Crc32c(absl::string_view(out).substr(start)));
-  }
-  const size_t trailer = out.size();
-  out.append(kTrailerMagic, kMagicSize);
-  PutFixed(&out, static_cast<uint64_t>(records.size()));
-  uint32_t crc = Crc32c(absl::string_view(out).substr(0, kHeaderSize));
-  crc = Crc32c(absl::string_view(out).substr(trailer), crc);
-  PutFixed(&out, crc);
+  EncodeShardTo(ptrs, &out);
   return out;
 }
 

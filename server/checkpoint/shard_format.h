@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace psrt {
 
@@ -49,6 +50,9 @@ inline constexpr uint32_t kMaxSlots = 16;
 // num_elements values (checked by DecodeShard, not here: callers build
 // records from consistent stored keys).
 std::string EncodeShard(const std::vector<KeyRecord>& records);
+// The same into `out`, reusing its capacity (servers encode every checkpoint
+// into one buffer).
+void EncodeShardTo(absl::Span<const KeyRecord* const> records, std::string* out);
 
 // Decodes and verifies a whole shard. `name_for_errors` (a file or URI)
 // starts every error message. DATA_LOSS for truncation or a checksum

@@ -381,11 +381,15 @@ TEST_F(StorageTest, PutGetExistsDelete) {
       << missing.status();
   EXPECT_TRUE(absl::StrContains(missing.status().message(), "No such file")) << missing.status();
 
+  EXPECT_FALSE(storage_->Delete("ckpt-000100").ok());  // a directory, not an object
   ASSERT_TRUE(storage_->Delete("ckpt-000100/shard-00000").ok());
   EXPECT_FALSE(*storage_->Exists("ckpt-000100/shard-00000"));
   EXPECT_EQ(storage_->Get("ckpt-000100/shard-00000").status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(storage_->Delete("ckpt-000100/shard-00000").ok());  // idempotent
-  EXPECT_FALSE(storage_->Delete("ckpt-000100").ok());             // a directory
+  // The folder went with its last object, as in S3.
+  struct stat st;
+  EXPECT_NE(::stat((root_ + "/ckpt-000100").c_str(), &st), 0);
+  EXPECT_EQ(::stat(root_.c_str(), &st), 0);  // never the root
 }
 
 TEST_F(StorageTest, Overwrite) {

@@ -192,7 +192,10 @@ int main(int argc, char** argv) {
   // Sync: the step is the version pulled (a rejoining worker picks up where
   // the job is; a backup worker whose push came late skips ahead). Async and
   // ssp: the step is this worker's clock.
-  int64_t step = c.sync() ? c.PulledVersion("weight").value_or(0) : 0;
+  int64_t step = c.sync() ? c.PulledVersion("weight").value_or(0) : c.restored_step();
+  // Resumed from a checkpoint: skip the batches of the steps already done, so
+  // the job goes on as if it had never stopped.
+  for (int64_t i = 0; i < step; ++i) draw(shard);
   double loss = 0;
   while (step < steps) {
     if (step == exit_at_step && (exit_rank < 0 || exit_rank == rank) && !restarted) {

@@ -1,0 +1,173 @@
+#include "server/checkpoint_io.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/failpoint.h"
+#include "common/key_map.h"
+#include "common/optimizer_proto.h"
+#include "server/checkpoint/crc32c.h"
+
+namespace psrt {
+
+absl::Status ShardSaver::Save(const v1::SaveShardRequest& req, v1::SaveShardResponse* resp) {
+  if (req.root_uri().empty() || req.name().empty()) {
+    return absl::InvalidArgumentError("SaveShard needs root_uri and name");
+  }
+  if (absl::Status s = ValidateObjectPath(req.shard_path()); !s.ok()) return s;
+  if (!(req.wait_s() >= 0 && req.wait_s() <= 60)) {
+    return absl::InvalidArgumentError(absl::StrCat("wait_s must be in [0, 60]; got ", req.wait_s()));
+  }
+  const std::string id = absl::StrCat(req.root_uri(), "\n", req.name());
+  absl::MutexLock lock(&mu_);
+  if (written_ == id) {
+    *resp = result_;  // asked again: the shard is written
+    return absl::OkStatus();
+  }
+  if (armed_ != id) {
+    armed_.clear();
+    if (absl::Status s = store_->ArmSnapshot(req.step()); !s.ok()) return s;
+    armed_ = id;
+  }
+  const int64_t waiting = store_->WaitSnapshot(absl::Now() + absl::Seconds(req.wait_s()));
+  if (waiting > 0 || (!req.allow_empty() && store_->num_keys() == 0)) {
+    resp->set_done(false);
+    resp->set_keys_waiting(waiting);
+    return absl::OkStatus();
+  }
+  const absl::Time start = absl::Now();
+  v1::SaveShardResponse result;
+  store_->EncodeSnapshot(&buffer_, &result);
+  armed_.clear();  // a failed write copies the keys again on the next call
+  // The copies are encoded: the next periodic step can be armed before the
+  // (slow) write, which keeps fast steps from passing it meanwhile.
+  if (req.step() >= 0 && req.root_uri() == periodic_root_) ArmNextPeriodic(req.step());
+  if (storage_ == nullptr || storage_uri_ != req.root_uri()) {
+    absl::StatusOr<std::unique_ptr<Storage>> storage = OpenStorage(req.root_uri());
+    if (!storage.ok()) return storage.status();
+    storage_ = *std::move(storage);
+    storage_uri_ = req.root_uri();
+  }
+  if (absl::Status s = storage_->Put(req.shard_path(), buffer_); !s.ok()) return s;
+  Failpoint("checkpoint.shard_written");
+  result.set_done(true);
+  v1::ManifestShard* shard = result.mutable_shard();
+  shard->set_path(req.shard_path());
+  shard->set_bytes(static_cast<int64_t>(buffer_.size()));
+  shard->set_crc32c(Crc32c(buffer_));
+  shard->set_num_records(result.keys_size());
+  result.set_write_s(absl::ToDoubleSeconds(absl::Now() - start));
+  result_ = result;
+  written_ = id;
+  *resp = std::move(result);
+  return absl::OkStatus();
+}
+
+void ShardSaver::ArmPeriodic(const std::string& root_uri, int64_t every_steps, int64_t start_step) {
+  absl::MutexLock lock(&mu_);
+  periodic_root_ = root_uri;
+  every_steps_ = every_steps;
+  ArmNextPeriodic(start_step);
+}
+
+void ShardSaver::ArmNextPeriodic(int64_t after) {
+  if (every_steps_ <= 0) return;
+  const int64_t next = (after / every_steps_ + 1) * every_steps_;
+  // Training may already be past it; the coordinator then picks a later step.
+  if (store_->ArmSnapshot(next).ok()) armed_ = absl::StrCat(periodic_root_, "\n", CheckpointName(next));
+}
+
+absl::StatusOr<std::vector<Store::RestoredKey>> LoadServerKeys(const CheckpointRef& ckpt, int index,
+                                                               int num_servers,
+                                                               int64_t partition_bytes) {
+  const v1::Manifest& m = ckpt.manifest;
+  std::vector<Store::RestoredKey> out;
+  // Per variable, this server's keys (indices into `out`) in offset order.
+  std::map<std::string, std::vector<size_t>> mine;
+  for (const v1::ManifestVariable& v : m.variables()) {
+    int64_t n = 1;
+    for (int64_t d : v.shape()) n *= d;
+    absl::StatusOr<std::vector<Partition>> parts = PartitionVariable(v.name(), n, 4, partition_bytes, num_servers);
+    if (!parts.ok()) return parts.status();
+    absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(v.optimizer());
+    if (!opt.ok()) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", ckpt.uri(), ": variable '", v.name(),
+                                              "': ", opt.status().message()));
+    }
+    for (const Partition& p : *parts) {
+      if (p.server != index) continue;
+      Store::RestoredKey rk;
+      rk.spec.set_variable(v.name());
+      rk.spec.set_partition(p.index);
+      rk.spec.set_dtype(v.dtype());
+      *rk.spec.mutable_shape() = v.shape();
+      rk.spec.set_offset(p.offset);
+      rk.spec.set_num_elements(p.num_elements);
+      *rk.spec.mutable_optimizer() = v.optimizer();
+      rk.state.variable = v.name();
+      rk.state.partition = p.index;
+      rk.state.offset = p.offset;
+      rk.state.num_elements = p.num_elements;
+      rk.state.learning_rate = v.optimizer().lr();
+      rk.state.weights.resize(p.num_elements);
+      rk.state.slots.assign(NumSlots(*opt), std::vector<float>(p.num_elements));
+      mine[v.name()].push_back(out.size());
+      out.push_back(std::move(rk));
+    }
+  }
+  auto overlap = [](int64_t a, int64_t an, int64_t b, int64_t bn) {
+    return std::max<int64_t>(0, std::min(a + an, b + bn) - std::max(a, b));
+  };
+  // Only the shards holding a slice of this server's keys are read.
+  std::set<int> shards;
+  for (const v1::ManifestKey& k : m.keys()) {
+    for (size_t i : mine[k.variable()]) {
+      const KeyRecord& r = out[i].state;
+      if (overlap(r.offset, r.num_elements, k.offset(), k.num_elements()) > 0) shards.insert(k.shard());
+    }
+  }
+  std::vector<int64_t> filled(out.size(), 0);
+  for (int shard : shards) {
+    absl::StatusOr<std::string> bytes = ReadShard(ckpt.root.get(), m, shard);
+    if (!bytes.ok()) return bytes.status();
+    absl::StatusOr<std::vector<KeyRecord>> records =
+        DecodeShard(*bytes, absl::StrCat(ckpt.root->uri(), "/", m.shards(shard).path()));
+    if (!records.ok()) return records.status();
+    for (const KeyRecord& rec : *records) {
+      for (size_t i : mine[rec.variable]) {
+        KeyRecord& dst = out[i].state;
+        const int64_t len = overlap(dst.offset, dst.num_elements, rec.offset, rec.num_elements);
+        if (len == 0) continue;
+        if (rec.slots.size() != dst.slots.size()) {
+          return absl::DataLossError(absl::StrCat(
+              "checkpoint ", ckpt.uri(), ": key '", KeyName(rec.variable, rec.partition), "' has ",
+              rec.slots.size(), " optimizer slots; its optimizer keeps ", dst.slots.size()));
+        }
+        const int64_t from = std::max(dst.offset, rec.offset);
+        auto copy = [&](const std::vector<float>& src, std::vector<float>* to) {
+          std::memcpy(to->data() + (from - dst.offset), src.data() + (from - rec.offset), len * sizeof(float));
+        };
+        copy(rec.weights, &dst.weights);
+        for (size_t s = 0; s < rec.slots.size(); ++s) copy(rec.slots[s], &dst.slots[s]);
+        // Keys cut from several records (async) take the most updates.
+        dst.version = std::max(dst.version, rec.version);
+        dst.learning_rate = rec.learning_rate;
+        filled[i] += len;
+      }
+    }
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (filled[i] != out[i].state.num_elements) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint ", ckpt.uri(), ": the shards hold ", filled[i], " of the ", out[i].state.num_elements,
+          " elements of key '", KeyName(out[i].state.variable, out[i].state.partition), "'"));
+    }
+  }
+  return out;
+}
+
+}  // namespace psrt

@@ -1,0 +1,308 @@
+#include "server/checkpointer.h"
+
+#include <algorithm>
+#include <climits>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/failpoint.h"
+#include "common/grpc_util.h"
+#include "common/logging.h"
+#include "server/checkpoint/catalog.h"
+
+namespace psrt {
+namespace {
+
+constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
+// How long a periodic sync checkpoint's server calls wait for the step
+// before the coordinator looks at its other triggers again.
+constexpr absl::Duration kPollWait = absl::Milliseconds(250);
+
+std::vector<double> SecondsBuckets() { return {0.01, 0.1, 1, 10, 100, 1000}; }
+
+}  // namespace
+
+Checkpointer::Checkpointer(CheckpointerOptions options, std::unique_ptr<Storage> root, Metrics* metrics)
+    : options_(std::move(options)),
+      root_(std::move(root)),
+      saved_(metrics->GetCounter("checkpoints_total", "Checkpoints committed")),
+      failed_(metrics->GetCounter("checkpoint_failures_total", "Checkpoints that failed")),
+      seconds_(metrics->GetHistogram("checkpoint_seconds", "Time to write and commit a checkpoint once its step is reached", SecondsBuckets())),
+      last_step_(metrics->GetGauge("checkpoint_last_step", "Step of the newest committed checkpoint")),
+      last_pause_(metrics->GetGauge("checkpoint_pause_seconds_max", "Longest a key was held to copy it, in the newest checkpoint")) {}
+
+absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions options,
+                                                                 Metrics* metrics) {
+  absl::StatusOr<std::unique_ptr<Storage>> root = OpenStorage(NormalizeUri(options.config.uri()));
+  if (!root.ok()) return root.status();
+  absl::StatusOr<std::vector<CheckpointEntry>> existing = ListCheckpoints(root->get());
+  if (!existing.ok()) {
+    return absl::Status(existing.status().code(),
+                        absl::StrCat("cannot read checkpoint destination ", (*root)->uri(), ": ",
+                                     existing.status().message()));
+  }
+  return std::unique_ptr<Checkpointer>(new Checkpointer(std::move(options), *std::move(root), metrics));
+}
+
+Checkpointer::~Checkpointer() { Stop(); }
+
+void Checkpointer::Start(const std::vector<std::string>& server_addresses) {
+  for (const std::string& a : server_addresses) servers_.push_back(v1::ParameterServer::NewStub(MakeChannel(a)));
+  const v1::CheckpointConfig& c = options_.config;
+  if (c.every_steps() > 0 || c.every_seconds() > 0) loop_ = std::thread([this] { Loop(); });
+}
+
+void Checkpointer::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (loop_.joinable()) loop_.join();
+}
+
+bool Checkpointer::stopping() {
+  absl::MutexLock lock(&mu_);
+  return stopping_;
+}
+
+absl::StatusOr<std::vector<v1::StatsResponse>> Checkpointer::AllStats() {
+  std::vector<v1::StatsResponse> out(servers_.size());
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, options_.token, kRpcTimeout);
+    grpc::Status s = servers_[i]->Stats(&ctx, v1::StatsRequest(), &out[i]);
+    if (!s.ok()) {
+      return absl::UnavailableError(absl::StrCat("server ", i, " did not answer Stats: ", s.error_message()));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> Checkpointer::CurrentStep() {
+  absl::StatusOr<std::vector<v1::StatsResponse>> stats = AllStats();
+  if (!stats.ok()) return stats.status();
+  int64_t step = sync() ? 0 : INT64_MAX;
+  for (const v1::StatsResponse& s : *stats) {
+    if (sync()) {
+      step = std::max(step, s.max_version());
+    } else {
+      for (int64_t c : s.worker_clocks()) step = std::min(step, c);
+    }
+  }
+  return step == INT64_MAX ? options_.start_step : step;
+}
+
+absl::StatusOr<bool> Checkpointer::Committed(const std::string& name) {
+  return root_->Exists(ManifestPath(name));
+}
+
+v1::CheckpointResponse Checkpointer::Response(const std::string& name, int64_t step, bool already) const {
+  v1::CheckpointResponse r;
+  r.set_uri(absl::StrCat(root_->uri(), "/", name));
+  r.set_step(step);
+  r.set_already_saved(already);
+  return r;
+}
+
+absl::Status Checkpointer::Round(const std::string& name, int64_t step, absl::Duration wait,
+                                 std::vector<v1::SaveShardResponse>* responses, bool* done) {
+  const int n = static_cast<int>(servers_.size());
+  // Async and ssp copy every key at once: nothing to wait for.
+  bool allow_empty = !sync();
+  for (const v1::SaveShardResponse& r : *responses) allow_empty = allow_empty || r.keys_size() > 0;
+  responses->resize(n);
+  std::vector<grpc::Status> status(n);
+  std::vector<std::thread> calls;
+  for (int i = 0; i < n; ++i) {
+    calls.emplace_back([&, i] {
+      v1::SaveShardRequest req;
+      req.set_root_uri(root_->uri());
+      req.set_name(name);
+      req.set_shard_path(ShardPath(name, i, n));
+      req.set_step(sync() ? step : -1);
+      req.set_wait_s(absl::ToDoubleSeconds(wait));
+      req.set_allow_empty(allow_empty);
+      grpc::ClientContext ctx;
+      PrepareContext(&ctx, options_.token, wait + options_.save_timeout);
+      v1::SaveShardResponse resp;
+      status[i] = servers_[i]->SaveShard(&ctx, req, &resp);
+      if (status[i].ok()) (*responses)[i] = std::move(resp);
+    });
+  }
+  for (std::thread& t : calls) t.join();
+  *done = true;
+  for (int i = 0; i < n; ++i) {
+    if (!status[i].ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(status[i].error_code()),
+                          absl::StrCat("server ", i, ": ", status[i].error_message()));
+    }
+    *done = *done && (*responses)[i].done();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::CheckpointResponse> Checkpointer::Commit(
+    const std::string& name, int64_t step, const std::vector<v1::SaveShardResponse>& shards,
+    absl::Time started) {
+  Failpoint("checkpoint.shards_written");
+  v1::Manifest m;
+  m.set_format_version(kManifestFormatVersion);
+  m.set_name(name);
+  m.set_step(step);
+  m.set_mode(options_.mode);
+  m.set_created_unix_s(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+  m.set_num_servers(static_cast<int>(shards.size()));
+  m.set_partition_bytes(options_.partition_bytes);
+  std::map<std::string, const v1::ManifestVariable*> variables;
+  double pause = 0;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    *m.add_shards() = shards[i].shard();
+    bytes += shards[i].shard().bytes();
+    pause = std::max(pause, shards[i].max_pause_s());
+    for (const v1::ManifestKey& k : shards[i].keys()) {
+      if (sync() && k.version() != step) {
+        return absl::InternalError(absl::StrCat("checkpoint ", name, ": key '", k.variable(), "#",
+                                                k.partition(), "' was saved at version ", k.version(),
+                                                ", not at the step ", step));
+      }
+      v1::ManifestKey* mk = m.add_keys();
+      *mk = k;
+      mk->set_shard(static_cast<int>(i));
+    }
+    for (const v1::ManifestVariable& v : shards[i].variables()) variables.emplace(v.name(), &v);
+  }
+  for (const auto& [n, v] : variables) *m.add_variables() = *v;
+  if (absl::Status s = CheckManifest(m, name); !s.ok()) return s;
+  if (absl::Status s = WriteManifest(root_.get(), m); !s.ok()) return s;
+  Failpoint("checkpoint.manifest_written");
+  if (absl::Status s = root_->Put(kLatestFile, name + "\n"); !s.ok()) return s;
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - started);
+  saved_->Add();
+  seconds_->Observe(seconds);
+  last_step_->Set(static_cast<double>(step));
+  last_pause_->Set(pause);
+  LogInfo("checkpoint ", root_->uri(), "/", name, " committed: ", bytes, " bytes in ", shards.size(),
+          " shards, ", m.keys_size(), " keys, ", absl::FormatDuration(absl::Seconds(seconds)),
+          "; longest training pause ", absl::FormatDuration(absl::Seconds(pause)));
+  if (absl::Status s = PruneCheckpoints(root_.get(), options_.config.keep(), name); !s.ok()) {
+    LogWarning("removing old checkpoints under ", root_->uri(), " failed (the next checkpoint tries again): ",
+               s.message());
+  }
+  return Response(name, step, false);
+}
+
+absl::StatusOr<v1::CheckpointResponse> Checkpointer::SaveNow(absl::Time deadline) {
+  absl::MutexLock lock(&save_mu_);
+  if (servers_.empty()) return absl::UnavailableError("the job's servers have not all registered yet");
+  absl::Status last;
+  // Sync: a key may pass the chosen step before it is armed; then try the
+  // step it reached.
+  for (int attempt = 0; attempt < 20 && absl::Now() < deadline; ++attempt) {
+    absl::StatusOr<int64_t> step = CurrentStep();
+    if (!step.ok()) return step.status();
+    const std::string name = CheckpointName(*step);
+    absl::StatusOr<bool> committed = Committed(name);
+    if (!committed.ok()) return committed.status();
+    if (*committed) return Response(name, *step, true);
+    const absl::Time started = absl::Now();
+    std::vector<v1::SaveShardResponse> responses;
+    bool done = false;
+    while (true) {
+      last = Round(name, *step, std::min(absl::Seconds(1), std::max(absl::ZeroDuration(), deadline - absl::Now())),
+                   &responses, &done);
+      if (!last.ok() || done || absl::Now() >= deadline) break;
+    }
+    if (last.ok() && done) {
+      absl::StatusOr<v1::CheckpointResponse> r = Commit(name, *step, responses, started);
+      if (!r.ok()) failed_->Add();
+      return r;
+    }
+    if (last.ok()) {
+      int64_t waiting = 0;
+      for (const auto& r : responses) waiting += r.keys_waiting();
+      last = absl::DeadlineExceededError(absl::StrCat("checkpoint ", name, ": ", waiting,
+                                                      " keys had not reached step ", *step,
+                                                      " by the deadline"));
+    }
+    if (!absl::IsFailedPrecondition(last)) break;
+  }
+  failed_->Add();
+  return last.ok() ? absl::DeadlineExceededError("checkpoint: no attempt before the deadline") : last;
+}
+
+absl::StatusOr<v1::CheckpointResponse> Checkpointer::Finish() {
+  Stop();
+  if (servers_.empty()) return absl::FailedPreconditionError("the job ended before its servers registered");
+  return SaveNow(absl::Now() + options_.save_timeout);
+}
+
+void Checkpointer::Loop() {
+  const v1::CheckpointConfig& c = options_.config;
+  const int64_t every = c.every_steps();
+  int64_t target = every > 0 ? (options_.start_step / every + 1) * every : -1;
+  bool target_checked = false;  // whether it is known not to be committed
+  std::vector<v1::SaveShardResponse> responses;  // of the target's rounds
+  absl::Time last = absl::Now();
+  while (!stopping()) {
+    if (c.every_seconds() > 0 && absl::Now() - last >= absl::Seconds(c.every_seconds())) {
+      absl::StatusOr<v1::CheckpointResponse> r = SaveNow(absl::Now() + options_.save_timeout);
+      if (!r.ok()) LogWarning("periodic checkpoint failed: ", r.status().message());
+      last = absl::Now();
+      continue;
+    }
+    if (every <= 0) {
+      absl::SleepFor(absl::Milliseconds(50));
+      continue;
+    }
+    if (!sync()) {
+      // Async and ssp have no step boundary: save when every worker is past
+      // the next multiple.
+      absl::StatusOr<int64_t> step = CurrentStep();
+      if (step.ok() && *step >= target) {
+        absl::StatusOr<v1::CheckpointResponse> r = SaveNow(absl::Now() + options_.save_timeout);
+        if (!r.ok()) LogWarning("periodic checkpoint failed: ", r.status().message());
+        target = (*step / every + 1) * every;
+        last = absl::Now();
+      } else {
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+      continue;
+    }
+    // Sync: the servers are armed ahead for the step, and copy each key the
+    // moment it gets there.
+    absl::MutexLock lock(&save_mu_);
+    const std::string name = CheckpointName(target);
+    if (!target_checked) {
+      absl::StatusOr<bool> committed = Committed(name);
+      if (!committed.ok() || *committed) {
+        if (committed.ok()) target += every;
+        absl::SleepFor(absl::Milliseconds(50));
+        continue;
+      }
+      target_checked = true;
+      responses.clear();
+    }
+    const absl::Time started = absl::Now();
+    bool done = false;
+    absl::Status s = Round(name, target, kPollWait, &responses, &done);
+    if (s.ok() && done) s = Commit(name, target, responses, started).status();
+    if (!s.ok() || done) {
+      if (!s.ok()) {
+        failed_->Add();
+        LogWarning("checkpoint at step ", target, " failed: ", s.message());
+      }
+      // Done: the next multiple (the servers armed it already). Failed: the
+      // next multiple after where training is.
+      absl::StatusOr<int64_t> now = s.ok() ? target : CurrentStep();
+      target = std::max(target + every, now.ok() ? (*now / every + 1) * every : 0);
+      target_checked = false;
+      last = absl::Now();
+      if (!s.ok()) absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+}
+
+}  // namespace psrt

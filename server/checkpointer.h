@@ -1,0 +1,92 @@
+#ifndef PSRT_SERVER_CHECKPOINTER_H_
+#define PSRT_SERVER_CHECKPOINTER_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "psrt/v1/coordinator.pb.h"
+#include "psrt/v1/ps.grpc.pb.h"
+#include "server/checkpoint/storage.h"
+
+namespace psrt {
+
+struct CheckpointerOptions {
+  v1::CheckpointConfig config;  // uri, every_steps, every_seconds, keep
+  std::string mode;             // the job's: "sync" | "async" | "ssp"
+  int64_t partition_bytes = 0;
+  std::string token;
+  int64_t start_step = 0;  // the restored step, if any
+  // Longest one checkpoint may take once its step is reached.
+  absl::Duration save_timeout = absl::Minutes(10);
+};
+
+// The coordinator's side of checkpoints. Every checkpoint goes the same way:
+// each server saves its shard (in parallel; sync mode: every key exactly at
+// one step), then the manifest is written (the commit point), then LATEST,
+// then checkpoints beyond `keep` are removed. A crash at any moment leaves
+// the previous checkpoint as it was.
+class Checkpointer {
+ public:
+  // Opens the destination and reads it once, so a bad bucket, endpoint or
+  // credentials fail the job at start rather than at its first checkpoint.
+  static absl::StatusOr<std::unique_ptr<Checkpointer>> Open(CheckpointerOptions options,
+                                                            Metrics* metrics);
+  ~Checkpointer();
+
+  // Begins the every_steps / every_seconds triggers.
+  void Start(const std::vector<std::string>& server_addresses);
+  // Writes a checkpoint now (sync: at the step the fastest key is at) and
+  // answers once it is committed, or with why not by `deadline`.
+  absl::StatusOr<v1::CheckpointResponse> SaveNow(absl::Time deadline);
+  // Stops the triggers and writes the job's final checkpoint.
+  absl::StatusOr<v1::CheckpointResponse> Finish();
+  // Stops the triggers (a checkpoint in progress ends at its next poll).
+  void Stop();
+
+ private:
+  Checkpointer(CheckpointerOptions options, std::unique_ptr<Storage> root, Metrics* metrics);
+  void Loop();
+  bool sync() const { return options_.mode == "sync"; }
+  // Per server, its Stats; or the first error.
+  absl::StatusOr<std::vector<v1::StatsResponse>> AllStats();
+  // The checkpoint SaveNow writes: sync, the version of the fastest key;
+  // otherwise the least worker clock (keys are copied as they are).
+  absl::StatusOr<int64_t> CurrentStep();
+  // One SaveShard to every server in parallel, each waiting up to `wait`
+  // for its keys to reach `step`. OK with *done when every shard is written.
+  // `responses` carries over between rounds of one checkpoint: once a
+  // server wrote keys, servers holding none may answer with empty shards.
+  absl::Status Round(const std::string& name, int64_t step, absl::Duration wait,
+                     std::vector<v1::SaveShardResponse>* responses, bool* done);
+  absl::StatusOr<v1::CheckpointResponse> Commit(const std::string& name, int64_t step,
+                                                const std::vector<v1::SaveShardResponse>& shards,
+                                                absl::Time started)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_);
+  // The committed checkpoint `name`, if there is one.
+  absl::StatusOr<bool> Committed(const std::string& name);
+  v1::CheckpointResponse Response(const std::string& name, int64_t step, bool already) const;
+  bool stopping();
+
+  const CheckpointerOptions options_;
+  const std::unique_ptr<Storage> root_;
+  absl::Mutex save_mu_;  // one checkpoint at a time
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> servers_;  // set once by Start
+  std::thread loop_;
+  Counter* saved_;
+  Counter* failed_;
+  Histogram* seconds_;
+  Gauge* last_step_;
+  Gauge* last_pause_;
+};
+
+}  // namespace psrt
+
+#endif  // PSRT_SERVER_CHECKPOINTER_H_

@@ -1,0 +1,178 @@
+// psrt-ckpt: lists, verifies and describes checkpoints, and asks a running
+// job for one.
+//
+//   psrt-ckpt ls URI        checkpoints under a root (LATEST marked)
+//   psrt-ckpt verify URI    reads every shard, checks every checksum
+//   psrt-ckpt inspect URI   what a checkpoint holds (URI: a checkpoint, or a
+//                           root for its LATEST)
+//   psrt-ckpt save --coordinator=HOST:PORT   checkpoint a running job now
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "common/daemon.h"
+#include "common/flags.h"
+#include "common/grpc_util.h"
+#include "psrt/v1/coordinator.grpc.pb.h"
+#include "server/checkpoint/catalog.h"
+
+namespace psrt {
+namespace {
+
+constexpr char kUsage[] =
+    "COMMAND [URI] [flags]\n"
+    "  ls URI        list the checkpoints under a root URI (LATEST is marked *)\n"
+    "  verify URI    read every shard of a checkpoint (or of every checkpoint\n"
+    "                under a root) and check every checksum\n"
+    "  inspect URI   print what a checkpoint holds (a root URI: its LATEST)\n"
+    "  save          ask a running job's coordinator for a checkpoint now\n"
+    "URI: file:///path, /path or s3://bucket/prefix";
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "psrt-ckpt: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+// The checkpoint `uri` names, or nothing when it is a root.
+absl::StatusOr<CheckpointRef> MaybeCheckpoint(const std::string& uri) {
+  absl::StatusOr<CheckpointRef> ref = OpenCheckpoint(uri);
+  if (absl::IsNotFound(ref.status()) || absl::IsInvalidArgument(ref.status())) {
+    return absl::NotFoundError("a root");
+  }
+  return ref;
+}
+
+int List(const std::string& uri) {
+  absl::StatusOr<std::unique_ptr<Storage>> root = OpenStorage(NormalizeUri(uri));
+  if (!root.ok()) return Fail(root.status());
+  absl::StatusOr<std::vector<CheckpointEntry>> all = ListCheckpoints(root->get());
+  if (!all.ok()) return Fail(all.status());
+  std::printf("%-2s%-20s %12s %14s  %s\n", "", "NAME", "STEP", "BYTES", "STATE");
+  for (const CheckpointEntry& e : *all) {
+    std::printf("%-2s%-20s %12s %14s  %s\n", e.latest ? "*" : "", e.name.c_str(),
+                e.committed ? absl::StrCat(e.step).c_str() : "-",
+                e.committed ? absl::StrCat(e.bytes).c_str() : "-",
+                e.committed ? "committed" : "incomplete (no manifest; never restored)");
+  }
+  if (all->empty()) std::printf("(no checkpoints under %s)\n", (*root)->uri().c_str());
+  return 0;
+}
+
+int VerifyOne(Storage* root, const v1::Manifest& m) {
+  absl::StatusOr<VerifyReport> r = VerifyCheckpoint(root, m);
+  if (!r.ok()) {
+    std::printf("FAILED %s/%s: %s\n", root->uri().c_str(), m.name().c_str(),
+                std::string(r.status().message()).c_str());
+    return 1;
+  }
+  std::printf("OK %s/%s: step %ld, %ld shards, %ld records, %ld bytes\n", root->uri().c_str(),
+              m.name().c_str(), static_cast<long>(m.step()), static_cast<long>(r->shards),
+              static_cast<long>(r->records), static_cast<long>(r->bytes));
+  return 0;
+}
+
+int Verify(const std::string& uri) {
+  absl::StatusOr<CheckpointRef> one = MaybeCheckpoint(uri);
+  if (one.ok()) return VerifyOne(one->root.get(), one->manifest);
+  if (!absl::IsNotFound(one.status())) return Fail(one.status());
+  absl::StatusOr<std::unique_ptr<Storage>> root = OpenStorage(NormalizeUri(uri));
+  if (!root.ok()) return Fail(root.status());
+  absl::StatusOr<std::vector<CheckpointEntry>> all = ListCheckpoints(root->get());
+  if (!all.ok()) return Fail(all.status());
+  int failed = 0, committed = 0;
+  for (const CheckpointEntry& e : *all) {
+    if (!e.committed) continue;
+    ++committed;
+    absl::StatusOr<v1::Manifest> m = ReadManifest(root->get(), e.name);
+    if (!m.ok()) return Fail(m.status());
+    failed += VerifyOne(root->get(), *m);
+  }
+  if (committed == 0) return Fail(absl::NotFoundError(absl::StrCat("no checkpoint under ", (*root)->uri())));
+  return failed == 0 ? 0 : 1;
+}
+
+int Inspect(const std::string& uri) {
+  absl::StatusOr<CheckpointRef> ref = MaybeCheckpoint(uri);
+  if (absl::IsNotFound(ref.status())) ref = ResolveCheckpoint("latest", uri);
+  if (!ref.ok()) return Fail(ref.status());
+  const v1::Manifest& m = ref->manifest;
+  std::printf("checkpoint %s\n", ref->uri().c_str());
+  std::printf("  step %ld, %s mode, written by %d servers at %s, partitions of at most %ld bytes\n",
+              static_cast<long>(m.step()), m.mode().c_str(), m.num_servers(),
+              absl::FormatTime("%Y-%m-%d %H:%M:%S UTC",
+                               absl::FromUnixSeconds(static_cast<int64_t>(m.created_unix_s())),
+                               absl::UTCTimeZone()).c_str(),
+              static_cast<long>(m.partition_bytes()));
+  std::printf("  variables:\n");
+  for (const v1::ManifestVariable& v : m.variables()) {
+    int keys = 0;
+    int64_t lo = INT64_MAX, hi = 0;
+    for (const v1::ManifestKey& k : m.keys()) {
+      if (k.variable() != v.name()) continue;
+      ++keys;
+      lo = std::min(lo, k.version());
+      hi = std::max(hi, k.version());
+    }
+    const v1::OptimizerConfig& o = v.optimizer();
+    std::printf("    %-24s shape [%s] %s, %d keys, version %s; optimizer %s lr=%g momentum=%g "
+                "weight_decay=%g\n",
+                v.name().c_str(), absl::StrJoin(v.shape(), ", ").c_str(),
+                v1::DType_Name(v.dtype()).c_str(), keys,
+                lo == hi ? absl::StrCat(lo).c_str() : absl::StrCat(lo, "..", hi).c_str(),
+                o.name().c_str(), o.lr(), o.momentum(), o.weight_decay());
+  }
+  std::printf("  shards:\n");
+  for (const v1::ManifestShard& s : m.shards()) {
+    std::printf("    %-44s %12ld bytes, %ld records, crc32c %08x\n", s.path().c_str(),
+                static_cast<long>(s.bytes()), static_cast<long>(s.num_records()), s.crc32c());
+  }
+  return 0;
+}
+
+int Save(int argc, char** argv) {
+  std::string coordinator = EnvOr("PSRT_COORDINATOR", "");
+  std::string token = EnvOr("PSRT_JOB_TOKEN", "");
+  double timeout_s = 600;
+  Flags flags("psrt-ckpt save", "--coordinator=HOST:PORT [--token=T]");
+  flags.Add("coordinator", &coordinator, "The job's psrt-coordinator (env PSRT_COORDINATOR).");
+  flags.Add("token", &token, "The job token (env PSRT_JOB_TOKEN).");
+  flags.Add("timeout", &timeout_s, "Seconds to wait for the checkpoint to be committed.");
+  flags.ParseOrExit(argc, argv);
+  if (coordinator.empty() || timeout_s <= 0) {
+    std::fprintf(stderr, "psrt-ckpt save: need --coordinator and --timeout > 0\n");
+    return 2;
+  }
+  auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx, token, absl::Seconds(timeout_s));
+  v1::CheckpointResponse resp;
+  grpc::Status s = stub->Checkpoint(&ctx, v1::CheckpointRequest(), &resp);
+  if (!s.ok()) return Fail(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()));
+  std::printf("%s %s (step %ld)\n", resp.already_saved() ? "already saved" : "committed", resp.uri().c_str(),
+              static_cast<long>(resp.step()));
+  return 0;
+}
+
+}  // namespace
+}  // namespace psrt
+
+int main(int argc, char** argv) {
+  const std::string command = argc > 1 ? argv[1] : "";
+  if (command == "save") return psrt::Save(argc - 1, argv + 1);
+  if (command == "--help" || command == "-h") {
+    std::printf("usage: psrt-ckpt %s\n", psrt::kUsage);
+    return 0;
+  }
+  if ((command != "ls" && command != "verify" && command != "inspect") || argc != 3) {
+    std::fprintf(stderr, "usage: psrt-ckpt %s\n", psrt::kUsage);
+    return 2;
+  }
+  const std::string uri = argv[2];
+  if (command == "ls") return psrt::List(uri);
+  if (command == "verify") return psrt::Verify(uri);
+  return psrt::Inspect(uri);
+}
