@@ -23,65 +23,10 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/process.h"
+#include "tests/integration/job_util.h"
 
 namespace psrt {
 namespace {
-
-const std::string kBin = PSRT_BIN_DIR;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string TempDir() {
-  char dir[] = "/tmp/psrt-test-XXXXXX";
-  return mkdtemp(dir) ? dir : "/tmp";
-}
-
-// A command started through the shell with its output in a file.
-struct Proc {
-  pid_t pid = 0;
-  std::string log;
-  int code = -1;
-
-  static Proc Start(const std::string& cmd, const std::string& log) {
-    Proc p;
-    p.log = log;
-    auto pid = Spawn({"/bin/sh", "-c", "exec " + cmd + " >" + log + " 2>&1"}, {});
-    EXPECT_TRUE(pid.ok()) << pid.status();
-    p.pid = pid.ok() ? *pid : 0;
-    return p;
-  }
-  // Waits for the exit; on timeout kills it and fails the test.
-  int Wait(absl::Duration timeout, const std::string& what) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      int status = 0;
-      if (waitpid(pid, &status, WNOHANG) == pid) {
-        code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        return code;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    ADD_FAILURE() << what << " did not end within " << absl::FormatDuration(timeout)
-                  << "; output:\n" << ReadFile(log);
-    return -1;
-  }
-  std::string Output() const { return ReadFile(log); }
-  bool WaitForOutput(const std::string& text, absl::Duration timeout) const {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      if (Output().find(text) != std::string::npos) return true;
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return false;
-  }
-};
 
 // Pids of live processes whose environment carries this job's token.
 std::vector<pid_t> JobProcesses(const std::string& token) {

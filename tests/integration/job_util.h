@@ -1,0 +1,36 @@
+// Helpers for tests that run whole jobs: psrt-run and the programs as real
+// processes, their output in files.
+#ifndef PSRT_TESTS_INTEGRATION_JOB_UTIL_H_
+#define PSRT_TESTS_INTEGRATION_JOB_UTIL_H_
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace psrt {
+
+// Where the programs are (the build's bin folder, or "." under Bazel).
+inline const std::string kBin = PSRT_BIN_DIR;
+
+std::string ReadFile(const std::string& path);
+// A fresh directory under /tmp.
+std::string TempDir();
+
+// A command started through the shell with its output in a file.
+struct Proc {
+  pid_t pid = 0;
+  std::string log;
+  int code = -1;
+
+  static Proc Start(const std::string& cmd, const std::string& log);
+  // Waits for the exit; on timeout kills it and fails the test.
+  int Wait(absl::Duration timeout, const std::string& what);
+  std::string Output() const { return ReadFile(log); }
+  bool WaitForOutput(const std::string& text, absl::Duration timeout) const;
+};
+
+}  // namespace psrt
+
+#endif  // PSRT_TESTS_INTEGRATION_JOB_UTIL_H_
