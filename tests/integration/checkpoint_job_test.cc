@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "server/checkpoint/catalog.h"
 #include "tests/integration/job_util.h"
 #include "tests/integration/moto_server.h"
@@ -158,6 +159,178 @@ TEST(CheckpointJobTest, RestoresOntoFewerAndMoreServers) {
     EXPECT_TRUE(absl::StrContains(r.output, "written by 3 servers")) << r.output;
     EXPECT_EQ(Weights(dir, rest.result), reference) << servers << " servers, partitions of " << partition;
   }
+}
+
+// A process killed at each phase of a checkpoint leaves the previous one as
+// it was: it verifies, LATEST names it, and it restores to the same end as
+// an uninterrupted run. The half-made checkpoint is never taken for a whole.
+TEST(CheckpointJobTest, ACrashAtAnyPhaseLeavesThePreviousCheckpointWhole) {
+  const std::string dir = TempDir();
+  const std::string reference = Reference(Job{}, dir);
+  struct Case {
+    std::string failpoint;
+    bool step30_committed;  // the manifest was written before the crash
+  };
+  const std::vector<Case> cases = {
+      {"storage.half_written@psrt-server[1]", false},  // a shard half written
+      {"checkpoint.shard_written@psrt-server[0]", false},  // one shard written
+      {"checkpoint.shards_written", false},                 // all shards, no manifest
+      {"checkpoint.manifest_written", true},                // manifest, LATEST not moved
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.failpoint);
+    const std::string root = dir + "/" + c.failpoint.substr(0, c.failpoint.find('@'));
+    Job first;
+    first.steps = 20;
+    first.ps = Checkpointing(root, 10);
+    Ran a = RunJob(first, dir);
+    ASSERT_EQ(a.code, 0) << a.output;
+
+    Job crash;
+    crash.ps = absl::StrCat(R"("restore":"latest",)", Checkpointing(root, 10));
+    crash.env = "'PSRT_FAILPOINT=" + c.failpoint + "'";
+    Ran b = RunJob(crash, dir);
+    EXPECT_NE(b.code, 0) << b.output;
+    EXPECT_TRUE(absl::StrContains(b.output, "failpoint " + c.failpoint.substr(0, c.failpoint.find('@')) + " reached"))
+        << b.output;
+
+    EXPECT_EQ(ReadFile(root + "/LATEST"), "step-000000000020\n");
+    Ran verify = Ckpt("verify " + root);
+    EXPECT_EQ(verify.code, 0) << verify.output;
+    Ran ls = Ckpt("ls " + root);
+    EXPECT_EQ(std::regex_search(ls.output, std::regex(R"(step-000000000030\s+30 .*committed)")), c.step30_committed)
+        << ls.output;
+
+    Job rest;
+    rest.ps = absl::StrCat(R"("restore":"latest",)", Checkpointing(root, 10));
+    rest.result = "after-" + c.failpoint.substr(0, c.failpoint.find('@'));
+    Ran r = RunJob(rest, dir);
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_TRUE(absl::StrContains(r.output, "restoring file://" + root + "/step-000000000020")) << r.output;
+    EXPECT_EQ(Weights(dir, rest.result), reference);
+  }
+}
+
+// A flipped byte in a shard: verify names the file and the record, and a
+// restore from it fails at start with the same, before any training step.
+TEST(CheckpointJobTest, AFlippedByteIsFoundByVerifyAndByRestore) {
+  const std::string dir = TempDir(), root = dir + "/ckpt";
+  Job first;
+  first.steps = 10;
+  first.ps = Checkpointing(root, 0);
+  Ran a = RunJob(first, dir);
+  ASSERT_EQ(a.code, 0) << a.output;
+  // The weight variable's shard: the larger one. Flip a byte inside its
+  // second record's weights.
+  std::string shard;
+  for (int i = 0; i < 2; ++i) {
+    const std::string path = root + "/" + ShardPath("step-000000000010", i, 2);
+    if (ReadFile(path).size() > ReadFile(shard).size()) shard = path;
+  }
+  std::string bytes = ReadFile(shard);
+  ASSERT_GT(bytes.size(), 20000u);
+  bytes[bytes.size() / 2] ^= 0x10;
+  std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes;
+
+  Ran verify = Ckpt("verify " + root);
+  EXPECT_EQ(verify.code, 1) << verify.output;
+  EXPECT_TRUE(absl::StrContains(verify.output, "FAILED")) << verify.output;
+  EXPECT_TRUE(absl::StrContains(verify.output, shard)) << verify.output;
+  EXPECT_TRUE(std::regex_search(verify.output, std::regex("record [0-9]+"))) << verify.output;
+
+  Job rest;
+  rest.ps = absl::StrCat(R"("restore":"latest",)", Checkpointing(root, 0));
+  Ran r = RunJob(rest, dir);
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_TRUE(absl::StrContains(r.output, "cannot restore")) << r.output;
+  EXPECT_TRUE(absl::StrContains(r.output, shard)) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("record [0-9]+"))) << r.output;
+  EXPECT_FALSE(absl::StrContains(r.output, "step 10 loss")) << r.output;
+}
+
+// What cannot be restored is refused at start, naming what exists instead.
+TEST(CheckpointJobTest, BadRestoresFailAtStartWithTheReason) {
+  const std::string dir = TempDir(), root = dir + "/ckpt";
+  Job none;
+  none.ps = absl::StrCat(R"("restore":"latest",)", Checkpointing(root, 0));
+  Ran a = RunJob(none, dir);
+  EXPECT_NE(a.code, 0);
+  EXPECT_TRUE(absl::StrContains(a.output, "no checkpoint under file://" + root)) << a.output;
+
+  Job first;
+  first.steps = 10;
+  first.ps = Checkpointing(root, 0);
+  ASSERT_EQ(RunJob(first, dir).code, 0);
+
+  Job step;
+  step.ps = absl::StrCat(R"("restore":"7",)", Checkpointing(root, 0));
+  Ran b = RunJob(step, dir);
+  EXPECT_NE(b.code, 0);
+  EXPECT_TRUE(absl::StrContains(b.output, "no committed checkpoint step-000000000007")) << b.output;
+  EXPECT_TRUE(absl::StrContains(b.output, "committed checkpoints there: step-000000000010")) << b.output;
+
+  // Another model: the trainer's weight has 100 elements, the checkpoint's 3000.
+  Job other;
+  other.trainer = absl::StrReplaceAll(kTrainer, {{"--dim=3000", "--dim=100"}});
+  other.ps = absl::StrCat(R"("restore":"latest",)", Checkpointing(root, 0));
+  Ran c = RunJob(other, dir);
+  EXPECT_NE(c.code, 0);
+  EXPECT_TRUE(absl::StrContains(c.output, "in checkpoint file://" + root + "/step-000000000010")) << c.output;
+  EXPECT_TRUE(absl::StrContains(c.output, "[3000]")) << c.output;
+  EXPECT_FALSE(absl::StrContains(c.output, " loss ")) << "it trained:\n" << c.output;
+}
+
+// `psrt-ckpt save` checkpoints a running job at once; async jobs record each
+// key's version and resume at the least worker clock.
+TEST(CheckpointJobTest, OnDemandCheckpointOfARunningAsyncJob) {
+  const std::string dir = TempDir(), root = dir + "/ckpt";
+  const std::string token = "ckpt-test-token";
+  const std::string dist = absl::StrCat(
+      R"({"parameter_server":{"enabled":true,"mode":"async","partition_bytes":4096,)", Checkpointing(root, 0),
+      "}}");
+  Proc job = Proc::Start(absl::StrCat(kBin, "/psrt-run --local=2 --token=", token, " --distribution='", dist,
+                                      "' -- ", kBin, "/psrt-example-linreg ", kTrainer, " --steps=100000000"),
+                         dir + "/job.log");
+  ASSERT_TRUE(job.WaitForOutput("coordinator at ", absl::Seconds(30))) << job.Output();
+  std::smatch m;
+  const std::string out = job.Output();
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("coordinator at ([0-9.]+:[0-9]+)"))) << out;
+  const std::string coordinator = m[1];
+  ASSERT_TRUE(job.WaitForOutput("step 1000 loss", absl::Seconds(60))) << job.Output();
+
+  Ran bad = Ckpt("save --coordinator=" + coordinator + " --token=wrong");
+  EXPECT_EQ(bad.code, 1) << bad.output;
+  EXPECT_TRUE(absl::StrContains(bad.output, "token")) << bad.output;
+
+  Ran save = Ckpt("save --coordinator=" + coordinator + " --token=" + token);
+  ASSERT_EQ(save.code, 0) << save.output << job.Output();
+  ASSERT_TRUE(std::regex_search(save.output, m, std::regex(R"(committed (\S+) \(step ([0-9]+)\))"))) << save.output;
+  const std::string uri = m[1];
+  EXPECT_GE(std::stol(m[2]), 1000);
+  kill(job.pid, SIGTERM);
+  job.Wait(absl::Seconds(30), "the stopped job");
+
+  Ran verify = Ckpt("verify " + uri);
+  EXPECT_EQ(verify.code, 0) << verify.output;
+  Ran inspect = Ckpt("inspect " + uri);
+  EXPECT_TRUE(absl::StrContains(inspect.output, "async mode")) << inspect.output;
+
+  // Restored, async training goes on from the saved clock: 300 more steps
+  // end far closer to the solution than 300 steps from scratch.
+  auto error_after = [&](const std::string& ps, int64_t steps) {
+    Job j;
+    j.steps = steps;
+    j.ps = ps;
+    Ran r = RunJob(j, dir);
+    EXPECT_EQ(r.code, 0) << r.output;
+    std::smatch e;
+    EXPECT_TRUE(std::regex_search(r.output, e, std::regex("rank 0 final loss \\S+ relative error (\\S+)")))
+        << r.output;
+    return e.size() > 1 ? std::stod(e[1]) : 1e9;
+  };
+  const double resumed = error_after(absl::StrCat(R"("mode":"async","restore":")", uri, R"(")"), std::stol(m[2]) + 300);
+  const double scratch = error_after(R"("mode":"async")", 300);
+  EXPECT_LT(resumed, 0.5 * scratch) << "resumed " << resumed << ", from scratch " << scratch;
 }
 
 }  // namespace
