@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "server/checkpoint/catalog.h"
 #include "server/checkpoint/crc32c.h"
 #include "server/checkpoint/shard_format.h"
 #include "server/checkpoint/storage.h"
@@ -517,6 +518,89 @@ TEST(ObjectPathTest, Validate) {
   EXPECT_TRUE(ValidateObjectPath("LATEST").ok());
   EXPECT_TRUE(ValidateObjectPath("a..b/..c").ok());  // only whole ".." components
   EXPECT_FALSE(ValidateObjectPath(absl::string_view("a\0b", 3)).ok());
+}
+
+// ---- The catalog: manifests, listing, resolving, pruning ----
+
+v1::Manifest OneVariableManifest(const std::string& name, int64_t step) {
+  v1::Manifest m;
+  m.set_format_version(kManifestFormatVersion);
+  m.set_name(name);
+  m.set_step(step);
+  m.add_shards()->set_path(ShardPath(name, 0, 1));
+  v1::ManifestVariable* v = m.add_variables();
+  v->set_name("w");
+  v->add_shape(10);
+  for (int p = 0; p < 2; ++p) {
+    v1::ManifestKey* k = m.add_keys();
+    k->set_variable("w");
+    k->set_partition(p);
+    k->set_offset(5 * p);
+    k->set_num_elements(5);
+  }
+  return m;
+}
+
+TEST(ManifestTest, KeysMustTileEachVariable) {
+  v1::Manifest m = OneVariableManifest("step-1", 1);
+  EXPECT_TRUE(CheckManifest(m, "m").ok());
+  m.mutable_keys(1)->set_offset(4);  // overlaps the first
+  absl::Status s = CheckManifest(m, "m");
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "do not tile its 10 elements")) << s;
+  m = OneVariableManifest("step-1", 1);
+  m.mutable_keys()->RemoveLast();
+  s = CheckManifest(m, "m");
+  EXPECT_TRUE(absl::StrContains(s.message(), "cover 5 of its 10 elements")) << s;
+  m = OneVariableManifest("step-1", 1);
+  m.mutable_keys(0)->set_shard(3);
+  EXPECT_TRUE(absl::StrContains(CheckManifest(m, "m").message(), "names shard 3 of 1"));
+  m = OneVariableManifest("step-1", 1);
+  m.set_format_version(kManifestFormatVersion + 1);
+  EXPECT_EQ(CheckManifest(m, "m").code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST_F(StorageTest, CatalogListsResolvesAndPrunes) {
+  for (int step : {10, 20, 30}) {
+    const std::string name = CheckpointName(step);
+    ASSERT_TRUE(storage_->Put(ShardPath(name, 0, 1), "shard").ok());
+    ASSERT_TRUE(WriteManifest(storage_.get(), OneVariableManifest(name, step)).ok());
+  }
+  ASSERT_TRUE(storage_->Put(ShardPath(CheckpointName(40), 0, 1), "half").ok());  // no manifest
+  ASSERT_TRUE(storage_->Put(kLatestFile, CheckpointName(30) + "\n").ok());
+
+  absl::StatusOr<std::vector<CheckpointEntry>> all = ListCheckpoints(storage_.get());
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 4u);
+  EXPECT_EQ((*all)[0].name, "step-000000000010");
+  EXPECT_TRUE((*all)[2].committed && (*all)[2].latest);
+  EXPECT_FALSE((*all)[3].committed);
+
+  absl::StatusOr<CheckpointRef> latest = ResolveCheckpoint("latest", "file://" + root_);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->manifest.step(), 30);
+  EXPECT_EQ(latest->uri(), "file://" + root_ + "/step-000000000030");
+  absl::StatusOr<CheckpointRef> by_step = ResolveCheckpoint("20", root_);  // a plain path works too
+  ASSERT_TRUE(by_step.ok()) << by_step.status();
+  EXPECT_EQ(by_step->name, "step-000000000020");
+  absl::StatusOr<CheckpointRef> by_uri = ResolveCheckpoint(root_ + "/step-000000000010", "");
+  ASSERT_TRUE(by_uri.ok()) << by_uri.status();
+  EXPECT_EQ(by_uri->manifest.step(), 10);
+  absl::StatusOr<CheckpointRef> half = ResolveCheckpoint("40", root_);
+  EXPECT_EQ(half.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(half.status().message(),
+                                "committed checkpoints there: step-000000000010, step-000000000020, "
+                                "step-000000000030"))
+      << half.status();
+  EXPECT_EQ(ResolveCheckpoint("bogus", root_).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Keep 2: step-10 goes, and so does the folder a crash left half written.
+  ASSERT_TRUE(PruneCheckpoints(storage_.get(), 2, CheckpointName(30)).ok());
+  all = ListCheckpoints(storage_.get());
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].name, "step-000000000020");
+  EXPECT_EQ((*all)[1].name, "step-000000000030");
 }
 
 }  // namespace

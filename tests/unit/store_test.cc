@@ -1019,3 +1019,109 @@ TEST(StoreTest, PullsSendTheDtypeAsked) {
 
 }  // namespace
 }  // namespace psrt
+
+namespace psrt {
+namespace {
+
+// ---- Checkpoint snapshots and restore ----
+
+TEST(StoreSnapshotTest, CopiesEachKeyExactlyAtTheArmedStep) {
+  Metrics m("t");
+  Store store(Sync(1), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("a", std::vector<float>{1, 2, 3}),
+                                            Simple("b", std::vector<float>{4, 5, 6})}))
+                  .ok());
+  ASSERT_TRUE(store.ArmSnapshot(2).ok());
+  const std::vector<float> g = {1, 1, 1};
+  for (int v = 0; v < 2; ++v) ASSERT_TRUE(store.Push(PushReq(0, v + 1, {Grad("a", v, g)})).ok());
+  absl::StatusOr<Pulled> a2 = PullOne(store, 0, "a", 2);
+  ASSERT_TRUE(a2.ok()) << a2.status();
+  // Training goes on past the step; the copy keeps step 2.
+  ASSERT_TRUE(store.Push(PushReq(0, 3, {Grad("a", 2, g)})).ok());
+  EXPECT_EQ(store.WaitSnapshot(absl::Now()), 1);  // b is still at 0
+  for (int v = 0; v < 2; ++v) ASSERT_TRUE(store.Push(PushReq(0, v + 4, {Grad("b", v, g)})).ok());
+  EXPECT_EQ(store.WaitSnapshot(absl::Now() + absl::Seconds(5)), 0);
+
+  std::string shard;
+  v1::SaveShardResponse info;
+  store.EncodeSnapshot(&shard, &info);
+  absl::StatusOr<std::vector<KeyRecord>> records = DecodeShard(shard, "test");
+  ASSERT_TRUE(records.ok()) << records.status();
+  ASSERT_EQ(records->size(), 2u);
+  EXPECT_EQ((*records)[0].variable, "a");
+  EXPECT_EQ((*records)[0].version, 2);
+  EXPECT_EQ((*records)[0].weights, a2->weights);
+  EXPECT_EQ((*records)[0].optimizer, "sgd");
+  EXPECT_EQ((*records)[1].variable, "b");
+  EXPECT_EQ((*records)[1].version, 2);
+  ASSERT_EQ(info.keys_size(), 2);
+  EXPECT_EQ(info.keys(0).version(), 2);
+  ASSERT_EQ(info.variables_size(), 2);
+  EXPECT_EQ(info.variables(0).optimizer().name(), "sgd");
+  EXPECT_EQ(Metric(m, "t_checkpoint_pause_seconds_count"), 2);
+}
+
+TEST(StoreSnapshotTest, ArmingAStepAKeyIsPastIsRefused) {
+  Metrics m("t");
+  Store store(Sync(1), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("a", std::vector<float>{1, 2, 3})})).ok());
+  for (int v = 0; v < 3; ++v) ASSERT_TRUE(store.Push(PushReq(0, v + 1, {Grad("a", v, {1, 1, 1})})).ok());
+  absl::Status s = store.ArmSnapshot(2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_HAS(s, "key 'a#0' is at version 3, past the checkpoint's step 2");
+  // Now (step < 0) copies every key as it is.
+  ASSERT_TRUE(store.ArmSnapshot(-1).ok());
+  EXPECT_EQ(store.WaitSnapshot(absl::Now()), 0);
+}
+
+Store::RestoredKey Restored(const std::string& variable, std::vector<float> weights, int64_t version) {
+  Store::RestoredKey r;
+  r.spec = Simple(variable, std::nullopt, static_cast<int64_t>(weights.size()));
+  r.state.variable = variable;
+  r.state.num_elements = static_cast<int64_t>(weights.size());
+  r.state.version = version;
+  r.state.learning_rate = 0.25;
+  r.state.weights = std::move(weights);
+  return r;
+}
+
+TEST(StoreSnapshotTest, RestoredKeysWinAndOtherModelsAreRefused) {
+  Metrics m("t");
+  StoreOptions options = Sync(2);
+  options.restore_pending = true;
+  Store store(options, &m);
+  std::vector<Store::RestoredKey> keys;
+  keys.push_back(Restored("w", {7, 8, 9}, 5));
+  store.FinishRestore(std::move(keys), 5, "file:///ckpt/step-5");
+
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", std::vector<float>{0, 0, 0})})).ok());
+  EXPECT_KEY(store, "w", 5, (std::vector<float>{7, 8, 9}));
+  // The restored learning rate applies: 7 - 0.25 * mean(2, 2) = 6.5.
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("w", 5, {2, 2, 2})})).ok());
+  ASSERT_TRUE(store.Push(PushReq(1, 1, {Grad("w", 5, {2, 2, 2})})).ok());
+  EXPECT_KEY(store, "w", 6, (std::vector<float>{6.5, 7.5, 8.5}));
+
+  absl::Status other = store.RegisterKeys(RegReq(0, {Simple("v", std::vector<float>{1, 2, 3})}));
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition) << other;
+  EXPECT_HAS(other, "key 'v#0' is not in checkpoint file:///ckpt/step-5");
+  absl::Status shape = store.RegisterKeys(RegReq(1, {Simple("w", std::nullopt, 4)}));
+  EXPECT_EQ(shape.code(), absl::StatusCode::kFailedPrecondition) << shape;
+  EXPECT_HAS(shape, "holds, in checkpoint file:///ckpt/step-5, shape [3]");
+}
+
+TEST(StoreSnapshotTest, RegistrationsWaitForTheRestoreAndShareItsFailure) {
+  Metrics m("t");
+  StoreOptions options = Sync(1);
+  options.restore_pending = true;
+  Store store(options, &m);
+  absl::Status got;
+  std::thread registering([&] { got = store.RegisterKeys(RegReq(0, {Simple("w", std::vector<float>{1, 2, 3})})); });
+  absl::SleepFor(absl::Milliseconds(50));
+  store.FinishRestore(absl::DataLossError("shard x record 3: CRC32C mismatch"), 0, "file:///c/step-1");
+  registering.join();
+  EXPECT_EQ(got.code(), absl::StatusCode::kFailedPrecondition) << got;
+  EXPECT_HAS(got, "could not restore its checkpoint: shard x record 3: CRC32C mismatch");
+}
+
+}  // namespace
+}  // namespace psrt
