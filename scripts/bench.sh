@@ -43,5 +43,13 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/.venv/bin/python" "$root/benchmarks/consistency_bench.py" --build "$build" --out "$out"
 reports+=("$out/consistency.json" "$out/consistency.png")
 
+# Checkpoint write and restore against dd and boto3 on the same bytes, and
+# the training pause (moto's S3 server from the .venv that `setup.sh s3` makes).
+echo "bench: checkpoint_bench"
+"$root/scripts/setup.sh" s3
+"$root/.venv/bin/python" "$root/benchmarks/checkpoint_bench.py" --build "$build" --out "$out" |
+  tee "$out/checkpoint.txt"
+reports+=("$out/checkpoint.json" "$out/checkpoint.txt")
+
 echo "bench: reports in $out/:"
 for r in "${reports[@]}"; do echo "  $r"; done
