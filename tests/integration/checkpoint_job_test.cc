@@ -281,14 +281,15 @@ TEST(CheckpointJobTest, BadRestoresFailAtStartWithTheReason) {
   EXPECT_FALSE(absl::StrContains(c.output, " loss ")) << "it trained:\n" << c.output;
 }
 
-// `psrt-ckpt save` checkpoints a running job at once; async jobs record each
-// key's version and resume at the least worker clock.
+// `psrt-ckpt save` checkpoints a running job at once, next to every_seconds
+// and keep; async jobs record each key's version and resume at the least
+// worker clock.
 TEST(CheckpointJobTest, OnDemandCheckpointOfARunningAsyncJob) {
   const std::string dir = TempDir(), root = dir + "/ckpt";
   const std::string token = "ckpt-test-token";
   const std::string dist = absl::StrCat(
-      R"({"parameter_server":{"enabled":true,"mode":"async","partition_bytes":4096,)", Checkpointing(root, 0),
-      "}}");
+      R"({"parameter_server":{"enabled":true,"mode":"async","partition_bytes":4096,)",
+      R"("checkpoint":{"uri":")", root, R"(","every_seconds":0.3,"keep":3}}})");
   Proc job = Proc::Start(absl::StrCat(kBin, "/psrt-run --local=2 --token=", token, " --distribution='", dist,
                                       "' -- ", kBin, "/psrt-example-linreg ", kTrainer, " --steps=100000000"),
                          dir + "/job.log");
@@ -310,6 +311,15 @@ TEST(CheckpointJobTest, OnDemandCheckpointOfARunningAsyncJob) {
   EXPECT_GE(std::stol(m[2]), 1000);
   kill(job.pid, SIGTERM);
   job.Wait(absl::Seconds(30), "the stopped job");
+  // every_seconds wrote more than `keep`; the oldest went.
+  const std::string log = job.Output();
+  int commits = 0;
+  for (size_t at = 0; (at = log.find(" committed: ", at)) != std::string::npos; ++at) ++commits;
+  EXPECT_GT(commits, 3) << log;
+  Ran ls = Ckpt("ls " + root);
+  int listed = 0;
+  for (size_t at = 0; (at = ls.output.find("committed", at)) != std::string::npos; ++at) ++listed;
+  EXPECT_EQ(listed, 3) << ls.output;
 
   Ran verify = Ckpt("verify " + uri);
   EXPECT_EQ(verify.code, 0) << verify.output;
