@@ -2,21 +2,26 @@
 # Both install what they need first (scripts/setup.sh).
 BUILD ?= build
 JOBS ?= 2
-DEMO_DISTRIBUTION ?= {"parameter_server": {"enabled": true, "mode": "sync", "servers_per_host": 1, "workers_per_host": 1}}
+PYTHON := $(CURDIR)/.venv/bin/python
+# 2 servers and 2 workers on this machine, fp16 gradients, a checkpoint at
+# the end into BUILD/demo-checkpoints.
+DEMO_DISTRIBUTION ?= {"parameter_server": {"enabled": true, "mode": "sync", "compression": "fp16", "checkpoint": {"uri": "file://$(CURDIR)/$(BUILD)/demo-checkpoints", "keep": 2}}}
+DEMO_SCRIPT ?= worker/examples/torch_digits.py
 
 .PHONY: all setup configure build test unit-test demo bench bazel clean
 
 all: build
 
+# Debian packages, and .venv with torch and pybind11 (scripts/setup.sh).
 setup:
-	@scripts/setup.sh
+	@scripts/setup.sh torch
 
-$(BUILD)/build.ninja: CMakeLists.txt | setup
-	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+# Also builds the Python package in place (BUILD/python/psrt) against .venv.
+configure: setup
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPSRT_PYTHON=ON \
+	  -DPython_EXECUTABLE=$(PYTHON) -Dpybind11_DIR=$$($(PYTHON) -m pybind11 --cmakedir) >/dev/null
 
-configure: $(BUILD)/build.ninja
-
-build: setup configure
+build: configure
 	@ninja -C $(BUILD) -j$(JOBS) --quiet
 	@test -x $(BUILD)/bin/psrt-run
 
@@ -24,9 +29,10 @@ test: build
 	@scripts/setup.sh s3
 	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 300
 
+# PyTorch trains scikit-learn's handwritten digits through 2 servers.
 demo: build
-	$(BUILD)/bin/psrt-run --local=2 --distribution='$(DEMO_DISTRIBUTION)' -- \
-	  $(BUILD)/bin/psrt-example-linreg --dim=256 --steps=300
+	@PYTHONPATH=$(CURDIR)/$(BUILD)/python $(BUILD)/bin/psrt-run --local=2 \
+	  --distribution='$(DEMO_DISTRIBUTION)' -- $(PYTHON) $(DEMO_SCRIPT)
 
 bench: build
 	@scripts/bench.sh $(BUILD)

@@ -58,6 +58,10 @@ setup_python() {
     rm -rf "$venv"
     python3 -m venv "$venv"
   fi
+  # Python extensions (psrt._psrt) compile against this interpreter's headers.
+  if ! "$venv/bin/python" -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null; then
+    install_missing python3-dev
+  fi
   if ! "$venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
     echo "setup: installing matplotlib into $venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check matplotlib
@@ -77,6 +81,21 @@ setup_s3() {
   fi
 }
 
+# The Python package's build (pybind11) and the PyTorch plugin's tests and
+# demo: torch from PyPI with the CUDA libraries it depends on (about 3 GB the
+# first time; pip keeps them in its cache), scikit-learn for the demo's data.
+setup_torch() {
+  setup_python
+  local root venv
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  venv=$root/.venv
+  if ! "$venv/bin/python" -c 'import torch, sklearn, pybind11, pytest' 2>/dev/null; then
+    echo "setup: installing torch, scikit-learn, pybind11 and pytest into $venv (about 3 GB the first time)"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+      torch numpy scikit-learn pybind11 scikit-build-core pytest
+  fi
+}
+
 case "${1:-}" in
   "")
     install_missing "${packages[@]}"
@@ -93,8 +112,12 @@ case "${1:-}" in
     install_missing "${packages[@]}"
     setup_s3
     ;;
+  torch)
+    install_missing "${packages[@]}"
+    setup_torch
+    ;;
   *)
-    echo "usage: $0 [bazel|python|s3]" >&2
+    echo "usage: $0 [bazel|python|s3|torch]" >&2
     exit 2
     ;;
 esac

@@ -84,7 +84,7 @@ int psrt_is_sync(const psrt_client* c) { return c ? c->client->sync() : -1; }
 int64_t psrt_restored_step(const psrt_client* c) { return c ? c->client->restored_step() : -1; }
 
 int psrt_register(psrt_client* c, const char* name, const int64_t* shape, int ndim, float* data,
-                  const psrt_optimizer* o) {
+                  const psrt_optimizer* o, int push_compression, int pull_compression) {
   if (c == nullptr || name == nullptr || o == nullptr || o->name == nullptr || ndim < 0 ||
       (ndim > 0 && shape == nullptr)) {
     return Fail(absl::InvalidArgumentError("psrt_register: NULL or negative argument"));
@@ -103,8 +103,23 @@ int psrt_register(psrt_client* c, const char* name, const int64_t* shape, int nd
   cfg.eps = o->eps;
   cfg.lr_decay = o->lr_decay;
   cfg.initial_accumulator_value = o->initial_accumulator_value;
-  return static_cast<int>(
-      Result(c->client->RegisterVariable(name, std::vector<int64_t>(shape, shape + ndim), data, cfg)));
+  auto compression = [](int v, psrt::Compression* out) {
+    switch (v) {
+      case PSRT_COMPRESSION_JOB_DEFAULT: *out = psrt::Compression::kJobDefault; return true;
+      case PSRT_COMPRESSION_NONE: *out = psrt::Compression::kNone; return true;
+      case PSRT_COMPRESSION_FP16: *out = psrt::Compression::kFp16; return true;
+      case PSRT_COMPRESSION_BF16: *out = psrt::Compression::kBf16; return true;
+      default: return false;
+    }
+  };
+  psrt::Compression push, pull;
+  if (!compression(push_compression, &push) || !compression(pull_compression, &pull)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "psrt_register: compression must be one of PSRT_COMPRESSION_*; got ", push_compression, " and ",
+        pull_compression)));
+  }
+  return static_cast<int>(Result(c->client->RegisterVariable(
+      name, std::vector<int64_t>(shape, shape + ndim), data, cfg, push, pull)));
 }
 
 int64_t psrt_push(psrt_client* c, int n, const char* const* names, const float* const* grads,
@@ -133,9 +148,17 @@ int psrt_wait(psrt_client* c, int64_t handle) {
   return static_cast<int>(Result(c->client->Wait(static_cast<psrt::Client::Handle>(handle))));
 }
 
-int psrt_set_learning_rate(psrt_client* c, double lr) {
+int64_t psrt_pulled_version(psrt_client* c, const char* name) {
+  if (c == nullptr || name == nullptr) return Fail(absl::InvalidArgumentError("NULL argument"));
+  absl::StatusOr<int64_t> v = c->client->PulledVersion(name);
+  if (!v.ok()) return Fail(v.status());
+  last_error.clear();
+  return *v;
+}
+
+int psrt_set_learning_rate(psrt_client* c, const char* variable, double lr) {
   if (c == nullptr) return Fail(absl::InvalidArgumentError("client is NULL"));
-  return static_cast<int>(Result(c->client->SetLearningRate(lr)));
+  return static_cast<int>(Result(c->client->SetLearningRate(lr, variable == nullptr ? "" : variable)));
 }
 
 const char* psrt_last_error(void) { return last_error.c_str(); }

@@ -37,10 +37,20 @@ int psrt_is_sync(const psrt_client* client);
 /* The step a job started from a checkpoint resumes at; 0 for a fresh job. */
 int64_t psrt_restored_step(const psrt_client* client);
 
-/* Registers a float32 variable; on ranks other than 0, `data` receives rank
- * 0's initial value. */
+/* How a variable's values travel (psrt_register). */
+enum {
+  PSRT_COMPRESSION_JOB_DEFAULT = 0, /* the job's compression / pull_compression */
+  PSRT_COMPRESSION_NONE = 1,
+  PSRT_COMPRESSION_FP16 = 2,
+  PSRT_COMPRESSION_BF16 = 3
+};
+
+/* Registers a float32 variable (host memory); `data` then holds the current
+ * weights: rank 0's initial value, or those of a restored checkpoint.
+ * `push_compression` and `pull_compression` are PSRT_COMPRESSION_*. */
 int psrt_register(psrt_client* client, const char* name, const int64_t* shape, int ndim,
-                  float* data, const psrt_optimizer* optimizer);
+                  float* data, const psrt_optimizer* optimizer, int push_compression,
+                  int pull_compression);
 
 /* Asynchronous operations over n variables; buffers must live until
  * psrt_wait returns. */
@@ -52,7 +62,12 @@ int64_t psrt_push_pull(psrt_client* client, int n, const char* const* names,
                        const float* const* grads, float* const* out, int64_t version);
 int psrt_wait(psrt_client* client, int64_t handle);
 
-int psrt_set_learning_rate(psrt_client* client, double lr);
+/* The version of `name` its latest pull returned (sync: the step to push
+ * next); negative on error. */
+int64_t psrt_pulled_version(psrt_client* client, const char* name);
+
+/* Sets the learning rate of `variable`, or of every variable when NULL. */
+int psrt_set_learning_rate(psrt_client* client, const char* variable, double lr);
 
 /* The last error of this thread, or "" if none. */
 const char* psrt_last_error(void);

@@ -515,10 +515,11 @@ absl::StatusOr<int64_t> Client::PulledVersion(const std::string& name) const {
   return *std::min_element(it->second.pulled_versions.begin(), it->second.pulled_versions.end());
 }
 
-absl::Status Client::SetLearningRate(double lr) {
+absl::Status Client::SetLearningRate(double lr, const std::string& variable) {
   v1::SetLearningRateRequest req;
   req.set_worker_rank(rank());
   req.set_lr(lr);
+  req.set_variable(variable);
   for (int s = 0; s < num_servers(); ++s) {
     v1::SetLearningRateResponse resp;
     absl::Status st = impl_->Call(s, "set-learning-rate", [&](grpc::ClientContext* ctx) {

@@ -100,8 +100,9 @@ class Client {
   // in sync mode the step to push next.
   absl::StatusOr<int64_t> PulledVersion(const std::string& name) const;
 
-  // Sets the learning rate of every variable on every server.
-  absl::Status SetLearningRate(double lr);
+  // Sets the learning rate of `variable` (empty: of every variable) on
+  // every server.
+  absl::Status SetLearningRate(double lr, const std::string& variable = "");
 
   // Per worker rank, the least clock over every key on every server (async
   // and ssp: the pushes each worker has made).

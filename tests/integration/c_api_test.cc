@@ -49,11 +49,14 @@ int Train() {
   const int64_t shape[2] = {50, 100};
   std::vector<float> w(kN), g(kN);
   for (int i = 0; i < kN; ++i) w[i] = rank == 0 ? i * 0.25f : -1e9f;
-  CHECK_OR_COUNT(psrt_register(c, "w", shape, 2, w.data(), &opt) == 0, "register");
+  CHECK_OR_COUNT(psrt_register(c, "w", shape, 2, w.data(), &opt, PSRT_COMPRESSION_JOB_DEFAULT, PSRT_COMPRESSION_NONE) == 0, "register");
   for (int i = 0; i < kN; ++i) CHECK_OR_COUNT(w[i] == i * 0.25f, "w[%d] = %g after register", i, w[i]);
 
   // Bad calls fail with a status and a message, and change nothing.
-  CHECK_OR_COUNT(psrt_register(c, nullptr, shape, 2, w.data(), &opt) == -3, "NULL name");
+  CHECK_OR_COUNT(psrt_register(c, nullptr, shape, 2, w.data(), &opt, 0, 0) == -3, "NULL name");
+  CHECK_OR_COUNT(psrt_register(c, "w2", shape, 2, w.data(), &opt, 7, 0) == -3, "compression 7");
+  CHECK_OR_COUNT(std::strstr(psrt_last_error(), "PSRT_COMPRESSION_") != nullptr, "message");
+  CHECK_OR_COUNT(psrt_pulled_version(c, "nope") < 0, "version of an unknown variable");
   CHECK_OR_COUNT(psrt_push(c, 0, nullptr, nullptr, 0) == -3, "no variables");
   const char* missing = "nope";
   const float* grads[1] = {g.data()};
@@ -70,9 +73,10 @@ int Train() {
   CHECK_OR_COUNT(h > 0, "push_pull handle %ld", static_cast<long>(h));
   CHECK_OR_COUNT(psrt_wait(c, h) == 0, "wait");
   for (int i = 0; i < kN; ++i) CHECK_OR_COUNT(w[i] == i * 0.25f - 0.75f, "w[%d] = %g after step 0", i, w[i]);
+  CHECK_OR_COUNT(psrt_pulled_version(c, "w") == 1, "pulled version %ld", static_cast<long>(psrt_pulled_version(c, "w")));
 
   // The learning rate can change; step 1 then moves by 0.25 * 1.5.
-  CHECK_OR_COUNT(psrt_set_learning_rate(c, 0.25) == 0, "set lr");
+  CHECK_OR_COUNT(psrt_set_learning_rate(c, "w", 0.25) == 0, "set lr");
   CHECK_OR_COUNT(psrt_wait(c, psrt_push(c, 1, names, grads, 1)) == 0, "push step 1");
   CHECK_OR_COUNT(psrt_wait(c, psrt_pull(c, 1, names, outs, 2)) == 0, "pull step 2");
   for (int i = 0; i < kN; ++i) {

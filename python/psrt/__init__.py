@@ -1,0 +1,73 @@
+"""psrt: parameter-server training.
+
+Framework plugins live in subpackages (``import psrt.torch as psrt``); this
+module holds what they share: the connection to the job that ``psrt-run``
+started, and the compression choices.
+"""
+
+import enum
+import os
+
+from psrt import _psrt
+
+PsrtError = _psrt.PsrtError
+
+_client = None
+
+
+class Compression(enum.Enum):
+    """How gradients travel to the servers (and weights back)."""
+
+    none = _psrt.COMPRESSION_NONE
+    fp16 = _psrt.COMPRESSION_FP16
+    bf16 = _psrt.COMPRESSION_BF16
+    job_default = _psrt.COMPRESSION_JOB_DEFAULT
+
+
+def init():
+    """Connects this training process to its job; idempotent.
+
+    Reads what ``psrt-run`` and its agents put in the environment
+    (``PSRT_COORDINATOR``, ``PSRT_RANK``, ``PSRT_JOB_TOKEN``), registers with
+    the coordinator and waits at the readiness barrier.
+    """
+    global _client
+    if _client is None:
+        if not os.environ.get("PSRT_COORDINATOR"):
+            raise PsrtError(
+                "psrt.init(): this process was not started by psrt-run "
+                "(PSRT_COORDINATOR is not set); launch the script with "
+                "`psrt-run --local=2 --distribution='{\"parameter_server\": "
+                "{\"enabled\": true}}' -- python train.py`")
+        _client = _psrt.Client()
+    return _client
+
+
+def client():
+    """The connection init() made; an error before init()."""
+    if _client is None:
+        raise PsrtError("psrt is not initialised: call psrt.init() first")
+    return _client
+
+
+def rank():
+    return client().rank()
+
+
+def size():
+    return client().num_workers()
+
+
+def local_rank():
+    """This process's index on its host (PSRT_LOCAL_RANK)."""
+    client()
+    return int(os.environ.get("PSRT_LOCAL_RANK", "0"))
+
+
+def is_sync():
+    return client().is_sync()
+
+
+def restored_step():
+    """The step a job started from a checkpoint resumes at (0 when fresh)."""
+    return client().restored_step()

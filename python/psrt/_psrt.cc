@@ -1,0 +1,155 @@
+// psrt._psrt: the C API (worker/c_api.h, libpsrt_c.so) for Python, as thin as
+// it can be; every framework plugin goes through it. Buffers are passed as
+// addresses (tensor.data_ptr()) and must stay alive until wait() returns.
+// Waits release the GIL, so autograd and other threads run meanwhile.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "worker/c_api.h"
+
+namespace py = pybind11;
+
+namespace {
+
+class PsrtError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+template <typename T>
+T Check(T rc) {
+  if (rc < 0) throw PsrtError(psrt_last_error());
+  return rc;
+}
+
+std::vector<const char*> Names(const std::vector<std::string>& names) {
+  std::vector<const char*> out;
+  for (const std::string& n : names) out.push_back(n.c_str());
+  return out;
+}
+
+template <typename T>
+std::vector<T*> Pointers(const std::vector<uintptr_t>& addresses, size_t n, const char* what) {
+  if (addresses.size() != n) {
+    throw PsrtError(std::string(what) + ": one buffer per name is needed");
+  }
+  std::vector<T*> out;
+  for (uintptr_t a : addresses) out.push_back(reinterpret_cast<T*>(a));
+  return out;
+}
+
+class Client {
+ public:
+  Client() {
+    py::gil_scoped_release release;
+    client_ = psrt_connect_from_env();
+    if (client_ == nullptr) {
+      py::gil_scoped_acquire acquire;
+      throw PsrtError(psrt_last_error());
+    }
+  }
+  ~Client() { psrt_close(client_); }
+
+  int rank() const { return psrt_rank(client_); }
+  int num_workers() const { return psrt_num_workers(client_); }
+  int num_servers() const { return psrt_num_servers(client_); }
+  bool is_sync() const { return psrt_is_sync(client_) == 1; }
+  int64_t restored_step() const { return psrt_restored_step(client_); }
+
+  void register_variable(const std::string& name, const std::vector<int64_t>& shape, uintptr_t data,
+                         const py::dict& optimizer, int push_compression, int pull_compression) {
+    const std::string kind = py::str(optimizer["name"]);
+    psrt_optimizer o;
+    Check(psrt_optimizer_defaults(kind.c_str(), 0.0, &o));
+    auto get = [&](const char* key, double* out) {
+      if (optimizer.contains(key)) *out = py::float_(optimizer[key]);
+    };
+    get("lr", &o.lr);
+    get("momentum", &o.momentum);
+    get("dampening", &o.dampening);
+    get("weight_decay", &o.weight_decay);
+    get("beta1", &o.beta1);
+    get("beta2", &o.beta2);
+    get("eps", &o.eps);
+    get("lr_decay", &o.lr_decay);
+    get("initial_accumulator_value", &o.initial_accumulator_value);
+    if (optimizer.contains("nesterov")) o.nesterov = py::bool_(optimizer["nesterov"]) ? 1 : 0;
+    py::gil_scoped_release release;
+    const int rc = psrt_register(client_, name.c_str(), shape.data(), static_cast<int>(shape.size()),
+                                 reinterpret_cast<float*>(data), &o, push_compression, pull_compression);
+    py::gil_scoped_acquire acquire;
+    Check(rc);
+  }
+
+  int64_t push_pull(const std::vector<std::string>& names, const std::vector<uintptr_t>& grads,
+                    const std::vector<uintptr_t>& outs, int64_t version) {
+    std::vector<const char*> n = Names(names);
+    std::vector<const float*> g = Pointers<const float>(grads, names.size(), "push_pull");
+    std::vector<float*> o = Pointers<float>(outs, names.size(), "push_pull");
+    return Check(psrt_push_pull(client_, static_cast<int>(n.size()), n.data(), g.data(), o.data(), version));
+  }
+
+  int64_t push(const std::vector<std::string>& names, const std::vector<uintptr_t>& grads, int64_t version) {
+    std::vector<const char*> n = Names(names);
+    std::vector<const float*> g = Pointers<const float>(grads, names.size(), "push");
+    return Check(psrt_push(client_, static_cast<int>(n.size()), n.data(), g.data(), version));
+  }
+
+  int64_t pull(const std::vector<std::string>& names, const std::vector<uintptr_t>& outs, int64_t min_version) {
+    std::vector<const char*> n = Names(names);
+    std::vector<float*> o = Pointers<float>(outs, names.size(), "pull");
+    return Check(psrt_pull(client_, static_cast<int>(n.size()), n.data(), o.data(), min_version));
+  }
+
+  void wait(int64_t handle) {
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = psrt_wait(client_, handle);
+    }
+    Check(rc);
+  }
+
+  int64_t pulled_version(const std::string& name) { return Check(psrt_pulled_version(client_, name.c_str())); }
+
+  void set_learning_rate(double lr, const std::string& variable) {
+    py::gil_scoped_release release;
+    const int rc = psrt_set_learning_rate(client_, variable.empty() ? nullptr : variable.c_str(), lr);
+    py::gil_scoped_acquire acquire;
+    Check(rc);
+  }
+
+ private:
+  psrt_client* client_ = nullptr;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_psrt, m) {
+  m.doc() = "psrt's C API (libpsrt_c.so) for Python plugins";
+  py::register_exception<PsrtError>(m, "PsrtError", PyExc_RuntimeError);
+  m.attr("COMPRESSION_JOB_DEFAULT") = static_cast<int>(PSRT_COMPRESSION_JOB_DEFAULT);
+  m.attr("COMPRESSION_NONE") = static_cast<int>(PSRT_COMPRESSION_NONE);
+  m.attr("COMPRESSION_FP16") = static_cast<int>(PSRT_COMPRESSION_FP16);
+  m.attr("COMPRESSION_BF16") = static_cast<int>(PSRT_COMPRESSION_BF16);
+  py::class_<Client>(m, "Client")
+      .def(py::init<>(), "Connects to the job psrt-run started (its environment).")
+      .def("rank", &Client::rank)
+      .def("num_workers", &Client::num_workers)
+      .def("num_servers", &Client::num_servers)
+      .def("is_sync", &Client::is_sync)
+      .def("restored_step", &Client::restored_step)
+      .def("register_variable", &Client::register_variable, py::arg("name"), py::arg("shape"), py::arg("data"),
+           py::arg("optimizer"), py::arg("push_compression") = 0, py::arg("pull_compression") = 0)
+      .def("push_pull", &Client::push_pull)
+      .def("push", &Client::push)
+      .def("pull", &Client::pull)
+      .def("wait", &Client::wait)
+      .def("pulled_version", &Client::pulled_version)
+      .def("set_learning_rate", &Client::set_learning_rate, py::arg("lr"), py::arg("variable") = "");
+}

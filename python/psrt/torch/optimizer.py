@@ -1,0 +1,227 @@
+"""DistributedOptimizer: a torch optimizer whose updates run on psrt's servers.
+
+A thin wrapper in the manner of Horovod's: a hook per parameter pushes its
+gradient the moment autograd has accumulated it (overlapping communication
+with the rest of the backward pass) and asks for the updated weights back;
+``step()`` waits for them and writes them into the parameters. Everything
+else (partitioning, compression, consistency, retries) happens once, in C++,
+behind the C API.
+"""
+
+import torch
+
+import psrt
+
+_SUPPORTED = {
+    torch.optim.SGD: "sgd",
+    torch.optim.Adam: "adam",
+    torch.optim.AdamW: "adamw",
+    torch.optim.Adagrad: "adagrad",
+}
+
+
+def _server_optimizer(optimizer, group):
+    """The server-side settings for one param group, or a clear refusal."""
+    kind = _SUPPORTED.get(type(optimizer))
+    if kind is None:
+        raise psrt.PsrtError(
+            "psrt.DistributedOptimizer: %s cannot run on the parameter servers; "
+            "use torch.optim.SGD, Adam, AdamW or Adagrad" % type(optimizer).__name__)
+    for flag in ("maximize", "amsgrad", "differentiable"):
+        if group.get(flag):
+            raise psrt.PsrtError("psrt.DistributedOptimizer: %s with %s=True is not supported "
+                                 "on the parameter servers" % (type(optimizer).__name__, flag))
+    cfg = {"name": kind, "lr": float(group["lr"]),
+           "weight_decay": float(group.get("weight_decay", 0.0))}
+    if kind == "sgd":
+        cfg.update(momentum=float(group.get("momentum", 0.0)),
+                   dampening=float(group.get("dampening", 0.0)),
+                   nesterov=bool(group.get("nesterov", False)))
+    elif kind in ("adam", "adamw"):
+        beta1, beta2 = group["betas"]
+        cfg.update(beta1=float(beta1), beta2=float(beta2), eps=float(group["eps"]))
+    else:
+        cfg.update(lr_decay=float(group.get("lr_decay", 0.0)), eps=float(group["eps"]),
+                   initial_accumulator_value=float(group.get("initial_accumulator_value", 0.0)))
+    return cfg
+
+
+class _Variable:
+    """One parameter as the servers know it."""
+
+    def __init__(self, name, param, group):
+        self.name = name
+        self.param = param
+        self.group = group
+        # Pulled weights land here, on the parameter's device; step() copies
+        # them into the parameter (autograd may still read it until then).
+        self.pulled = torch.empty_like(param.detach(), memory_format=torch.contiguous_format)
+        self.grad = None      # what is being pushed: kept alive until the wait
+        self.handle = None
+        self.lr = float(group["lr"])
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Runs `optimizer`'s updates on the parameter servers.
+
+    Args:
+      optimizer: a torch.optim.SGD, Adam, AdamW or Adagrad over the model's
+        parameters (param groups allowed).
+      named_parameters: the model's ``named_parameters()``; the names key the
+        variables on the servers, so every worker must use the same.
+      compression: ``psrt.Compression.fp16`` or ``bf16`` halves the bytes of
+        gradients and weights on the wire; the servers keep float32.
+        ``job_default`` (the default) takes the job's ``compression``.
+    """
+
+    def __init__(self, optimizer, named_parameters, compression=psrt.Compression.job_default):
+        client = psrt.client()
+        named = list(named_parameters)
+        names = [n for n, _ in named]
+        if len(set(names)) != len(names):
+            raise psrt.PsrtError("psrt.DistributedOptimizer: named_parameters repeats a name")
+        by_param = {id(p): n for n, p in named}
+        if len(by_param) != len(named):
+            raise psrt.PsrtError("psrt.DistributedOptimizer: a parameter appears twice in named_parameters")
+        self._optimizer = optimizer
+        self._client = client
+        self._compression = compression
+        self._variables = []
+        seen = set()
+        for group in optimizer.param_groups:
+            server_cfg = _server_optimizer(optimizer, group)
+            for p in group["params"]:
+                name = by_param.get(id(p))
+                if name is None:
+                    raise psrt.PsrtError(
+                        "psrt.DistributedOptimizer: the optimizer holds a parameter (shape %s) "
+                        "that is not in named_parameters; pass the model's named_parameters()"
+                        % list(p.shape))
+                if p.dtype != torch.float32:
+                    raise psrt.PsrtError("psrt.DistributedOptimizer: parameter '%s' is %s; psrt "
+                                         "trains float32 parameters" % (name, p.dtype))
+                seen.add(id(p))
+                self._variables.append(_Variable(name, p, group))
+                self._register(self._variables[-1], server_cfg)
+        missing = [n for n, p in named if id(p) not in seen and p.requires_grad]
+        if missing:
+            raise psrt.PsrtError("psrt.DistributedOptimizer: parameters %s are in named_parameters "
+                                 "but not in the optimizer" % missing)
+        sync = client.is_sync()
+        # The step to push next: the servers' version in sync mode (a restored
+        # job resumes there), this worker's clock otherwise.
+        self._step = (client.pulled_version(self._variables[0].name) if sync and self._variables
+                      else client.restored_step())
+        self._pushing = False
+        for v in self._variables:
+            v.param.register_post_accumulate_grad_hook(self._make_hook(v))
+        # torch.optim.Optimizer's bookkeeping, over the same groups.
+        self.defaults = optimizer.defaults
+        self.param_groups = optimizer.param_groups
+        self.state = optimizer.state
+
+    # --- setup -------------------------------------------------------------
+
+    def _register(self, v, server_cfg):
+        """Registers the parameter; afterwards it holds rank 0's values (or the
+        restored checkpoint's)."""
+        host = v.param.detach().to("cpu", copy=True).contiguous()
+        self._client.register_variable(v.name, list(host.shape), host.data_ptr(), server_cfg,
+                                       self._compression.value, self._compression.value)
+        with torch.no_grad():
+            v.param.copy_(host)
+
+    def _make_hook(self, v):
+        def hook(param):
+            self._push(v)
+        return hook
+
+    # --- the training step ---------------------------------------------------
+
+    def _sync_learning_rates(self):
+        """Schedulers change group['lr']; the servers follow before the next push."""
+        for v in self._variables:
+            lr = float(v.group["lr"])
+            if lr != v.lr:
+                self._client.set_learning_rate(lr, v.name)
+                v.lr = lr
+
+    def _push(self, v):
+        if v.handle is not None:
+            raise psrt.PsrtError(
+                "psrt.DistributedOptimizer: the gradient of '%s' was computed twice before step(); "
+                "call step() after every backward pass" % v.name)
+        if not self._pushing:  # the first push of a step
+            self._sync_learning_rates()
+            self._pushing = True
+        g = v.param.grad
+        v.grad = (g if g is not None else torch.zeros_like(v.param)).detach().contiguous()
+        v.handle = self._client.push_pull([v.name], [v.grad.data_ptr()], [v.pulled.data_ptr()],
+                                          self._step)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        # A parameter whose gradient never came (unused this step) pushes
+        # zeros: in sync mode every key advances every step.
+        for v in self._variables:
+            if v.handle is None:
+                self._push(v)
+        error = None
+        for v in self._variables:
+            try:
+                self._client.wait(v.handle)
+            except psrt.PsrtError as e:
+                error = error or e
+            v.handle = None
+            v.grad = None
+        if error is not None:
+            raise error
+        for v in self._variables:
+            v.param.copy_(v.pulled)
+        self._pushing = False
+        self._step = (self._client.pulled_version(self._variables[0].name)
+                      if self._client.is_sync() and self._variables else self._step + 1)
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    @property
+    def global_step(self):
+        """The step the next push is for (sync: the servers' version)."""
+        return self._step
+
+    # --- state: it lives on the servers ------------------------------------
+
+    def state_dict(self):
+        """Hyperparameters only. The optimizer's state (momentum, Adam's
+        moments) and the weights live on the parameter servers: psrt's own
+        checkpoints (the ``checkpoint`` and ``restore`` settings) save and
+        restore them."""
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self._optimizer.param_groups]
+        return {"psrt": {"state": "on the parameter servers; saved by psrt checkpoints",
+                         "step": self._step},
+                "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        """Takes hyperparameters (e.g. a changed learning rate) from what
+        state_dict() gave; refuses per-parameter state from a local torch
+        optimizer, which the servers cannot take (restore a psrt checkpoint)."""
+        if state_dict.get("state"):
+            raise psrt.PsrtError(
+                "psrt.DistributedOptimizer.load_state_dict: this holds per-parameter optimizer "
+                "state from a local torch optimizer; on psrt it lives on the parameter servers. "
+                "Restore a psrt checkpoint (the 'restore' setting) instead")
+        groups = state_dict.get("param_groups", [])
+        if len(groups) != len(self._optimizer.param_groups):
+            raise psrt.PsrtError("psrt.DistributedOptimizer.load_state_dict: %d param groups given, "
+                                 "the optimizer has %d" % (len(groups), len(self._optimizer.param_groups)))
+        for mine, theirs in zip(self._optimizer.param_groups, groups):
+            for k, value in theirs.items():
+                if k != "params":
+                    mine[k] = value
+        self._sync_learning_rates()
+
+    def __repr__(self):
+        return "psrt.DistributedOptimizer(%r)" % (self._optimizer,)
