@@ -1,0 +1,136 @@
+"""The PyTorch plugin in real jobs: psrt-run, the daemons and training
+processes that import psrt.torch, over loopback.
+
+Run by ctest (tests/CMakeLists.txt) with PYTHONPATH holding the built package
+and PSRT_BIN_DIR the programs.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BIN = os.environ.get("PSRT_BIN_DIR", os.path.join(ROOT, "build", "bin"))
+sys.path.insert(0, HERE)
+import torch_worker  # noqa: E402  (the same model, data and optimizers)
+
+
+def run_job(script_args, ps=None, hosts=2, timeout=240, script=None):
+    dist = {"parameter_server": dict({"enabled": True, "heartbeat_timeout_s": 5}, **(ps or {}))}
+    cmd = [os.path.join(BIN, "psrt-run"), "--local=%d" % hosts, "--distribution=" + json.dumps(dist), "--",
+           sys.executable, script or os.path.join(HERE, "torch_worker.py")] + script_args
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return p.returncode, p.stdout
+
+
+def reference(kind, steps, workers):
+    """One process, the same torch optimizer, on the mean of the workers'
+    gradients at the same weights."""
+    torch.manual_seed(0)
+    model = torch_worker.build_model()
+    opt, scheduler = torch_worker.make_optimizer(kind, model)
+    for step in range(steps):
+        grads = []
+        for rank in range(workers):
+            model.zero_grad()
+            x, y = torch_worker.batch(step, rank)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for i, p in enumerate(model.parameters()):
+            p.grad = sum(g[i] for g in grads) / workers
+        opt.step()
+        if scheduler is not None:
+            scheduler.step()
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam", "adamw", "adagrad"])
+def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind):
+    """SGD with momentum, Nesterov, weight decay, two param groups and a
+    StepLR schedule; Adam with weight decay; AdamW with two groups; Adagrad
+    with lr_decay. Tolerance: 1e-5 absolute (float32 sums in another order)."""
+    steps = 10
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "final.pt")
+        code, log = run_job(["--optimizer", kind, "--steps", str(steps), "--out", out],
+                            ps={"partition_bytes": 4096})
+        assert code == 0, log
+        got = torch.load(out)
+    want = reference(kind, steps, 2)
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=0, atol=1e-5, msg=lambda m: name + ": " + m)
+    # And the run really trained: far from rank 0's initial values.
+    torch.manual_seed(0)
+    initial = torch_worker.build_model().state_dict()
+    assert max((got[n] - initial[n]).abs().max().item() for n in initial) > 1e-2
+
+
+@pytest.mark.parametrize("mode", [{"mode": "async"}, {"mode": "ssp", "staleness": 1}])
+def test_async_and_ssp_train_the_digits_to_the_demo_accuracy(mode):
+    code, log = run_job(["--epochs", "12", "--threshold", "0.9"], ps=mode,
+                        script=os.path.join(ROOT, "worker", "examples", "torch_digits.py"))
+    assert code == 0, log
+    assert "demo: test accuracy 0." in log, log
+
+
+def test_restored_job_resumes_at_the_checkpoint_step():
+    digits = os.path.join(ROOT, "worker", "examples", "torch_digits.py")
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = {"checkpoint": {"uri": "file://" + d}}
+        code, log = run_job(["--epochs", "2", "--threshold", "0"], ps=ckpt, script=digits)
+        assert code == 0, log
+        assert "from step 0" in log, log
+        code, log = run_job(["--epochs", "12", "--threshold", "0.9"], ps=dict(ckpt, restore="latest"), script=digits)
+        assert code == 0, log
+        assert "from step 42" in log, log  # 2 epochs of 21 steps
+        assert "demo: test accuracy 0." in log, log
+
+
+def test_forgetting_init_is_a_clear_error_not_a_hang():
+    with tempfile.TemporaryDirectory() as d:
+        code, log = run_job(["--skip-init", "--out", os.path.join(d, "x")], timeout=120)
+    assert code != 0
+    assert "call psrt.init() first" in log, log
+
+
+def test_parameters_that_are_not_the_models_are_refused():
+    with tempfile.TemporaryDirectory() as d:
+        code, log = run_job(["--foreign-params", "--out", os.path.join(d, "x")], timeout=120)
+    assert code != 0
+    assert "not in named_parameters" in log, log
+
+
+def test_outside_psrt_run_init_says_how_to_start():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PSRT_")}
+    p = subprocess.run([sys.executable, "-c", "import psrt.torch as psrt; psrt.init()"], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert p.returncode != 0
+    assert "not started by psrt-run" in p.stdout, p.stdout
+
+
+def test_unsupported_optimizers_and_foreign_state_are_refused_clearly():
+    import psrt
+    from psrt.torch import optimizer as popt
+    model = torch_worker.build_model()
+    with pytest.raises(psrt.PsrtError, match="RMSprop cannot run on the parameter servers"):
+        popt._server_optimizer(torch.optim.RMSprop(model.parameters()), {"lr": 0.1})
+    with pytest.raises(psrt.PsrtError, match="amsgrad=True"):
+        opt = torch.optim.Adam(model.parameters(), amsgrad=True)
+        popt._server_optimizer(opt, opt.param_groups[0])
+    cfg = popt._server_optimizer(*(lambda o: (o, o.param_groups[0]))(
+        torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9, nesterov=True)))
+    assert cfg == {"name": "sgd", "lr": 0.5, "weight_decay": 0.0, "momentum": 0.9, "dampening": 0.0,
+                   "nesterov": True}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_cuda_parameters_train_like_cpu_ones():
+    code, log = run_job(["--epochs", "4", "--threshold", "0.8"],
+                        script=os.path.join(ROOT, "worker", "examples", "torch_digits.py"))
+    assert code == 0, log

@@ -1,0 +1,75 @@
+"""A training process for the plugin's tests, started by psrt-run.
+
+A small MLP on random regression data; rank r's batch at step s is drawn from
+seed (s, r), so the test can replay all ranks' batches in one process. Rank 0
+writes the final parameters (torch.save) to --out.
+"""
+
+import argparse
+import sys
+
+import torch
+
+import psrt.torch as psrt
+
+
+def build_model():
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def batch(step, rank, n=16):
+    g = torch.Generator().manual_seed(step * 1000 + rank)
+    x = torch.randn(n, 8, generator=g)
+    y = x.sum(dim=1, keepdim=True).sin()
+    return x, y
+
+
+def make_optimizer(kind, model):
+    """Param groups (the last layer with its own settings) and a scheduler for SGD."""
+    first, last = list(model[0].parameters()), list(model[2].parameters())
+    if kind == "sgd":
+        opt = torch.optim.SGD([{"params": first}, {"params": last, "lr": 0.05, "nesterov": True}],
+                              lr=0.1, momentum=0.9, weight_decay=1e-3)
+        return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+    if kind == "adam":
+        return torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=1e-3), None
+    if kind == "adamw":
+        return torch.optim.AdamW([{"params": first}, {"params": last, "weight_decay": 0.0}], lr=1e-2), None
+    if kind == "adagrad":
+        return torch.optim.Adagrad(model.parameters(), lr=0.1, lr_decay=0.01), None
+    raise ValueError(kind)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--optimizer", default="sgd")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--out", required=True)
+    p.add_argument("--skip-init", action="store_true", help="forget psrt.init() (a test of the error)")
+    p.add_argument("--foreign-params", action="store_true",
+                   help="name parameters that are not the optimizer's (a test of the error)")
+    args = p.parse_args()
+    if not args.skip_init:
+        psrt.init()
+    rank = int(__import__("os").environ["PSRT_RANK"])
+    torch.manual_seed(rank)  # rank 0's initial values must win
+    model = build_model()
+    opt, scheduler = make_optimizer(args.optimizer, model)
+    named = build_model().named_parameters() if args.foreign_params else model.named_parameters()
+    opt = psrt.DistributedOptimizer(opt, named_parameters=named, compression=psrt.Compression.none)
+    for step in range(opt.global_step, args.steps):
+        x, y = batch(step, rank)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        if scheduler is not None:
+            scheduler.step()
+    if rank == 0:
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out)
+        state = opt.state_dict()
+        assert "psrt" in state and "state" not in state, state
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
