@@ -51,5 +51,11 @@ echo "bench: checkpoint_bench"
   tee "$out/checkpoint.txt"
 reports+=("$out/checkpoint.json" "$out/checkpoint.txt")
 
+# PyTorch through psrt (fp32, fp16) against DistributedDataParallel with gloo.
+echo "bench: torch_bench"
+"$root/scripts/setup.sh" torch
+"$root/.venv/bin/python" "$root/benchmarks/torch_bench.py" --build "$build" --out "$out" | tee "$out/torch.txt"
+reports+=("$out/torch.json" "$out/torch.txt")
+
 echo "bench: reports in $out/:"
 for r in "${reports[@]}"; do echo "  $r"; done
