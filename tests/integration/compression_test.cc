@@ -14,13 +14,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/process.h"
+#include "tests/integration/job_util.h"
 #include "tests/integration/test_cluster.h"
 #include "worker/client.h"
 
 namespace psrt {
 namespace {
 
-const std::string kBin = PSRT_BIN_DIR;
 
 std::unique_ptr<Client> ConnectOne(const testing::TestCluster& cluster) {
   ClientOptions o;
@@ -70,13 +70,6 @@ TEST(CompressedJobTest, Fp16AndBf16HalveTheBytesServersReceive) {
   EXPECT_EQ(PushedBytes("bf16", Compression::kJobDefault, kN), kN * 2.0);
   // Per variable, through the client API, in a job without compression.
   EXPECT_EQ(PushedBytes("none", Compression::kFp16, kN), kN * 2.0);
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // Trains the example on 2 simulated hosts; returns rank 0's relative error

@@ -18,25 +18,12 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/process.h"
+#include "tests/integration/job_util.h"
 #include "tests/integration/test_cluster.h"
 #include "worker/client.h"
 
 namespace psrt {
 namespace {
-
-const std::string kBin = PSRT_BIN_DIR;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string TempDir() {
-  char dir[] = "/tmp/psrt-test-XXXXXX";
-  return mkdtemp(dir) ? dir : "/tmp";
-}
 
 // Runs a shell command to completion (with a deadline); returns exit code
 // and output.

@@ -29,9 +29,9 @@ def run_job(script_args, ps=None, hosts=2, timeout=240, script=None):
     return p.returncode, p.stdout
 
 
-def reference(kind, steps, workers):
+def reference(kind, steps, workers, passes=1):
     """One process, the same torch optimizer, on the mean of the workers'
-    gradients at the same weights."""
+    gradients (each summed over `passes` batches) at the same weights."""
     torch.manual_seed(0)
     model = torch_worker.build_model()
     opt, scheduler = torch_worker.make_optimizer(kind, model)
@@ -39,8 +39,9 @@ def reference(kind, steps, workers):
         grads = []
         for rank in range(workers):
             model.zero_grad()
-            x, y = torch_worker.batch(step, rank)
-            torch.nn.functional.mse_loss(model(x), y).backward()
+            for k in range(passes):
+                x, y = torch_worker.batch(step * passes + k, rank)
+                torch.nn.functional.mse_loss(model(x), y).backward()
             grads.append([p.grad.clone() for p in model.parameters()])
         for i, p in enumerate(model.parameters()):
             p.grad = sum(g[i] for g in grads) / workers
@@ -50,19 +51,20 @@ def reference(kind, steps, workers):
     return model.state_dict()
 
 
-@pytest.mark.parametrize("kind", ["sgd", "adam", "adamw", "adagrad"])
-def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind):
+@pytest.mark.parametrize("kind,passes", [("sgd", 1), ("adam", 1), ("adamw", 1), ("adagrad", 1), ("sgd", 2)])
+def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, passes):
     """SGD with momentum, Nesterov, weight decay, two param groups and a
     StepLR schedule; Adam with weight decay; AdamW with two groups; Adagrad
-    with lr_decay. Tolerance: 1e-5 absolute (float32 sums in another order)."""
+    with lr_decay; SGD accumulating 2 backward passes per step. Tolerance:
+    1e-5 absolute (float32 sums in another order)."""
     steps = 10
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "final.pt")
-        code, log = run_job(["--optimizer", kind, "--steps", str(steps), "--out", out],
+        code, log = run_job(["--optimizer", kind, "--steps", str(steps), "--passes", str(passes), "--out", out],
                             ps={"partition_bytes": 4096})
         assert code == 0, log
         got = torch.load(out)
-    want = reference(kind, steps, 2)
+    want = reference(kind, steps, 2, passes)
     for name, value in want.items():
         torch.testing.assert_close(got[name], value, rtol=0, atol=1e-5, msg=lambda m: name + ": " + m)
     # And the run really trained: far from rank 0's initial values.

@@ -44,6 +44,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--optimizer", default="sgd")
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--passes", type=int, default=1, help="backward passes per step")
     p.add_argument("--out", required=True)
     p.add_argument("--skip-init", action="store_true", help="forget psrt.init() (a test of the error)")
     p.add_argument("--foreign-params", action="store_true",
@@ -56,18 +57,31 @@ def main():
     model = build_model()
     opt, scheduler = make_optimizer(args.optimizer, model)
     named = build_model().named_parameters() if args.foreign_params else model.named_parameters()
-    opt = psrt.DistributedOptimizer(opt, named_parameters=named, compression=psrt.Compression.none)
+    opt = psrt.DistributedOptimizer(opt, named_parameters=named, compression=psrt.Compression.none,
+                                    backward_passes_per_step=args.passes)
     for step in range(opt.global_step, args.steps):
-        x, y = batch(step, rank)
         opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        for k in range(args.passes):
+            x, y = batch(step * args.passes + k, rank)
+            torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
         if scheduler is not None:
             scheduler.step()
     if rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out)
+        # The wrapper's state is honest: hyperparameters here, the rest on the
+        # servers; a local torch optimizer's per-parameter state is refused.
         state = opt.state_dict()
         assert "psrt" in state and "state" not in state, state
+        opt.load_state_dict(state)
+        local, _ = make_optimizer(args.optimizer, model)
+        model(batch(0, 0)[0]).sum().backward()
+        local.step()
+        try:
+            opt.load_state_dict(local.state_dict())
+            raise AssertionError("a torch optimizer's state was taken")
+        except psrt.PsrtError as e:
+            assert "lives on the parameter servers" in str(e), e
     return 0
 
 

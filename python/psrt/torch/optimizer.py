@@ -58,6 +58,7 @@ class _Variable:
         self.pulled = torch.empty_like(param.detach(), memory_format=torch.contiguous_format)
         self.grad = None      # what is being pushed: kept alive until the wait
         self.handle = None
+        self.passes = 0       # backward passes accumulated since the last push
         self.lr = float(group["lr"])
 
 
@@ -72,9 +73,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
       compression: ``psrt.Compression.fp16`` or ``bf16`` halves the bytes of
         gradients and weights on the wire; the servers keep float32.
         ``job_default`` (the default) takes the job's ``compression``.
+      backward_passes_per_step: gradients accumulate locally over this many
+        backward passes before they are pushed (as in Horovod).
     """
 
-    def __init__(self, optimizer, named_parameters, compression=psrt.Compression.job_default):
+    def __init__(self, optimizer, named_parameters, compression=psrt.Compression.job_default,
+                 backward_passes_per_step=1):
+        if backward_passes_per_step < 1:
+            raise psrt.PsrtError("psrt.DistributedOptimizer: backward_passes_per_step must be >= 1")
+        self._passes = backward_passes_per_step
         client = psrt.client()
         named = list(named_parameters)
         names = [n for n, _ in named]
@@ -133,7 +140,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, v):
         def hook(param):
-            self._push(v)
+            v.passes += 1
+            if v.passes > self._passes:
+                raise psrt.PsrtError(
+                    "psrt.DistributedOptimizer: more backward passes than backward_passes_per_step=%d "
+                    "before step() (parameter '%s')" % (self._passes, v.name))
+            if v.passes == self._passes:
+                self._push(v)
         return hook
 
     # --- the training step ---------------------------------------------------
@@ -147,10 +160,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 v.lr = lr
 
     def _push(self, v):
-        if v.handle is not None:
-            raise psrt.PsrtError(
-                "psrt.DistributedOptimizer: the gradient of '%s' was computed twice before step(); "
-                "call step() after every backward pass" % v.name)
         if not self._pushing:  # the first push of a step
             self._sync_learning_rates()
             self._pushing = True
@@ -175,6 +184,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 error = error or e
             v.handle = None
             v.grad = None
+            v.passes = 0
         if error is not None:
             raise error
         for v in self._variables:
