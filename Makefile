@@ -4,22 +4,31 @@ BUILD ?= build
 JOBS ?= 2
 PYTHON := $(CURDIR)/.venv/bin/python
 # 2 servers and 2 workers on this machine, fp16 gradients, a checkpoint at
-# the end into BUILD/demo-checkpoints.
-DEMO_DISTRIBUTION ?= {"parameter_server": {"enabled": true, "mode": "sync", "compression": "fp16", "checkpoint": {"uri": "file://$(CURDIR)/$(BUILD)/demo-checkpoints", "keep": 2}}}
-DEMO_SCRIPT ?= worker/examples/torch_digits.py
+# the end into BUILD/demo-checkpoints/DEMO.
+DEMO_DISTRIBUTION ?= {"parameter_server": {"enabled": true, "mode": "sync", "compression": "fp16", "checkpoint": {"uri": "file://$(CURDIR)/$(BUILD)/demo-checkpoints/$(DEMO)", "keep": 2}}}
+# DEMO=torch (default), tensorflow or mxnet: the same task in each framework.
+DEMO ?= torch
+DEMO_SCRIPT_torch := worker/examples/torch_digits.py
+DEMO_SCRIPT_tensorflow := worker/examples/keras_digits.py
+DEMO_SCRIPT_mxnet := worker/examples/gluon_digits.py
+DEMO_PYTHON_torch := $(PYTHON)
+DEMO_PYTHON_tensorflow := $(PYTHON)
+DEMO_PYTHON_mxnet := $(CURDIR)/.venv-mxnet/bin/python
 
 .PHONY: all setup configure build test unit-test demo bench bazel clean
 
 all: build
 
-# Debian packages, and .venv with torch and pybind11 (scripts/setup.sh).
+# Debian packages; .venv with torch, tensorflow and pybind11; .venv-mxnet
+# (scripts/setup.sh).
 setup:
-	@scripts/setup.sh torch
+	@scripts/setup.sh frameworks
 
 # Also builds the Python package in place (BUILD/python/psrt) against .venv.
 configure: setup
 	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPSRT_PYTHON=ON \
-	  -DPython_EXECUTABLE=$(PYTHON) -Dpybind11_DIR=$$($(PYTHON) -m pybind11 --cmakedir) >/dev/null
+	  -DPython_EXECUTABLE=$(PYTHON) -Dpybind11_DIR=$$($(PYTHON) -m pybind11 --cmakedir) \
+	  -DPSRT_MXNET_PYTHON=$(CURDIR)/.venv-mxnet/bin/python >/dev/null
 
 build: configure
 	@ninja -C $(BUILD) -j$(JOBS) --quiet
@@ -29,10 +38,13 @@ test: build
 	@scripts/setup.sh s3
 	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 300
 
-# PyTorch trains scikit-learn's handwritten digits through 2 servers.
+# PyTorch (or DEMO=tensorflow, DEMO=mxnet) trains scikit-learn's handwritten
+# digits through 2 servers.
 demo: build
+	@test -n "$(DEMO_SCRIPT_$(DEMO))" || { echo "make demo: DEMO is torch, tensorflow or mxnet"; exit 2; }
+	@rm -rf $(BUILD)/demo-checkpoints/$(DEMO)
 	@PYTHONPATH=$(CURDIR)/$(BUILD)/python $(BUILD)/bin/psrt-run --local=2 \
-	  --distribution='$(DEMO_DISTRIBUTION)' -- $(PYTHON) $(DEMO_SCRIPT)
+	  --distribution='$(DEMO_DISTRIBUTION)' -- $(DEMO_PYTHON_$(DEMO)) $(DEMO_SCRIPT_$(DEMO))
 
 bench: build
 	@scripts/bench.sh $(BUILD)

@@ -81,18 +81,29 @@ setup_s3() {
   fi
 }
 
-# The Python package's build (pybind11) and the PyTorch plugin's tests and
-# demo: torch from PyPI with the CUDA libraries it depends on (about 3 GB the
-# first time; pip keeps them in its cache), scikit-learn for the demo's data.
-setup_torch() {
+# The Python package's build (pybind11) and the framework plugins' tests and
+# demos, in .venv: torch from PyPI with the CUDA libraries its wheel depends
+# on (about 3 GB the first time; pip keeps them in its cache), tensorflow-cpu
+# (about 340 MB), scikit-learn for the demo's data. MXNet 1.9.1, the last
+# release, needs numpy < 1.24, which clashes with the others: it gets its own
+# .venv-mxnet from the same interpreter (about 50 MB).
+setup_frameworks() {
   setup_python
-  local root venv
+  local root venv base
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   venv=$root/.venv
-  if ! "$venv/bin/python" -c 'import torch, sklearn, pybind11, pytest' 2>/dev/null; then
-    echo "setup: installing torch, scikit-learn, pybind11 and pytest into $venv (about 3 GB the first time)"
+  if ! "$venv/bin/python" -c 'import torch, tensorflow, keras, sklearn, pybind11, pytest' 2>/dev/null; then
+    echo "setup: installing torch, tensorflow-cpu, scikit-learn, pybind11 and pytest into $venv (about 3.4 GB the first time)"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-      torch numpy scikit-learn pybind11 scikit-build-core pytest
+      torch tensorflow-cpu numpy scikit-learn pybind11 scikit-build-core pytest
+  fi
+  base=$("$venv/bin/python" -c 'import sys, os; print(os.path.join(sys.base_prefix, "bin", "python3"))')
+  if ! "$root/.venv-mxnet/bin/python" -c 'import mxnet, sklearn, pytest' 2>/dev/null; then
+    echo "setup: creating $root/.venv-mxnet with mxnet 1.9.1 (numpy < 1.24)"
+    rm -rf "$root/.venv-mxnet"
+    "$base" -m venv "$root/.venv-mxnet"
+    "$root/.venv-mxnet/bin/python" -m pip install --quiet --disable-pip-version-check \
+      mxnet==1.9.1 'numpy<1.24' scikit-learn pytest
   fi
 }
 
@@ -112,12 +123,12 @@ case "${1:-}" in
     install_missing "${packages[@]}"
     setup_s3
     ;;
-  torch)
+  frameworks)
     install_missing "${packages[@]}"
-    setup_torch
+    setup_frameworks
     ;;
   *)
-    echo "usage: $0 [bazel|python|s3|torch]" >&2
+    echo "usage: $0 [bazel|python|s3|frameworks]" >&2
     exit 2
     ;;
 esac

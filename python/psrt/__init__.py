@@ -7,8 +7,18 @@ started, and the compression choices.
 
 import enum
 import os
+import sys
 
-from psrt import _psrt
+# The C API links Debian's gRPC, protobuf and Abseil; frameworks bring their
+# own copies of the same libraries and TensorFlow exports them to every
+# library loaded after it. RTLD_DEEPBIND makes psrt's libraries resolve
+# their own symbols first, so the two never mix, whichever is imported first.
+_flags = sys.getdlopenflags()
+sys.setdlopenflags(_flags | os.RTLD_DEEPBIND)
+try:
+    from psrt import _psrt
+finally:
+    sys.setdlopenflags(_flags)
 
 PsrtError = _psrt.PsrtError
 

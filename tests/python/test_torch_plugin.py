@@ -5,7 +5,6 @@ Run by ctest (tests/CMakeLists.txt) with PYTHONPATH holding the built package
 and PSRT_BIN_DIR the programs.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -14,19 +13,12 @@ import tempfile
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-BIN = os.environ.get("PSRT_BIN_DIR", os.path.join(ROOT, "build", "bin"))
-sys.path.insert(0, HERE)
-import torch_worker  # noqa: E402  (the same model, data and optimizers)
+from jobs import EXAMPLES, HERE, run_job as _run_job
+import torch_worker
 
 
 def run_job(script_args, ps=None, hosts=2, timeout=240, script=None):
-    dist = {"parameter_server": dict({"enabled": True, "heartbeat_timeout_s": 5}, **(ps or {}))}
-    cmd = [os.path.join(BIN, "psrt-run"), "--local=%d" % hosts, "--distribution=" + json.dumps(dist), "--",
-           sys.executable, script or os.path.join(HERE, "torch_worker.py")] + script_args
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    return p.returncode, p.stdout
+    return _run_job(script or os.path.join(HERE, "torch_worker.py"), script_args, ps, hosts, timeout)
 
 
 def reference(kind, steps, workers, passes=1):
@@ -76,13 +68,13 @@ def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, passes):
 @pytest.mark.parametrize("mode", [{"mode": "async"}, {"mode": "ssp", "staleness": 1}])
 def test_async_and_ssp_train_the_digits_to_the_demo_accuracy(mode):
     code, log = run_job(["--epochs", "12", "--threshold", "0.9"], ps=mode,
-                        script=os.path.join(ROOT, "worker", "examples", "torch_digits.py"))
+                        script=os.path.join(EXAMPLES, "torch_digits.py"))
     assert code == 0, log
     assert "demo: test accuracy 0." in log, log
 
 
 def test_restored_job_resumes_at_the_checkpoint_step():
-    digits = os.path.join(ROOT, "worker", "examples", "torch_digits.py")
+    digits = os.path.join(EXAMPLES, "torch_digits.py")
     with tempfile.TemporaryDirectory() as d:
         ckpt = {"checkpoint": {"uri": "file://" + d}}
         code, log = run_job(["--epochs", "2", "--threshold", "0"], ps=ckpt, script=digits)
@@ -134,5 +126,5 @@ def test_unsupported_optimizers_and_foreign_state_are_refused_clearly():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_cuda_parameters_train_like_cpu_ones():
     code, log = run_job(["--epochs", "4", "--threshold", "0.8"],
-                        script=os.path.join(ROOT, "worker", "examples", "torch_digits.py"))
+                        script=os.path.join(EXAMPLES, "torch_digits.py"))
     assert code == 0, log

@@ -1,0 +1,82 @@
+"""Variables held in host (numpy) buffers, for the plugins of frameworks whose
+tensors reach Python as numpy arrays (TensorFlow, MXNet): registration with
+the servers, one push-pull of all gradients per step, and the learning rate.
+The work itself happens in C++ behind the C API (psrt._psrt)."""
+
+import numpy as np
+
+import psrt
+
+
+def unique_names(names):
+    """`names`, made unique by suffixes where they repeat."""
+    seen, out = {}, []
+    for n in names:
+        k = seen.get(n, 0)
+        seen[n] = k + 1
+        out.append(n if k == 0 else "%s_%d" % (n, k))
+    return out
+
+
+class HostVariables:
+    def __init__(self, client, compression):
+        self._client = client
+        self._compression = compression
+        self._out = {}    # name -> float32 buffer the pulled weights land in
+        self._steps = {}  # name -> the version its next push is for
+        self._lr = None
+
+    def register(self, name, value, optimizer):
+        """Registers a variable; returns its current value (rank 0's, or a
+        restored checkpoint's)."""
+        host = np.array(value, dtype=np.float32, order="C", copy=True)
+        self._client.register_variable(name, list(host.shape), host.ctypes.data, optimizer,
+                                       self._compression.value, self._compression.value)
+        self._out[name] = np.empty_like(host)
+        self._lr = optimizer["lr"]
+        # Sync: the servers' version (a restored job resumes there); otherwise
+        # this worker's clock.
+        self._steps[name] = (self._client.pulled_version(name) if self._client.is_sync()
+                             else self._client.restored_step())
+        return host
+
+    def registered(self, name):
+        return name in self._out
+
+    @property
+    def step(self):
+        """The step the next push is for (the least over the variables)."""
+        return min(self._steps.values()) if self._steps else 0
+
+    def set_learning_rate(self, lr):
+        if lr != self._lr:
+            self._client.set_learning_rate(lr)
+            self._lr = lr
+
+    def push_pull(self, names, grads, lr=None):
+        """Pushes every gradient, waits for the new weights; returns them.
+        All names must be at the same step (one step of a model)."""
+        if lr is not None:
+            self.set_learning_rate(lr)
+        for n in names:
+            if n not in self._out:
+                raise psrt.PsrtError("variable '%s' was never registered with psrt" % n)
+        grads = [np.ascontiguousarray(g, dtype=np.float32) for g in grads]
+        outs = [self._out[n] for n in names]
+        for n, g, o in zip(names, grads, outs):
+            if g.size != o.size:
+                raise psrt.PsrtError("gradient of '%s' has %d values; the variable has %d" % (n, g.size, o.size))
+        step = self._steps[names[0]]
+        handle = self._client.push_pull(list(names), [g.ctypes.data for g in grads],
+                                        [o.ctypes.data for o in outs], step)
+        self._client.wait(handle)
+        sync = self._client.is_sync()
+        for n in names:
+            self._steps[n] = self._client.pulled_version(n) if sync else self._steps[n] + 1
+        return [o.copy() for o in outs]
+
+    def pull(self, name):
+        """The variable's current weights (sync: of the step it is at)."""
+        out = self._out[name]
+        self._client.wait(self._client.pull([name], [out.ctypes.data], self._steps[name] if self._client.is_sync() else 0))
+        return out.copy()

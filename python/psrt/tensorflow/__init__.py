@@ -1,0 +1,19 @@
+"""TensorFlow plugin: ``import psrt.tensorflow as psrt``.
+
+    psrt.init()
+    model.compile(optimizer=psrt.keras.DistributedOptimizer(keras.optimizers.Adam(1e-3)),
+                  loss=..., jit_compile=False)
+    model.fit(x, y)          # every worker on its own share of the data
+
+Custom training loops, eagerly or inside ``tf.function``, use the same
+optimizer: ``opt.apply_gradients(zip(tape.gradient(loss, vars), vars))``
+after ``opt.build(vars)`` (which registers the variables with the servers,
+eagerly: rank 0's values become everyone's).
+"""
+
+from psrt import (Compression, PsrtError, init, is_sync, local_rank, rank,
+                  restored_step, size)
+from psrt.tensorflow import keras
+
+__all__ = ["Compression", "PsrtError", "init", "is_sync", "keras", "local_rank", "rank",
+           "restored_step", "size"]

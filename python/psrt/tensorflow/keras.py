@@ -1,0 +1,103 @@
+"""Keras 3 (TensorFlow backend): an optimizer whose updates run on psrt's servers.
+
+``DistributedOptimizer(opt)`` returns an optimizer of the same class and
+settings whose ``apply`` hands the gradients to the servers and assigns the
+weights they send back; the optimizer's own update never runs. The round trip
+happens in ``tf.numpy_function``, so it works eagerly, in ``model.fit`` and
+in ``tf.function`` (not under XLA: compile with ``jit_compile=False``).
+"""
+
+import tensorflow as tf
+import keras
+
+import psrt
+from psrt import _host
+
+
+def _server_optimizer(opt):
+    """The server-side settings equivalent to a Keras optimizer, or a refusal."""
+    cfg = opt.get_config()
+    for key in ("clipnorm", "clipvalue", "global_clipnorm", "loss_scale_factor",
+                "gradient_accumulation_steps"):
+        if cfg.get(key):
+            raise psrt.PsrtError("psrt.keras.DistributedOptimizer: %s is not supported; the servers "
+                                 "apply the update" % key)
+    if cfg.get("use_ema") or cfg.get("amsgrad"):
+        raise psrt.PsrtError("psrt.keras.DistributedOptimizer: use_ema and amsgrad are not supported")
+    wd = float(cfg.get("weight_decay") or 0.0)
+    lr = float(keras.ops.convert_to_numpy(opt.learning_rate))
+    if type(opt) is keras.optimizers.SGD or isinstance(opt, keras.optimizers.SGD):
+        momentum = float(cfg.get("momentum", 0.0))
+        if wd and momentum:
+            raise psrt.PsrtError("psrt.keras.DistributedOptimizer: SGD with momentum and weight_decay "
+                                 "(Keras decays decoupled) has no server equivalent; use AdamW, or "
+                                 "weight decay without momentum")
+        return {"name": "sgd", "lr": lr, "momentum": momentum, "nesterov": bool(cfg.get("nesterov")),
+                "weight_decay": wd}
+    if isinstance(opt, (keras.optimizers.Adam, keras.optimizers.AdamW)):
+        # Keras decays weights decoupled, as torch's AdamW does.
+        return {"name": "adamw" if wd or isinstance(opt, keras.optimizers.AdamW) else "adam", "lr": lr,
+                "beta1": float(cfg["beta_1"]), "beta2": float(cfg["beta_2"]), "eps": float(cfg["epsilon"]),
+                "weight_decay": wd}
+    if isinstance(opt, keras.optimizers.Adagrad):
+        if wd:
+            raise psrt.PsrtError("psrt.keras.DistributedOptimizer: Adagrad with weight_decay is not supported")
+        return {"name": "adagrad", "lr": lr, "eps": float(cfg["epsilon"]),
+                "initial_accumulator_value": float(cfg["initial_accumulator_value"])}
+    raise psrt.PsrtError("psrt.keras.DistributedOptimizer: %s cannot run on the parameter servers; use "
+                         "keras.optimizers.SGD, Adam, AdamW or Adagrad" % type(opt).__name__)
+
+
+class _Distributed:
+    """Mixed into the wrapped optimizer's class (see DistributedOptimizer)."""
+
+    def build(self, variables):
+        super().build(variables)
+        if getattr(self, "_psrt_vars", None) is not None:
+            return
+        # Built while model.fit traces its first step: init_scope registers
+        # eagerly all the same, once, before that step runs, so every worker
+        # starts from rank 0's values.
+        with tf.init_scope():
+            names = _host.unique_names([v.path for v in variables])
+            host = _host.HostVariables(psrt.client(), self._psrt_compression)
+            for name, v in zip(names, variables):
+                v.assign(host.register(name, keras.ops.convert_to_numpy(v), self._psrt_config))
+        self._psrt_vars = host
+        self._psrt_names = names
+
+    def apply(self, grads, trainable_variables=None):
+        variables = list(trainable_variables) if trainable_variables is not None else \
+            list(self._trainable_variables)
+        if getattr(self, "_psrt_vars", None) is None:
+            self.build(variables)
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g, tf.float32)
+                 for g, v in zip(grads, variables)]
+        lr = tf.cast(self.learning_rate, tf.float32)
+        host = self._psrt_vars
+
+        def round_trip(lr_value, *gs):
+            return host.push_pull(self._psrt_names, gs, float(lr_value))
+
+        new = tf.numpy_function(round_trip, [lr] + grads, [tf.float32] * len(grads), stateful=True)
+        for v, value in zip(variables, new):
+            v.assign(tf.reshape(value, v.shape))
+        self.iterations.assign_add(1)
+
+
+def DistributedOptimizer(optimizer, compression=psrt.Compression.job_default):
+    """An optimizer of `optimizer`'s class and settings that runs on the servers.
+
+    Args:
+      optimizer: keras.optimizers.SGD (momentum, Nesterov), Adam, AdamW or
+        Adagrad; learning-rate schedules work (the current rate reaches the
+        servers each step).
+      compression: psrt.Compression.fp16 or bf16 halves the bytes on the wire.
+    """
+    config = _server_optimizer(optimizer)
+    cls = type("Distributed" + type(optimizer).__name__, (_Distributed, type(optimizer)), {})
+    wrapped = cls.from_config(optimizer.get_config())
+    wrapped._psrt_config = config
+    wrapped._psrt_compression = compression
+    wrapped._psrt_vars = None
+    return wrapped

@@ -1,0 +1,22 @@
+"""Running a real job for the framework plugins' tests: psrt-run over
+loopback with this interpreter's training processes."""
+
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BIN = os.environ.get("PSRT_BIN_DIR", os.path.join(ROOT, "build", "bin"))
+EXAMPLES = os.path.join(ROOT, "worker", "examples")
+
+
+def run_job(script, args, ps=None, hosts=2, timeout=240):
+    """Runs `script` (a path) with `args` as every worker of a local job;
+    returns (exit code, combined output)."""
+    dist = {"parameter_server": dict({"enabled": True, "heartbeat_timeout_s": 5}, **(ps or {}))}
+    cmd = [os.path.join(BIN, "psrt-run"), "--local=%d" % hosts, "--distribution=" + json.dumps(dist), "--",
+           sys.executable, script] + list(args)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return p.returncode, p.stdout
