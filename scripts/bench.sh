@@ -53,9 +53,16 @@ reports+=("$out/checkpoint.json" "$out/checkpoint.txt")
 
 # PyTorch through psrt (fp32, fp16) against DistributedDataParallel with gloo.
 echo "bench: torch_bench"
-"$root/scripts/setup.sh" torch
+"$root/scripts/setup.sh" frameworks
 "$root/.venv/bin/python" "$root/benchmarks/torch_bench.py" --build "$build" --out "$out" | tee "$out/torch.txt"
 reports+=("$out/torch.json" "$out/torch.txt")
+
+# The TensorFlow and MXNet plugins against MultiWorkerMirroredStrategy and
+# MXNet's dist_sync.
+echo "bench: frameworks_bench"
+"$root/.venv/bin/python" "$root/benchmarks/frameworks_bench.py" --build "$build" --out "$out" |
+  tee "$out/frameworks.txt"
+reports+=("$out/frameworks.json" "$out/frameworks.txt")
 
 echo "bench: reports in $out/:"
 for r in "${reports[@]}"; do echo "  $r"; done
