@@ -75,6 +75,17 @@ class HostVariables:
             self._steps[n] = self._client.pulled_version(n) if sync else self._steps[n] + 1
         return [o.copy() for o in outs]
 
+    def push(self, names, grads):
+        """Pushes gradients without waiting for the new weights (pull them)."""
+        for n in names:
+            if n not in self._out:
+                raise psrt.PsrtError("variable '%s' was never registered with psrt" % n)
+        grads = [np.ascontiguousarray(g, dtype=np.float32) for g in grads]
+        step = self._steps[names[0]]
+        self._client.wait(self._client.push(list(names), [g.ctypes.data for g in grads], step))
+        for n in names:
+            self._steps[n] += 1  # sync: the version the update makes
+
     def pull(self, name):
         """The variable's current weights (sync: of the step it is at)."""
         out = self._out[name]

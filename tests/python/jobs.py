@@ -20,3 +20,17 @@ def run_job(script, args, ps=None, hosts=2, timeout=240):
            sys.executable, script] + list(args)
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     return p.returncode, p.stdout
+
+
+def trained_arrays(script, args, ps=None):
+    """Runs `script` with `args` plus `--out FILE`, where rank 0 saves its
+    final arrays with numpy.savez; returns them in order."""
+    import tempfile
+
+    import numpy as np
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "final.npz")
+        code, log = run_job(script, list(args) + ["--out", out], ps)
+        assert code == 0, log
+        saved = np.load(out)
+        return [saved["arr_%d" % i] for i in range(len(saved.files))]

@@ -1,12 +1,11 @@
 """The MXNet plugin (kvstore "psrt") in real jobs; runs in .venv-mxnet."""
 
 import os
-import tempfile
 
 import numpy as np
 import pytest
 
-from jobs import EXAMPLES, HERE, run_job
+from jobs import EXAMPLES, HERE, run_job, trained_arrays
 
 mx = pytest.importorskip("mxnet", reason="mxnet is not installed (scripts/setup.sh frameworks makes .venv-mxnet)")
 from mxnet import autograd, gluon  # noqa: E402
@@ -38,13 +37,7 @@ def reference(kind, steps, workers):
 @pytest.mark.parametrize("kind,atol", [("sgd", 1e-5), ("adam", 1e-4)])
 def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, atol):
     steps = 10
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "final.npz")
-        code, log = run_job(os.path.join(HERE, "mx_worker.py"), ["--optimizer", kind, "--steps", str(steps),
-                                                                "--out", out])
-        assert code == 0, log
-        saved = np.load(out)
-        got = [saved["arr_%d" % i] for i in range(len(saved.files))]
+    got = trained_arrays(os.path.join(HERE, "mx_worker.py"), ["--optimizer", kind, "--steps", str(steps)])
     want = reference(kind, steps, 2)
     initial = [p.data().asnumpy() for p in mx_worker.build_net(seed=0).collect_params().values()]
     for g, w in zip(got, want):
@@ -66,3 +59,9 @@ def test_unsupported_optimizers_and_foreign_states_are_refused_clearly():
     with pytest.raises(psrt.PsrtError, match="clip_gradient"):
         pmx._server_optimizer(mx.optimizer.SGD(clip_gradient=1.0))
     assert pmx._server_optimizer(mx.optimizer.NAG(momentum=0.9))["nesterov"] is True
+
+
+def test_kvstore_api_init_push_pull_pushpull():
+    code, log = run_job(os.path.join(HERE, "mx_kv_worker.py"), [])
+    assert code == 0, log
+    assert log.count("kvstore checks passed") == 2, log

@@ -1,12 +1,11 @@
 """The TensorFlow plugin in real jobs (psrt.tensorflow, Keras 3)."""
 
 import os
-import tempfile
 
 import numpy as np
 import pytest
 
-from jobs import EXAMPLES, HERE, run_job
+from jobs import EXAMPLES, HERE, run_job, trained_arrays
 
 tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed (scripts/setup.sh frameworks)")
 keras = pytest.importorskip("keras")
@@ -35,13 +34,8 @@ def reference(kind, steps, workers):
 @pytest.mark.parametrize("kind,eager,atol", [("sgd", False, 1e-5), ("adam", False, 5e-4), ("sgd", True, 1e-5)])
 def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, eager, atol):
     steps = 10
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "final.npz")
-        code, log = run_job(os.path.join(HERE, "tf_worker.py"),
-                            ["--optimizer", kind, "--steps", str(steps), "--out", out] + (["--eager"] if eager else []))
-        assert code == 0, log
-        saved = np.load(out)
-        got = [saved["arr_%d" % i] for i in range(len(saved.files))]
+    got = trained_arrays(os.path.join(HERE, "tf_worker.py"),
+                         ["--optimizer", kind, "--steps", str(steps)] + (["--eager"] if eager else []))
     want = reference(kind, steps, 2)
     initial = [v.numpy() for v in tf_worker.build_model(seed=0).trainable_variables]
     for g, w, i in zip(got, want, initial):

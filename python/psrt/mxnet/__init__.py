@@ -108,21 +108,26 @@ class Psrt(mx.kvstore.KVStoreBase):
         self.pull(key, out)
 
     def pushpull(self, key, value, out=None, priority=0):
+        if out is None:
+            raise psrt.PsrtError("psrt kvstore: the optimizer runs on the servers, so pushpull returns "
+                                 "weights: create the Trainer with update_on_kvstore=True")
         keys, values = self._pairs(key, value)
-        outs = [out] if not isinstance(key, (list, tuple)) else list(out or [None] * len(keys))
+        outs = [out] if not isinstance(key, (list, tuple)) else list(out)
         names = [self._name(k) for k in keys]
         scale = float(self._optimizer.rescale_grad) if self._optimizer is not None else 1.0
         self._sync_learning_rate()
         grads = [(_first(v).asnumpy() * scale) for v in values]
         new = self._vars.push_pull(names, grads)
         for o, w in zip(outs, new):
-            if o is None:
-                continue
             for dst in _outputs(o):
                 dst[:] = mx.nd.array(w.reshape(dst.shape), ctx=dst.context)
 
     def push(self, key, value, priority=0):
-        raise psrt.PsrtError("psrt kvstore: use pushpull (push and pull are one round trip here)")
+        """Sends gradients; the servers update the weights (pull reads them)."""
+        keys, values = self._pairs(key, value)
+        scale = float(self._optimizer.rescale_grad) if self._optimizer is not None else 1.0
+        self._sync_learning_rate()
+        self._vars.push([self._name(k) for k in keys], [_first(v).asnumpy() * scale for v in values])
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         keys = key if isinstance(key, (list, tuple)) else [key]
