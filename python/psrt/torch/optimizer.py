@@ -1,8 +1,9 @@
 """DistributedOptimizer: a torch optimizer whose updates run on psrt's servers.
 
-A thin wrapper in the manner of Horovod's: a hook per parameter pushes its
-gradient the moment autograd has accumulated it (overlapping communication
-with the rest of the backward pass) and asks for the updated weights back;
+A thin wrapper in the manner of Horovod's: a hook per parameter queues its
+gradient the moment autograd has accumulated it, and each bucket of
+`fusion_bytes` goes to the servers at once (overlapping communication with
+the rest of the backward pass), asking for the updated weights back;
 ``step()`` waits for them and writes them into the parameters. Everything
 else (partitioning, compression, consistency, retries) happens once, in C++,
 behind the C API.
@@ -57,7 +58,7 @@ class _Variable:
         # them into the parameter (autograd may still read it until then).
         self.pulled = torch.empty_like(param.detach(), memory_format=torch.contiguous_format)
         self.grad = None      # what is being pushed: kept alive until the wait
-        self.handle = None
+        self.queued = False   # pushed (or in the bucket) this step
         self.passes = 0       # backward passes accumulated since the last push
         self.lr = float(group["lr"])
 
@@ -75,13 +76,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ``job_default`` (the default) takes the job's ``compression``.
       backward_passes_per_step: gradients accumulate locally over this many
         backward passes before they are pushed (as in Horovod).
+      fusion_bytes: gradients ready during the backward pass go out together
+        once this many bytes are queued (the rest at step()), so small
+        tensors share requests (Horovod's tensor fusion, DDP's buckets).
     """
 
     def __init__(self, optimizer, named_parameters, compression=psrt.Compression.job_default,
-                 backward_passes_per_step=1):
+                 backward_passes_per_step=1, fusion_bytes=4 << 20):
         if backward_passes_per_step < 1:
             raise psrt.PsrtError("psrt.DistributedOptimizer: backward_passes_per_step must be >= 1")
         self._passes = backward_passes_per_step
+        self._fusion_bytes = fusion_bytes
+        self._bucket, self._bucket_bytes, self._handles = [], 0, []
         client = psrt.client()
         named = list(named_parameters)
         names = [n for n, _ in named]
@@ -160,13 +166,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 v.lr = lr
 
     def _push(self, v):
+        """Queues the parameter's gradient; a bucket of fusion_bytes goes out
+        as one push-pull (one request per server for all its tensors)."""
         if not self._pushing:  # the first push of a step
             self._sync_learning_rates()
             self._pushing = True
         g = v.param.grad
         v.grad = (g if g is not None else torch.zeros_like(v.param)).detach().contiguous()
-        v.handle = self._client.push_pull([v.name], [v.grad.data_ptr()], [v.pulled.data_ptr()],
-                                          self._step)
+        v.queued = True
+        self._bucket.append(v)
+        self._bucket_bytes += v.grad.numel() * 4
+        if self._bucket_bytes >= self._fusion_bytes:
+            self._flush()
+
+    def _flush(self):
+        if not self._bucket:
+            return
+        handle = self._client.push_pull([v.name for v in self._bucket],
+                                        [v.grad.data_ptr() for v in self._bucket],
+                                        [v.pulled.data_ptr() for v in self._bucket], self._step)
+        self._handles.append(handle)
+        self._bucket, self._bucket_bytes = [], 0
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -174,15 +194,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # A parameter whose gradient never came (unused this step) pushes
         # zeros: in sync mode every key advances every step.
         for v in self._variables:
-            if v.handle is None:
+            if not v.queued:
                 self._push(v)
+        self._flush()
         error = None
-        for v in self._variables:
+        for handle in self._handles:
             try:
-                self._client.wait(v.handle)
+                self._client.wait(handle)
             except psrt.PsrtError as e:
                 error = error or e
-            v.handle = None
+        self._handles = []
+        for v in self._variables:
+            v.queued = False
             v.grad = None
             v.passes = 0
         if error is not None:
