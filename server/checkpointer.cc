@@ -37,11 +37,13 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOpt
                                                                  Metrics* metrics) {
   absl::StatusOr<std::unique_ptr<Storage>> root = OpenStorage(NormalizeUri(options.config.uri()));
   if (!root.ok()) return root.status();
-  absl::StatusOr<std::vector<CheckpointEntry>> existing = ListCheckpoints(root->get());
-  if (!existing.ok()) {
-    return absl::Status(existing.status().code(),
+  // One listing request: a missing bucket, a dead endpoint or wrong
+  // credentials show here; an empty destination is fine.
+  absl::StatusOr<std::vector<std::string>> probe = (*root)->List(kLatestFile);
+  if (!probe.ok()) {
+    return absl::Status(probe.status().code(),
                         absl::StrCat("cannot read checkpoint destination ", (*root)->uri(), ": ",
-                                     existing.status().message()));
+                                     probe.status().message()));
   }
   return std::unique_ptr<Checkpointer>(new Checkpointer(std::move(options), *std::move(root), metrics));
 }

@@ -53,9 +53,11 @@ int List(const std::string& uri) {
   if (!all.ok()) return Fail(all.status());
   std::printf("%-2s%-20s %12s %14s  %s\n", "", "NAME", "STEP", "BYTES", "STATE");
   for (const CheckpointEntry& e : *all) {
+    int64_t bytes = 0;
+    for (const v1::ManifestShard& s : e.manifest.shards()) bytes += s.bytes();
     std::printf("%-2s%-20s %12s %14s  %s\n", e.latest ? "*" : "", e.name.c_str(),
-                e.committed ? absl::StrCat(e.step).c_str() : "-",
-                e.committed ? absl::StrCat(e.bytes).c_str() : "-",
+                e.committed ? absl::StrCat(e.manifest.step()).c_str() : "-",
+                e.committed ? absl::StrCat(bytes).c_str() : "-",
                 e.committed ? "committed" : "incomplete (no manifest; never restored)");
   }
   if (all->empty()) std::printf("(no checkpoints under %s)\n", (*root)->uri().c_str());
@@ -87,9 +89,7 @@ int Verify(const std::string& uri) {
   for (const CheckpointEntry& e : *all) {
     if (!e.committed) continue;
     ++committed;
-    absl::StatusOr<v1::Manifest> m = ReadManifest(root->get(), e.name);
-    if (!m.ok()) return Fail(m.status());
-    failed += VerifyOne(root->get(), *m);
+    failed += VerifyOne(root->get(), e.manifest);
   }
   if (committed == 0) return Fail(absl::NotFoundError(absl::StrCat("no checkpoint under ", (*root)->uri())));
   return failed == 0 ? 0 : 1;

@@ -109,19 +109,15 @@ int main(int argc, char** argv) {
     // Registrations wait until the keys are in; a checkpoint that cannot be
     // read ends the job, with the reason, before any training step.
     const absl::Time start = absl::Now();
-    absl::StatusOr<std::vector<psrt::Store::RestoredKey>> keys;
     absl::StatusOr<psrt::CheckpointRef> from = psrt::OpenCheckpoint(config->restore_uri());
-    if (from.ok()) {
-      keys = psrt::LoadServerKeys(*from, index, config->num_servers(), config->partition_bytes());
-    } else {
-      keys = from.status();
-    }
-    const bool ok = keys.ok();
-    const std::string why = ok ? "" : std::string(keys.status().message());
-    const size_t count = ok ? keys->size() : 0;
+    absl::StatusOr<std::vector<psrt::Store::RestoredKey>> keys =
+        from.ok() ? psrt::LoadServerKeys(*from, index, config->num_servers(), config->partition_bytes())
+                  : from.status();
+    const absl::Status loaded = keys.status();
+    const size_t count = keys.ok() ? keys->size() : 0;
     store.FinishRestore(std::move(keys), config->restored_step(), config->restore_uri());
-    if (!ok) {
-      const std::string what = absl::StrCat("cannot restore ", config->restore_uri(), ": ", why);
+    if (!loaded.ok()) {
+      const std::string what = absl::StrCat("cannot restore ", config->restore_uri(), ": ", loaded.message());
       psrt::LogError(what);
       (*link)->ReportExit(link_options.id, 1, what).IgnoreError();
       serving->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

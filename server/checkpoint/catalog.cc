@@ -141,31 +141,53 @@ absl::StatusOr<std::string> ReadLatest(Storage* root) {
   return std::string(absl::StripAsciiWhitespace(*latest));
 }
 
-absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(Storage* root) {
+namespace {
+
+// The objects of each checkpoint folder (one List), sorted by folder name:
+// zero-padded steps, so oldest first.
+absl::StatusOr<std::map<std::string, std::vector<std::string>>> Folders(Storage* root) {
   absl::StatusOr<std::vector<std::string>> objects = root->List(kStepPrefix);
   if (!objects.ok()) return objects.status();
-  std::map<std::string, CheckpointEntry> by_name;
+  std::map<std::string, std::vector<std::string>> folders;
   for (const std::string& path : *objects) {
     const absl::string_view folder = Folder(path);
-    if (folder.empty()) continue;
-    CheckpointEntry& e = by_name[std::string(folder)];
-    e.name = std::string(folder);
-    if (path == ManifestPath(folder)) e.committed = true;
+    if (!folder.empty()) folders[std::string(folder)].push_back(path);
   }
+  return folders;
+}
+
+bool HasManifest(const std::string& name, const std::vector<std::string>& objects) {
+  return std::find(objects.begin(), objects.end(), ManifestPath(name)) != objects.end();
+}
+
+// LATEST's content, or "" when there is none.
+absl::StatusOr<std::string> LatestOrEmpty(Storage* root) {
   absl::StatusOr<std::string> latest = ReadLatest(root);
-  if (!latest.ok() && !absl::IsNotFound(latest.status())) return latest.status();
+  if (absl::IsNotFound(latest.status())) return std::string();
+  return latest;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(Storage* root) {
+  absl::StatusOr<std::map<std::string, std::vector<std::string>>> folders = Folders(root);
+  if (!folders.ok()) return folders.status();
+  absl::StatusOr<std::string> latest = LatestOrEmpty(root);
+  if (!latest.ok()) return latest.status();
   std::vector<CheckpointEntry> out;
-  for (auto& [name, e] : by_name) {
+  for (const auto& [name, objects] : *folders) {
+    CheckpointEntry e;
+    e.name = name;
+    e.committed = HasManifest(name, objects);
+    e.latest = name == *latest;
     if (e.committed) {
       absl::StatusOr<v1::Manifest> m = ReadManifest(root, name);
       if (!m.ok()) return m.status();
-      e.step = m->step();
-      for (const v1::ManifestShard& s : m->shards()) e.bytes += s.bytes();
+      e.manifest = *std::move(m);
     }
-    e.latest = latest.ok() && *latest == name;
-    out.push_back(e);
+    out.push_back(std::move(e));
   }
-  return out;  // names hold zero-padded steps: sorted by name is by step
+  return out;
 }
 
 absl::StatusOr<CheckpointRef> OpenCheckpoint(absl::string_view uri_in) {
@@ -273,22 +295,22 @@ absl::StatusOr<VerifyReport> VerifyCheckpoint(Storage* root, const v1::Manifest&
 }
 
 absl::Status PruneCheckpoints(Storage* root, int keep, absl::string_view in_progress) {
-  absl::StatusOr<std::vector<CheckpointEntry>> all = ListCheckpoints(root);
-  if (!all.ok()) return all.status();
+  // Names and objects are enough here: no manifest is read.
+  absl::StatusOr<std::map<std::string, std::vector<std::string>>> folders = Folders(root);
+  if (!folders.ok()) return folders.status();
+  absl::StatusOr<std::string> latest = LatestOrEmpty(root);
+  if (!latest.ok()) return latest.status();
   int committed = 0;
-  for (const CheckpointEntry& e : *all) committed += e.committed;
+  for (const auto& [name, objects] : *folders) committed += HasManifest(name, objects);
   int to_drop = keep > 0 ? committed - keep : 0;
-  absl::StatusOr<std::vector<std::string>> objects = root->List(kStepPrefix);
-  if (!objects.ok()) return objects.status();
-  for (const CheckpointEntry& e : *all) {  // oldest first
-    if (e.name == in_progress || e.latest) continue;
-    if (e.committed) {
+  for (const auto& [name, objects] : *folders) {  // oldest first
+    if (name == in_progress || name == *latest) continue;
+    if (HasManifest(name, objects)) {
       if (to_drop <= 0) continue;
       --to_drop;
-      if (absl::Status s = root->Delete(ManifestPath(e.name)); !s.ok()) return s;
+      if (absl::Status s = root->Delete(ManifestPath(name)); !s.ok()) return s;
     }
-    for (const std::string& path : *objects) {
-      if (Folder(path) != e.name) continue;
+    for (const std::string& path : objects) {
       if (absl::Status s = root->Delete(path); !s.ok()) return s;
     }
   }

@@ -61,10 +61,10 @@ struct CheckpointEntry {
   std::string name;
   bool committed = false;  // has a manifest
   bool latest = false;     // LATEST names it
-  int64_t step = -1;       // from the manifest
-  int64_t bytes = 0;       // of its shards, from the manifest
+  v1::Manifest manifest;   // when committed
 };
-// Every checkpoint folder under the root, oldest first.
+// Every checkpoint folder under the root, oldest first, with the manifests
+// of the committed ones (read and checked).
 absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(Storage* root);
 // LATEST's content; NOT_FOUND when there is none.
 absl::StatusOr<std::string> ReadLatest(Storage* root);

@@ -75,28 +75,16 @@ TEST(CompressedJobTest, Fp16AndBf16HalveTheBytesServersReceive) {
 // Trains the example on 2 simulated hosts; returns rank 0's relative error
 // against the known solution.
 double TrainedError(const std::string& ps_json) {
-  char dir[] = "/tmp/psrt-test-XXXXXX";
-  if (mkdtemp(dir) == nullptr) return INFINITY;
-  const std::string log = std::string(dir) + "/log";
-  const std::string cmd = absl::StrCat(
-      "exec ", kBin, "/psrt-run --local=2 --distribution='{\"parameter_server\": {\"enabled\": true, ",
-      ps_json, "}}' -- ", kBin, "/psrt-example-linreg --dim=256 --steps=300 --result=", dir, "/r >", log, " 2>&1");
-  auto pid = Spawn({"/bin/sh", "-c", cmd}, {});
-  if (!pid.ok()) return INFINITY;
-  int status = 0;
-  const absl::Time deadline = absl::Now() + absl::Seconds(90);
-  while (waitpid(*pid, &status, WNOHANG) != *pid) {
-    if (absl::Now() > deadline) {
-      kill(*pid, SIGKILL);
-      waitpid(*pid, &status, 0);
-      ADD_FAILURE() << "job did not finish in 90 s: " << ReadFile(log);
-      return INFINITY;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(log);
+  const std::string dir = TempDir();
+  Proc job = Proc::Start(
+      absl::StrCat(kBin, "/psrt-run --local=2 --distribution='{\"parameter_server\": {\"enabled\": true, ",
+                   ps_json, "}}' -- ", kBin, "/psrt-example-linreg --dim=256 --steps=300 --result=", dir, "/r"),
+      dir + "/log");
+  const int code = job.Wait(absl::Seconds(90), "job");
+  if (code == -1) return INFINITY;
+  EXPECT_EQ(code, 0) << job.Output();
   std::smatch m;
-  const std::string r0 = ReadFile(std::string(dir) + "/r.rank0.json");
+  const std::string r0 = ReadFile(dir + "/r.rank0.json");
   if (!std::regex_search(r0, m, std::regex("\"relative_error\": ([-0-9.eE+]+)"))) return INFINITY;
   return std::stod(m[1]);
 }

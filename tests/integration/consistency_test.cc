@@ -28,20 +28,9 @@ namespace {
 // Runs a shell command to completion (with a deadline); returns exit code
 // and output.
 std::pair<int, std::string> RunShell(const std::string& cmd, absl::Duration timeout) {
-  const std::string log = TempDir() + "/log";
-  auto pid = Spawn({"/bin/sh", "-c", "exec " + cmd + " >" + log + " 2>&1"}, {});
-  if (!pid.ok()) return {-1, std::string(pid.status().message())};
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    int status = 0;
-    if (waitpid(*pid, &status, WNOHANG) == *pid) {
-      return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), ReadFile(log)};
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  kill(*pid, SIGKILL);
-  waitpid(*pid, nullptr, 0);
-  return {-1, "timed out after " + absl::FormatDuration(timeout) + ":\n" + ReadFile(log)};
+  Proc p = Proc::Start(cmd, TempDir() + "/log");
+  const int code = p.Wait(timeout, cmd);
+  return {code, p.Output()};
 }
 
 std::vector<float> Weights(const std::string& path) {

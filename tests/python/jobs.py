@@ -34,3 +34,13 @@ def trained_arrays(script, args, ps=None):
         assert code == 0, log
         saved = np.load(out)
         return [saved["arr_%d" % i] for i in range(len(saved.files))]
+
+
+def assert_trained_like(got, want, initial, atol):
+    """`got` equals `want` array by array within `atol`, and training moved
+    the arrays away from `initial` (so the equality says something)."""
+    import numpy as np
+    assert len(got) == len(want) == len(initial)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=0, atol=atol)
+    assert max(np.abs(g - i).max() for g, i in zip(got, initial)) > 1e-2

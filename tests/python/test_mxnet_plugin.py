@@ -2,10 +2,9 @@
 
 import os
 
-import numpy as np
 import pytest
 
-from jobs import EXAMPLES, HERE, run_job, trained_arrays
+from jobs import EXAMPLES, HERE, assert_trained_like, run_job, trained_arrays
 
 mx = pytest.importorskip("mxnet", reason="mxnet is not installed (scripts/setup.sh frameworks makes .venv-mxnet)")
 from mxnet import autograd, gluon  # noqa: E402
@@ -40,9 +39,7 @@ def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, atol):
     got = trained_arrays(os.path.join(HERE, "mx_worker.py"), ["--optimizer", kind, "--steps", str(steps)])
     want = reference(kind, steps, 2)
     initial = [p.data().asnumpy() for p in mx_worker.build_net(seed=0).collect_params().values()]
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=0, atol=atol)
-    assert max(np.abs(g - i).max() for g, i in zip(got, initial)) > 1e-2
+    assert_trained_like(got, want, initial, atol)
 
 
 def test_gluon_trains_the_digits_to_the_demo_accuracy():

@@ -2,10 +2,9 @@
 
 import os
 
-import numpy as np
 import pytest
 
-from jobs import EXAMPLES, HERE, run_job, trained_arrays
+from jobs import EXAMPLES, HERE, assert_trained_like, run_job, trained_arrays
 
 tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed (scripts/setup.sh frameworks)")
 keras = pytest.importorskip("keras")
@@ -38,9 +37,7 @@ def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, eager, at
                          ["--optimizer", kind, "--steps", str(steps)] + (["--eager"] if eager else []))
     want = reference(kind, steps, 2)
     initial = [v.numpy() for v in tf_worker.build_model(seed=0).trainable_variables]
-    for g, w, i in zip(got, want, initial):
-        np.testing.assert_allclose(g, w, rtol=0, atol=atol)
-    assert max(np.abs(g - i).max() for g, i in zip(got, initial)) > 1e-2
+    assert_trained_like(got, want, initial, atol)
 
 
 def test_keras_fit_trains_the_digits_to_the_demo_accuracy():
