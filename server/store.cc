@@ -657,7 +657,9 @@ int64_t Store::WaitSnapshot(absl::Time deadline) {
     int64_t waiting = 0;
     for (Key* k : AllKeys()) {
       absl::MutexLock lock(&k->mu);
-      if (k->initialized && !k->snap_ready) ++waiting;
+      // A key still waiting for rank 0's initial value counts: it reaches
+      // the step like the others, and a shard without it is not whole.
+      if (!k->snap_ready) ++waiting;
     }
     if (waiting == 0 || closing_ || absl::Now() >= deadline) return waiting;
     absl::SleepFor(absl::Milliseconds(2));

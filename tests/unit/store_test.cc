@@ -1074,6 +1074,24 @@ TEST(StoreSnapshotTest, ArmingAStepAKeyIsPastIsRefused) {
   EXPECT_EQ(store.WaitSnapshot(absl::Now()), 0);
 }
 
+TEST(StoreSnapshotTest, AKeyNotYetInitializedIsWaitedFor) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  // Rank 1 registers first: the key exists, without rank 0's value yet.
+  ASSERT_TRUE(store.RegisterKeys(RegReq(1, {Simple("a", std::nullopt, 3)})).ok());
+  ASSERT_TRUE(store.ArmSnapshot(1).ok());
+  EXPECT_EQ(store.WaitSnapshot(absl::Now()), 1);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("a", std::vector<float>{1, 2, 3})})).ok());
+  EXPECT_EQ(store.WaitSnapshot(absl::Now()), 1);
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(store.Push(PushReq(r, 1, {Grad("a", 0, {1, 1, 1})})).ok());
+  EXPECT_EQ(store.WaitSnapshot(absl::Now() + absl::Seconds(5)), 0);
+  std::string shard;
+  v1::SaveShardResponse info;
+  store.EncodeSnapshot(&shard, &info);
+  ASSERT_EQ(info.keys_size(), 1);
+  EXPECT_EQ(info.keys(0).version(), 1);
+}
+
 Store::RestoredKey Restored(const std::string& variable, std::vector<float> weights, int64_t version) {
   Store::RestoredKey r;
   r.spec = Simple(variable, std::nullopt, static_cast<int64_t>(weights.size()));
