@@ -151,8 +151,10 @@ def main():
                                   aws_secret_access_key="testing", region_name="us-east-1")
                 s3.create_bucket(Bucket="bench")
                 r = measure(bin_dir, "s3://bench/ckpt", args.dim, args.steps, env)
+                # As many parts in flight as psrt's servers have together
+                # (4 each, S3ClientOptions::parallel_parts).
                 config = TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20,
-                                        max_concurrency=1)
+                                        max_concurrency=8)
                 data = os.urandom(1 << 20) * max(1, r["bytes"] >> 20)
                 start = time.monotonic()
                 s3.upload_fileobj(io.BytesIO(data), "bench", "baseline", Config=config)

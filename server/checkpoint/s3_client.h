@@ -39,8 +39,10 @@ struct S3ClientOptions {
   // Empty: AWS_PROFILE, else "default".
   std::string profile;
 
-  // Put() uploads objects larger than this in parts of this size.
+  // Put() uploads objects larger than this in parts of this size, up to
+  // `parallel_parts` at once (each on its own connection).
   uint64_t part_size = uint64_t{8} << 20;
+  int parallel_parts = 4;
   // Permits part_size below S3's 5 MiB minimum (tests against fakes only).
   bool allow_small_parts_for_testing = false;
   // ListObjectsV2 page size (max-keys), 1..1000.

@@ -47,6 +47,21 @@ std::string RandomBytes(size_t n, uint64_t seed) {
   return data;
 }
 
+TEST(S3ClientOptionsTest, BadOptionsAreRefusedNamingThem) {
+  auto refused = [](void (*change)(S3ClientOptions*), const std::string& why) {
+    S3ClientOptions options = TestOptions("http://127.0.0.1:1");
+    change(&options);
+    absl::StatusOr<std::unique_ptr<S3Client>> client = S3Client::Create(options);
+    ASSERT_FALSE(client.ok()) << why;
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(client.status().message(), why)) << client.status();
+  };
+  refused([](S3ClientOptions* o) { o->part_size = 1 << 20; }, "below S3's minimum");
+  refused([](S3ClientOptions* o) { o->parallel_parts = 0; }, "parallel_parts 0 is not in 1..64");
+  refused([](S3ClientOptions* o) { o->list_page_size = 1001; }, "list_page_size 1001");
+  EXPECT_TRUE(S3Client::Create(TestOptions("http://127.0.0.1:1")).ok());
+}
+
 class S3Test : public ::testing::Test {
  protected:
   void SetUp() override {
