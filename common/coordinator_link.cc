@@ -30,7 +30,7 @@ absl::Status RetryWhileUnreachable(const std::string& coordinator, absl::Time de
       return absl::UnavailableError(absl::StrCat(
           "could not reach the coordinator at ", coordinator, " within ",
           absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(100))), ": ",
-          s.error_message()));
+          s.error_message(), TlsEnabled() ? kTlsHint : ""));
     }
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(1));

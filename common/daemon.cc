@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "common/grpc_util.h"
 #include "common/logging.h"
 
 namespace psrt {
@@ -16,6 +17,10 @@ void InitProcess(const std::string& log_name) {
   SetLogName(log_name);
   signal(SIGPIPE, SIG_IGN);
   ReuseFreedMemory();
+  if (absl::Status s = InitTransportSecurity(); !s.ok()) {
+    LogError("TLS: ", s.message());
+    std::exit(2);
+  }
 }
 
 void ReuseFreedMemory() {

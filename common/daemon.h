@@ -11,7 +11,8 @@
 
 namespace psrt {
 
-// Start-up every psrt daemon shares: log name, SIGPIPE off, ReuseFreedMemory.
+// Start-up every psrt daemon shares: log name, SIGPIPE off, ReuseFreedMemory,
+// and the transport security (exits with status 2 naming what is wrong).
 void InitProcess(const std::string& log_name);
 
 // Makes glibc keep freed message buffers (up to 32 MiB each) for reuse

@@ -7,12 +7,37 @@
 
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/tls.h"
 
 namespace psrt {
+namespace {
+
+absl::Mutex tls_mu;
+absl::StatusOr<TlsConfig>* tls ABSL_GUARDED_BY(tls_mu) = nullptr;
+
+// The process's TLS settings, loaded on first use.
+absl::StatusOr<TlsConfig> Tls() {
+  absl::MutexLock lock(&tls_mu);
+  if (tls == nullptr) {
+    tls = new absl::StatusOr<TlsConfig>(LoadTlsConfig([](const char* name) { return std::getenv(name); }));
+  }
+  return *tls;
+}
+
+}  // namespace
+
+absl::Status InitTransportSecurity() { return Tls().status(); }
+
+bool TlsEnabled() {
+  absl::StatusOr<TlsConfig> c = Tls();
+  return !c.ok() || c->enabled();
+}
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            int64_t max_message_bytes) {
@@ -27,7 +52,18 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
   // One TCP connection per server from each process is the bottleneck for
   // big tensors; a local subchannel pool per channel keeps channels apart.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  absl::StatusOr<TlsConfig> tls = Tls();
+  if (tls.ok() && !tls->enabled()) {
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  grpc::SslCredentialsOptions ssl;
+  if (tls.ok()) {
+    ssl.pem_root_certs = tls->ca_pem;
+    ssl.pem_cert_chain = tls->cert_pem;
+    ssl.pem_private_key = tls->key_pem;
+    if (!tls->server_name.empty()) args.SetSslTargetNameOverride(tls->server_name);
+  }  // else the system's roots, which trust no job certificate
+  return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
 }
 
 void ConfigureServerBuilder(grpc::ServerBuilder* builder, int64_t max_message_bytes) {
@@ -45,7 +81,16 @@ absl::StatusOr<ServingServer> StartServer(const std::string& bind, int port,
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(&builder);
   ServingServer out;
-  builder.AddListeningPort(absl::StrCat(bind, ":", port), grpc::InsecureServerCredentials(), &out.port);
+  absl::StatusOr<TlsConfig> tls = Tls();
+  if (!tls.ok()) return tls.status();
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (tls->enabled()) {
+    grpc::SslServerCredentialsOptions ssl(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ssl.pem_root_certs = tls->ca_pem;
+    ssl.pem_key_cert_pairs.push_back({tls->key_pem, tls->cert_pem});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
+  builder.AddListeningPort(absl::StrCat(bind, ":", port), credentials, &out.port);
   builder.RegisterService(service);
   out.server = builder.BuildAndStart();
   if (out.server == nullptr || out.port == 0) {

@@ -22,6 +22,22 @@ inline constexpr int64_t kDefaultMaxMessageBytes = 256ll << 20;
 // Metadata key of the per-job token checked on every RPC.
 inline constexpr char kTokenMetadata[] = "x-psrt-job-token";
 
+// Loads this process's transport security from the environment once
+// (LoadTlsConfig in common/tls.h) and returns how that went; every later
+// MakeChannel and StartServer then speaks mutual TLS if it is configured.
+// Daemons call it at start (InitProcess), the client in Connect.
+absl::Status InitTransportSecurity();
+// Whether this process's channels and servers use mutual TLS.
+bool TlsEnabled();
+// Appended to "cannot connect" errors under TLS: a failed handshake shows
+// only as a connection that never comes up.
+inline constexpr char kTlsHint[] =
+    " (with mutual TLS: a peer's certificate must be signed by PSRT_TLS_CA and name the address "
+    "it is reached at, or PSRT_TLS_SERVER_NAME)";
+
+// A channel to `address`, with mutual TLS when configured (a TLS
+// configuration that failed to load gives a channel that cannot connect,
+// never a plaintext one).
 std::shared_ptr<grpc::Channel> MakeChannel(
     const std::string& address,
     int64_t max_message_bytes = kDefaultMaxMessageBytes);

@@ -17,7 +17,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libcurl4-openssl-dev libssl-dev
+  nlohmann-json3-dev libcurl4-openssl-dev libssl-dev openssl
 )
 
 # install_missing PACKAGE...: apt-get installs those that are not installed.

@@ -146,6 +146,7 @@ int Save(int argc, char** argv) {
     std::fprintf(stderr, "psrt-ckpt save: need --coordinator and --timeout > 0\n");
     return 2;
   }
+  if (absl::Status s = InitTransportSecurity(); !s.ok()) return Fail(s);
   auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
   grpc::ClientContext ctx;
   PrepareContext(&ctx, token, absl::Seconds(timeout_s));

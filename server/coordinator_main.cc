@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
   }
   psrt::LogInfo("listening on ", bind, ":", bound_port, " for ", service.config().num_servers(),
                 " servers and ", service.config().num_workers(), " workers on ", options.hosts.size(),
-                " hosts (", service.config().mode(), " mode)");
+                " hosts (", service.config().mode(), " mode", psrt::TlsEnabled() ? ", mutual TLS" : "", ")");
   const psrt::v1::JobState state = service.WaitForEnd();
   if (checkpointer != nullptr) checkpointer->Stop();
   serving->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   psrt::LogInfo("serving on ", link_options.address, " (", config->mode(), " mode, ",
-                config->num_workers(), " workers)");
+                config->num_workers(), " workers", psrt::TlsEnabled() ? ", mutual TLS" : "", ")");
   if (store_options.restore_pending) {
     // Registrations wait until the keys are in; a checkpoint that cannot be
     // read ends the job, with the reason, before any training step.

@@ -201,7 +201,8 @@ class Client::Impl {
             absl::StrCat(what, " to server ", s, " at ", addresses[s], " failed after ", attempts,
                          attempts == 1 ? " attempt" : " attempts", " in ",
                          absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
-                         ": ", st.error_message()));
+                         ": ", st.error_message(),
+                         st.error_code() == grpc::StatusCode::UNAVAILABLE && TlsEnabled() ? kTlsHint : ""));
       }
       absl::SleepFor(backoff);
       backoff = std::min(backoff * 2, absl::Seconds(1));
@@ -365,6 +366,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (options.coordinator.empty()) return absl::InvalidArgumentError("no coordinator address");
   if (options.rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank, " < 0"));
   ReuseFreedMemory();
+  if (absl::Status s = InitTransportSecurity(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("TLS: ", s.message()));
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   CoordinatorLink::Options lo;

@@ -36,7 +36,25 @@ int main(int argc, char** argv) {
   flags.Add("bin-dir", &o.bin_dir, "Directory holding psrt-coordinator, psrt-server and psrt-worker.");
   flags.Add("metrics-port", &o.metrics_port,
             "Coordinator's Prometheus port (servers then serve /metrics on free ports); -1: off.");
+  // Mutual TLS: every process of the job reads these from its environment.
+  struct TlsFlag {
+    const char* flag;
+    const char* env;
+    std::string value;
+  };
+  TlsFlag tls[] = {{"tls-ca", "PSRT_TLS_CA", ""},
+                   {"tls-cert", "PSRT_TLS_CERT", ""},
+                   {"tls-key", "PSRT_TLS_KEY", ""},
+                   {"tls-server-name", "PSRT_TLS_SERVER_NAME", ""}};
+  flags.Add(tls[0].flag, &tls[0].value, "CA certificate(s), PEM, that signed every process's certificate (env PSRT_TLS_CA).");
+  flags.Add(tls[1].flag, &tls[1].value, "Certificate, PEM, every process presents (env PSRT_TLS_CERT).");
+  flags.Add(tls[2].flag, &tls[2].value, "Private key, PEM, of --tls-cert (env PSRT_TLS_KEY).");
+  flags.Add(tls[3].flag, &tls[3].value,
+            "Name to check servers' certificates against instead of their host (env PSRT_TLS_SERVER_NAME).");
   flags.ParseOrExit(argc, argv);
+  for (const TlsFlag& t : tls) {
+    if (!t.value.empty()) setenv(t.env, t.value.c_str(), 1);
+  }
   psrt::InitProcess("psrt-run");
   auto fail = [](const std::string& msg) {
     std::fprintf(stderr, "psrt-run: %s\n", msg.c_str());

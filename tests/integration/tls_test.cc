@@ -1,0 +1,154 @@
+// Mutual TLS: a whole job over TLS, and peers without the job's certificate
+// refused at the handshake. Certificates are made with the openssl command.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "psrt/v1/coordinator.grpc.pb.h"
+#include "tests/integration/job_util.h"
+
+namespace psrt {
+namespace {
+
+// Runs `cmd` through the shell; fails the test unless it exits 0.
+void Sh(const std::string& cmd) { ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd; }
+
+// A CA and a certificate it signed for 127.0.0.1 and the name psrt.job, as
+// DIR/NAME-ca.pem, DIR/NAME.pem and DIR/NAME.key.
+void MakeCertificates(const std::string& dir, const std::string& name) {
+  const std::string p = dir + "/" + name;
+  const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  Sh(absl::StrCat("printf 'subjectAltName=IP:127.0.0.1,DNS:psrt.job\\n' >", p, ".ext"));
+  Sh(absl::StrCat("openssl req -x509", ec, " -keyout ", p, "-ca.key -out ", p, "-ca.pem -days 2 -subj /CN=", name,
+                  "-ca 2>/dev/null"));
+  Sh(absl::StrCat("openssl req", ec, " -keyout ", p, ".key -out ", p, ".csr -subj /CN=", name, " 2>/dev/null"));
+  Sh(absl::StrCat("openssl x509 -req -in ", p, ".csr -CA ", p, "-ca.pem -CAkey ", p, "-ca.key -CAcreateserial -out ", p,
+                  ".pem -days 2 -extfile ", p, ".ext 2>/dev/null"));
+}
+
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(std::system("openssl version >/dev/null 2>&1"), 0) << "no openssl command (scripts/setup.sh installs it)";
+    dir_ = TempDir();
+    MakeCertificates(dir_, "job");
+    MakeCertificates(dir_, "other");
+  }
+  std::string Env(const std::string& cert = "job", const std::string& ca = "job") const {
+    return absl::StrCat("env PSRT_TLS_CA=", dir_, "/", ca, "-ca.pem PSRT_TLS_CERT=", dir_, "/", cert,
+                        ".pem PSRT_TLS_KEY=", dir_, "/", cert, ".key ");
+  }
+  std::string Pem(const std::string& name) const { return ReadFile(dir_ + "/" + name); }
+
+  std::string dir_;
+};
+
+TEST_F(TlsTest, AJobTrainsOverMutualTls) {
+  Proc job =
+      Proc::Start(absl::StrCat(kBin, "/psrt-run --local=2 --tls-ca=", dir_, "/job-ca.pem --tls-cert=", dir_,
+                               "/job.pem --tls-key=", dir_, "/job.key -- ", kBin, "/psrt-example-linreg --steps=30"),
+                  dir_ + "/job.log");
+  ASSERT_EQ(job.Wait(absl::Seconds(120), "TLS job"), 0) << job.Output();
+  const std::string out = job.Output();
+  EXPECT_TRUE(absl::StrContains(out, "(sync mode, mutual TLS)")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "2 workers, mutual TLS)")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "job succeeded")) << out;
+
+  // The same through one name for every server (PSRT_TLS_SERVER_NAME).
+  Proc named = Proc::Start(absl::StrCat(Env(), "PSRT_TLS_SERVER_NAME=psrt.job ", kBin, "/psrt-run --local=1 -- ", kBin,
+                                        "/psrt-example-linreg --steps=10"),
+                           dir_ + "/named.log");
+  EXPECT_EQ(named.Wait(absl::Seconds(120), "TLS job with a server name"), 0) << named.Output();
+  // A name the certificate does not hold fails the handshake: the job ends
+  // with the reason instead of training in the clear.
+  Proc wrong =
+      Proc::Start(absl::StrCat(Env(), "PSRT_TLS_SERVER_NAME=elsewhere ", kBin,
+                               "/psrt-run --local=1 --distribution='{\"parameter_server\": {\"enabled\": true, "
+                               "\"barrier_timeout_s\": 3}}' -- ",
+                               kBin, "/psrt-example-linreg --steps=10"),
+                  dir_ + "/wrong.log");
+  EXPECT_NE(wrong.Wait(absl::Seconds(120), "TLS job with a wrong server name"), 0) << wrong.Output();
+  EXPECT_FALSE(absl::StrContains(wrong.Output(), "job succeeded")) << wrong.Output();
+  EXPECT_TRUE(absl::StrContains(wrong.Output(), "could not reach the coordinator")) << wrong.Output();
+  EXPECT_TRUE(absl::StrContains(wrong.Output(), "or PSRT_TLS_SERVER_NAME)")) << wrong.Output();
+}
+
+// A standalone coordinator speaking mutual TLS; only a client presenting a
+// certificate the job's CA signed gets an answer.
+TEST_F(TlsTest, PeersWithoutTheJobsCertificateAreRefused) {
+  const std::string port_file = dir_ + "/port";
+  Proc coordinator =
+      Proc::Start(absl::StrCat(Env(), kBin, "/psrt-coordinator --bind=127.0.0.1 --port=0 --port-file=", port_file,
+                               " --hosts=localhost"),
+                  dir_ + "/coordinator.log");
+  ASSERT_TRUE(coordinator.WaitForOutput("mutual TLS", absl::Seconds(30))) << coordinator.Output();
+  const std::string address = "127.0.0.1:" + ReadFile(port_file);
+
+  auto call = [&](std::shared_ptr<grpc::ChannelCredentials> credentials) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a fresh connection per case
+    auto stub = v1::Coordinator::NewStub(grpc::CreateCustomChannel(address, credentials, args));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::JobStatusResponse resp;
+    return stub->GetJobStatus(&ctx, v1::JobStatusRequest(), &resp);
+  };
+  auto tls = [&](const std::string& ca, const std::string& cert) {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = Pem(ca + "-ca.pem");
+    if (!cert.empty()) {
+      o.pem_cert_chain = Pem(cert + ".pem");
+      o.pem_private_key = Pem(cert + ".key");
+    }
+    return grpc::SslCredentials(o);
+  };
+  grpc::Status s = call(tls("job", "job"));
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  s = call(grpc::InsecureChannelCredentials());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << "plaintext: " << s.error_message();
+  s = call(tls("job", ""));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << "no client certificate: " << s.error_message();
+  s = call(tls("job", "other"));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << "another CA's certificate: " << s.error_message();
+  s = call(tls("other", "job"));  // the client does not trust the server
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << "server of another CA: " << s.error_message();
+
+  kill(coordinator.pid, SIGTERM);
+  coordinator.Wait(absl::Seconds(30), "psrt-coordinator");
+}
+
+TEST_F(TlsTest, BadSettingsStopEveryProgramAtStartNamingTheFile) {
+  struct Case {
+    std::string env, why;
+  };
+  const std::string d = dir_ + "/";
+  const Case cases[] = {
+      {"PSRT_TLS_CERT=" + d + "job.pem", "needs PSRT_TLS_CA, PSRT_TLS_CERT and PSRT_TLS_KEY together"},
+      {Env().substr(4) + "PSRT_TLS_CA=" + d + "missing.pem", "PSRT_TLS_CA: cannot read '" + d + "missing.pem'"},
+      {Env().substr(4) + "PSRT_TLS_CA=" + d + "job.ext", "holds no PEM certificate"},
+      {Env().substr(4) + "PSRT_TLS_KEY=" + d + "other.key", "is not the key of the certificate in '" + d + "job.pem'"},
+      {Env("job", "other").substr(4), "does not verify against PSRT_TLS_CA '" + d + "other-ca.pem'"},
+      {"PSRT_TLS_SERVER_NAME=psrt.job", "PSRT_TLS_SERVER_NAME is set without"},
+  };
+  for (const Case& c : cases) {
+    for (const std::string program : {"psrt-run --local=1 -- true", "psrt-coordinator --port=0",
+                                      "psrt-server --coordinator=127.0.0.1:1 --index=0"}) {
+      Proc p = Proc::Start(absl::StrCat("env ", c.env, " ", kBin, "/", program), dir_ + "/bad.log");
+      EXPECT_EQ(p.Wait(absl::Seconds(30), program), 2) << c.env << "\n" << p.Output();
+      EXPECT_TRUE(absl::StrContains(p.Output(), c.why)) << program << " with " << c.env << ":\n" << p.Output();
+    }
+  }
+  // The flags of psrt-run are the same settings.
+  Proc p = Proc::Start(absl::StrCat(kBin, "/psrt-run --local=1 --tls-cert=", d, "job.pem -- true"), dir_ + "/flag.log");
+  EXPECT_EQ(p.Wait(absl::Seconds(30), "psrt-run --tls-cert"), 2);
+  EXPECT_TRUE(absl::StrContains(p.Output(), "PSRT_TLS_CA and PSRT_TLS_KEY not set")) << p.Output();
+}
+
+}  // namespace
+}  // namespace psrt
