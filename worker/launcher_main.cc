@@ -40,17 +40,15 @@ int main(int argc, char** argv) {
   struct TlsFlag {
     const char* flag;
     const char* env;
+    const char* help;
     std::string value;
   };
-  TlsFlag tls[] = {{"tls-ca", "PSRT_TLS_CA", ""},
-                   {"tls-cert", "PSRT_TLS_CERT", ""},
-                   {"tls-key", "PSRT_TLS_KEY", ""},
-                   {"tls-server-name", "PSRT_TLS_SERVER_NAME", ""}};
-  flags.Add(tls[0].flag, &tls[0].value, "CA certificate(s), PEM, that signed every process's certificate (env PSRT_TLS_CA).");
-  flags.Add(tls[1].flag, &tls[1].value, "Certificate, PEM, every process presents (env PSRT_TLS_CERT).");
-  flags.Add(tls[2].flag, &tls[2].value, "Private key, PEM, of --tls-cert (env PSRT_TLS_KEY).");
-  flags.Add(tls[3].flag, &tls[3].value,
-            "Name to check servers' certificates against instead of their host (env PSRT_TLS_SERVER_NAME).");
+  TlsFlag tls[] = {
+      {"tls-ca", "PSRT_TLS_CA", "CA certificate(s), PEM, that signed every process's certificate", ""},
+      {"tls-cert", "PSRT_TLS_CERT", "Certificate, PEM, every process presents", ""},
+      {"tls-key", "PSRT_TLS_KEY", "Private key, PEM, of --tls-cert", ""},
+      {"tls-server-name", "PSRT_TLS_SERVER_NAME", "Name servers' certificates are checked against, not their host", ""}};
+  for (TlsFlag& t : tls) flags.Add(t.flag, &t.value, absl::StrCat(t.help, " (env ", t.env, ")."));
   flags.ParseOrExit(argc, argv);
   for (const TlsFlag& t : tls) {
     if (!t.value.empty()) setenv(t.env, t.value.c_str(), 1);

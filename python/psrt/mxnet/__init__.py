@@ -8,11 +8,17 @@ The optimizer runs on psrt's servers (what ``update_on_kvstore`` means):
 ``set_optimizer`` sends its type and hyperparameters there, and ``pushpull``
 sends gradients and returns the updated weights. ``init`` registers a key
 (rank 0's value becomes everyone's, or a restored checkpoint's).
+
+Gluon's Trainer calls ``pushpull`` once per parameter. After the first step
+(which shows which keys a step has) those calls return at once, their round
+trips overlap, and the call for a step's last key waits for all of them, so
+every weight is written before ``Trainer.step`` returns.
 """
 
 import json
 
 import mxnet as mx
+import numpy as np
 
 import psrt
 from psrt import _host
@@ -51,6 +57,14 @@ def _first(value):
     return value
 
 
+def _scaled(value, scale):
+    """A host copy of the gradient(s) in `value`, times `scale`."""
+    grad = _first(value).asnumpy()
+    if scale != 1.0:
+        np.multiply(grad, scale, out=grad)
+    return grad
+
+
 def _outputs(out):
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
@@ -65,6 +79,11 @@ class Psrt(mx.kvstore.KVStoreBase):
         self._optimizer = None
         self._config = None
         self._pending = {}  # key -> value given to init before set_optimizer
+        # Pushpulls in flight are waited for at the step's last key, when a
+        # key comes again (a new step), and before any other operation.
+        self._inflight = []       # (ticket, outs) of pushpulls started
+        self._round = []          # keys pushpulled in this step
+        self._step_keys = None    # the keys of a whole step
 
     @staticmethod
     def _name(key):
@@ -88,6 +107,7 @@ class Psrt(mx.kvstore.KVStoreBase):
         return capability == mx.kvstore.KVStoreBase.OPTIMIZER
 
     def set_optimizer(self, optimizer):
+        self._finish()
         self._optimizer = optimizer
         self._config = _server_optimizer(optimizer)
         for key, value in list(self._pending.items()):
@@ -95,6 +115,7 @@ class Psrt(mx.kvstore.KVStoreBase):
         self._pending.clear()
 
     def init(self, key, value):
+        self._finish()
         for k, v in zip(*self._pairs(key, value)):
             if self._config is None:
                 self._pending[k] = _first(v).copy()
@@ -113,23 +134,29 @@ class Psrt(mx.kvstore.KVStoreBase):
                                  "weights: create the Trainer with update_on_kvstore=True")
         keys, values = self._pairs(key, value)
         outs = [out] if not isinstance(key, (list, tuple)) else list(out)
-        names = [self._name(k) for k in keys]
+        if any(k in self._round for k in keys):  # a new step
+            self._finish()
+            self._step_keys = set(self._round)
+            self._round = []
         scale = float(self._optimizer.rescale_grad) if self._optimizer is not None else 1.0
         self._sync_learning_rate()
-        grads = [(_first(v).asnumpy() * scale) for v in values]
-        new = self._vars.push_pull(names, grads)
-        for o, w in zip(outs, new):
-            for dst in _outputs(o):
-                dst[:] = mx.nd.array(w.reshape(dst.shape), ctx=dst.context)
+        grads = [_scaled(v, scale) for v in values]
+        ticket = self._vars.start_push_pull([self._name(k) for k in keys], grads)
+        self._inflight.append((ticket, outs))
+        self._round.extend(keys)
+        if self._step_keys is None or self._step_keys.issubset(self._round):
+            self._finish()
 
     def push(self, key, value, priority=0):
         """Sends gradients; the servers update the weights (pull reads them)."""
+        self._finish()
         keys, values = self._pairs(key, value)
         scale = float(self._optimizer.rescale_grad) if self._optimizer is not None else 1.0
         self._sync_learning_rate()
-        self._vars.push([self._name(k) for k in keys], [_first(v).asnumpy() * scale for v in values])
+        self._vars.push([self._name(k) for k in keys], [_scaled(v, scale) for v in values])
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
+        self._finish()
         keys = key if isinstance(key, (list, tuple)) else [key]
         outs = out if isinstance(key, (list, tuple)) else [out]
         for k, o in zip(keys, outs):
@@ -137,10 +164,11 @@ class Psrt(mx.kvstore.KVStoreBase):
                 raise psrt.PsrtError("psrt kvstore: set_optimizer first; the optimizer runs on the servers")
             w = self._vars.pull(self._name(k))
             for dst in _outputs(o):
-                dst[:] = mx.nd.array(w.reshape(dst.shape), ctx=dst.context)
+                dst[:] = w.reshape(dst.shape)
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         """Writes where the state is: on the servers (psrt checkpoints save it)."""
+        self._finish()
         with open(fname, "w") as f:
             json.dump({"psrt": {"state": _STATE_NOTE, "step": self._vars.step}}, f)
 
@@ -157,6 +185,14 @@ class Psrt(mx.kvstore.KVStoreBase):
 
     # --- internals ------------------------------------------------------------
 
+    def _finish(self):
+        """Waits for the pushpulls in flight and writes their weights out."""
+        inflight, self._inflight = self._inflight, []
+        for ticket, outs in inflight:
+            for o, w in zip(outs, self._vars.finish(ticket)):
+                for dst in _outputs(o):
+                    dst[:] = w.reshape(dst.shape)
+
     @staticmethod
     def _pairs(key, value):
         if isinstance(key, (list, tuple)):
@@ -168,7 +204,7 @@ class Psrt(mx.kvstore.KVStoreBase):
         if self._vars.registered(name):
             return
         host = self._vars.register(name, value.asnumpy(), self._config)
-        value[:] = mx.nd.array(host, ctx=value.context)
+        value[:] = host
 
     def _sync_learning_rate(self):
         if self._optimizer is not None:
