@@ -314,7 +314,7 @@ absl::Status PruneCheckpoints(Storage* root, int keep, absl::string_view in_prog
       if (absl::Status s = root->Delete(path); !s.ok()) return s;
     }
   }
-  return absl::OkStatus();
+  return root->RemoveUnfinished("");
 }
 
 }  // namespace psrt

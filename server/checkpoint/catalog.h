@@ -85,7 +85,10 @@ absl::StatusOr<std::string> ReadShard(Storage* root, const v1::Manifest& manifes
 // Keeps the newest `keep` committed checkpoints (all if keep <= 0) and
 // removes the rest, and removes folders a crash left without a manifest,
 // except `in_progress`. A checkpoint's manifest goes first, so an
-// interrupted removal never leaves something that looks committed.
+// interrupted removal never leaves something that looks committed. Last it
+// removes what interrupted writes left (Storage::RemoveUnfinished), so call
+// it when no write to `root` is in flight, as the coordinator does right
+// after a commit.
 absl::Status PruneCheckpoints(Storage* root, int keep, absl::string_view in_progress);
 
 }  // namespace psrt

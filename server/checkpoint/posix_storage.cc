@@ -209,19 +209,9 @@ class PosixStorage : public Storage {
   }
 
   absl::StatusOr<std::vector<std::string>> List(absl::string_view prefix) override {
-    if (!prefix.empty()) {
-      // A prefix may end mid-component ("ckpt-0001"), so check it as a path
-      // with a dummy last part when it ends in '/'.
-      absl::Status s = ValidateObjectPath(absl::EndsWith(prefix, "/") ? absl::StrCat(prefix, "x")
-                                                                      : std::string(prefix));
-      if (!s.ok()) return s;
-    }
-    // Walk only the directory the prefix names, not the whole root.
-    const size_t slash = prefix.rfind('/');
-    const std::string rel_dir =
-        slash == absl::string_view::npos ? "" : std::string(prefix.substr(0, slash));
+    if (absl::Status s = CheckPrefix(prefix); !s.ok()) return s;
     std::vector<std::string> out;
-    absl::Status s = Walk(rel_dir, prefix, &out);
+    absl::Status s = Walk(PrefixDir(prefix), prefix, /*temporaries=*/false, &out);
     if (!s.ok()) return s;
     std::sort(out.begin(), out.end());
     return out;
@@ -236,16 +226,17 @@ class PosixStorage : public Storage {
       return absl::FailedPreconditionError(
           absl::StrCat("cannot delete '", file, "': it is a directory, not an object"));
     }
-    if (::unlink(file.c_str()) != 0) {
-      if (errno == ENOENT || errno == ENOTDIR) return absl::OkStatus();
-      return ErrnoError(errno, "cannot delete", file);
+    return Remove(file);
+  }
+
+  absl::Status RemoveUnfinished(absl::string_view prefix) override {
+    if (absl::Status s = CheckPrefix(prefix); !s.ok()) return s;
+    std::vector<std::string> temporaries;
+    if (absl::Status s = Walk(PrefixDir(prefix), prefix, /*temporaries=*/true, &temporaries); !s.ok()) return s;
+    for (const std::string& rel : temporaries) {
+      if (absl::Status s = Remove(Join(rel)); !s.ok()) return s;
     }
-    // Folders exist only for the objects in them (as in S3): remove the ones
-    // this leaves empty, best effort (rmdir fails on a non-empty one).
-    std::string dir = Parent(file);
-    for (; dir.size() > root_.size() && ::rmdir(dir.c_str()) == 0; dir = Parent(dir)) {
-    }
-    return FsyncDir(dir);
+    return absl::OkStatus();
   }
 
   absl::StatusOr<bool> Exists(absl::string_view path) override {
@@ -264,9 +255,38 @@ class PosixStorage : public Storage {
     return root_ == "/" ? absl::StrCat("/", rel) : absl::StrCat(root_, "/", rel);
   }
 
+  static absl::Status CheckPrefix(absl::string_view prefix) {
+    if (prefix.empty()) return absl::OkStatus();
+    // A prefix may end mid-component ("ckpt-0001"), so check it as a path
+    // with a dummy last part when it ends in '/'.
+    return ValidateObjectPath(absl::EndsWith(prefix, "/") ? absl::StrCat(prefix, "x") : std::string(prefix));
+  }
+
+  // The directory a prefix names: walk only that, not the whole root.
+  static std::string PrefixDir(absl::string_view prefix) {
+    const size_t slash = prefix.rfind('/');
+    return slash == absl::string_view::npos ? "" : std::string(prefix.substr(0, slash));
+  }
+
+  // Unlinks `file`, then the folders this leaves empty: folders exist only
+  // for the objects in them (as in S3); best effort (rmdir fails on a
+  // non-empty one).
+  absl::Status Remove(const std::string& file) {
+    if (::unlink(file.c_str()) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return absl::OkStatus();
+      return ErrnoError(errno, "cannot delete", file);
+    }
+    std::string dir = Parent(file);
+    for (; dir.size() > root_.size() && ::rmdir(dir.c_str()) == 0; dir = Parent(dir)) {
+    }
+    return FsyncDir(dir);
+  }
+
   // Appends every regular file under `rel_dir` whose relative path starts
-  // with `prefix`. A missing directory simply holds nothing.
-  absl::Status Walk(const std::string& rel_dir, absl::string_view prefix,
+  // with `prefix`: the objects, or with `temporaries` the temporary files of
+  // Puts (in flight, or of a writer that died). A missing directory simply
+  // holds nothing.
+  absl::Status Walk(const std::string& rel_dir, absl::string_view prefix, bool temporaries,
                     std::vector<std::string>* out) {
     const std::string dir = Join(rel_dir);
     DIR* d = ::opendir(dir.c_str());
@@ -288,14 +308,13 @@ class PosixStorage : public Storage {
       }
       absl::string_view name = e->d_name;
       if (name == "." || name == "..") continue;
-      if (absl::StrContains(name, kTmpMarker)) continue;  // a Put in progress
       const std::string rel =
           rel_dir.empty() ? std::string(name) : absl::StrCat(rel_dir, "/", name);
       struct stat st;
       if (::lstat(Join(rel).c_str(), &st) != 0) continue;  // deleted meanwhile
       if (S_ISDIR(st.st_mode)) {
         entries.emplace_back(rel, true);
-      } else if (S_ISREG(st.st_mode)) {
+      } else if (S_ISREG(st.st_mode) && absl::StrContains(name, kTmpMarker) == temporaries) {
         entries.emplace_back(rel, false);
       }
     }
@@ -305,7 +324,7 @@ class PosixStorage : public Storage {
         // Descend only where the prefix can still match below.
         const std::string as_dir = absl::StrCat(rel, "/");
         if (absl::StartsWith(as_dir, prefix) || absl::StartsWith(prefix, as_dir)) {
-          absl::Status s = Walk(rel, prefix, out);
+          absl::Status s = Walk(rel, prefix, temporaries, out);
           if (!s.ok()) return s;
         }
       } else if (absl::StartsWith(rel, prefix)) {

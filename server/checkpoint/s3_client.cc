@@ -689,6 +689,32 @@ absl::StatusOr<std::vector<S3ObjectInfo>> S3Client::ListObjectsV2(
   return objects;
 }
 
+absl::StatusOr<std::vector<S3Client::Upload>> S3Client::ListMultipartUploads(
+    absl::string_view bucket, absl::string_view prefix) const {
+  std::vector<Upload> uploads;
+  std::string key_marker, id_marker;
+  while (true) {
+    Request request{"ListMultipartUploads", "GET", std::string(bucket), "", {}, {}, {}};
+    request.query = {{"uploads", ""}, {"max-uploads", absl::StrCat(options_.list_page_size)}};
+    if (!prefix.empty()) request.query.emplace_back("prefix", std::string(prefix));
+    if (!key_marker.empty()) request.query.emplace_back("key-marker", key_marker);
+    if (!id_marker.empty()) request.query.emplace_back("upload-id-marker", id_marker);
+    absl::StatusOr<Response> response = Send(request);
+    if (!response.ok()) return response.status();
+    for (absl::string_view block : XmlBlocks(response->body, "Upload")) {
+      uploads.push_back({XmlTagText(block, "Key").value_or(""), XmlTagText(block, "UploadId").value_or("")});
+    }
+    if (XmlTagText(response->body, "IsTruncated").value_or("false") != "true") break;
+    key_marker = XmlTagText(response->body, "NextKeyMarker").value_or("");
+    id_marker = XmlTagText(response->body, "NextUploadIdMarker").value_or("");
+    if (key_marker.empty()) {
+      return absl::InternalError(absl::StrCat("S3 ListMultipartUploads ", Describe(bucket, prefix),
+                                              ": truncated listing without a NextKeyMarker"));
+    }
+  }
+  return uploads;
+}
+
 absl::StatusOr<std::string> S3Client::CreateMultipartUpload(
     absl::string_view bucket, absl::string_view key) const {
   Request request{"CreateMultipartUpload",

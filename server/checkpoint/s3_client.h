@@ -127,6 +127,14 @@ class S3Client {
   absl::Status AbortMultipartUpload(absl::string_view bucket,
                                     absl::string_view key,
                                     absl::string_view upload_id) const;
+  // Multipart uploads begun and neither completed nor aborted, of keys
+  // starting with `prefix`: what a writer that died left behind.
+  struct Upload {
+    std::string key;
+    std::string upload_id;
+  };
+  absl::StatusOr<std::vector<Upload>> ListMultipartUploads(
+      absl::string_view bucket, absl::string_view prefix) const;
 
   struct Response {
     long http_status = 0;

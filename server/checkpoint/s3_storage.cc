@@ -48,6 +48,14 @@ class S3Storage final : public Storage {
     if (absl::IsNotFound(info.status())) return false;
     return info.status();
   }
+  absl::Status RemoveUnfinished(absl::string_view prefix) override {
+    absl::StatusOr<std::vector<S3Client::Upload>> uploads = client_->ListMultipartUploads(bucket_, Key(prefix));
+    if (!uploads.ok()) return uploads.status();
+    for (const S3Client::Upload& u : *uploads) {
+      if (absl::Status s = client_->AbortMultipartUpload(bucket_, u.key, u.upload_id); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
   std::string uri() const override { return uri_; }
 
  private:

@@ -36,6 +36,11 @@ class Storage {
   // an interrupted cleanup can simply be run again.
   virtual absl::Status Delete(absl::string_view path) = 0;
   virtual absl::StatusOr<bool> Exists(absl::string_view path) = 0;
+  // Removes what Puts under `prefix` that never finished left behind: the
+  // temporary files of a writer that died (POSIX), multipart uploads never
+  // completed (S3). A Put under `prefix` still in flight fails instead, so
+  // call it when none should be.
+  virtual absl::Status RemoveUnfinished(absl::string_view prefix) = 0;
 
   // The URI this storage was opened on, for messages.
   virtual std::string uri() const = 0;

@@ -4,6 +4,7 @@
 // phase of a checkpoint.
 #include <signal.h>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -162,6 +163,15 @@ TEST(CheckpointJobTest, RestoresOntoFewerAndMoreServers) {
   }
 }
 
+// Temporary files of interrupted writes under `root`.
+int Temporaries(const std::string& root) {
+  int n = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+    n += absl::StrContains(e.path().filename().string(), ".psrt-tmp.");
+  }
+  return n;
+}
+
 // A process killed at each phase of a checkpoint leaves the previous one as
 // it was: it verifies, LATEST names it, and it restores to the same end as
 // an uninterrupted run. The half-made checkpoint is never taken for a whole.
@@ -196,6 +206,8 @@ TEST(CheckpointJobTest, ACrashAtAnyPhaseLeavesThePreviousCheckpointWhole) {
         << b.output;
 
     EXPECT_EQ(ReadFile(root + "/LATEST"), "step-000000000020\n");
+    // A shard half written stays as a temporary file until the next commit.
+    EXPECT_EQ(Temporaries(root) > 0, c.failpoint.rfind("storage.half_written", 0) == 0);
     Ran verify = Ckpt("verify " + root);
     EXPECT_EQ(verify.code, 0) << verify.output;
     Ran ls = Ckpt("ls " + root);
@@ -209,6 +221,7 @@ TEST(CheckpointJobTest, ACrashAtAnyPhaseLeavesThePreviousCheckpointWhole) {
     ASSERT_EQ(r.code, 0) << r.output;
     EXPECT_TRUE(absl::StrContains(r.output, "restoring file://" + root + "/step-000000000020")) << r.output;
     EXPECT_EQ(Weights(dir, rest.result), reference);
+    EXPECT_EQ(Temporaries(root), 0);
   }
 }
 

@@ -232,6 +232,26 @@ TEST_F(S3Test, CheckpointStorageOnS3ByUri) {
   EXPECT_TRUE(st.Delete("LATEST").ok());  // deleting a missing object is fine
   EXPECT_EQ(st.Get("LATEST").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(st.Put("../escape", "x").code(), absl::StatusCode::kInvalidArgument);
+
+  // Uploads a writer that died left (one with a part), under this prefix and
+  // another job's: only this prefix's are aborted.
+  absl::StatusOr<std::string> dead = client_->CreateMultipartUpload(kBucket, "jobs/x/step-20/shard-0");
+  ASSERT_TRUE(dead.ok()) << dead.status();
+  ASSERT_TRUE(client_->UploadPart(kBucket, "jobs/x/step-20/shard-0", *dead, 1, "part").ok());
+  ASSERT_TRUE(client_->CreateMultipartUpload(kBucket, "jobs/x/step-20/shard-1").ok());
+  ASSERT_TRUE(client_->CreateMultipartUpload(kBucket, "jobs/y/step-20/shard-0").ok());
+  // Three uploads, pages of two.
+  absl::StatusOr<std::vector<S3Client::Upload>> open = client_->ListMultipartUploads(kBucket, "jobs/");
+  ASSERT_TRUE(open.ok()) << open.status();
+  ASSERT_EQ(open->size(), 3u);
+  EXPECT_EQ((*open)[0].key, "jobs/x/step-20/shard-0");
+  EXPECT_EQ((*open)[0].upload_id, *dead);
+  ASSERT_TRUE(st.RemoveUnfinished("").ok());
+  open = client_->ListMultipartUploads(kBucket, "jobs/");
+  ASSERT_TRUE(open.ok()) << open.status();
+  ASSERT_EQ(open->size(), 1u);
+  EXPECT_EQ((*open)[0].key, "jobs/y/step-20/shard-0");
+  EXPECT_EQ(st.List("step-20/").value_or(std::vector<std::string>{"?"}), std::vector<std::string>{});
 }
 
 TEST(S3AuthTest, BadCredentialsAreRefused) {

@@ -594,13 +594,30 @@ TEST_F(StorageTest, CatalogListsResolvesAndPrunes) {
       << half.status();
   EXPECT_EQ(ResolveCheckpoint("bogus", root_).status().code(), absl::StatusCode::kInvalidArgument);
 
-  // Keep 2: step-10 goes, and so does the folder a crash left half written.
+  // Writers that died mid-Put left temporary files: a shard in a folder of
+  // its own and LATEST. Nothing lists them.
+  const std::string dead_shard = root_ + "/step-000000000050/shard-00000-of-00001.psrt.psrt-tmp.123.0";
+  const std::string dead_latest = root_ + "/LATEST.psrt-tmp.99.1";
+  ASSERT_EQ(::mkdir((root_ + "/step-000000000050").c_str(), 0755), 0);
+  std::ofstream(dead_shard) << "half a shard";
+  std::ofstream(dead_latest) << "step-";
+  all = ListCheckpoints(storage_.get());
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 4u);
+
+  // Keep 2: step-10 goes, the folder a crash left half written, and the
+  // temporary files.
   ASSERT_TRUE(PruneCheckpoints(storage_.get(), 2, CheckpointName(30)).ok());
   all = ListCheckpoints(storage_.get());
   ASSERT_TRUE(all.ok());
   ASSERT_EQ(all->size(), 2u);
   EXPECT_EQ((*all)[0].name, "step-000000000020");
   EXPECT_EQ((*all)[1].name, "step-000000000030");
+  struct stat st;
+  EXPECT_NE(::stat(dead_shard.c_str(), &st), 0) << dead_shard;
+  EXPECT_NE(::stat((root_ + "/step-000000000050").c_str(), &st), 0) << "empty folder left";
+  EXPECT_NE(::stat(dead_latest.c_str(), &st), 0) << dead_latest;
+  EXPECT_EQ(ReadLatest(storage_.get()).value_or(""), CheckpointName(30));
 }
 
 }  // namespace
