@@ -113,8 +113,9 @@ absl::StatusOr<std::vector<Store::RestoredKey>> LoadServerKeys(const CheckpointR
       rk.state.offset = p.offset;
       rk.state.num_elements = p.num_elements;
       rk.state.learning_rate = v.optimizer().lr();
-      rk.state.weights.resize(p.num_elements);
-      rk.state.slots.assign(NumSlots(*opt), std::vector<float>(p.num_elements));
+      // Buffers come with the first record: moved from one that matches the
+      // key exactly (the same layout), else allocated to gather slices.
+      rk.state.slots.resize(NumSlots(*opt));
       mine[v.name()].push_back(out.size());
       out.push_back(std::move(rk));
     }
@@ -137,7 +138,7 @@ absl::StatusOr<std::vector<Store::RestoredKey>> LoadServerKeys(const CheckpointR
     absl::StatusOr<std::vector<KeyRecord>> records =
         DecodeShard(*bytes, absl::StrCat(ckpt.root->uri(), "/", m.shards(shard).path()));
     if (!records.ok()) return records.status();
-    for (const KeyRecord& rec : *records) {
+    for (KeyRecord& rec : *records) {
       for (size_t i : mine[rec.variable]) {
         KeyRecord& dst = out[i].state;
         const int64_t len = overlap(dst.offset, dst.num_elements, rec.offset, rec.num_elements);
@@ -147,12 +148,18 @@ absl::StatusOr<std::vector<Store::RestoredKey>> LoadServerKeys(const CheckpointR
               "checkpoint ", ckpt.uri(), ": key '", KeyName(rec.variable, rec.partition), "' has ",
               rec.slots.size(), " optimizer slots; its optimizer keeps ", dst.slots.size()));
         }
-        const int64_t from = std::max(dst.offset, rec.offset);
-        auto copy = [&](const std::vector<float>& src, std::vector<float>* to) {
-          std::memcpy(to->data() + (from - dst.offset), src.data() + (from - rec.offset), len * sizeof(float));
-        };
-        copy(rec.weights, &dst.weights);
-        for (size_t s = 0; s < rec.slots.size(); ++s) copy(rec.slots[s], &dst.slots[s]);
+        if (len == dst.num_elements && len == rec.num_elements && dst.weights.empty()) {
+          dst.weights = std::move(rec.weights);
+          dst.slots = std::move(rec.slots);
+        } else {
+          const int64_t from = std::max(dst.offset, rec.offset);
+          auto copy = [&](const std::vector<float>& src, std::vector<float>* to) {
+            to->resize(dst.num_elements);
+            std::memcpy(to->data() + (from - dst.offset), src.data() + (from - rec.offset), len * sizeof(float));
+          };
+          copy(rec.weights, &dst.weights);
+          for (size_t s = 0; s < rec.slots.size(); ++s) copy(rec.slots[s], &dst.slots[s]);
+        }
         // Keys cut from several records (async) take the most updates.
         dst.version = std::max(dst.version, rec.version);
         dst.learning_rate = rec.learning_rate;

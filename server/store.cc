@@ -272,9 +272,12 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
 
 void Store::InitKey(Key* key, const OptimizerConfig& optimizer) {
   key->optimizer = optimizer;
+  // Restored weights and slots are moved in before: kept as they are.
   key->weights.resize(key->n);
   const int num_slots = NumSlots(key->optimizer);
-  key->slots.assign(num_slots, std::vector<float>(key->n));
+  if (key->slots.size() != static_cast<size_t>(num_slots)) {
+    key->slots.assign(num_slots, std::vector<float>(key->n));
+  }
   key->slot_ptrs.clear();
   for (auto& s : key->slots) key->slot_ptrs.push_back(s.data());
   if (options_.sync) key->accum.assign(key->n, 0.f);
@@ -727,11 +730,9 @@ void Store::FinishRestore(absl::StatusOr<std::vector<RestoredKey>> restored, int
       }
       {
         absl::MutexLock lock(&key->mu);
-        InitKey(key.get(), *opt);
         key->weights = std::move(r.state.weights);
         key->slots = std::move(r.state.slots);
-        key->slot_ptrs.clear();
-        for (auto& sl : key->slots) key->slot_ptrs.push_back(sl.data());
+        InitKey(key.get(), *opt);
         key->version = r.state.version;
         key->lr = r.state.learning_rate;
         std::fill(key->clock.begin(), key->clock.end(), step);
