@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "absl/strings/match.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "psrt/v1/coordinator.grpc.pb.h"
@@ -120,12 +120,11 @@ TEST_F(TlsTest, PeersWithoutTheJobsCertificateAreRefused) {
 
   // A server checking the coordinator against a name its certificate does
   // not hold gives up, saying what to check.
-  Proc server = Proc::Start(absl::StrCat(Env(), "PSRT_TLS_SERVER_NAME=elsewhere ", kBin, "/psrt-server --coordinator=",
-                                         address, " --index=0 --connect-timeout=2"),
+  Proc server = Proc::Start(absl::StrCat(Env(), "PSRT_TLS_SERVER_NAME=elsewhere ", kBin,
+                                         "/psrt-server --coordinator=", address, " --index=0 --connect-timeout=2"),
                             dir_ + "/server.log");
   EXPECT_EQ(server.Wait(absl::Seconds(60), "psrt-server"), 1) << server.Output();
-  EXPECT_TRUE(absl::StrContains(server.Output(), "could not reach the coordinator at " + address))
-      << server.Output();
+  EXPECT_TRUE(absl::StrContains(server.Output(), "could not reach the coordinator at " + address)) << server.Output();
   EXPECT_TRUE(absl::StrContains(server.Output(), "or PSRT_TLS_SERVER_NAME)")) << server.Output();
 
   kill(coordinator.pid, SIGTERM);
