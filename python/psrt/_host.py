@@ -58,11 +58,6 @@ class HostVariables:
         All names must be at the same step (one step of a model)."""
         if lr is not None:
             self.set_learning_rate(lr)
-        return self.finish(self.start_push_pull(names, grads))
-
-    def start_push_pull(self, names, grads):
-        """Starts push_pull without waiting: returns a ticket for finish().
-        Variables of tickets not yet finished must not be in `names`."""
         for n in names:
             if n not in self._out:
                 raise psrt.PsrtError("variable '%s' was never registered with psrt" % n)
@@ -74,16 +69,11 @@ class HostVariables:
         step = self._steps[names[0]]
         handle = self._client.push_pull(list(names), [g.ctypes.data for g in grads],
                                         [o.ctypes.data for o in outs], step)
-        return handle, list(names), grads  # the gradients stay alive until finish()
-
-    def finish(self, ticket):
-        """Waits for a started push_pull; returns the new weights."""
-        handle, names, _ = ticket
         self._client.wait(handle)
         sync = self._client.is_sync()
         for n in names:
             self._steps[n] = self._client.pulled_version(n) if sync else self._steps[n] + 1
-        return [self._out[n].copy() for n in names]
+        return [o.copy() for o in outs]
 
     def push(self, names, grads):
         """Pushes gradients without waiting for the new weights (pull them)."""

@@ -10,9 +10,9 @@ sends gradients and returns the updated weights. ``init`` registers a key
 (rank 0's value becomes everyone's, or a restored checkpoint's).
 
 Gluon's Trainer calls ``pushpull`` once per parameter. After the first step
-(which shows which keys a step has) those calls return at once, their round
-trips overlap, and the call for a step's last key waits for all of them, so
-every weight is written before ``Trainer.step`` returns.
+(which shows which keys a step has) those calls only queue their gradients,
+and the call for a step's last key sends them all as one push-pull (one
+request per server) and writes every weight, before ``Trainer.step`` returns.
 """
 
 import json
@@ -79,9 +79,9 @@ class Psrt(mx.kvstore.KVStoreBase):
         self._optimizer = None
         self._config = None
         self._pending = {}  # key -> value given to init before set_optimizer
-        # Pushpulls in flight are waited for at the step's last key, when a
-        # key comes again (a new step), and before any other operation.
-        self._inflight = []       # (ticket, outs) of pushpulls started
+        # Pushpulls are queued and go out as one at the step's last key, when
+        # a key comes again (a new step), and before any other operation.
+        self._batch = []          # (key, gradient, out) queued
         self._round = []          # keys pushpulled in this step
         self._step_keys = None    # the keys of a whole step
 
@@ -140,9 +140,7 @@ class Psrt(mx.kvstore.KVStoreBase):
             self._round = []
         scale = float(self._optimizer.rescale_grad) if self._optimizer is not None else 1.0
         self._sync_learning_rate()
-        grads = [_scaled(v, scale) for v in values]
-        ticket = self._vars.start_push_pull([self._name(k) for k in keys], grads)
-        self._inflight.append((ticket, outs))
+        self._batch.extend(zip(keys, (_scaled(v, scale) for v in values), outs))
         self._round.extend(keys)
         if self._step_keys is None or self._step_keys.issubset(self._round):
             self._finish()
@@ -186,12 +184,15 @@ class Psrt(mx.kvstore.KVStoreBase):
     # --- internals ------------------------------------------------------------
 
     def _finish(self):
-        """Waits for the pushpulls in flight and writes their weights out."""
-        inflight, self._inflight = self._inflight, []
-        for ticket, outs in inflight:
-            for o, w in zip(outs, self._vars.finish(ticket)):
-                for dst in _outputs(o):
-                    dst[:] = w.reshape(dst.shape)
+        """Sends the queued pushpulls as one (a request per server) and
+        writes the new weights out."""
+        batch, self._batch = self._batch, []
+        if not batch:
+            return
+        keys, grads, outs = zip(*batch)
+        for o, w in zip(outs, self._vars.push_pull([self._name(k) for k in keys], grads)):
+            for dst in _outputs(o):
+                dst[:] = w.reshape(dst.shape)
 
     @staticmethod
     def _pairs(key, value):
