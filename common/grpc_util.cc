@@ -21,8 +21,8 @@ namespace {
 absl::Mutex tls_mu;
 absl::StatusOr<TlsConfig>* tls ABSL_GUARDED_BY(tls_mu) = nullptr;
 
-// The process's TLS settings, loaded on first use.
-absl::StatusOr<TlsConfig> Tls() {
+// The process's TLS settings, loaded on first use and never changed.
+const absl::StatusOr<TlsConfig>& Tls() {
   absl::MutexLock lock(&tls_mu);
   if (tls == nullptr) {
     tls = new absl::StatusOr<TlsConfig>(LoadTlsConfig([](const char* name) { return std::getenv(name); }));
@@ -35,7 +35,7 @@ absl::StatusOr<TlsConfig> Tls() {
 absl::Status InitTransportSecurity() { return Tls().status(); }
 
 bool TlsEnabled() {
-  absl::StatusOr<TlsConfig> c = Tls();
+  const absl::StatusOr<TlsConfig>& c = Tls();
   return !c.ok() || c->enabled();
 }
 
@@ -52,7 +52,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
   // One TCP connection per server from each process is the bottleneck for
   // big tensors; a local subchannel pool per channel keeps channels apart.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  absl::StatusOr<TlsConfig> tls = Tls();
+  const absl::StatusOr<TlsConfig>& tls = Tls();
   if (tls.ok() && !tls->enabled()) {
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   }
@@ -81,7 +81,7 @@ absl::StatusOr<ServingServer> StartServer(const std::string& bind, int port,
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(&builder);
   ServingServer out;
-  absl::StatusOr<TlsConfig> tls = Tls();
+  const absl::StatusOr<TlsConfig>& tls = Tls();
   if (!tls.ok()) return tls.status();
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (tls->enabled()) {

@@ -26,7 +26,7 @@ def _server_optimizer(opt):
         raise psrt.PsrtError("psrt.keras.DistributedOptimizer: use_ema and amsgrad are not supported")
     wd = float(cfg.get("weight_decay") or 0.0)
     lr = float(keras.ops.convert_to_numpy(opt.learning_rate))
-    if type(opt) is keras.optimizers.SGD or isinstance(opt, keras.optimizers.SGD):
+    if isinstance(opt, keras.optimizers.SGD):
         momentum = float(cfg.get("momentum", 0.0))
         if wd and momentum:
             raise psrt.PsrtError("psrt.keras.DistributedOptimizer: SGD with momentum and weight_decay "
