@@ -28,14 +28,18 @@ float Fp16Scale(float max_abs) {
 }
 
 EncodeInfo EncodeValues(const float* in, int64_t n, v1::DType dtype, std::string* out) {
-  EncodeInfo info;
   out->resize(n * BytesPerValue(dtype));
+  return EncodeValues(in, n, dtype, out->data());
+}
+
+EncodeInfo EncodeValues(const float* in, int64_t n, v1::DType dtype, char* out) {
+  EncodeInfo info;
   switch (dtype) {
     case v1::DTYPE_FLOAT16: {
       const float max_abs = MaxAbs(in, n);
       info.nonfinite = !std::isfinite(max_abs);
       info.scale = Fp16Scale(max_abs);
-      auto* dst = reinterpret_cast<uint16_t*>(out->data());
+      auto* dst = reinterpret_cast<uint16_t*>(out);
       if (info.scale == 1) {
         Fp32ToFp16(in, dst, n);
       } else {
@@ -45,10 +49,10 @@ EncodeInfo EncodeValues(const float* in, int64_t n, v1::DType dtype, std::string
     }
     case v1::DTYPE_BFLOAT16:
       info.nonfinite = !AllFinite(in, n);
-      Fp32ToBf16(in, reinterpret_cast<uint16_t*>(out->data()), n);
+      Fp32ToBf16(in, reinterpret_cast<uint16_t*>(out), n);
       break;
     default:
-      std::memcpy(out->data(), in, n * 4);
+      std::memcpy(out, in, n * 4);
       break;
   }
   return info;
@@ -59,11 +63,15 @@ void DecodeValues(absl::string_view bytes, v1::DType dtype, float scale, float* 
   const float inverse = scale == 0 || scale == 1 ? 1.f : 1.f / scale;
   const auto* src16 = reinterpret_cast<const uint16_t*>(bytes.data());
   if (dtype == v1::DTYPE_FLOAT32) {
-    const auto* src = reinterpret_cast<const float*>(bytes.data());
+    const char* src = bytes.data();  // at any byte of a received slice
     if (!accumulate) {
       std::memcpy(out, src, n * 4);
     } else {
-      for (int64_t i = 0; i < n; ++i) out[i] += src[i];
+      for (int64_t i = 0; i < n; ++i) {
+        float v;
+        std::memcpy(&v, src + 4 * i, 4);
+        out[i] += v;
+      }
     }
     return;
   }

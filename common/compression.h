@@ -28,6 +28,8 @@ struct EncodeInfo {
 
 // Writes `n` values of `in` to `out` (resized) in `dtype`.
 EncodeInfo EncodeValues(const float* in, int64_t n, v1::DType dtype, std::string* out);
+// The same into n * BytesPerValue(dtype) bytes at `out`.
+EncodeInfo EncodeValues(const float* in, int64_t n, v1::DType dtype, char* out);
 
 // The scale for fp16 given the block's largest magnitude: 1 when the values
 // fit comfortably, else a power of two bringing the largest near 2^14.

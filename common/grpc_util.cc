@@ -106,7 +106,7 @@ void PrepareContext(grpc::ClientContext* ctx, const std::string& token,
                     absl::ToChronoMilliseconds(timeout));
 }
 
-grpc::Status CheckToken(const grpc::ServerContext* ctx, const std::string& token) {
+grpc::Status CheckToken(const grpc::ServerContextBase* ctx, const std::string& token) {
   if (token.empty()) return grpc::Status::OK;
   const auto& md = ctx->client_metadata();
   auto it = md.find(kTokenMetadata);
@@ -131,7 +131,7 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-absl::Duration TimeLeft(const grpc::ServerContext* ctx, absl::Duration cap) {
+absl::Duration TimeLeft(const grpc::ServerContextBase* ctx, absl::Duration cap) {
   absl::Duration left = absl::FromChrono(ctx->deadline() - std::chrono::system_clock::now());
   return std::max(absl::ZeroDuration(), std::min(left, cap));
 }

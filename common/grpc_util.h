@@ -61,13 +61,13 @@ void PrepareContext(grpc::ClientContext* ctx, const std::string& token,
 
 // UNAUTHENTICATED unless the call carries `token` (an empty token turns the
 // check off, for jobs started without one).
-grpc::Status CheckToken(const grpc::ServerContext* ctx, const std::string& token);
+grpc::Status CheckToken(const grpc::ServerContextBase* ctx, const std::string& token);
 
 grpc::Status ToGrpc(const absl::Status& s);
 absl::Status FromGrpc(const grpc::Status& s);
 
 // Time left before the call's deadline, capped at `cap`.
-absl::Duration TimeLeft(const grpc::ServerContext* ctx, absl::Duration cap);
+absl::Duration TimeLeft(const grpc::ServerContextBase* ctx, absl::Duration cap);
 
 // A random hex string for job tokens.
 std::string RandomToken();

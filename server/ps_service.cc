@@ -3,6 +3,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/tensor_coding.h"
 
 namespace psrt {
 
@@ -24,7 +25,7 @@ grpc::Status PsService::Finish(const absl::Status& s) {
 
 // A pull may wait for a version; it stops a little before the caller's
 // deadline so that its answer, which says what it waited for, still arrives.
-static absl::Time Deadline(const grpc::ServerContext* ctx) {
+static absl::Time Deadline(const grpc::ServerContextBase* ctx) {
   const absl::Duration left = TimeLeft(ctx, absl::Hours(1));
   return absl::Now() + left - std::min(left / 10, absl::Milliseconds(500));
 }
@@ -35,22 +36,69 @@ grpc::Status PsService::RegisterKeys(grpc::ServerContext* ctx, const v1::Registe
   return Finish(store_->RegisterKeys(*req));
 }
 
-grpc::Status PsService::Push(grpc::ServerContext* ctx, const v1::PushRequest* req,
-                             v1::PushResponse*) {
-  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
-  return Finish(store_->Push(*req));
+// One per thread, reused: parsing a request allocates nothing once warm.
+// A request is done with it before its handler returns.
+static WireMessage& Scratch() {
+  thread_local WireMessage message;
+  return message;
 }
 
-grpc::Status PsService::Pull(grpc::ServerContext* ctx, const v1::PullRequest* req,
-                             v1::PullResponse* resp) {
-  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
-  return Finish(store_->Pull(*req, Deadline(ctx), resp, [ctx] { return ctx->IsCancelled(); }));
+Store::PullDone PsService::Reply(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* resp) {
+  return [this, reactor, resp](absl::Status s, std::vector<OutKey> keys) {
+    if (s.ok()) *resp = EncodeKeysResponse(keys);
+    reactor->Finish(Finish(s));
+  };
 }
 
-grpc::Status PsService::PushPull(grpc::ServerContext* ctx, const v1::PushPullRequest* req,
-                                 v1::PushPullResponse* resp) {
-  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
-  return Finish(store_->PushPull(*req, Deadline(ctx), resp, [ctx] { return ctx->IsCancelled(); }));
+grpc::ServerUnaryReactor* PsService::Push(grpc::CallbackServerContext* ctx,
+                                          const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
+  WireMessage& msg = Scratch();
+  absl::Status s = ParsePushRequest(*req, &msg);
+  if (s.ok()) s = store_->Push(msg);
+  msg.slices.clear();
+  *resp = grpc::ByteBuffer(nullptr, 0);  // an empty PushResponse
+  reactor->Finish(Finish(s));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PsService::Pull(grpc::CallbackServerContext* ctx,
+                                          const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
+  WireMessage& msg = Scratch();
+  if (absl::Status s = ParsePullRequest(*req, &msg); !s.ok()) {
+    reactor->Finish(Finish(s));
+  } else {
+    store_->PullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }, Reply(reactor, resp));
+  }
+  msg.slices.clear();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PsService::PushPull(grpc::CallbackServerContext* ctx,
+                                              const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
+  WireMessage& msg = Scratch();
+  if (absl::Status s = ParsePushPullRequest(*req, &msg); !s.ok()) {
+    reactor->Finish(Finish(s));
+  } else {
+    store_->PushPullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); },
+                          Reply(reactor, resp));
+  }
+  msg.slices.clear();
+  return reactor;
 }
 
 grpc::Status PsService::SetLearningRate(grpc::ServerContext* ctx,

@@ -10,20 +10,28 @@
 
 namespace psrt {
 
+// The data path's methods take raw byte buffers (common/tensor_coding.h)
+// through gRPC's callback API; the control methods are ordinary ones.
+using PsServiceBase = v1::ParameterServer::WithRawCallbackMethod_Push<
+    v1::ParameterServer::WithRawCallbackMethod_Pull<
+        v1::ParameterServer::WithRawCallbackMethod_PushPull<v1::ParameterServer::Service>>>;
+
 // The gRPC face of a Store: checks the job token, turns errors into gRPC
-// statuses, and counts what it refuses.
-class PsService final : public v1::ParameterServer::Service {
+// statuses, and counts what it refuses. Push, Pull and PushPull are parsed
+// straight from the received slices and answered from pooled buffers; a
+// pull that waits for a version holds no thread.
+class PsService final : public PsServiceBase {
  public:
   PsService(Store* store, Metrics* metrics, std::string token);
 
   grpc::Status RegisterKeys(grpc::ServerContext* ctx, const v1::RegisterKeysRequest* req,
                             v1::RegisterKeysResponse* resp) override;
-  grpc::Status Push(grpc::ServerContext* ctx, const v1::PushRequest* req,
-                    v1::PushResponse* resp) override;
-  grpc::Status Pull(grpc::ServerContext* ctx, const v1::PullRequest* req,
-                    v1::PullResponse* resp) override;
-  grpc::Status PushPull(grpc::ServerContext* ctx, const v1::PushPullRequest* req,
-                        v1::PushPullResponse* resp) override;
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                 grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                 grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                     grpc::ByteBuffer* resp) override;
   grpc::Status SetLearningRate(grpc::ServerContext* ctx, const v1::SetLearningRateRequest* req,
                                v1::SetLearningRateResponse* resp) override;
   grpc::Status Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
@@ -35,6 +43,8 @@ class PsService final : public v1::ParameterServer::Service {
 
  private:
   grpc::Status Finish(const absl::Status& s);
+  // Answers a pull or push-pull when the store calls back.
+  Store::PullDone Reply(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* resp);
 
   Store* store_;
   Metrics* metrics_;

@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/compression.h"
 #include "common/key_map.h"
@@ -17,6 +18,10 @@ namespace psrt {
 
 // More of one worker's pushes than this are never in flight at once.
 constexpr int kPushWindow = 8;
+// Pushes at least this big spread their keys over the apply pool.
+constexpr int64_t kParallelPushBytes = 256 << 10;
+// How often waiting pulls are checked for their deadline and their caller.
+constexpr absl::Duration kSweepInterval = absl::Milliseconds(20);
 
 struct Store::Key {
   absl::Mutex mu;
@@ -52,6 +57,26 @@ struct Store::Key {
   // The copy an armed checkpoint took (buffers kept for the next one).
   bool snap_ready ABSL_GUARDED_BY(mu) = false;
   KeyRecord snap ABSL_GUARDED_BY(mu);
+  // Pulls waiting for this key: the pull and the key's index in it.
+  std::vector<std::pair<std::shared_ptr<PendingPull>, int>> waiters ABSL_GUARDED_BY(mu);
+};
+
+// A pull whose keys are not all ready. It holds no thread: each key's
+// waiter entry serves it when the key gets there, the sweeper ends it at its
+// deadline. Fields above `mu` are set once, before it is shared.
+struct Store::PendingPull {
+  std::vector<Key*> keys;
+  std::vector<int64_t> min_version;
+  std::vector<v1::DType> dtypes;
+  absl::Time start;
+  absl::Time until;
+  Cancelled cancelled;
+  PullDone done;
+  absl::Mutex mu;
+  std::vector<OutKey> out ABSL_GUARDED_BY(mu);
+  std::vector<char> served ABSL_GUARDED_BY(mu);
+  int remaining ABSL_GUARDED_BY(mu) = 0;
+  bool finished ABSL_GUARDED_BY(mu) = false;  // done was called, or is being
 };
 
 namespace {
@@ -93,13 +118,26 @@ Store::Store(StoreOptions options, Metrics* metrics)
       compressed_pushes_(metrics->GetCounter("compressed_pushes_total", "Key pushes in float16 or bfloat16")),
       rescaled_pushes_(metrics->GetCounter("rescaled_pushes_total", "Compressed key pushes scaled to fit float16's range")),
       nonfinite_pushes_(metrics->GetCounter("nonfinite_pushes_total", "Key pushes whose gradient held NaN or Inf")),
+      waiting_pulls_(metrics->GetGauge("waiting_pulls", "Pulls waiting for a version (none holds a thread)")),
       snapshot_pause_seconds_(metrics->GetHistogram("checkpoint_pause_seconds", "Time a key was held to copy it for a checkpoint", TimeBuckets())) {
   active_.assign(options_.num_workers, 1);
   restore_pending_ = options_.restore_pending;
   epoch_gauge_->Set(1);
+  const int threads = options_.apply_threads > 0
+                          ? options_.apply_threads
+                          : std::max(1u, std::thread::hardware_concurrency());
+  apply_pool_ = std::make_unique<ThreadPool>(threads);
+  sweeper_ = std::thread([this] { RunSweeper(); });
 }
 
-Store::~Store() = default;
+Store::~Store() {
+  {
+    absl::MutexLock lock(&sweeper_mu_);
+    sweeper_stop_ = true;
+  }
+  sweeper_.join();
+  Close();
+}
 
 int64_t Store::num_keys() const {
   absl::ReaderMutexLock lock(&map_mu_);
@@ -257,15 +295,20 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
       }
       key = slot.get();
     }
-    absl::MutexLock lock(&key->mu);
-    bytes_in_->Add(spec.init().size());
-    // Rank 0's value and optimizer settings win, once; a restarted rank 0
-    // keeps the trained weights.
-    if (key->initialized || spec.init().empty()) continue;
-    InitKey(key, optimizers[i]);
-    std::memcpy(key->weights.data(), spec.init().data(), key->n * 4);
-    InitSlots(key->optimizer, key->slot_ptrs.data(), key->n);
-    if (!key->lr_set) key->lr = key->optimizer.lr;
+    Completed completed;
+    {
+      absl::MutexLock lock(&key->mu);
+      bytes_in_->Add(spec.init().size());
+      // Rank 0's value and optimizer settings win, once; a restarted rank 0
+      // keeps the trained weights.
+      if (key->initialized || spec.init().empty()) continue;
+      InitKey(key, optimizers[i]);
+      std::memcpy(key->weights.data(), spec.init().data(), key->n * 4);
+      InitSlots(key->optimizer, key->slot_ptrs.data(), key->n);
+      if (!key->lr_set) key->lr = key->optimizer.lr;
+      NotifyWaiters(key, &completed);  // pulls that waited for rank 0
+    }
+    for (const auto& p : completed) Complete(p.get());
   }
   return absl::OkStatus();
 }
@@ -308,30 +351,31 @@ void Store::Apply(Key* key, const float* grad) {
   update_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
 }
 
-absl::Status Store::Push(const v1::PushRequest& req) {
-  if (absl::Status s = CheckWorker(req.worker_rank()); !s.ok()) return s;
-  if (req.keys().empty()) return absl::InvalidArgumentError("push request names no keys");
-  const int w = req.worker_rank();
+absl::Status Store::Push(const WireMessage& req) {
+  if (absl::Status s = CheckWorker(req.worker_rank); !s.ok()) return s;
+  if (req.keys.empty()) return absl::InvalidArgumentError("push request names no keys");
+  const int w = req.worker_rank;
   std::vector<Key*> keys;
-  keys.reserve(req.keys_size());
-  for (const v1::KeyData& kd : req.keys()) {
-    absl::StatusOr<Key*> key = Find(kd.variable(), kd.partition());
+  keys.reserve(req.keys.size());
+  int64_t bytes = 0;
+  for (const WireKey& kd : req.keys) {
+    absl::StatusOr<Key*> key = Find(kd.variable, kd.partition);
     if (!key.ok()) return key.status();
     Key* k = *key;
-    const int bpv = BytesPerValue(kd.dtype());
+    const int bpv = BytesPerValue(kd.dtype);
     if (bpv == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "push to key '", k->name, "' has dtype ", DTypeName(kd.dtype()),
+          "push to key '", k->name, "' has dtype ", DTypeName(kd.dtype),
           "; gradients are float32, float16 or bfloat16"));
     }
-    if (static_cast<int64_t>(kd.data().size()) != k->n * bpv) {
+    if (kd.data.size() != k->n * bpv) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "push to key '", k->name, "' has ", kd.data().size(), " bytes; the key holds ", k->n, " ",
-          DTypeName(kd.dtype()), " (", k->n * bpv, " bytes)"));
+          "push to key '", k->name, "' has ", kd.data.size(), " bytes; the key holds ", k->n, " ",
+          DTypeName(kd.dtype), " (", k->n * bpv, " bytes)"));
     }
-    if (!std::isfinite(kd.scale()) || kd.scale() < 0) {
+    if (!std::isfinite(kd.scale) || kd.scale < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "push to key '", k->name, "' has scale ", kd.scale(), "; a scale is finite and positive (0 stands for 1)"));
+          "push to key '", k->name, "' has scale ", kd.scale, "; a scale is finite and positive (0 stands for 1)"));
     }
     absl::MutexLock lock(&k->mu);
     if (!k->initialized) {
@@ -342,58 +386,81 @@ absl::Status Store::Push(const v1::PushRequest& req) {
       return absl::FailedPreconditionError(absl::StrCat(
           "worker ", w, " is not an active worker of this job (it was lost); it must rejoin first"));
     }
-    if (kd.version() < 0 || (options_.sync && kd.version() > k->version)) {
+    if (kd.version < 0 || (options_.sync && kd.version > k->version)) {
       return absl::OutOfRangeError(absl::StrCat(
-          "push to key '", k->name, "' is for version ", kd.version(), " but the key is at version ",
+          "push to key '", k->name, "' is for version ", kd.version, " but the key is at version ",
           k->version, options_.sync ? "; in sync mode a worker pushes for the version it pulled" : ""));
     }
     keys.push_back(k);
+    bytes += kd.data.size();
   }
   pushes_->Add();
-  for (int i = 0; i < req.keys_size(); ++i) {
-    const v1::KeyData& kd = req.keys(i);
+  auto push_key = [&](int i) {
+    const WireKey& kd = req.keys[i];
     Key* k = keys[i];
-    bytes_in_->Add(kd.data().size());
+    bytes_in_->Add(kd.data.size());
     key_pushes_->Add();
-    if (kd.dtype() != v1::DTYPE_FLOAT32) compressed_pushes_->Add();
-    if (kd.scale() != 0 && kd.scale() != 1) rescaled_pushes_->Add();
-    if (kd.nonfinite()) nonfinite_pushes_->Add();
-    absl::MutexLock lock(&k->mu);
-    if (!options_.sync) {
-      uint64_t* recent = &k->recent_push_ids[w * kPushWindow];
-      if (req.push_id() != 0 && std::find(recent, recent + kPushWindow, req.push_id()) != recent + kPushWindow) {
-        duplicate_pushes_->Add();
-        continue;
-      }
-      recent[k->recent_next[w]] = req.push_id();
-      k->recent_next[w] = (k->recent_next[w] + 1) % kPushWindow;
-      const float* grad = reinterpret_cast<const float*>(kd.data().data());
-      if (kd.dtype() != v1::DTYPE_FLOAT32) {
-        k->scratch.resize(k->n);
-        DecodeValues(kd.data(), kd.dtype(), kd.scale(), k->scratch.data(), k->n, false);
-        grad = k->scratch.data();
-      }
-      Apply(k, grad);
-      k->clock[w] = std::max(k->clock[w], kd.version() + 1);
-      continue;
+    if (kd.dtype != v1::DTYPE_FLOAT32) compressed_pushes_->Add();
+    if (kd.scale != 0 && kd.scale != 1) rescaled_pushes_->Add();
+    if (kd.nonfinite) nonfinite_pushes_->Add();
+    Completed completed;
+    {
+      absl::MutexLock lock(&k->mu);
+      ApplyPush(k, w, req.push_id, kd);
+      NotifyWaiters(k, &completed);
     }
-    // Sync: one push per worker and version; a retry finds its step applied
-    // or its bit set, a backup worker's late push finds its step applied.
-    if (kd.version() < k->version) {
-      (k->last_step[w] == kd.version() ? duplicate_pushes_ : dropped_pushes_)->Add();
-      continue;
-    }
-    if (k->contributed[w]) {
-      duplicate_pushes_->Add();
-      continue;
-    }
-    DecodeValues(kd.data(), kd.dtype(), kd.scale(), k->accum.data(), k->n, k->contributions > 0);
-    k->contributed[w] = 1;
-    k->last_step[w] = kd.version();
-    ++k->contributions;
-    MaybeFinishStep(k);
+    for (const auto& p : completed) Complete(p.get());
+  };
+  // The keys of a big push are applied in parallel, on this thread and the
+  // store's pool; a small one right here (a hand-off costs more).
+  if (keys.size() > 1 && bytes >= kParallelPushBytes) {
+    apply_pool_->ParallelFor(static_cast<int>(keys.size()), push_key);
+  } else {
+    for (size_t i = 0; i < keys.size(); ++i) push_key(static_cast<int>(i));
   }
   return absl::OkStatus();
+}
+
+void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
+  if (!options_.sync) {
+    uint64_t* recent = &k->recent_push_ids[w * kPushWindow];
+    if (push_id != 0 && std::find(recent, recent + kPushWindow, push_id) != recent + kPushWindow) {
+      duplicate_pushes_->Add();
+      return;
+    }
+    recent[k->recent_next[w]] = push_id;
+    k->recent_next[w] = (k->recent_next[w] + 1) % kPushWindow;
+    // A float32 gradient in one aligned piece is applied where it lies;
+    // anything else is decoded once into the key's scratch buffer.
+    const std::vector<absl::string_view>& pieces = kd.data.pieces();
+    const float* grad = nullptr;
+    if (kd.dtype == v1::DTYPE_FLOAT32 && pieces.size() == 1 &&
+        reinterpret_cast<uintptr_t>(pieces[0].data()) % alignof(float) == 0) {
+      grad = reinterpret_cast<const float*>(pieces[0].data());
+    } else {
+      k->scratch.resize(k->n);
+      DecodePayload(kd.data, kd.dtype, kd.scale, k->scratch.data(), false);
+      grad = k->scratch.data();
+    }
+    Apply(k, grad);
+    k->clock[w] = std::max(k->clock[w], kd.version + 1);
+    return;
+  }
+  // Sync: one push per worker and version; a retry finds its step applied
+  // or its bit set, a backup worker's late push finds its step applied.
+  if (kd.version < k->version) {
+    (k->last_step[w] == kd.version ? duplicate_pushes_ : dropped_pushes_)->Add();
+    return;
+  }
+  if (k->contributed[w]) {
+    duplicate_pushes_->Add();
+    return;
+  }
+  DecodePayload(kd.data, kd.dtype, kd.scale, k->accum.data(), k->contributions > 0);
+  k->contributed[w] = 1;
+  k->last_step[w] = kd.version;
+  ++k->contributions;
+  MaybeFinishStep(k);
 }
 
 void Store::MaybeFinishStep(Key* k) {
@@ -428,11 +495,16 @@ void Store::SetMembership(int64_t epoch, const std::vector<int>& active_workers)
   epoch_gauge_->Set(epoch);
   const int required = std::max<int>(1, std::count(active.begin(), active.end(), 1) - options_.backup_workers);
   for (Key* k : AllKeys()) {
-    absl::MutexLock lock(&k->mu);
-    if (!k->initialized) continue;
-    k->active = active;
-    k->required = required;
-    if (options_.sync) MaybeFinishStep(k);
+    Completed completed;
+    {
+      absl::MutexLock lock(&k->mu);
+      if (!k->initialized) continue;
+      k->active = active;
+      k->required = required;
+      if (options_.sync) MaybeFinishStep(k);
+      NotifyWaiters(k, &completed);  // ssp: the slowest worker may have left
+    }
+    for (const auto& p : completed) Complete(p.get());
   }
 }
 
@@ -454,127 +526,332 @@ int64_t Store::membership_epoch() const {
   return epoch_;
 }
 
-void Store::Close() { closing_ = true; }
+void Store::Close() {
+  closing_ = true;
+  for (const auto& p : TakePending()) Fail(p.get(), absl::UnavailableError("the server is stopping"));
+}
 
-absl::Status Store::PullKey(Key* k, int64_t min_version, v1::DType dtype, absl::Time deadline,
-                            const Cancelled& cancelled, v1::KeyData* out) {
-  const absl::Time start = absl::Now();
-  absl::MutexLock lock(&k->mu);
-  if (min_version < 0) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "pull of key '", k->name, "' asks for version ", min_version, "; versions start at 0"));
+bool Store::Ready(Key* k, int64_t min_version) const {
+  if (!k->initialized) return false;
+  if (options_.sync) return k->version >= min_version;
+  if (options_.staleness < 0) return true;  // async
+  return SlowestClock(k) >= min_version - options_.staleness;
+}
+
+int64_t Store::SlowestClock(Key* k) const {
+  int64_t m = INT64_MAX;
+  for (int w = 0; w < options_.num_workers; ++w) {
+    if (k->active[w]) m = std::min(m, k->clock[w]);
   }
-  if (options_.sync && k->initialized && min_version > k->version + 1) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "pull of key '", k->name, "' asks for version ", min_version, " but the key is at version ",
-        k->version, "; in sync mode a pull may ask at most one version ahead"));
-  }
-  const bool ssp = !options_.sync && options_.staleness >= 0;
-  // The least clock among active workers (async and ssp).
-  auto slowest = [this, k]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu) {
-    int64_t m = INT64_MAX;
-    for (int w = 0; w < options_.num_workers; ++w) {
-      if (k->active[w]) m = std::min(m, k->clock[w]);
-    }
-    return m;
-  };
-  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu) {
-    if (!k->initialized) return false;
-    if (options_.sync) return k->version >= min_version;
-    return !ssp || slowest() >= min_version - options_.staleness;
-  };
-  const absl::Time until = std::min(deadline, start + options_.max_pull_wait);
-  // Wait in slices, to notice a caller that went away or a server stopping.
-  bool got = false;
-  while (!(got = k->mu.AwaitWithDeadline(absl::Condition(&ready),
-                                         std::min(until, absl::Now() + absl::Milliseconds(50))))) {
-    if (closing_) return absl::UnavailableError("the server is stopping");
-    if (cancelled && cancelled()) return absl::CancelledError("the caller cancelled the pull");
-    if (absl::Now() >= until) break;
-  }
-  if (!got) {
-    std::string why;
-    if (!k->initialized) {
-      why = "rank 0 has not registered it";
-    } else if (options_.sync) {
-      std::vector<int> missing;
-      for (int w = 0; w < options_.num_workers; ++w) {
-        if (k->active[w] && !k->contributed[w]) missing.push_back(w);
-      }
-      why = absl::StrCat("the key is at version ", k->version, "; waiting for pushes from workers ",
-                         absl::StrJoin(missing, ", "));
-    } else {
-      std::vector<std::string> behind;
-      for (int w = 0; w < options_.num_workers; ++w) {
-        if (k->active[w] && k->clock[w] < min_version - options_.staleness) {
-          behind.push_back(absl::StrCat("worker ", w, " at clock ", k->clock[w]));
-        }
-      }
-      why = absl::StrCat("staleness bound ", options_.staleness, " needs every worker at clock >= ",
-                         min_version - options_.staleness, "; behind: ", absl::StrJoin(behind, ", "));
-    }
-    return absl::DeadlineExceededError(absl::StrCat(
-        "pull of key '", k->name, "' waited ", absl::FormatDuration(absl::Now() - start),
-        options_.sync ? " for version " : " at clock ", min_version, ": ", why));
-  }
-  if (!options_.sync) staleness_->Observe(std::max<int64_t>(0, min_version - slowest()));
-  pull_wait_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-  out->set_variable(k->spec.variable());
-  out->set_partition(k->spec.partition());
-  out->set_version(k->version);
-  out->set_dtype(dtype);
-  out->set_scale(EncodeValues(k->weights.data(), k->n, dtype, out->mutable_data()).scale);
-  bytes_out_->Add(out->data().size());
+  return m;
+}
+
+bool Store::Serve(Key* k, PendingPull* p, int i) {
+  const v1::DType dtype = p->dtypes[i];
+  const int64_t bytes = k->n * BytesPerValue(dtype);
+  OutKey out;
+  out.variable = k->spec.variable();
+  out.partition = k->spec.partition();
+  out.version = k->version;
+  out.dtype = dtype;
+  // The one copy of the weights on the way out, fused with the conversion,
+  // into a pooled buffer that gRPC sends from and then gives back.
+  BufferRef buf = buffers_.Get(bytes);
+  out.scale = EncodeValues(k->weights.data(), k->n, dtype, buf.data()).scale;
+  out.data = buf.data();
+  out.size = bytes;
+  out.owner = std::move(buf);
+  if (!options_.sync) staleness_->Observe(std::max<int64_t>(0, p->min_version[i] - SlowestClock(k)));
+  pull_wait_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - p->start));
+  absl::MutexLock lock(&p->mu);
+  if (p->finished || p->served[i]) return false;
+  bytes_out_->Add(bytes);
   pulls_->Add();
-  return absl::OkStatus();
+  p->out[i] = std::move(out);
+  p->served[i] = 1;
+  return --p->remaining == 0;
+}
+
+void Store::NotifyWaiters(Key* k, Completed* completed) {
+  size_t kept = 0;
+  for (size_t j = 0; j < k->waiters.size(); ++j) {
+    auto& [p, i] = k->waiters[j];
+    bool keep;
+    {
+      absl::MutexLock lock(&p->mu);
+      keep = !p->finished;
+    }
+    if (keep && Ready(k, p->min_version[i])) {
+      if (Serve(k, p.get(), i)) completed->push_back(p);
+      keep = false;
+    }
+    if (keep) {
+      if (kept != j) k->waiters[kept] = std::move(k->waiters[j]);
+      ++kept;
+    }
+  }
+  k->waiters.resize(kept);
+}
+
+void Store::Complete(PendingPull* p) {
+  std::vector<OutKey> out;
+  {
+    absl::MutexLock lock(&p->mu);
+    if (p->finished) return;
+    p->finished = true;
+    out = std::move(p->out);
+  }
+  p->done(absl::OkStatus(), std::move(out));
+}
+
+void Store::Fail(PendingPull* p, const absl::Status& status) {
+  {
+    absl::MutexLock lock(&p->mu);
+    if (p->finished) return;
+    p->finished = true;
+    p->out.clear();
+  }
+  for (Key* k : p->keys) {
+    absl::MutexLock lock(&k->mu);
+    auto& w = k->waiters;
+    w.erase(std::remove_if(w.begin(), w.end(), [p](const auto& e) { return e.first.get() == p; }),
+            w.end());
+  }
+  p->done(status, {});
+}
+
+std::string Store::WhyWaiting(PendingPull* p) {
+  int i = 0;
+  {
+    absl::MutexLock lock(&p->mu);
+    while (i + 1 < static_cast<int>(p->keys.size()) && p->served[i]) ++i;
+  }
+  Key* k = p->keys[i];
+  const int64_t min_version = p->min_version[i];
+  absl::MutexLock lock(&k->mu);
+  std::string why;
+  if (!k->initialized) {
+    why = "rank 0 has not registered it";
+  } else if (options_.sync) {
+    std::vector<int> missing;
+    for (int w = 0; w < options_.num_workers; ++w) {
+      if (k->active[w] && !k->contributed[w]) missing.push_back(w);
+    }
+    why = absl::StrCat("the key is at version ", k->version, "; waiting for pushes from workers ",
+                       absl::StrJoin(missing, ", "));
+  } else {
+    std::vector<std::string> behind;
+    for (int w = 0; w < options_.num_workers; ++w) {
+      if (k->active[w] && k->clock[w] < min_version - options_.staleness) {
+        behind.push_back(absl::StrCat("worker ", w, " at clock ", k->clock[w]));
+      }
+    }
+    why = absl::StrCat("staleness bound ", options_.staleness, " needs every worker at clock >= ",
+                       min_version - options_.staleness, "; behind: ", absl::StrJoin(behind, ", "));
+  }
+  return absl::StrCat("pull of key '", k->name, "' waited ",
+                      absl::FormatDuration(absl::Trunc(absl::Now() - p->start, absl::Milliseconds(1))),
+                      options_.sync ? " for version " : " at clock ", min_version, ": ", why);
+}
+
+std::vector<std::shared_ptr<Store::PendingPull>> Store::TakePending() {
+  absl::MutexLock lock(&pending_mu_);
+  return std::exchange(pending_, {});
+}
+
+void Store::Sweep() {
+  const absl::Time now = absl::Now();
+  std::vector<std::shared_ptr<PendingPull>> pending = TakePending();
+  std::vector<std::shared_ptr<PendingPull>> still;
+  for (auto& p : pending) {
+    bool cancelled;
+    {
+      // Asked under the lock: once finished, the caller may be gone.
+      absl::MutexLock lock(&p->mu);
+      if (p->finished) continue;
+      cancelled = p->cancelled && p->cancelled();
+    }
+    if (closing_) {
+      Fail(p.get(), absl::UnavailableError("the server is stopping"));
+    } else if (cancelled) {
+      Fail(p.get(), absl::CancelledError("the caller cancelled the pull"));
+    } else if (now >= p->until) {
+      Fail(p.get(), absl::DeadlineExceededError(WhyWaiting(p.get())));
+    } else {
+      still.push_back(std::move(p));
+    }
+  }
+  absl::MutexLock lock(&pending_mu_);
+  pending_.insert(pending_.end(), std::make_move_iterator(still.begin()),
+                  std::make_move_iterator(still.end()));
+  waiting_pulls_->Set(static_cast<double>(pending_.size()));
+}
+
+void Store::RunSweeper() {
+  absl::MutexLock lock(&sweeper_mu_);
+  auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sweeper_mu_) { return sweeper_stop_; };
+  while (!sweeper_mu_.AwaitWithTimeout(absl::Condition(&stop), kSweepInterval)) {
+    sweeper_mu_.Unlock();
+    Sweep();
+    sweeper_mu_.Lock();
+  }
+}
+
+int64_t Store::pending_pulls() const {
+  absl::MutexLock lock(&pending_mu_);
+  return static_cast<int64_t>(pending_.size());
+}
+
+void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled cancelled,
+                      PullDone done) {
+  if (absl::Status s = CheckWorker(req.worker_rank); !s.ok()) return done(s, {});
+  if (req.keys.empty()) return done(absl::InvalidArgumentError("pull request names no keys"), {});
+  auto p = std::make_shared<PendingPull>();
+  for (const WireKey& kd : req.keys) {
+    absl::StatusOr<Key*> key = Find(kd.variable, kd.partition);
+    if (!key.ok()) return done(key.status(), {});
+    if (!kd.data.empty()) {
+      return done(absl::InvalidArgumentError(absl::StrCat(
+                      "pull of key '", (*key)->name, "' carries data; a pull names keys and versions only")),
+                  {});
+    }
+    if (kd.dtype != v1::DTYPE_UNSPECIFIED && BytesPerValue(kd.dtype) == 0) {
+      return done(absl::InvalidArgumentError(absl::StrCat(
+                      "pull of key '", (*key)->name, "' asks for dtype ", kd.dtype,
+                      "; weights are sent as float32, float16 or bfloat16")),
+                  {});
+    }
+    p->keys.push_back(*key);
+    p->min_version.push_back(kd.version);
+    p->dtypes.push_back(kd.dtype == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_FLOAT32 : kd.dtype);
+  }
+  const int n = static_cast<int>(p->keys.size());
+  p->start = absl::Now();
+  p->until = std::min(deadline, p->start + options_.max_pull_wait);
+  p->cancelled = std::move(cancelled);
+  p->done = std::move(done);
+  {
+    absl::MutexLock lock(&p->mu);
+    p->out.resize(n);
+    p->served.assign(n, 0);
+    p->remaining = n;
+  }
+  absl::Status bad;
+  bool complete = false;
+  for (int i = 0; i < n && bad.ok(); ++i) {
+    Key* k = p->keys[i];
+    const int64_t min_version = p->min_version[i];
+    absl::MutexLock lock(&k->mu);
+    if (min_version < 0) {
+      bad = absl::OutOfRangeError(absl::StrCat(
+          "pull of key '", k->name, "' asks for version ", min_version, "; versions start at 0"));
+    } else if (options_.sync && k->initialized && min_version > k->version + 1) {
+      bad = absl::OutOfRangeError(absl::StrCat(
+          "pull of key '", k->name, "' asks for version ", min_version, " but the key is at version ",
+          k->version, "; in sync mode a pull may ask at most one version ahead"));
+    } else if (Ready(k, min_version)) {
+      complete = Serve(k, p.get(), i);
+    } else {
+      k->waiters.emplace_back(p, i);
+    }
+  }
+  if (!bad.ok()) return Fail(p.get(), bad);
+  if (complete) return Complete(p.get());
+  if (closing_) return Fail(p.get(), absl::UnavailableError("the server is stopping"));
+  absl::MutexLock lock(&pending_mu_);
+  pending_.push_back(std::move(p));
+}
+
+void Store::PushPullAsync(const WireMessage& req, absl::Time deadline, Cancelled cancelled,
+                          PullDone done) {
+  if (absl::Status s = Push(req); !s.ok()) return done(s, {});
+  WireMessage pull;
+  pull.worker_rank = req.worker_rank;
+  pull.keys.resize(req.keys.size());
+  for (size_t i = 0; i < req.keys.size(); ++i) {
+    pull.keys[i].variable = req.keys[i].variable;
+    pull.keys[i].partition = req.keys[i].partition;
+    pull.keys[i].version = req.keys[i].version + 1;
+    pull.keys[i].dtype = req.keys[i].pull_dtype;
+  }
+  PullAsync(pull, deadline, std::move(cancelled), std::move(done));
+}
+
+namespace {
+
+// A parsed protobuf request as the data path sees it (values by reference).
+WireKey ToWire(const v1::KeyData& kd) {
+  WireKey k;
+  k.variable = kd.variable();
+  k.partition = kd.partition();
+  k.version = kd.version();
+  k.dtype = kd.dtype();
+  k.data.Add(kd.data());
+  k.scale = kd.scale();
+  k.nonfinite = kd.nonfinite();
+  k.pull_dtype = kd.pull_dtype();
+  return k;
+}
+
+template <typename Request>
+WireMessage ToWire(const Request& req) {
+  WireMessage m;
+  m.worker_rank = req.worker_rank();
+  for (const v1::KeyData& kd : req.keys()) m.keys.push_back(ToWire(kd));
+  return m;
+}
+
+void ToProto(const std::vector<OutKey>& keys,
+             google::protobuf::RepeatedPtrField<v1::KeyData>* out) {
+  for (const OutKey& o : keys) {
+    v1::KeyData* kd = out->Add();
+    kd->set_variable(std::string(o.variable));
+    kd->set_partition(o.partition);
+    kd->set_version(o.version);
+    kd->set_dtype(o.dtype);
+    kd->set_scale(o.scale);
+    kd->set_data(o.data, o.size);
+  }
+}
+
+}  // namespace
+
+absl::Status Store::Push(const v1::PushRequest& req) {
+  WireMessage m = ToWire(req);
+  m.push_id = req.push_id();
+  return Push(m);
+}
+
+absl::Status Store::WaitPull(
+    const std::function<void(PullDone)>& start,
+    google::protobuf::RepeatedPtrField<v1::KeyData>* out) {
+  absl::Notification finished;
+  absl::Status status;
+  std::vector<OutKey> keys;
+  start([&](absl::Status s, std::vector<OutKey> k) {
+    status = std::move(s);
+    keys = std::move(k);
+    finished.Notify();
+  });
+  // Ends by the pull's own deadline (the sweeper fails it then).
+  finished.WaitForNotification();
+  if (status.ok()) ToProto(keys, out);
+  return status;
 }
 
 absl::Status Store::Pull(const v1::PullRequest& req, absl::Time deadline,
                          v1::PullResponse* resp, const Cancelled& cancelled) {
-  if (absl::Status s = CheckWorker(req.worker_rank()); !s.ok()) return s;
-  if (req.keys().empty()) return absl::InvalidArgumentError("pull request names no keys");
-  std::vector<Key*> keys;
-  for (const v1::KeyData& kd : req.keys()) {
-    absl::StatusOr<Key*> key = Find(kd.variable(), kd.partition());
-    if (!key.ok()) return key.status();
-    if (!kd.data().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pull of key '", (*key)->name, "' carries data; a pull names keys and versions only"));
-    }
-    if (kd.dtype() != v1::DTYPE_UNSPECIFIED && BytesPerValue(kd.dtype()) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pull of key '", (*key)->name, "' asks for dtype ", kd.dtype(),
-          "; weights are sent as float32, float16 or bfloat16"));
-    }
-    keys.push_back(*key);
-  }
-  for (int i = 0; i < req.keys_size(); ++i) {
-    const v1::DType dtype =
-        req.keys(i).dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_FLOAT32 : req.keys(i).dtype();
-    if (absl::Status s = PullKey(keys[i], req.keys(i).version(), dtype, deadline, cancelled, resp->add_keys());
-        !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
+  const WireMessage m = ToWire(req);
+  return WaitPull([&](PullDone done) { PullAsync(m, deadline, cancelled, std::move(done)); },
+                  resp->mutable_keys());
 }
 
 absl::Status Store::PushPull(const v1::PushPullRequest& req, absl::Time deadline,
                              v1::PushPullResponse* resp, const Cancelled& cancelled) {
-  if (absl::Status s = Push(req.push()); !s.ok()) return s;
-  v1::PullRequest pull;
-  pull.set_worker_rank(req.push().worker_rank());
-  for (const v1::KeyData& kd : req.push().keys()) {
-    v1::KeyData* k = pull.add_keys();
-    k->set_variable(kd.variable());
-    k->set_partition(kd.partition());
-    k->set_version(kd.version() + 1);
-    k->set_dtype(kd.pull_dtype());
-  }
-  v1::PullResponse pulled;
-  if (absl::Status s = Pull(pull, deadline, &pulled, cancelled); !s.ok()) return s;
-  resp->mutable_keys()->Swap(pulled.mutable_keys());
-  return absl::OkStatus();
+  WireMessage m = ToWire(req.push());
+  m.push_id = req.push().push_id();
+  return WaitPull([&](PullDone done) { PushPullAsync(m, deadline, cancelled, std::move(done)); },
+                  resp->mutable_keys());
 }
 
 absl::StatusOr<int64_t> Store::SetLearningRate(const v1::SetLearningRateRequest& req) {

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -14,7 +15,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/buffer_pool.h"
 #include "common/metrics.h"
+#include "common/tensor_coding.h"
+#include "common/thread_pool.h"
 #include "kernels/optimizer.h"
 #include "psrt/v1/ps.pb.h"
 #include "server/checkpoint/shard_format.h"
@@ -38,6 +42,8 @@ struct StoreOptions {
   absl::Duration max_pull_wait = absl::Minutes(10);
   // The job starts from a checkpoint: registrations wait for FinishRestore.
   bool restore_pending = false;
+  // Threads applying the keys of big pushes in parallel; 0: one per core.
+  int apply_threads = 0;
 };
 
 // The keys one server holds: float32 weights, optimizer slots and versions.
@@ -49,15 +55,34 @@ class Store {
   ~Store();
 
   absl::Status RegisterKeys(const v1::RegisterKeysRequest& req);
-  absl::Status Push(const v1::PushRequest& req);
-  // Called while a pull waits; true ends the wait (the caller went away).
-  using Cancelled = std::function<bool()>;
 
-  // Waits (until `deadline`) for each key to reach the version asked for.
+  // ---- The data path: requests as received (common/tensor_coding.h) ----
+  // Applies (or, in sync mode, accumulates) each key's gradient straight
+  // from the request's buffers. Keys of a big push are applied in parallel.
+  absl::Status Push(const WireMessage& req);
+  // Asked now and then while a pull waits; true ends it (the caller went away).
+  using Cancelled = std::function<bool()>;
+  // Called once when a pull ends: OK with its keys (values in pooled
+  // buffers, in request order), or the error that ended it.
+  using PullDone = std::function<void(absl::Status, std::vector<OutKey>)>;
+  // Answers when each key has reached the version asked for (sync), or the
+  // staleness bound allows (ssp), or at once (async); DEADLINE_EXCEEDED at
+  // `deadline` naming what it waited for. No thread waits meanwhile: `done`
+  // runs on the calling thread, the thread whose push made the last key
+  // ready, or the store's sweeper.
+  void PullAsync(const WireMessage& req, absl::Time deadline, Cancelled cancelled, PullDone done);
+  // Push, then pull each pushed key at the version after the pushed one
+  // (sync) or the newest (async), as `pull_dtype` asks.
+  void PushPullAsync(const WireMessage& req, absl::Time deadline, Cancelled cancelled,
+                     PullDone done);
+  // Pulls waiting now.
+  int64_t pending_pulls() const;
+
+  // The same for a parsed protobuf request (tools and tests); the caller's
+  // thread waits.
+  absl::Status Push(const v1::PushRequest& req);
   absl::Status Pull(const v1::PullRequest& req, absl::Time deadline,
                     v1::PullResponse* resp, const Cancelled& cancelled = nullptr);
-  // Push, then pull each pushed key at the version after the pushed one
-  // (sync) or the newest (async).
   absl::Status PushPull(const v1::PushPullRequest& req, absl::Time deadline,
                         v1::PushPullResponse* resp, const Cancelled& cancelled = nullptr);
   // Ends every wait, now and later, with UNAVAILABLE: the server is stopping.
@@ -106,6 +131,8 @@ class Store {
 
  private:
   struct Key;
+  struct PendingPull;
+  using Completed = std::vector<std::shared_ptr<PendingPull>>;
   absl::StatusOr<Key*> Find(const std::string& variable, uint32_t partition) const;
   absl::Status CheckWorker(int32_t rank) const;
   absl::Status CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t rank) const;
@@ -117,8 +144,27 @@ class Store {
   void InitKey(Key* key, const OptimizerConfig& optimizer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   void CopyForSnapshot(Key* key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   absl::Status WaitForRestore();
-  absl::Status PullKey(Key* key, int64_t min_version, v1::DType dtype, absl::Time deadline,
-                       const Cancelled& cancelled, v1::KeyData* out);
+  // One key of a validated push.
+  void ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+
+  // ---- Waiting pulls ----
+  bool Ready(Key* k, int64_t min_version) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  int64_t SlowestClock(Key* k) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  // Copies key `k` (index i of `p`) into `p`'s answer; true when that was
+  // the last key the pull waited for.
+  bool Serve(Key* k, PendingPull* p, int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  // Serves the waiters `k` can now answer; pulls that became whole go to
+  // `completed`, to be completed once `k` is unlocked.
+  void NotifyWaiters(Key* k, Completed* completed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  void Complete(PendingPull* p);
+  void Fail(PendingPull* p, const absl::Status& status);
+  std::string WhyWaiting(PendingPull* p);
+  std::vector<std::shared_ptr<PendingPull>> TakePending();
+  void Sweep();
+  void RunSweeper();
+  absl::Status WaitPull(const std::function<void(PullDone)>& start,
+                        google::protobuf::RepeatedPtrField<v1::KeyData>* out);
 
   const StoreOptions options_;
   mutable absl::Mutex map_mu_;
@@ -138,6 +184,14 @@ class Store {
   absl::Status restore_status_ ABSL_GUARDED_BY(restore_mu_);
   std::string restored_from_ ABSL_GUARDED_BY(restore_mu_);
 
+  BufferPool buffers_;  // pulled values on their way out
+  std::unique_ptr<ThreadPool> apply_pool_;
+  mutable absl::Mutex pending_mu_;
+  std::vector<std::shared_ptr<PendingPull>> pending_ ABSL_GUARDED_BY(pending_mu_);
+  absl::Mutex sweeper_mu_;
+  bool sweeper_stop_ ABSL_GUARDED_BY(sweeper_mu_) = false;
+  std::thread sweeper_;
+
   Counter* bytes_in_;
   Counter* bytes_out_;
   Counter* pushes_;
@@ -153,6 +207,7 @@ class Store {
   Counter* compressed_pushes_;
   Counter* rescaled_pushes_;
   Counter* nonfinite_pushes_;
+  Gauge* waiting_pulls_;
   Histogram* snapshot_pause_seconds_;
 };
 

@@ -13,17 +13,22 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/buffer_pool.h"
 #include "common/compression.h"
 #include "common/optimizer_proto.h"
 #include "common/coordinator_link.h"
 #include "common/daemon.h"
 #include "common/grpc_util.h"
 #include "common/key_map.h"
+#include "common/tensor_coding.h"
 #include "common/thread_pool.h"
 #ifdef PSRT_HAVE_CUDA
 #include "kernels/cuda_kernels.h"
 #endif
+#include <grpcpp/generic/generic_stub.h>
+
 #include "psrt/v1/ps.grpc.pb.h"
 
 namespace psrt {
@@ -51,6 +56,13 @@ absl::StatusOr<ClientOptions> ClientOptions::FromEnv() {
     }
     o.rpc_timeout = absl::Seconds(seconds);
   }
+  const std::string connections = EnvOr("PSRT_CONNECTIONS_PER_SERVER", "");
+  if (!connections.empty() && (!absl::SimpleAtoi(connections, &o.connections_per_server) ||
+                               o.connections_per_server < 1 || o.connections_per_server > 64)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "PSRT_CONNECTIONS_PER_SERVER must be a number of connections in 1..64; got '", connections,
+        "'"));
+  }
   return o;
 }
 
@@ -65,19 +77,18 @@ OptimizerConfig DefaultOptimizer(OptimizerKind kind, double lr) {
 
 namespace {
 
-// Encodes a gradient for the wire. One in GPU memory is converted on the
-// device, so only the compressed bytes cross to the host.
+// Encodes a gradient for the wire into `out`. One in GPU memory is
+// converted on the device, so only the compressed bytes cross to the host.
 absl::StatusOr<EncodeInfo> EncodeGradient(const float* grad, int64_t n, v1::DType dtype,
-                                          std::string* out) {
+                                          char* out) {
 #ifdef PSRT_HAVE_CUDA
   if (IsDevicePointer(grad)) {
-    out->resize(n * BytesPerValue(dtype));
     if (dtype == v1::DTYPE_FLOAT32) {
-      if (absl::Status s = CudaCopyToHost(grad, out->data(), n * 4); !s.ok()) return s;
+      if (absl::Status s = CudaCopyToHost(grad, out, n * 4); !s.ok()) return s;
       return EncodeInfo{};
     }
     absl::StatusOr<CudaEncoded> e = CudaEncodeToHost(grad, n, dtype == v1::DTYPE_FLOAT16, &Fp16Scale,
-                                                     reinterpret_cast<uint16_t*>(out->data()));
+                                                     reinterpret_cast<uint16_t*>(out));
     if (!e.ok()) return e.status();
     return EncodeInfo{e->scale, e->nonfinite};
   }
@@ -85,19 +96,47 @@ absl::StatusOr<EncodeInfo> EncodeGradient(const float* grad, int64_t n, v1::DTyp
   return EncodeValues(grad, n, dtype, out);
 }
 
-// Decodes pulled weights into `out`, on the host or in GPU memory.
-absl::Status DecodeWeights(const v1::KeyData& kd, float* out, int64_t n) {
+// Whether a float32 gradient can go out from where it lies (host memory).
+bool SendInPlace(const float* grad, v1::DType dtype) {
+#ifdef PSRT_HAVE_CUDA
+  if (IsDevicePointer(grad)) return false;
+#endif
+  return dtype == v1::DTYPE_FLOAT32;
+}
+
+// Decodes pulled weights into `out`, on the host or in GPU memory: one copy
+// from the received slices, converted on the way.
+absl::Status DecodeWeights(const WireKey& kd, float* out, int64_t n) {
 #ifdef PSRT_HAVE_CUDA
   if (IsDevicePointer(out)) {
     thread_local std::vector<float> host;  // reused: no allocation per pull
     host.resize(n);
-    DecodeValues(kd.data(), kd.dtype(), kd.scale(), host.data(), n, false);
+    DecodePayload(kd.data, kd.dtype, kd.scale, host.data(), false);
     return CudaCopyToDevice(host.data(), out, n * 4);
   }
 #endif
-  DecodeValues(kd.data(), kd.dtype(), kd.scale(), out, n, false);
+  (void)n;
+  DecodePayload(kd.data, kd.dtype, kd.scale, out, false);
   return absl::OkStatus();
 }
+
+// A unary call of `method` with raw byte buffers, waited for here; it ends
+// by the deadline set on `ctx`.
+grpc::Status RawCall(grpc::GenericStub* stub, grpc::ClientContext* ctx, const std::string& method,
+                     const grpc::ByteBuffer& req, grpc::ByteBuffer* resp) {
+  absl::Notification done;
+  grpc::Status status;
+  stub->UnaryCall(ctx, method, grpc::StubOptions(), &req, resp, [&](grpc::Status s) {
+    status = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return status;
+}
+
+const std::string kPushMethod = "/psrt.v1.ParameterServer/Push";
+const std::string kPullMethod = "/psrt.v1.ParameterServer/Pull";
+const std::string kPushPullMethod = "/psrt.v1.ParameterServer/PushPull";
 
 struct Variable {
   int64_t num_elements = 0;
@@ -137,7 +176,12 @@ class Client::Impl {
   v1::JobConfig config;
   std::unique_ptr<CoordinatorLink> link;
   std::vector<std::string> addresses;
+  // Control calls (registration, learning rate, stats) on the first
+  // connection; pushes and pulls spread over `connections_per_server`.
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs;
+  std::vector<std::vector<std::unique_ptr<grpc::GenericStub>>> data_stubs;
+  std::unique_ptr<std::atomic<uint64_t>[]> next_connection;
+  BufferPool buffers;  // compressed gradients on their way out
   std::unique_ptr<ThreadPool> pool;
   absl::Mutex mu;
   absl::flat_hash_map<std::string, Variable> variables ABSL_GUARDED_BY(mu);
@@ -146,14 +190,26 @@ class Client::Impl {
   // Push ids grow across restarts of this rank: they start at the clock.
   std::atomic<uint64_t> next_push_id{static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())) << 20};
 
-  // Part of one server's share of an operation: key requests and where
-  // results go.
+  // Part of one server's share of an operation: its keys and their buffers.
   struct Shard {
     int server = 0;
     int64_t bytes = 0;
-    std::vector<v1::KeyData> keys;
-    std::vector<std::pair<float*, Partition>> outs;  // parallel to keys
+    struct Item {
+      std::string variable;
+      Partition part;
+      const float* grad = nullptr;  // the whole variable's, pushed
+      float* out = nullptr;         // the whole variable's, filled
+      v1::DType push_dtype = v1::DTYPE_FLOAT32;
+      v1::DType pull_dtype = v1::DTYPE_FLOAT32;
+    };
+    std::vector<Item> items;
   };
+
+  // The data path's connections to server `s`, taken in turn.
+  grpc::GenericStub* DataStub(int s) {
+    const std::vector<std::unique_ptr<grpc::GenericStub>>& pool = data_stubs[s];
+    return pool[next_connection[s].fetch_add(1, std::memory_order_relaxed) % pool.size()].get();
+  }
 
   absl::StatusOr<Variable> Find(const std::string& name) {
     absl::MutexLock lock(&mu);
@@ -228,67 +284,90 @@ class Client::Impl {
     return b;
   }
 
-  // Splits tensors into per-server requests. With `with_grad` each key
-  // carries its gradient.
-  absl::StatusOr<std::vector<Shard>> Split(const std::vector<TensorRef>& tensors,
-                                           int64_t version, bool with_grad, bool with_out,
-                                           bool exact) {
+  // Splits tensors into per-server requests.
+  absl::StatusOr<std::vector<Shard>> Split(const std::vector<TensorRef>& tensors, bool with_grad,
+                                           bool with_out, bool exact) {
     std::vector<Shard> shards;
     std::map<int, size_t> open;  // server -> index of its request being filled
     for (const TensorRef& t : tensors) {
       absl::StatusOr<Variable> var = Find(t.name);
       if (!var.ok()) return var.status();
-      const std::vector<Partition>* parts = &var->parts;
       if ((with_grad && t.grad == nullptr) || (with_out && t.out == nullptr)) {
         return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has no buffer"));
       }
-      for (const Partition& p : *parts) {
+      for (const Partition& p : var->parts) {
         Shard& shard = BatchFor(&shards, &open, p.server, p.num_elements * 4);
-        v1::KeyData& kd = shard.keys.emplace_back();
-        kd.set_variable(t.name);
-        kd.set_partition(p.index);
-        kd.set_version(version);
-        if (with_grad) {
-          kd.set_dtype(var->push_dtype);
-          absl::StatusOr<EncodeInfo> info =
-              EncodeGradient(t.grad + p.offset, p.num_elements, var->push_dtype, kd.mutable_data());
-          if (!info.ok()) return info.status();
-          if (info->scale != 1) kd.set_scale(info->scale);
-          kd.set_nonfinite(info->nonfinite);
-          kd.set_pull_dtype(var->pull_dtype);
-        } else {
-          kd.set_dtype(exact ? v1::DTYPE_FLOAT32 : var->pull_dtype);
-        }
-        shard.outs.emplace_back(t.out, p);
+        shard.items.push_back({t.name, p, t.grad, t.out, var->push_dtype,
+                               exact ? v1::DTYPE_FLOAT32 : var->pull_dtype});
       }
     }
     return shards;
   }
 
-  absl::Status Store(const google::protobuf::RepeatedPtrField<v1::KeyData>& got,
-                     const Shard& shard) {
-    if (got.size() != static_cast<int>(shard.keys.size())) {
-      return absl::InternalError(absl::StrCat("server answered ", got.size(), " keys for ",
-                                              shard.keys.size(), " asked"));
-    }
-    for (int i = 0; i < got.size(); ++i) {
-      const auto& [out, p] = shard.outs[i];
-      const int64_t expected = p.num_elements * BytesPerValue(got[i].dtype());
-      if (expected == 0 || static_cast<int64_t>(got[i].data().size()) != expected) {
-        return absl::InternalError(absl::StrCat(
-            "server sent ", got[i].data().size(), " bytes of dtype ", got[i].dtype(), " for key '",
-            KeyName(got[i].variable(), got[i].partition()), "'; expected ", expected));
+  // The request for one shard. Float32 gradients in host memory go out
+  // from where they lie; compressed (or GPU) ones through a pooled buffer.
+  absl::StatusOr<std::vector<OutKey>> Encode(const Shard& shard, int64_t version, bool push) {
+    std::vector<OutKey> keys(shard.items.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const Shard::Item& it = shard.items[i];
+      OutKey& k = keys[i];
+      k.variable = it.variable;
+      k.partition = it.part.index;
+      k.version = version;
+      if (!push) {
+        k.dtype = it.pull_dtype;
+        continue;
       }
-      if (absl::Status s = DecodeWeights(got[i], out + p.offset, p.num_elements); !s.ok()) return s;
+      k.dtype = it.push_dtype;
+      k.pull_dtype = it.pull_dtype;
+      const float* grad = it.grad + it.part.offset;
+      const int64_t n = it.part.num_elements;
+      k.size = n * BytesPerValue(it.push_dtype);
+      if (SendInPlace(grad, it.push_dtype)) {
+        k.data = reinterpret_cast<const char*>(grad);
+        continue;
+      }
+      k.owner = buffers.Get(k.size);
+      k.data = k.owner.data();
+      absl::StatusOr<EncodeInfo> info = EncodeGradient(grad, n, it.push_dtype, k.owner.data());
+      if (!info.ok()) return info.status();
+      if (info->scale != 1) k.scale = info->scale;
+      k.nonfinite = info->nonfinite;
     }
-    absl::MutexLock lock(&mu);
-    for (const v1::KeyData& kd : got) {
-      auto it = variables.find(kd.variable());
-      if (it != variables.end() && kd.partition() < it->second.pulled_versions.size()) {
-        it->second.pulled_versions[kd.partition()] = kd.version();
+    return keys;
+  }
+
+  // Writes a pull's answer into the shard's output tensors.
+  absl::Status Store(const grpc::ByteBuffer& resp, const Shard& shard) {
+    thread_local WireMessage got;  // reused: parsing allocates nothing once warm
+    absl::Status s = ParseKeysResponse(resp, &got);
+    if (s.ok() && got.keys.size() != shard.items.size()) {
+      s = absl::InternalError(absl::StrCat("server answered ", got.keys.size(), " keys for ",
+                                           shard.items.size(), " asked"));
+    }
+    for (size_t i = 0; s.ok() && i < got.keys.size(); ++i) {
+      const WireKey& kd = got.keys[i];
+      const Shard::Item& it = shard.items[i];
+      const int64_t expected = it.part.num_elements * BytesPerValue(kd.dtype);
+      if (expected == 0 || kd.data.size() != expected) {
+        s = absl::InternalError(absl::StrCat(
+            "server sent ", kd.data.size(), " bytes of dtype ", kd.dtype, " for key '",
+            KeyName(kd.variable, kd.partition), "'; expected ", expected));
+        break;
+      }
+      s = DecodeWeights(kd, it.out + it.part.offset, it.part.num_elements);
+    }
+    if (s.ok()) {
+      absl::MutexLock lock(&mu);
+      for (const WireKey& kd : got.keys) {
+        auto it = variables.find(kd.variable);
+        if (it != variables.end() && kd.partition < it->second.pulled_versions.size()) {
+          it->second.pulled_versions[kd.partition] = kd.version;
+        }
       }
     }
-    return absl::OkStatus();
+    got.slices.clear();  // the received buffers go back now
+    return s;
   }
 
   // Registers an operation of `n` parts and returns its handle.
@@ -314,44 +393,27 @@ class Client::Impl {
   // `exact`: pull float32 whatever the variable's pull compression.
   Handle Start(std::vector<TensorRef> tensors, int64_t version, bool push, bool pull,
                bool exact = false) {
-    absl::StatusOr<std::vector<Shard>> shards = Split(tensors, version, push, pull, exact);
+    absl::StatusOr<std::vector<Shard>> shards = Split(tensors, push, pull, exact);
     if (!shards.ok()) return NewOp(0, shards.status()).first;
     auto [handle, op] = NewOp(static_cast<int>(shards->size()));
     const uint64_t push_id = push ? next_push_id.fetch_add(1) : 0;
     const int rank = options.rank;
     for (Shard& shard : *shards) {
       auto sh = std::make_shared<Shard>(std::move(shard));
-      pool->Schedule([this, server = sh->server, sh, op = op, push, pull, push_id, rank] {
-        absl::Status s;
-        if (push && pull) {
-          v1::PushPullRequest req;
-          req.mutable_push()->set_worker_rank(rank);
-          req.mutable_push()->set_push_id(push_id);
-          for (v1::KeyData& kd : sh->keys) *req.mutable_push()->add_keys() = std::move(kd);
-          v1::PushPullResponse resp;
-          s = Call(server, "push-pull", [&](grpc::ClientContext* ctx) {
-            return stubs[server]->PushPull(ctx, req, &resp);
-          });
-          if (s.ok()) s = Store(resp.keys(), *sh);
-        } else if (push) {
-          v1::PushRequest req;
-          req.set_worker_rank(rank);
-          req.set_push_id(push_id);
-          for (v1::KeyData& kd : sh->keys) *req.add_keys() = std::move(kd);
-          v1::PushResponse resp;
-          s = Call(server, "push", [&](grpc::ClientContext* ctx) {
-            return stubs[server]->Push(ctx, req, &resp);
-          });
-        } else {
-          v1::PullRequest req;
-          req.set_worker_rank(rank);
-          for (v1::KeyData& kd : sh->keys) *req.add_keys() = std::move(kd);
-          v1::PullResponse resp;
-          s = Call(server, "pull", [&](grpc::ClientContext* ctx) {
-            return stubs[server]->Pull(ctx, req, &resp);
-          });
-          if (s.ok()) s = Store(resp.keys(), *sh);
-        }
+      pool->Schedule([this, sh, op = op, push, pull, push_id, rank, version] {
+        const int server = sh->server;
+        absl::StatusOr<std::vector<OutKey>> keys = Encode(*sh, version, push);
+        if (!keys.ok()) return Done(op.get(), keys.status());
+        const grpc::ByteBuffer req = push && pull ? EncodePushPullRequest(rank, push_id, *keys)
+                                     : push       ? EncodePushRequest(rank, push_id, *keys)
+                                                  : EncodePullRequest(rank, *keys);
+        const std::string& method = push && pull ? kPushPullMethod : push ? kPushMethod : kPullMethod;
+        grpc::ByteBuffer resp;
+        absl::Status s = Call(server, push && pull ? "push-pull" : push ? "push" : "pull",
+                              [&](grpc::ClientContext* ctx) {
+                                return RawCall(DataStub(server), ctx, method, req, &resp);
+                              });
+        if (s.ok() && pull) s = Store(resp, *sh);
         Done(op.get(), s);
       });
     }
@@ -365,6 +427,10 @@ Client::~Client() = default;
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.coordinator.empty()) return absl::InvalidArgumentError("no coordinator address");
   if (options.rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank, " < 0"));
+  if (options.connections_per_server < 1 || options.connections_per_server > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("connections_per_server must be 1..64; got ",
+                                                   options.connections_per_server));
+  }
   ReuseFreedMemory();
   if (absl::Status s = InitTransportSecurity(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TLS: ", s.message()));
@@ -386,10 +452,20 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   impl->config = barrier->config();
   for (const std::string& addr : barrier->shard_map().server_addresses()) {
     impl->addresses.push_back(addr);
-    impl->stubs.push_back(v1::ParameterServer::NewStub(MakeChannel(addr)));
+    auto& data = impl->data_stubs.emplace_back();
+    for (int c = 0; c < options.connections_per_server; ++c) {
+      // Each channel has its own subchannel pool (MakeChannel): its own TCP
+      // connection.
+      std::shared_ptr<grpc::Channel> channel = MakeChannel(addr);
+      if (c == 0) impl->stubs.push_back(v1::ParameterServer::NewStub(channel));
+      data.push_back(std::make_unique<grpc::GenericStub>(channel));
+    }
   }
   if (impl->stubs.empty()) return absl::FailedPreconditionError("the shard map lists no servers");
-  impl->pool = std::make_unique<ThreadPool>(std::max<int>(4, 2 * impl->stubs.size()));
+  impl->next_connection = std::make_unique<std::atomic<uint64_t>[]>(impl->stubs.size());
+  // Enough threads for a request in flight on every connection.
+  impl->pool = std::make_unique<ThreadPool>(
+      std::max<int>(4, 2 * options.connections_per_server * impl->stubs.size()));
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 

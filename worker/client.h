@@ -33,9 +33,12 @@ struct ClientOptions {
   // How long to keep retrying a server that cannot be reached.
   absl::Duration retry_budget = absl::Seconds(5);
   absl::Duration connect_timeout = absl::Seconds(120);
+  // TCP connections to each server that pushes and pulls are spread over
+  // (docs/runtime.md, "Data path", says how the default was chosen).
+  int connections_per_server = 2;
 
   // PSRT_COORDINATOR, PSRT_JOB_TOKEN, PSRT_RANK (as psrt-worker sets them),
-  // PSRT_RPC_TIMEOUT_S.
+  // PSRT_RPC_TIMEOUT_S, PSRT_CONNECTIONS_PER_SERVER.
   static absl::StatusOr<ClientOptions> FromEnv();
 };
 
