@@ -163,6 +163,12 @@ void CoordinatorService::WorkerLostLocked(Process* p, const std::string& reason)
   CheckSuccessLocked();
 }
 
+void CoordinatorService::MaybeStartCheckpointsLocked() {
+  if (options_.checkpointer == nullptr || checkpoints_started_ || !AllRegisteredLocked()) return;
+  checkpoints_started_ = true;
+  options_.checkpointer->Start(ServerAddressesLocked());
+}
+
 void CoordinatorService::CheckSuccessLocked() {
   if (state_ != v1::JOB_RUNNING) return;
   bool any = false;
@@ -175,6 +181,8 @@ void CoordinatorService::CheckSuccessLocked() {
   if (options_.checkpointer != nullptr && !final_saved_) {
     if (finishing_) return;
     finishing_ = true;
+    // A job may end before the monitor's next round has started them.
+    MaybeStartCheckpointsLocked();
     // The servers still hold the trained model: save it before anyone hears
     // that the job is over.
     finisher_ = std::thread([this] {
@@ -404,11 +412,7 @@ void CoordinatorService::Monitor() {
       }
       if (state_ != v1::JOB_RUNNING) break;
     }
-    if (state_ == v1::JOB_RUNNING && options_.checkpointer != nullptr && !checkpoints_started_ &&
-        AllRegisteredLocked()) {
-      checkpoints_started_ = true;
-      options_.checkpointer->Start(ServerAddressesLocked());
-    }
+    if (state_ == v1::JOB_RUNNING) MaybeStartCheckpointsLocked();
     if (state_ == v1::JOB_RUNNING && !AllRegisteredLocked() && now - start_ > barrier) {
       FailLocked(absl::StrCat("readiness barrier timed out after ", absl::FormatDuration(barrier),
                               "; not arrived: ", absl::StrJoin(MissingLocked(), ", ")));

@@ -74,6 +74,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   void FailLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker died or went silent: the job fails, or goes on without it.
   void WorkerLostLocked(Process* p, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the checkpointer once every process has registered.
+  void MaybeStartCheckpointsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckSuccessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Membership MembershipLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> MissingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
