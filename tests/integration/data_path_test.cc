@@ -1,0 +1,216 @@
+// The data path on a real psrt-server over loopback, driven by a plain
+// protobuf client: 64 workers' pulls wait for a version without a server
+// thread each, and every one is answered.
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "psrt/v1/ps.grpc.pb.h"
+#include "tests/integration/test_cluster.h"
+
+namespace psrt {
+namespace {
+
+constexpr int kWorkers = 64;
+constexpr int kN = 1000;
+
+// Threads of process `pid` (/proc/PID/status), or -1.
+int Threads(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    int n;
+    if (line.rfind("Threads:", 0) == 0 && absl::SimpleAtoi(line.substr(8), &n))
+      return n;
+  }
+  return -1;
+}
+
+class DataPathTest : public ::testing::Test {
+protected:
+  void Start(int workers_per_host) {
+    testing::ClusterOptions options;
+    options.distribution = absl::StrCat(
+        R"({"parameter_server":{"enabled":true,"mode":"sync","workers_per_host":)",
+        workers_per_host, "}}");
+    absl::StatusOr<std::unique_ptr<testing::TestCluster>> cluster =
+        testing::TestCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << "starting the cluster: " << cluster.status();
+    cluster_ = std::move(*cluster);
+    stub_ =
+        v1::ParameterServer::NewStub(MakeChannel(cluster_->server_address(0)));
+  }
+
+  void Prepare(grpc::ClientContext *ctx) {
+    PrepareContext(ctx, cluster_->token(), absl::Seconds(60));
+  }
+
+  // Registers "w" (kN float32, SGD with lr 1) as every worker.
+  void RegisterW(int workers) {
+    for (int r = 0; r < workers; ++r) {
+      v1::RegisterKeysRequest req;
+      req.set_worker_rank(r);
+      v1::KeySpec *k = req.add_keys();
+      k->set_variable("w");
+      k->set_dtype(v1::DTYPE_FLOAT32);
+      k->add_shape(kN);
+      k->set_num_elements(kN);
+      k->mutable_optimizer()->set_name("sgd");
+      k->mutable_optimizer()->set_lr(1);
+      if (r == 0)
+        k->set_init(std::string(kN * 4, '\0')); // zeros
+      grpc::ClientContext ctx;
+      Prepare(&ctx);
+      v1::RegisterKeysResponse resp;
+      grpc::Status s = stub_->RegisterKeys(&ctx, req, &resp);
+      ASSERT_TRUE(s.ok()) << "registering w as worker " << r << ": "
+                          << s.error_message();
+    }
+  }
+
+  double Metric(const std::string &name) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::StatsResponse stats;
+    grpc::Status s = stub_->Stats(&ctx, v1::StatsRequest(), &stats);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    auto it = stats.metrics().find(name);
+    return it == stats.metrics().end() ? -1 : it->second;
+  }
+
+  std::unique_ptr<testing::TestCluster> cluster_;
+  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+};
+
+TEST_F(DataPathTest, SixtyFourWaitingPullsHoldNoThreadAndAllAreAnswered) {
+  Start(kWorkers);
+  ASSERT_EQ(cluster_->config().num_workers(), kWorkers);
+  RegisterW(kWorkers);
+  const pid_t server = cluster_->server_pid(0);
+  const int before = Threads(server);
+  ASSERT_GT(before, 0);
+
+  // Every worker asks for version 1, which needs every worker's push.
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::PullRequest req;
+    v1::PullResponse resp;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  absl::Mutex mu;
+  int answered = 0;
+  for (int r = 0; r < kWorkers; ++r) {
+    auto c = std::make_unique<Call>();
+    Prepare(&c->ctx);
+    c->req.set_worker_rank(r);
+    v1::KeyData *k = c->req.add_keys();
+    k->set_variable("w");
+    k->set_version(1);
+    Call *raw = c.get();
+    stub_->async()->Pull(&c->ctx, &c->req, &c->resp,
+                         [raw, &mu, &answered](grpc::Status s) {
+                           absl::MutexLock lock(&mu);
+                           raw->status = std::move(s);
+                           ++answered;
+                         });
+    calls.push_back(std::move(c));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (Metric("psrt_server_waiting_pulls") < kWorkers &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(Metric("psrt_server_waiting_pulls"), kWorkers)
+      << "the server never had every pull waiting";
+  const int waiting = Threads(server);
+  // A thread per waiting pull would add 64; the server's threads do not
+  // depend on how many pulls wait.
+  EXPECT_LT(waiting - before, 8) << "threads before the pulls: " << before
+                                 << ", with 64 waiting: " << waiting;
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(answered, 0)
+        << "a pull for version 1 was answered before any push";
+  }
+
+  // Every worker pushes its gradient r + 1; version 1 is 0 - mean = -32.5.
+  for (int r = 0; r < kWorkers; ++r) {
+    v1::PushRequest push;
+    push.set_worker_rank(r);
+    push.set_push_id(1);
+    v1::KeyData *k = push.add_keys();
+    k->set_variable("w");
+    k->set_version(0);
+    k->set_dtype(v1::DTYPE_FLOAT32);
+    const std::vector<float> g(kN, static_cast<float>(r + 1));
+    k->set_data(reinterpret_cast<const char *>(g.data()), kN * 4);
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::PushResponse resp;
+    grpc::Status s = stub_->Push(&ctx, push, &resp);
+    ASSERT_TRUE(s.ok()) << "push of worker " << r << ": " << s.error_message();
+  }
+  {
+    absl::MutexLock lock(&mu);
+    auto all = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return answered == kWorkers;
+    };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(30)))
+        << answered << " of " << kWorkers << " pulls answered";
+  }
+  for (int r = 0; r < kWorkers; ++r) {
+    SCOPED_TRACE(absl::StrCat("worker ", r));
+    const Call &c = *calls[r];
+    ASSERT_TRUE(c.status.ok()) << c.status.error_message();
+    ASSERT_EQ(c.resp.keys_size(), 1);
+    EXPECT_EQ(c.resp.keys(0).version(), 1);
+    ASSERT_EQ(c.resp.keys(0).data().size(), static_cast<size_t>(kN * 4));
+    std::vector<float> w(kN);
+    std::memcpy(w.data(), c.resp.keys(0).data().data(), kN * 4);
+    EXPECT_EQ(w.front(), -32.5f);
+    EXPECT_EQ(w.back(), -32.5f);
+  }
+  const absl::Time drained = absl::Now() + absl::Seconds(5);
+  while (Metric("psrt_server_waiting_pulls") != 0 && absl::Now() < drained) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(Metric("psrt_server_waiting_pulls"), 0);
+  EXPECT_LT(Threads(server) - before, 8);
+  EXPECT_TRUE(cluster_->ServerAlive(0)) << cluster_->ServerExitDescription(0);
+}
+
+// A pull that waits past its deadline ends with an error naming the
+// workers it waited for; the waiting costs no thread and leaves nothing.
+TEST_F(DataPathTest, AWaitingPullEndsAtItsDeadlineNamingTheMissingWorkers) {
+  Start(2);
+  RegisterW(2);
+  v1::PullRequest req;
+  req.set_worker_rank(1);
+  v1::KeyData *k = req.add_keys();
+  k->set_variable("w");
+  k->set_version(1);
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx, cluster_->token(), absl::Milliseconds(800));
+  v1::PullResponse resp;
+  const absl::Time start = absl::Now();
+  grpc::Status s = stub_->Pull(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_NE(s.error_message().find("waiting for pushes from workers 0, 1"),
+            std::string::npos)
+      << s.error_message();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(Metric("psrt_server_waiting_pulls"), 0);
+}
+
+} // namespace
+} // namespace psrt
