@@ -274,6 +274,12 @@ const std::vector<KeySpec>& ParameterServerKeys() {
          return SetEnum(v, "pull_compression", {"none", "fp16", "bf16"},
                         &o->pull_compression);
        }},
+      {"transport", "string", "\"auto\"",
+       "how tensors travel between a worker and a server on one host: auto "
+       "(shared memory, else TCP) or tcp",
+       [](const Json& v, PsOptions* o) {
+         return SetEnum(v, "transport", {"auto", "tcp"}, &o->transport);
+       }},
       {"servers_per_host", "int", "1",
        "parameter-server processes per host (>= 1)",
        [](const Json& v, PsOptions* o) {

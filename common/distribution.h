@@ -40,6 +40,7 @@ struct PsOptions {
   int backup_workers = 0;               // sync only, >= 0
   std::string compression = "none";     // "none" | "fp16" | "bf16"
   std::string pull_compression = "none";
+  std::string transport = "auto";       // "auto" | "tcp"
   int servers_per_host = 1;             // >= 1
   int workers_per_host = 1;             // training processes per host, >= 1
   int64_t partition_bytes = 4 << 20;    // 4 KiB .. 64 MiB, multiple of 4

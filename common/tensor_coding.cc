@@ -26,18 +26,18 @@ enum KeyField {
   kScale = 6,
   kNonfinite = 7,
   kPullDType = 8,
+  kShared = 9,
 };
 
 // ---- Writing --------------------------------------------------------------
 
 int VarintSize(uint64_t v) {
   int n = 1;
-  while (v >= 0x80)
-    v >>= 7, ++n;
+  while (v >= 0x80) v >>= 7, ++n;
   return n;
 }
 
-void PutVarint(std::string *out, uint64_t v) {
+void PutVarint(std::string* out, uint64_t v) {
   while (v >= 0x80) {
     out->push_back(static_cast<char>(v | 0x80));
     v >>= 7;
@@ -45,20 +45,19 @@ void PutVarint(std::string *out, uint64_t v) {
   out->push_back(static_cast<char>(v));
 }
 
-void PutTag(std::string *out, int field, int wire_type) {
+void PutTag(std::string* out, int field, int wire_type) {
   PutVarint(out, (static_cast<uint64_t>(field) << 3) | wire_type);
 }
 
 // Scalars as protobuf writes them: proto3 leaves default values out.
-void PutVarintField(std::string *out, int field, uint64_t v) {
-  if (v == 0)
-    return;
+void PutVarintField(std::string* out, int field, uint64_t v) {
+  if (v == 0) return;
   PutTag(out, field, kVarint);
   PutVarint(out, v);
 }
 
 // The fields of a KeyData other than its data.
-void PutKeyHeader(std::string *out, const OutKey &k) {
+void PutKeyHeader(std::string* out, const OutKey& k) {
   if (!k.variable.empty()) {
     PutTag(out, kVariable, kLen);
     PutVarint(out, k.variable.size());
@@ -66,49 +65,51 @@ void PutKeyHeader(std::string *out, const OutKey &k) {
   }
   PutVarintField(out, kPartition, k.partition);
   PutVarintField(out, kVersion, static_cast<uint64_t>(k.version));
-  PutVarintField(out, kDType,
-                 static_cast<uint64_t>(static_cast<int64_t>(k.dtype)));
+  PutVarintField(out, kDType, static_cast<uint64_t>(static_cast<int64_t>(k.dtype)));
   if (k.scale != 0) {
     PutTag(out, kScale, kFixed32);
     char b[4];
-    std::memcpy(b, &k.scale, 4); // little-endian, as protobuf's fixed32
+    std::memcpy(b, &k.scale, 4);  // little-endian, as protobuf's fixed32
     out->append(b, 4);
   }
   PutVarintField(out, kNonfinite, k.nonfinite ? 1 : 0);
-  PutVarintField(out, kPullDType,
-                 static_cast<uint64_t>(static_cast<int64_t>(k.pull_dtype)));
+  PutVarintField(out, kPullDType, static_cast<uint64_t>(static_cast<int64_t>(k.pull_dtype)));
+  if (k.has_shared) {
+    std::string span;
+    PutVarintField(&span, 1, k.shared.region);
+    PutVarintField(&span, 2, static_cast<uint64_t>(k.shared.offset));
+    PutVarintField(&span, 3, static_cast<uint64_t>(k.shared.size));
+    PutVarintField(&span, 4, static_cast<uint64_t>(k.shared.capacity));
+    PutTag(out, kShared, kLen);
+    PutVarint(out, span.size());
+    *out += span;
+  }
 }
 
-void DestroyBufferRef(void *user_data) {
-  static_cast<Buffer *>(user_data)->Unref();
-}
+void DestroyBufferRef(void* user_data) { static_cast<Buffer*>(user_data)->Unref(); }
 
 // A message as slices: framing bytes collect in `pending` until a key's
 // values go out as a slice of their own.
 class SliceWriter {
-public:
-  std::string *header() { return &pending_; }
+ public:
+  std::string* header() { return &pending_; }
 
-  void AddData(const OutKey &k) {
-    if (k.size == 0)
-      return;
+  void AddData(const OutKey& k) {
+    if (k.size == 0) return;
     Flush();
-    char *p = const_cast<char *>(k.data);
+    char* p = const_cast<char*>(k.data);
     if (k.owner) {
-      Buffer *b = k.owner.get();
-      b->Ref(); // released by gRPC through DestroyBufferRef
-      slices_.emplace_back(p, static_cast<size_t>(k.size), &DestroyBufferRef,
-                           b);
+      Buffer* b = k.owner.get();
+      b->Ref();  // released by gRPC through DestroyBufferRef
+      slices_.emplace_back(p, static_cast<size_t>(k.size), &DestroyBufferRef, b);
     } else {
-      slices_.emplace_back(p, static_cast<size_t>(k.size),
-                           grpc::Slice::STATIC_SLICE);
+      slices_.emplace_back(p, static_cast<size_t>(k.size), grpc::Slice::STATIC_SLICE);
     }
     size_ += k.size;
   }
 
   void Flush() {
-    if (pending_.empty())
-      return;
+    if (pending_.empty()) return;
     size_ += static_cast<int64_t>(pending_.size());
     slices_.emplace_back(pending_);
     pending_.clear();
@@ -117,16 +118,16 @@ public:
   // Frames the keys as repeated field `field`.
   void AddKeys(int field, absl::Span<const OutKey> keys) {
     std::string meta;
-    for (const OutKey &k : keys) {
+    for (const OutKey& k : keys) {
       meta.clear();
       PutKeyHeader(&meta, k);
+      const bool inline_data = k.size > 0 && !k.has_shared;
       int64_t len = static_cast<int64_t>(meta.size());
-      if (k.size > 0)
-        len += 1 + VarintSize(k.size) + k.size;
+      if (inline_data) len += 1 + VarintSize(k.size) + k.size;
       PutTag(&pending_, field, kLen);
       PutVarint(&pending_, len);
       pending_ += meta;
-      if (k.size > 0) {
+      if (inline_data) {
         PutTag(&pending_, kData, kLen);
         PutVarint(&pending_, k.size);
         AddData(k);
@@ -138,21 +139,19 @@ public:
 
   grpc::ByteBuffer Finish(std::string prefix = "") {
     Flush();
-    if (!prefix.empty())
-      slices_.insert(slices_.begin(), grpc::Slice(prefix));
+    if (!prefix.empty()) slices_.insert(slices_.begin(), grpc::Slice(prefix));
     return grpc::ByteBuffer(slices_.data(), slices_.size());
   }
 
-private:
+ private:
   std::vector<grpc::Slice> slices_;
   std::string pending_;
   int64_t size_ = 0;
 };
 
-void WritePush(SliceWriter *w, int32_t worker_rank, uint64_t push_id,
+void WritePush(SliceWriter* w, int32_t worker_rank, uint64_t push_id,
                absl::Span<const OutKey> keys) {
-  PutVarintField(w->header(), 1,
-                 static_cast<uint64_t>(static_cast<int64_t>(worker_rank)));
+  PutVarintField(w->header(), 1, static_cast<uint64_t>(static_cast<int64_t>(worker_rank)));
   PutVarintField(w->header(), 2, push_id);
   w->AddKeys(3, keys);
 }
@@ -161,61 +160,51 @@ void WritePush(SliceWriter *w, int32_t worker_rank, uint64_t push_id,
 
 // A cursor over a received message's slices.
 class SliceReader {
-public:
-  explicit SliceReader(const std::vector<grpc::Slice> &slices)
-      : slices_(slices) {
-    for (const grpc::Slice &s : slices)
-      size_ += static_cast<int64_t>(s.size());
+ public:
+  explicit SliceReader(const std::vector<grpc::Slice>& slices) : slices_(slices) {
+    for (const grpc::Slice& s : slices) size_ += static_cast<int64_t>(s.size());
   }
   int64_t pos() const { return pos_; }
   int64_t size() const { return size_; }
 
-  bool ReadByte(uint8_t *b) {
-    while (idx_ < slices_.size() && off_ == slices_[idx_].size())
-      ++idx_, off_ = 0;
-    if (idx_ == slices_.size())
-      return false;
+  bool ReadByte(uint8_t* b) {
+    while (idx_ < slices_.size() && off_ == slices_[idx_].size()) ++idx_, off_ = 0;
+    if (idx_ == slices_.size()) return false;
     *b = slices_[idx_].begin()[off_++];
     ++pos_;
     return true;
   }
 
-  bool ReadVarint(uint64_t *v) {
+  bool ReadVarint(uint64_t* v) {
     *v = 0;
     for (int shift = 0; shift < 64; shift += 7) {
       uint8_t b;
-      if (!ReadByte(&b))
-        return false;
+      if (!ReadByte(&b)) return false;
       *v |= static_cast<uint64_t>(b & 0x7f) << shift;
-      if ((b & 0x80) == 0)
-        return true;
+      if ((b & 0x80) == 0) return true;
     }
-    return false; // more than 10 bytes
+    return false;  // more than 10 bytes
   }
 
   // The next `n` bytes, as pieces appended to `out` (nullptr: skipped).
-  bool Take(int64_t n, Payload *out) {
-    if (n < 0 || n > size_ - pos_)
-      return false;
+  bool Take(int64_t n, Payload* out) {
+    if (n < 0 || n > size_ - pos_) return false;
     pos_ += n;
     while (n > 0) {
-      const grpc::Slice &s = slices_[idx_];
-      const int64_t here =
-          std::min<int64_t>(n, static_cast<int64_t>(s.size() - off_));
+      const grpc::Slice& s = slices_[idx_];
+      const int64_t here = std::min<int64_t>(n, static_cast<int64_t>(s.size() - off_));
       if (out != nullptr) {
-        out->Add(absl::string_view(
-            reinterpret_cast<const char *>(s.begin()) + off_, here));
+        out->Add(absl::string_view(reinterpret_cast<const char*>(s.begin()) + off_, here));
       }
       off_ += here;
       n -= here;
-      if (off_ == s.size())
-        ++idx_, off_ = 0;
+      if (off_ == s.size()) ++idx_, off_ = 0;
     }
     return true;
   }
 
-private:
-  const std::vector<grpc::Slice> &slices_;
+ private:
+  const std::vector<grpc::Slice>& slices_;
   size_t idx_ = 0;
   size_t off_ = 0;
   int64_t pos_ = 0;
@@ -228,64 +217,57 @@ private:
 // consume exactly `length` bytes. Unknown fields are skipped by the caller
 // returning false ("not mine"). Returns an error text, or "" when well formed.
 template <typename OnScalar, typename OnLen>
-std::string ReadFields(SliceReader *r, int64_t end, OnScalar on_scalar,
-                       OnLen on_len) {
+std::string ReadFields(SliceReader* r, int64_t end, OnScalar on_scalar, OnLen on_len) {
   while (r->pos() < end) {
     const int64_t at = r->pos();
     uint64_t tag;
-    if (!r->ReadVarint(&tag))
-      return absl::StrCat("a field tag is cut short at byte ", at);
+    if (!r->ReadVarint(&tag)) return absl::StrCat("a field tag is cut short at byte ", at);
     const int field = static_cast<int>(tag >> 3);
     const int wire_type = static_cast<int>(tag & 7);
-    if (field == 0 || (tag >> 3) > 0x1fffffff)
-      return absl::StrCat("field number 0 at byte ", at);
+    if (field == 0 || (tag >> 3) > 0x1fffffff) return absl::StrCat("field number 0 at byte ", at);
     switch (wire_type) {
-    case kVarint: {
-      uint64_t v;
-      if (!r->ReadVarint(&v))
-        return absl::StrCat("field ", field, " is cut short at byte ", at);
-      on_scalar(field, wire_type, v);
-      break;
-    }
-    case kFixed32:
-    case kFixed64: {
-      const int n = wire_type == kFixed32 ? 4 : 8;
-      uint64_t v = 0;
-      for (int i = 0; i < n; ++i) {
-        uint8_t b;
-        if (!r->ReadByte(&b))
-          return absl::StrCat("field ", field, " is cut short at byte ", at);
-        v |= static_cast<uint64_t>(b) << (8 * i);
+      case kVarint: {
+        uint64_t v;
+        if (!r->ReadVarint(&v)) return absl::StrCat("field ", field, " is cut short at byte ", at);
+        on_scalar(field, wire_type, v);
+        break;
       }
-      on_scalar(field, wire_type, v);
-      break;
-    }
-    case kLen: {
-      uint64_t len;
-      if (!r->ReadVarint(&len) || len > static_cast<uint64_t>(end - r->pos())) {
-        return absl::StrCat("field ", field, " at byte ", at,
-                            " runs past the end of its message");
+      case kFixed32:
+      case kFixed64: {
+        const int n = wire_type == kFixed32 ? 4 : 8;
+        uint64_t v = 0;
+        for (int i = 0; i < n; ++i) {
+          uint8_t b;
+          if (!r->ReadByte(&b)) return absl::StrCat("field ", field, " is cut short at byte ", at);
+          v |= static_cast<uint64_t>(b) << (8 * i);
+        }
+        on_scalar(field, wire_type, v);
+        break;
       }
-      const int64_t stop = r->pos() + static_cast<int64_t>(len);
-      std::string err = on_len(field, static_cast<int64_t>(len));
-      if (!err.empty())
-        return err;
-      if (r->pos() != stop)
-        return absl::StrCat("field ", field, " at byte ", at, " is malformed");
-      break;
-    }
-    default:
-      return absl::StrCat("field ", field, " at byte ", at, " has wire type ",
-                          wire_type, ", which no psrt.v1 message uses");
+      case kLen: {
+        uint64_t len;
+        if (!r->ReadVarint(&len) || len > static_cast<uint64_t>(end - r->pos())) {
+          return absl::StrCat("field ", field, " at byte ", at,
+                              " runs past the end of its message");
+        }
+        const int64_t stop = r->pos() + static_cast<int64_t>(len);
+        std::string err = on_len(field, static_cast<int64_t>(len));
+        if (!err.empty()) return err;
+        if (r->pos() != stop)
+          return absl::StrCat("field ", field, " at byte ", at, " is malformed");
+        break;
+      }
+      default:
+        return absl::StrCat("field ", field, " at byte ", at, " has wire type ", wire_type,
+                            ", which no psrt.v1 message uses");
     }
     if (r->pos() > end)
-      return absl::StrCat("a field runs past the end of its message at byte ",
-                          at);
+      return absl::StrCat("a field runs past the end of its message at byte ", at);
   }
   return "";
 }
 
-std::string ReadKey(SliceReader *r, int64_t len, WireKey *k) {
+std::string ReadKey(SliceReader* r, int64_t len, WireKey* k) {
   const int64_t end = r->pos() + len;
   return ReadFields(
       r, end,
@@ -295,29 +277,47 @@ std::string ReadKey(SliceReader *r, int64_t len, WireKey *k) {
           std::memcpy(&k->scale, &bits, 4);
         } else if (wire_type == kVarint) {
           switch (field) {
-          case kPartition:
-            k->partition = static_cast<uint32_t>(v);
-            break;
-          case kVersion:
-            k->version = static_cast<int64_t>(v);
-            break;
-          case kDType:
-            k->dtype = static_cast<v1::DType>(static_cast<int32_t>(v));
-            break;
-          case kNonfinite:
-            k->nonfinite = v != 0;
-            break;
-          case kPullDType:
-            k->pull_dtype = static_cast<v1::DType>(static_cast<int32_t>(v));
-            break;
-          default:
-            break;
+            case kPartition:
+              k->partition = static_cast<uint32_t>(v);
+              break;
+            case kVersion:
+              k->version = static_cast<int64_t>(v);
+              break;
+            case kDType:
+              k->dtype = static_cast<v1::DType>(static_cast<int32_t>(v));
+              break;
+            case kNonfinite:
+              k->nonfinite = v != 0;
+              break;
+            case kPullDType:
+              k->pull_dtype = static_cast<v1::DType>(static_cast<int32_t>(v));
+              break;
+            default:
+              break;
           }
         }
       },
       [r, k](int field, int64_t n) -> std::string {
+        if (field == kShared) {
+          k->has_shared = true;
+          k->shared = SharedSpan();
+          SharedSpan* span = &k->shared;
+          return ReadFields(
+              r, r->pos() + n,
+              [span](int f, int wire_type, uint64_t v) {
+                if (wire_type != kVarint) return;
+                if (f == 1) span->region = v;
+                if (f == 2) span->offset = static_cast<int64_t>(v);
+                if (f == 3) span->size = static_cast<int64_t>(v);
+                if (f == 4) span->capacity = static_cast<int64_t>(v);
+              },
+              [r](int, int64_t len) -> std::string {
+                r->Take(len, nullptr);
+                return "";
+              });
+        }
         if (field == kData) {
-          k->data.Clear(); // the last occurrence wins, as in protobuf
+          k->data.Clear();  // the last occurrence wins, as in protobuf
           r->Take(n, &k->data);
         } else if (field == kVariable) {
           Payload name;
@@ -332,27 +332,23 @@ std::string ReadKey(SliceReader *r, int64_t len, WireKey *k) {
 
 // Parses a message whose repeated KeyData is field `keys_field`; `wrapped`:
 // the message sits in field 1 of an outer one (PushPullRequest's push).
-absl::Status Parse(const grpc::ByteBuffer &in, const char *type, int keys_field,
-                   bool wrapped, WireMessage *out) {
+absl::Status Parse(const grpc::ByteBuffer& in, const char* type, int keys_field, bool wrapped,
+                   WireMessage* out) {
   out->slices.clear();
   out->keys.clear();
   out->worker_rank = 0;
   out->push_id = 0;
   if (!in.Dump(&out->slices).ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot read the ", type, " received"));
+    return absl::InvalidArgumentError(absl::StrCat("cannot read the ", type, " received"));
   }
   SliceReader r(out->slices);
   auto body = [&](int64_t end) {
     return ReadFields(
         &r, end,
         [&](int field, int wire_type, uint64_t v) {
-          if (wire_type != kVarint || keys_field == 1)
-            return;
-          if (field == 1)
-            out->worker_rank = static_cast<int32_t>(v);
-          if (field == 2 && keys_field == 3)
-            out->push_id = v;
+          if (wire_type != kVarint || keys_field == 1) return;
+          if (field == 1) out->worker_rank = static_cast<int32_t>(v);
+          if (field == 2 && keys_field == 3) out->push_id = v;
         },
         [&](int field, int64_t n) -> std::string {
           if (field != keys_field) {
@@ -384,42 +380,35 @@ absl::Status Parse(const grpc::ByteBuffer &in, const char *type, int keys_field,
   return absl::OkStatus();
 }
 
-} // namespace
+}  // namespace
 
 std::string Payload::ToString() const {
   std::string s;
   s.reserve(size_);
-  for (absl::string_view p : pieces_)
-    s.append(p.data(), p.size());
+  for (absl::string_view p : pieces_) s.append(p.data(), p.size());
   return s;
 }
 
-void DecodePayload(const Payload &p, v1::DType dtype, float scale, float *out,
-                   bool accumulate) {
+void DecodePayload(const Payload& p, v1::DType dtype, float scale, float* out, bool accumulate) {
   const int bpv = BytesPerValue(dtype);
-  if (bpv == 0)
-    return;
+  if (bpv == 0) return;
   char carry[4];
-  int have = 0;     // bytes of a split value held in `carry`
-  int64_t done = 0; // values written
+  int have = 0;      // bytes of a split value held in `carry`
+  int64_t done = 0;  // values written
   for (absl::string_view piece : p.pieces()) {
     if (have > 0) {
-      const int take =
-          static_cast<int>(std::min<size_t>(bpv - have, piece.size()));
+      const int take = static_cast<int>(std::min<size_t>(bpv - have, piece.size()));
       std::memcpy(carry + have, piece.data(), take);
       have += take;
       piece.remove_prefix(take);
-      if (have < bpv)
-        continue;
-      DecodeValues(absl::string_view(carry, bpv), dtype, scale, out + done, 1,
-                   accumulate);
+      if (have < bpv) continue;
+      DecodeValues(absl::string_view(carry, bpv), dtype, scale, out + done, 1, accumulate);
       ++done;
       have = 0;
     }
     const int64_t whole = static_cast<int64_t>(piece.size()) / bpv;
     if (whole > 0) {
-      DecodeValues(piece.substr(0, whole * bpv), dtype, scale, out + done,
-                   whole, accumulate);
+      DecodeValues(piece.substr(0, whole * bpv), dtype, scale, out + done, whole, accumulate);
       done += whole;
     }
     have = static_cast<int>(piece.size() - whole * bpv);
@@ -427,17 +416,16 @@ void DecodePayload(const Payload &p, v1::DType dtype, float scale, float *out,
   }
 }
 
-absl::Status ParsePushRequest(const grpc::ByteBuffer &in, WireMessage *out) {
+absl::Status ParsePushRequest(const grpc::ByteBuffer& in, WireMessage* out) {
   return Parse(in, "PushRequest", 3, false, out);
 }
-absl::Status ParsePullRequest(const grpc::ByteBuffer &in, WireMessage *out) {
+absl::Status ParsePullRequest(const grpc::ByteBuffer& in, WireMessage* out) {
   return Parse(in, "PullRequest", 2, false, out);
 }
-absl::Status ParsePushPullRequest(const grpc::ByteBuffer &in,
-                                  WireMessage *out) {
+absl::Status ParsePushPullRequest(const grpc::ByteBuffer& in, WireMessage* out) {
   return Parse(in, "PushPullRequest", 3, true, out);
 }
-absl::Status ParseKeysResponse(const grpc::ByteBuffer &in, WireMessage *out) {
+absl::Status ParseKeysResponse(const grpc::ByteBuffer& in, WireMessage* out) {
   return Parse(in, "PullResponse", 1, false, out);
 }
 
@@ -458,11 +446,9 @@ grpc::ByteBuffer EncodePushPullRequest(int32_t worker_rank, uint64_t push_id,
   return w.Finish(std::move(prefix));
 }
 
-grpc::ByteBuffer EncodePullRequest(int32_t worker_rank,
-                                   absl::Span<const OutKey> keys) {
+grpc::ByteBuffer EncodePullRequest(int32_t worker_rank, absl::Span<const OutKey> keys) {
   SliceWriter w;
-  PutVarintField(w.header(), 1,
-                 static_cast<uint64_t>(static_cast<int64_t>(worker_rank)));
+  PutVarintField(w.header(), 1, static_cast<uint64_t>(static_cast<int64_t>(worker_rank)));
   w.AddKeys(2, keys);
   return w.Finish();
 }
@@ -473,4 +459,4 @@ grpc::ByteBuffer EncodeKeysResponse(absl::Span<const OutKey> keys) {
   return w.Finish();
 }
 
-} // namespace psrt
+}  // namespace psrt

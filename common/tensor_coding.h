@@ -15,12 +15,12 @@
 // the way. Any protobuf client or server of proto/psrt/v1 reads and writes
 // the same bytes.
 
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/slice.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -33,13 +33,12 @@ namespace psrt {
 // Bytes of a received message that belong to one field: pieces of its
 // slices, in order, without a copy.
 class Payload {
-public:
+ public:
   int64_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  const std::vector<absl::string_view> &pieces() const { return pieces_; }
+  const std::vector<absl::string_view>& pieces() const { return pieces_; }
   void Add(absl::string_view piece) {
-    if (piece.empty())
-      return;
+    if (piece.empty()) return;
     pieces_.push_back(piece);
     size_ += static_cast<int64_t>(piece.size());
   }
@@ -50,7 +49,7 @@ public:
   // The bytes in one string (for tests and small fields).
   std::string ToString() const;
 
-private:
+ private:
   std::vector<absl::string_view> pieces_;
   int64_t size_ = 0;
 };
@@ -59,8 +58,15 @@ private:
 // `out`, or adds them to it, one piece at a time: no gather copy first. A
 // value split between two pieces is joined. The caller has checked that
 // p.size() is a whole number of values.
-void DecodePayload(const Payload &p, v1::DType dtype, float scale, float *out,
-                   bool accumulate);
+void DecodePayload(const Payload& p, v1::DType dtype, float scale, float* out, bool accumulate);
+
+// psrt.v1.SharedSpan: values in a worker's shared-memory region.
+struct SharedSpan {
+  uint64_t region = 0;
+  int64_t offset = 0;
+  int64_t size = 0;
+  int64_t capacity = 0;
+};
 
 // One psrt.v1.KeyData as received; `data` points into the message's slices.
 struct WireKey {
@@ -72,6 +78,12 @@ struct WireKey {
   float scale = 0;
   bool nonfinite = false;
   v1::DType pull_dtype = v1::DTYPE_UNSPECIFIED;
+  bool has_shared = false;
+  SharedSpan shared;
+  // Where shared.offset lies in this process's mapping of the region, once
+  // the receiver has checked the span (the server for requests: a push's
+  // values, a pull's room for its answer).
+  char* shared_at = nullptr;
 };
 
 // A received PushRequest, PullRequest, PushPullRequest (its push),
@@ -86,11 +98,11 @@ struct WireMessage {
 
 // Parse what the named message holds. A buffer that is not a valid message
 // of that type is INVALID_ARGUMENT, naming the type and where it broke.
-absl::Status ParsePushRequest(const grpc::ByteBuffer &in, WireMessage *out);
-absl::Status ParsePullRequest(const grpc::ByteBuffer &in, WireMessage *out);
-absl::Status ParsePushPullRequest(const grpc::ByteBuffer &in, WireMessage *out);
+absl::Status ParsePushRequest(const grpc::ByteBuffer& in, WireMessage* out);
+absl::Status ParsePullRequest(const grpc::ByteBuffer& in, WireMessage* out);
+absl::Status ParsePushPullRequest(const grpc::ByteBuffer& in, WireMessage* out);
 // PullResponse and PushPullResponse (the same layout).
-absl::Status ParseKeysResponse(const grpc::ByteBuffer &in, WireMessage *out);
+absl::Status ParseKeysResponse(const grpc::ByteBuffer& in, WireMessage* out);
 
 // One key to send. Its values are `size` bytes at `data`: borrowed (the
 // caller keeps them alive until the call has ended) when `owner` is empty,
@@ -103,20 +115,23 @@ struct OutKey {
   float scale = 0;
   bool nonfinite = false;
   v1::DType pull_dtype = v1::DTYPE_UNSPECIFIED;
-  const char *data = nullptr;
+  const char* data = nullptr;
   int64_t size = 0;
   BufferRef owner;
+  // Sends `shared` instead of the values (which are already in the region:
+  // size bytes at offset, or room for an answer).
+  bool has_shared = false;
+  SharedSpan shared;
 };
 
 grpc::ByteBuffer EncodePushRequest(int32_t worker_rank, uint64_t push_id,
                                    absl::Span<const OutKey> keys);
 grpc::ByteBuffer EncodePushPullRequest(int32_t worker_rank, uint64_t push_id,
                                        absl::Span<const OutKey> keys);
-grpc::ByteBuffer EncodePullRequest(int32_t worker_rank,
-                                   absl::Span<const OutKey> keys);
+grpc::ByteBuffer EncodePullRequest(int32_t worker_rank, absl::Span<const OutKey> keys);
 // A PullResponse or PushPullResponse.
 grpc::ByteBuffer EncodeKeysResponse(absl::Span<const OutKey> keys);
 
-} // namespace psrt
+}  // namespace psrt
 
-#endif // PSRT_COMMON_TENSOR_CODING_H_
+#endif  // PSRT_COMMON_TENSOR_CODING_H_

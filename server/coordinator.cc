@@ -56,6 +56,7 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
   config_.set_restart_workers(ps.restart_workers);
   config_.set_compression(ps.compression);
   config_.set_pull_compression(ps.pull_compression);
+  config_.set_transport(ps.transport);
   config_.mutable_checkpoint()->set_uri(ps.checkpoint.uri);
   config_.mutable_checkpoint()->set_every_steps(ps.checkpoint.every_steps);
   config_.mutable_checkpoint()->set_every_seconds(ps.checkpoint.every_seconds);

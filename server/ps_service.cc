@@ -36,6 +36,68 @@ grpc::Status PsService::RegisterKeys(grpc::ServerContext* ctx, const v1::Registe
   return Finish(store_->RegisterKeys(*req));
 }
 
+absl::Status PsService::ResolveShared(WireMessage* m) {
+  absl::MutexLock lock(&regions_mu_);
+  for (WireKey& k : m->keys) {
+    if (!k.has_shared) continue;
+    const std::string key = absl::StrCat("key '", k.variable, "#", k.partition, "'");
+    auto it = regions_.find(k.shared.region);
+    if (it == regions_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          key, " names shared-memory region ", k.shared.region, ", which is not attached here"));
+    }
+    if (it->second.rank != m->worker_rank) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          key, ": shared-memory region ", k.shared.region, " belongs to worker ", it->second.rank,
+          ", not to worker ", m->worker_rank));
+    }
+    const SharedRegion& r = *it->second.memory;
+    if (!r.Contains(k.shared.offset, std::max(k.shared.size, k.shared.capacity))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          key, ": shared span [", k.shared.offset, ", +", std::max(k.shared.size, k.shared.capacity),
+          ") lies outside its region of ", r.size(), " bytes"));
+    }
+    if (k.shared.size > 0 && !k.data.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, " carries values both in `data` and in shared memory"));
+    }
+    k.shared_at = r.data() + k.shared.offset;
+    if (k.shared.size > 0) k.data.Add(absl::string_view(k.shared_at, k.shared.size));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status PsService::AttachSharedMemory(grpc::ServerContext* ctx,
+                                           const v1::AttachSharedMemoryRequest* req,
+                                           v1::AttachSharedMemoryResponse* resp) {
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
+  if (absl::Status s = store_->CheckWorker(req->worker_rank()); !s.ok()) return Finish(s);
+  if (req->size() <= 0 || req->size() > kMaxSharedBytes) {
+    return Finish(absl::InvalidArgumentError(absl::StrCat(
+        "a shared-memory region has 1 to ", kMaxSharedBytes, " bytes; asked for ", req->size())));
+  }
+  {
+    absl::MutexLock lock(&regions_mu_);
+    if (regions_.size() >= kMaxRegions) {
+      return Finish(absl::ResourceExhaustedError(
+          absl::StrCat("this server already maps ", kMaxRegions, " shared-memory regions")));
+    }
+  }
+  // A server on another host finds no such name: NOT_FOUND, and the worker
+  // uses TCP with it (not an error worth counting).
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::Attach(req->name(), req->size());
+  if (!region.ok()) {
+    return region.status().code() == absl::StatusCode::kNotFound ? ToGrpc(region.status())
+                                                                  : Finish(region.status());
+  }
+  absl::MutexLock lock(&regions_mu_);
+  const uint64_t id = next_region_++;
+  regions_[id] = Region{req->worker_rank(), *std::move(region)};
+  resp->set_region(id);
+  LogInfo("worker ", req->worker_rank(), " shares ", req->size() >> 20, " MiB of memory with this server");
+  return grpc::Status::OK;
+}
+
 // One per thread, reused: parsing a request allocates nothing once warm.
 // A request is done with it before its handler returns.
 static WireMessage& Scratch() {
@@ -59,6 +121,7 @@ grpc::ServerUnaryReactor* PsService::Push(grpc::CallbackServerContext* ctx,
   }
   WireMessage& msg = Scratch();
   absl::Status s = ParsePushRequest(*req, &msg);
+  if (s.ok()) s = ResolveShared(&msg);
   if (s.ok()) s = store_->Push(msg);
   msg.slices.clear();
   *resp = grpc::ByteBuffer(nullptr, 0);  // an empty PushResponse
@@ -74,7 +137,9 @@ grpc::ServerUnaryReactor* PsService::Pull(grpc::CallbackServerContext* ctx,
     return reactor;
   }
   WireMessage& msg = Scratch();
-  if (absl::Status s = ParsePullRequest(*req, &msg); !s.ok()) {
+  absl::Status s = ParsePullRequest(*req, &msg);
+  if (s.ok()) s = ResolveShared(&msg);
+  if (!s.ok()) {
     reactor->Finish(Finish(s));
   } else {
     store_->PullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }, Reply(reactor, resp));
@@ -91,7 +156,9 @@ grpc::ServerUnaryReactor* PsService::PushPull(grpc::CallbackServerContext* ctx,
     return reactor;
   }
   WireMessage& msg = Scratch();
-  if (absl::Status s = ParsePushPullRequest(*req, &msg); !s.ok()) {
+  absl::Status s = ParsePushPullRequest(*req, &msg);
+  if (s.ok()) s = ResolveShared(&msg);
+  if (!s.ok()) {
     reactor->Finish(Finish(s));
   } else {
     store_->PushPullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); },

@@ -3,7 +3,10 @@
 
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
+#include "common/shared_memory.h"
 #include "psrt/v1/ps.grpc.pb.h"
 #include "server/checkpoint_io.h"
 #include "server/store.h"
@@ -38,6 +41,9 @@ class PsService final : public PsServiceBase {
                      v1::StatsResponse* resp) override;
   grpc::Status SaveShard(grpc::ServerContext* ctx, const v1::SaveShardRequest* req,
                          v1::SaveShardResponse* resp) override;
+  grpc::Status AttachSharedMemory(grpc::ServerContext* ctx,
+                                  const v1::AttachSharedMemoryRequest* req,
+                                  v1::AttachSharedMemoryResponse* resp) override;
 
   ShardSaver* saver() { return &saver_; }
 
@@ -45,12 +51,26 @@ class PsService final : public PsServiceBase {
   grpc::Status Finish(const absl::Status& s);
   // Answers a pull or push-pull when the store calls back.
   Store::PullDone Reply(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* resp);
+  // Checks each shared-memory span of `m` against the sender's regions and
+  // points the keys at it: a push's values, a pull's room for its answer.
+  absl::Status ResolveShared(WireMessage* m);
 
   Store* store_;
   Metrics* metrics_;
   const std::string token_;
   Counter* rejected_;
   ShardSaver saver_;
+  // Workers' shared-memory regions, by id; mapped until the server exits.
+  struct Region {
+    int32_t rank;
+    std::unique_ptr<SharedRegion> memory;
+  };
+  absl::Mutex regions_mu_;
+  absl::flat_hash_map<uint64_t, Region> regions_ ABSL_GUARDED_BY(regions_mu_);
+  uint64_t next_region_ ABSL_GUARDED_BY(regions_mu_) = 1;
+  // Most regions one server maps (a worker makes one; restarts make more).
+  static constexpr size_t kMaxRegions = 4096;
+  static constexpr int64_t kMaxSharedBytes = int64_t{1} << 30;
 };
 
 }  // namespace psrt

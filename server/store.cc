@@ -68,6 +68,9 @@ struct Store::PendingPull {
   std::vector<Key*> keys;
   std::vector<int64_t> min_version;
   std::vector<v1::DType> dtypes;
+  // Room for each answer in the worker's shared memory (null: none).
+  std::vector<char*> shared_at;
+  std::vector<SharedSpan> spans;
   absl::Time start;
   absl::Time until;
   Cancelled cancelled;
@@ -554,17 +557,29 @@ bool Store::Serve(Key* k, PendingPull* p, int i) {
   out.partition = k->spec.partition();
   out.version = k->version;
   out.dtype = dtype;
-  // The one copy of the weights on the way out, fused with the conversion,
-  // into a pooled buffer that gRPC sends from and then gives back.
-  BufferRef buf = buffers_.Get(bytes);
-  out.scale = EncodeValues(k->weights.data(), k->n, dtype, buf.data()).scale;
-  out.data = buf.data();
   out.size = bytes;
-  out.owner = std::move(buf);
+  // The one copy of the weights on the way out, fused with the conversion:
+  // into the worker's shared memory, or a pooled buffer gRPC sends from.
+  const bool to_shared = p->shared_at[i] != nullptr && bytes <= p->spans[i].capacity;
+  if (!to_shared) {
+    BufferRef buf = buffers_.Get(bytes);
+    out.scale = EncodeValues(k->weights.data(), k->n, dtype, buf.data()).scale;
+    out.data = buf.data();
+    out.owner = std::move(buf);
+  }
   if (!options_.sync) staleness_->Observe(std::max<int64_t>(0, p->min_version[i] - SlowestClock(k)));
   pull_wait_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - p->start));
   absl::MutexLock lock(&p->mu);
   if (p->finished || p->served[i]) return false;
+  if (to_shared) {
+    // Written only while the pull is live: once it has ended the worker
+    // may use that memory for something else.
+    out.scale = EncodeValues(k->weights.data(), k->n, dtype, p->shared_at[i]).scale;
+    out.has_shared = true;
+    out.shared = p->spans[i];
+    out.shared.size = bytes;
+    out.shared.capacity = 0;
+  }
   bytes_out_->Add(bytes);
   pulls_->Add();
   p->out[i] = std::move(out);
@@ -724,6 +739,8 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
     p->keys.push_back(*key);
     p->min_version.push_back(kd.version);
     p->dtypes.push_back(kd.dtype == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_FLOAT32 : kd.dtype);
+    p->shared_at.push_back(kd.shared_at);
+    p->spans.push_back(kd.shared);
   }
   const int n = static_cast<int>(p->keys.size());
   p->start = absl::Now();
@@ -773,6 +790,10 @@ void Store::PushPullAsync(const WireMessage& req, absl::Time deadline, Cancelled
     pull.keys[i].partition = req.keys[i].partition;
     pull.keys[i].version = req.keys[i].version + 1;
     pull.keys[i].dtype = req.keys[i].pull_dtype;
+    // The answer may go where the pushed values were (consumed by now).
+    pull.keys[i].has_shared = req.keys[i].has_shared;
+    pull.keys[i].shared = req.keys[i].shared;
+    pull.keys[i].shared_at = req.keys[i].shared_at;
   }
   PullAsync(pull, deadline, std::move(cancelled), std::move(done));
 }

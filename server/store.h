@@ -55,6 +55,8 @@ class Store {
   ~Store();
 
   absl::Status RegisterKeys(const v1::RegisterKeysRequest& req);
+  // INVALID_ARGUMENT unless `rank` is a worker of this job.
+  absl::Status CheckWorker(int32_t rank) const;
 
   // ---- The data path: requests as received (common/tensor_coding.h) ----
   // Applies (or, in sync mode, accumulates) each key's gradient straight
@@ -134,7 +136,6 @@ class Store {
   struct PendingPull;
   using Completed = std::vector<std::shared_ptr<PendingPull>>;
   absl::StatusOr<Key*> Find(const std::string& variable, uint32_t partition) const;
-  absl::Status CheckWorker(int32_t rank) const;
   absl::Status CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t rank) const;
   void Apply(Key* key, const float* grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   // Sync: applies the step when enough pushes for it arrived.

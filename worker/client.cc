@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -22,6 +23,8 @@
 #include "common/daemon.h"
 #include "common/grpc_util.h"
 #include "common/key_map.h"
+#include "common/logging.h"
+#include "common/shared_memory.h"
 #include "common/tensor_coding.h"
 #include "common/thread_pool.h"
 #ifdef PSRT_HAVE_CUDA
@@ -182,6 +185,16 @@ class Client::Impl {
   std::vector<std::vector<std::unique_ptr<grpc::GenericStub>>> data_stubs;
   std::unique_ptr<std::atomic<uint64_t>[]> next_connection;
   BufferPool buffers;  // compressed gradients on their way out
+  // Shared memory with each server on this host (null: TCP): a region of
+  // kSharedSlots slots of kRequestBytes, one per request in flight.
+  struct SharedLink {
+    std::unique_ptr<SharedRegion> region;
+    uint64_t id = 0;
+    absl::Mutex mu;
+    std::vector<int> free_slots ABSL_GUARDED_BY(mu);
+  };
+  static constexpr int kSharedSlots = 4;
+  std::vector<std::unique_ptr<SharedLink>> shared;
   std::unique_ptr<ThreadPool> pool;
   absl::Mutex mu;
   absl::flat_hash_map<std::string, Variable> variables ABSL_GUARDED_BY(mu);
@@ -284,6 +297,81 @@ class Client::Impl {
     return b;
   }
 
+  // A slot of a server's shared region, held by one request.
+  struct Lease {
+    SharedLink* link = nullptr;
+    int slot = -1;
+    char* base() const { return link->region->data() + offset(); }
+    int64_t offset() const { return static_cast<int64_t>(slot) * kRequestBytes; }
+  };
+
+  // A free slot for a request to `server`, if it shares memory with it.
+  Lease Take(int server) {
+    Lease l;
+    SharedLink* link = shared.empty() ? nullptr : shared[server].get();
+    if (link == nullptr) return l;
+    absl::MutexLock lock(&link->mu);
+    if (link->free_slots.empty()) return l;  // all busy: this one goes by TCP
+    l.link = link;
+    l.slot = link->free_slots.back();
+    link->free_slots.pop_back();
+    return l;
+  }
+
+  // Gives a slot back after its call ended well. After a failed call the
+  // server might still write into it, so it is never used again.
+  static void Give(Lease* l, bool ok) {
+    if (l->link == nullptr) return;
+    if (ok) {
+      absl::MutexLock lock(&l->link->mu);
+      l->link->free_slots.push_back(l->slot);
+    }
+    l->link = nullptr;
+  }
+
+  // Offers each server on this host a shared region (servers elsewhere
+  // cannot open it) and says in one line which servers it is used with.
+  void ShareMemory() {
+    shared.resize(stubs.size());
+    std::vector<int> with;
+    std::string why_not;
+    for (size_t s = 0; s < stubs.size(); ++s) {
+      absl::StatusOr<std::unique_ptr<SharedRegion>> region =
+          SharedRegion::Create(kSharedSlots * kRequestBytes);
+      absl::Status st = region.status();
+      v1::AttachSharedMemoryResponse resp;
+      if (st.ok()) {
+        v1::AttachSharedMemoryRequest req;
+        req.set_worker_rank(options.rank);
+        req.set_name((*region)->name());
+        req.set_size(static_cast<int64_t>((*region)->size()));
+        st = Call(static_cast<int>(s), "attach-shared-memory", [&](grpc::ClientContext* ctx) {
+          return stubs[s]->AttachSharedMemory(ctx, req, &resp);
+        });
+        (*region)->Unlink();  // attached or not, nobody else may open it now
+      }
+      if (!st.ok()) {
+        if (why_not.empty()) why_not = std::string(st.message());
+        continue;
+      }
+      auto link = std::make_unique<SharedLink>();
+      link->region = *std::move(region);
+      link->id = resp.region();
+      for (int i = kSharedSlots - 1; i >= 0; --i) link->free_slots.push_back(i);
+      shared[s] = std::move(link);
+      with.push_back(static_cast<int>(s));
+    }
+    if (with.size() == stubs.size()) {
+      LogInfo("worker ", options.rank, ": tensors travel through shared memory with every server");
+    } else {
+      LogInfo("worker ", options.rank, ": ",
+              with.empty() ? "TCP with every server"
+                           : absl::StrCat("shared memory with servers ", absl::StrJoin(with, ", "),
+                                          ", TCP with the others"),
+              " (", why_not, ")");
+    }
+  }
+
   // Splits tensors into per-server requests.
   absl::StatusOr<std::vector<Shard>> Split(const std::vector<TensorRef>& tensors, bool with_grad,
                                            bool with_out, bool exact) {
@@ -304,18 +392,34 @@ class Client::Impl {
     return shards;
   }
 
-  // The request for one shard. Float32 gradients in host memory go out
-  // from where they lie; compressed (or GPU) ones through a pooled buffer.
-  absl::StatusOr<std::vector<OutKey>> Encode(const Shard& shard, int64_t version, bool push) {
+  // The request for one shard. With a shared-memory slot, values are
+  // written into it (converted on the way) and each key reserves room for
+  // its answer; otherwise float32 gradients in host memory go out from
+  // where they lie and compressed (or GPU) ones through a pooled buffer.
+  absl::StatusOr<std::vector<OutKey>> Encode(const Shard& shard, int64_t version, bool push,
+                                             bool pull, Lease* lease) {
+    if (lease->link != nullptr) {
+      int64_t room = 0;
+      for (const Shard::Item& it : shard.items) room += Room(it, push, pull);
+      if (room > kRequestBytes) Give(lease, true);  // one key larger than a slot: TCP
+    }
     std::vector<OutKey> keys(shard.items.size());
+    int64_t at = 0;  // within the slot
     for (size_t i = 0; i < keys.size(); ++i) {
       const Shard::Item& it = shard.items[i];
       OutKey& k = keys[i];
       k.variable = it.variable;
       k.partition = it.part.index;
       k.version = version;
+      if (lease->link != nullptr) {
+        k.has_shared = true;
+        k.shared.region = lease->link->id;
+        k.shared.offset = lease->offset() + at;
+        k.shared.capacity = pull ? Room(it, push, pull) : 0;
+      }
       if (!push) {
         k.dtype = it.pull_dtype;
+        at += Room(it, push, pull);
         continue;
       }
       k.dtype = it.push_dtype;
@@ -323,13 +427,19 @@ class Client::Impl {
       const float* grad = it.grad + it.part.offset;
       const int64_t n = it.part.num_elements;
       k.size = n * BytesPerValue(it.push_dtype);
-      if (SendInPlace(grad, it.push_dtype)) {
+      char* out;
+      if (lease->link != nullptr) {
+        out = lease->base() + at;
+        k.shared.size = k.size;
+        at += Room(it, push, pull);
+      } else if (SendInPlace(grad, it.push_dtype)) {
         k.data = reinterpret_cast<const char*>(grad);
         continue;
+      } else {
+        k.owner = buffers.Get(k.size);
+        k.data = out = k.owner.data();
       }
-      k.owner = buffers.Get(k.size);
-      k.data = k.owner.data();
-      absl::StatusOr<EncodeInfo> info = EncodeGradient(grad, n, it.push_dtype, k.owner.data());
+      absl::StatusOr<EncodeInfo> info = EncodeGradient(grad, n, it.push_dtype, out);
       if (!info.ok()) return info.status();
       if (info->scale != 1) k.scale = info->scale;
       k.nonfinite = info->nonfinite;
@@ -337,13 +447,34 @@ class Client::Impl {
     return keys;
   }
 
+  // Bytes a key takes in a shared slot: its values, and room for the answer
+  // (which goes where the values were).
+  static int64_t Room(const Shard::Item& it, bool push, bool pull) {
+    const int64_t n = it.part.num_elements;
+    return std::max(push ? n * BytesPerValue(it.push_dtype) : 0,
+                    pull ? n * BytesPerValue(it.pull_dtype) : 0);
+  }
+
   // Writes a pull's answer into the shard's output tensors.
-  absl::Status Store(const grpc::ByteBuffer& resp, const Shard& shard) {
+  absl::Status Store(const grpc::ByteBuffer& resp, const Shard& shard, const Lease& lease) {
     thread_local WireMessage got;  // reused: parsing allocates nothing once warm
     absl::Status s = ParseKeysResponse(resp, &got);
     if (s.ok() && got.keys.size() != shard.items.size()) {
       s = absl::InternalError(absl::StrCat("server answered ", got.keys.size(), " keys for ",
                                            shard.items.size(), " asked"));
+    }
+    // Answers in shared memory must lie in this request's slot.
+    for (size_t i = 0; s.ok() && i < got.keys.size(); ++i) {
+      WireKey& kd = got.keys[i];
+      if (!kd.has_shared) continue;
+      if (lease.link == nullptr || kd.shared.region != lease.link->id ||
+          kd.shared.offset < lease.offset() || kd.shared.size < 0 ||
+          kd.shared.size > lease.offset() + kRequestBytes - kd.shared.offset) {
+        s = absl::InternalError(absl::StrCat("server answered key '", KeyName(kd.variable, kd.partition),
+                                             "' in shared memory outside the request's slot"));
+        break;
+      }
+      kd.data.Add(absl::string_view(lease.link->region->data() + kd.shared.offset, kd.shared.size));
     }
     for (size_t i = 0; s.ok() && i < got.keys.size(); ++i) {
       const WireKey& kd = got.keys[i];
@@ -402,8 +533,12 @@ class Client::Impl {
       auto sh = std::make_shared<Shard>(std::move(shard));
       pool->Schedule([this, sh, op = op, push, pull, push_id, rank, version] {
         const int server = sh->server;
-        absl::StatusOr<std::vector<OutKey>> keys = Encode(*sh, version, push);
-        if (!keys.ok()) return Done(op.get(), keys.status());
+        Lease lease = Take(server);
+        absl::StatusOr<std::vector<OutKey>> keys = Encode(*sh, version, push, pull, &lease);
+        if (!keys.ok()) {
+          Give(&lease, true);  // nothing was sent
+          return Done(op.get(), keys.status());
+        }
         const grpc::ByteBuffer req = push && pull ? EncodePushPullRequest(rank, push_id, *keys)
                                      : push       ? EncodePushRequest(rank, push_id, *keys)
                                                   : EncodePullRequest(rank, *keys);
@@ -413,7 +548,8 @@ class Client::Impl {
                               [&](grpc::ClientContext* ctx) {
                                 return RawCall(DataStub(server), ctx, method, req, &resp);
                               });
-        if (s.ok() && pull) s = Store(resp, *sh);
+        if (s.ok() && pull) s = Store(resp, *sh, lease);
+        Give(&lease, s.ok());
         Done(op.get(), s);
       });
     }
@@ -463,6 +599,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   if (impl->stubs.empty()) return absl::FailedPreconditionError("the shard map lists no servers");
   impl->next_connection = std::make_unique<std::atomic<uint64_t>[]>(impl->stubs.size());
+  if (impl->config.transport() != "tcp") impl->ShareMemory();
   // Enough threads for a request in flight on every connection.
   impl->pool = std::make_unique<ThreadPool>(
       std::max<int>(4, 2 * options.connections_per_server * impl->stubs.size()));

@@ -1,12 +1,12 @@
 // The data path on a real psrt-server over loopback, driven by a plain
 // protobuf client: 64 workers' pulls wait for a version without a server
 // thread each, and every one is answered.
+#include <gtest/gtest.h>
+
 #include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -28,28 +28,26 @@ int Threads(pid_t pid) {
   std::string line;
   while (std::getline(in, line)) {
     int n;
-    if (line.rfind("Threads:", 0) == 0 && absl::SimpleAtoi(line.substr(8), &n))
-      return n;
+    if (line.rfind("Threads:", 0) == 0 && absl::SimpleAtoi(line.substr(8), &n)) return n;
   }
   return -1;
 }
 
 class DataPathTest : public ::testing::Test {
-protected:
+ protected:
   void Start(int workers_per_host) {
     testing::ClusterOptions options;
-    options.distribution = absl::StrCat(
-        R"({"parameter_server":{"enabled":true,"mode":"sync","workers_per_host":)",
-        workers_per_host, "}}");
+    options.distribution =
+        absl::StrCat(R"({"parameter_server":{"enabled":true,"mode":"sync","workers_per_host":)",
+                     workers_per_host, "}}");
     absl::StatusOr<std::unique_ptr<testing::TestCluster>> cluster =
         testing::TestCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << "starting the cluster: " << cluster.status();
     cluster_ = std::move(*cluster);
-    stub_ =
-        v1::ParameterServer::NewStub(MakeChannel(cluster_->server_address(0)));
+    stub_ = v1::ParameterServer::NewStub(MakeChannel(cluster_->server_address(0)));
   }
 
-  void Prepare(grpc::ClientContext *ctx) {
+  void Prepare(grpc::ClientContext* ctx) {
     PrepareContext(ctx, cluster_->token(), absl::Seconds(60));
   }
 
@@ -58,25 +56,23 @@ protected:
     for (int r = 0; r < workers; ++r) {
       v1::RegisterKeysRequest req;
       req.set_worker_rank(r);
-      v1::KeySpec *k = req.add_keys();
+      v1::KeySpec* k = req.add_keys();
       k->set_variable("w");
       k->set_dtype(v1::DTYPE_FLOAT32);
       k->add_shape(kN);
       k->set_num_elements(kN);
       k->mutable_optimizer()->set_name("sgd");
       k->mutable_optimizer()->set_lr(1);
-      if (r == 0)
-        k->set_init(std::string(kN * 4, '\0')); // zeros
+      if (r == 0) k->set_init(std::string(kN * 4, '\0'));  // zeros
       grpc::ClientContext ctx;
       Prepare(&ctx);
       v1::RegisterKeysResponse resp;
       grpc::Status s = stub_->RegisterKeys(&ctx, req, &resp);
-      ASSERT_TRUE(s.ok()) << "registering w as worker " << r << ": "
-                          << s.error_message();
+      ASSERT_TRUE(s.ok()) << "registering w as worker " << r << ": " << s.error_message();
     }
   }
 
-  double Metric(const std::string &name) {
+  double Metric(const std::string& name) {
     grpc::ClientContext ctx;
     Prepare(&ctx);
     v1::StatsResponse stats;
@@ -112,21 +108,19 @@ TEST_F(DataPathTest, SixtyFourWaitingPullsHoldNoThreadAndAllAreAnswered) {
     auto c = std::make_unique<Call>();
     Prepare(&c->ctx);
     c->req.set_worker_rank(r);
-    v1::KeyData *k = c->req.add_keys();
+    v1::KeyData* k = c->req.add_keys();
     k->set_variable("w");
     k->set_version(1);
-    Call *raw = c.get();
-    stub_->async()->Pull(&c->ctx, &c->req, &c->resp,
-                         [raw, &mu, &answered](grpc::Status s) {
-                           absl::MutexLock lock(&mu);
-                           raw->status = std::move(s);
-                           ++answered;
-                         });
+    Call* raw = c.get();
+    stub_->async()->Pull(&c->ctx, &c->req, &c->resp, [raw, &mu, &answered](grpc::Status s) {
+      absl::MutexLock lock(&mu);
+      raw->status = std::move(s);
+      ++answered;
+    });
     calls.push_back(std::move(c));
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (Metric("psrt_server_waiting_pulls") < kWorkers &&
-         absl::Now() < deadline) {
+  while (Metric("psrt_server_waiting_pulls") < kWorkers && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   ASSERT_EQ(Metric("psrt_server_waiting_pulls"), kWorkers)
@@ -138,8 +132,7 @@ TEST_F(DataPathTest, SixtyFourWaitingPullsHoldNoThreadAndAllAreAnswered) {
                                  << ", with 64 waiting: " << waiting;
   {
     absl::MutexLock lock(&mu);
-    EXPECT_EQ(answered, 0)
-        << "a pull for version 1 was answered before any push";
+    EXPECT_EQ(answered, 0) << "a pull for version 1 was answered before any push";
   }
 
   // Every worker pushes its gradient r + 1; version 1 is 0 - mean = -32.5.
@@ -147,12 +140,12 @@ TEST_F(DataPathTest, SixtyFourWaitingPullsHoldNoThreadAndAllAreAnswered) {
     v1::PushRequest push;
     push.set_worker_rank(r);
     push.set_push_id(1);
-    v1::KeyData *k = push.add_keys();
+    v1::KeyData* k = push.add_keys();
     k->set_variable("w");
     k->set_version(0);
     k->set_dtype(v1::DTYPE_FLOAT32);
     const std::vector<float> g(kN, static_cast<float>(r + 1));
-    k->set_data(reinterpret_cast<const char *>(g.data()), kN * 4);
+    k->set_data(reinterpret_cast<const char*>(g.data()), kN * 4);
     grpc::ClientContext ctx;
     Prepare(&ctx);
     v1::PushResponse resp;
@@ -161,15 +154,13 @@ TEST_F(DataPathTest, SixtyFourWaitingPullsHoldNoThreadAndAllAreAnswered) {
   }
   {
     absl::MutexLock lock(&mu);
-    auto all = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-      return answered == kWorkers;
-    };
+    auto all = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return answered == kWorkers; };
     ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(30)))
         << answered << " of " << kWorkers << " pulls answered";
   }
   for (int r = 0; r < kWorkers; ++r) {
     SCOPED_TRACE(absl::StrCat("worker ", r));
-    const Call &c = *calls[r];
+    const Call& c = *calls[r];
     ASSERT_TRUE(c.status.ok()) << c.status.error_message();
     ASSERT_EQ(c.resp.keys_size(), 1);
     EXPECT_EQ(c.resp.keys(0).version(), 1);
@@ -195,7 +186,7 @@ TEST_F(DataPathTest, AWaitingPullEndsAtItsDeadlineNamingTheMissingWorkers) {
   RegisterW(2);
   v1::PullRequest req;
   req.set_worker_rank(1);
-  v1::KeyData *k = req.add_keys();
+  v1::KeyData* k = req.add_keys();
   k->set_variable("w");
   k->set_version(1);
   grpc::ClientContext ctx;
@@ -204,13 +195,12 @@ TEST_F(DataPathTest, AWaitingPullEndsAtItsDeadlineNamingTheMissingWorkers) {
   const absl::Time start = absl::Now();
   grpc::Status s = stub_->Pull(&ctx, req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  EXPECT_NE(s.error_message().find("waiting for pushes from workers 0, 1"),
-            std::string::npos)
+  EXPECT_NE(s.error_message().find("waiting for pushes from workers 0, 1"), std::string::npos)
       << s.error_message();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_EQ(Metric("psrt_server_waiting_pulls"), 0);
 }
 
-} // namespace
-} // namespace psrt
+}  // namespace
+}  // namespace psrt

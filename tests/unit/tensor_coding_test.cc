@@ -3,12 +3,12 @@
 // message arrives in; values go out without a copy and come in with one.
 #include "common/tensor_coding.h"
 
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/compression.h"
 #include "psrt/v1/ps.pb.h"
@@ -16,19 +16,18 @@
 namespace psrt {
 namespace {
 
-std::string Flatten(const grpc::ByteBuffer &bb) {
+std::string Flatten(const grpc::ByteBuffer& bb) {
   std::vector<grpc::Slice> slices;
   EXPECT_TRUE(bb.Dump(&slices).ok());
   std::string out;
-  for (const grpc::Slice &s : slices)
-    out.append(reinterpret_cast<const char *>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
   return out;
 }
 
 // `bytes` as a byte buffer cut into slices at the given sizes (the rest in
 // one last slice), as gRPC hands over a message read in pieces.
-grpc::ByteBuffer Sliced(const std::string &bytes,
-                        const std::vector<size_t> &cuts) {
+grpc::ByteBuffer Sliced(const std::string& bytes, const std::vector<size_t>& cuts) {
   std::vector<grpc::Slice> slices;
   size_t at = 0;
   for (size_t n : cuts) {
@@ -56,20 +55,17 @@ std::vector<float> Values(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0, 3);
   std::vector<float> v(n);
-  for (float &x : v)
-    x = d(rng);
+  for (float& x : v) x = d(rng);
   return v;
 }
 
-const v1::DType kDTypes[] = {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT16,
-                             v1::DTYPE_BFLOAT16};
+const v1::DType kDTypes[] = {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16};
 const int64_t kSizes[] = {1, 3, 7, 1023, 4097, 65537};
 
 TEST(TensorCodingTest, PushRoundTripsThroughProtobufAtOddSizesInEveryDType) {
   for (v1::DType dtype : kDTypes) {
     for (int64_t n : kSizes) {
-      SCOPED_TRACE(testing::Message()
-                   << "dtype " << dtype << ", " << n << " values");
+      SCOPED_TRACE(testing::Message() << "dtype " << dtype << ", " << n << " values");
       const std::vector<float> a = Values(n, 1), b = Values(n + 2, 2);
       std::string ea, eb;
       const EncodeInfo ia = EncodeValues(a.data(), n, dtype, &ea);
@@ -84,7 +80,7 @@ TEST(TensorCodingTest, PushRoundTripsThroughProtobufAtOddSizesInEveryDType) {
       keys[0].data = ea.data();
       keys[0].size = static_cast<int64_t>(ea.size());
       keys[1].variable = "b";
-      keys[1].version = -1; // protobuf's ten-byte varint
+      keys[1].version = -1;  // protobuf's ten-byte varint
       keys[1].dtype = dtype;
       keys[1].nonfinite = true;
       keys[1].data = eb.data();
@@ -114,9 +110,7 @@ TEST(TensorCodingTest, PushRoundTripsThroughProtobufAtOddSizesInEveryDType) {
       // ...and we read what protobuf wrote, cut into slices anywhere.
       const std::string theirs = pb.SerializeAsString();
       WireMessage got;
-      ASSERT_TRUE(
-          ParsePushRequest(Sliced(theirs, RandomCuts(theirs.size(), n)), &got)
-              .ok());
+      ASSERT_TRUE(ParsePushRequest(Sliced(theirs, RandomCuts(theirs.size(), n)), &got).ok());
       EXPECT_EQ(got.worker_rank, 3);
       EXPECT_EQ(got.push_id, 1ull << 60);
       ASSERT_EQ(got.keys.size(), 2u);
@@ -134,13 +128,11 @@ TEST(TensorCodingTest, PushRoundTripsThroughProtobufAtOddSizesInEveryDType) {
       // Decoded piece by piece, the values are those of a contiguous decode.
       std::vector<float> want(n), have(n);
       DecodeValues(ea, dtype, keys[0].scale, want.data(), n, false);
-      DecodePayload(got.keys[0].data, dtype, got.keys[0].scale, have.data(),
-                    false);
+      DecodePayload(got.keys[0].data, dtype, got.keys[0].scale, have.data(), false);
       EXPECT_EQ(std::memcmp(want.data(), have.data(), n * 4), 0);
       // And summed into an accumulation buffer the same way.
       DecodeValues(ea, dtype, keys[0].scale, want.data(), n, true);
-      DecodePayload(got.keys[0].data, dtype, got.keys[0].scale, have.data(),
-                    true);
+      DecodePayload(got.keys[0].data, dtype, got.keys[0].scale, have.data(), true);
       EXPECT_EQ(std::memcmp(want.data(), have.data(), n * 4), 0);
     }
   }
@@ -171,7 +163,7 @@ TEST(TensorCodingTest, PullPushPullAndResponsesMatchProtobuf) {
   EXPECT_EQ(got.keys[1].variable, "v");
   EXPECT_TRUE(got.keys[0].data.empty());
 
-  keys[0].data = reinterpret_cast<const char *>(w.data());
+  keys[0].data = reinterpret_cast<const char*>(w.data());
   keys[0].size = 1001 * 4;
   keys[0].dtype = v1::DTYPE_FLOAT32;
   v1::PushPullRequest pp;
@@ -181,9 +173,7 @@ TEST(TensorCodingTest, PullPushPullAndResponsesMatchProtobuf) {
   ASSERT_EQ(pp.push().keys_size(), 2);
   EXPECT_EQ(pp.push().keys(0).data(), std::string(keys[0].data, keys[0].size));
   const std::string pp_bytes = pp.SerializeAsString();
-  ASSERT_TRUE(ParsePushPullRequest(
-                  Sliced(pp_bytes, RandomCuts(pp_bytes.size(), 9)), &got)
-                  .ok());
+  ASSERT_TRUE(ParsePushPullRequest(Sliced(pp_bytes, RandomCuts(pp_bytes.size(), 9)), &got).ok());
   EXPECT_EQ(got.worker_rank, 1);
   EXPECT_EQ(got.push_id, 77u);
   ASSERT_EQ(got.keys.size(), 2u);
@@ -195,9 +185,7 @@ TEST(TensorCodingTest, PullPushPullAndResponsesMatchProtobuf) {
   EXPECT_EQ(resp.keys(0).version(), 9);
   EXPECT_EQ(resp.keys(0).data(), pp.push().keys(0).data());
   const std::string resp_bytes = resp.SerializeAsString();
-  ASSERT_TRUE(ParseKeysResponse(
-                  Sliced(resp_bytes, RandomCuts(resp_bytes.size(), 4)), &got)
-                  .ok());
+  ASSERT_TRUE(ParseKeysResponse(Sliced(resp_bytes, RandomCuts(resp_bytes.size(), 4)), &got).ok());
   ASSERT_EQ(got.keys.size(), 2u);
   EXPECT_EQ(got.keys[0].version, 9);
   std::vector<float> back(1001);
@@ -209,7 +197,7 @@ TEST(TensorCodingTest, PullPushPullAndResponsesMatchProtobuf) {
 TEST(TensorCodingTest, UnknownFieldsAreSkipped) {
   v1::PushRequest pb;
   pb.set_worker_rank(2);
-  v1::KeyData *k = pb.add_keys();
+  v1::KeyData* k = pb.add_keys();
   k->set_variable("w");
   k->set_data(std::string(8, '\1'));
   std::string bytes = pb.SerializeAsString();
@@ -232,7 +220,7 @@ TEST(TensorCodingTest, TruncatedMessagesAreRefusedAsProtobufRefusesThem) {
   pb.set_worker_rank(1);
   pb.set_push_id(300);
   for (int i = 0; i < 2; ++i) {
-    v1::KeyData *k = pb.add_keys();
+    v1::KeyData* k = pb.add_keys();
     k->set_variable(i == 0 ? "alpha" : "beta");
     k->set_partition(i);
     k->set_version(1000);
@@ -250,18 +238,15 @@ TEST(TensorCodingTest, TruncatedMessagesAreRefusedAsProtobufRefusesThem) {
     EXPECT_EQ(s.ok(), protobuf_ok) << s;
     if (!s.ok()) {
       EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-      EXPECT_NE(s.message().find("psrt.v1.PushRequest"), std::string::npos)
-          << s;
+      EXPECT_NE(s.message().find("psrt.v1.PushRequest"), std::string::npos) << s;
     }
   }
   WireMessage got;
-  EXPECT_EQ(ParsePushRequest(
-                Sliced(std::string("\x1a\xff\xff\xff\xff\x0f", 6), {}), &got)
-                .code(),
-            absl::StatusCode::kInvalidArgument); // a length past the end
+  EXPECT_EQ(ParsePushRequest(Sliced(std::string("\x1a\xff\xff\xff\xff\x0f", 6), {}), &got).code(),
+            absl::StatusCode::kInvalidArgument);  // a length past the end
   EXPECT_EQ(ParsePushRequest(Sliced(std::string("\x0b", 1), {}), &got).code(),
-            absl::StatusCode::kInvalidArgument); // a group: no psrt.v1 message
-                                                 // has one
+            absl::StatusCode::kInvalidArgument);  // a group: no psrt.v1 message
+                                                  // has one
 }
 
 // Float32 values go out as a slice of the caller's memory; pooled ones keep
@@ -273,7 +258,7 @@ TEST(TensorCodingTest, ValuesGoOutWithoutACopy) {
     std::vector<OutKey> keys(2);
     keys[0].variable = "g";
     keys[0].dtype = v1::DTYPE_FLOAT32;
-    keys[0].data = reinterpret_cast<const char *>(grad.data());
+    keys[0].data = reinterpret_cast<const char*>(grad.data());
     keys[0].size = 4096 * 4;
     keys[1].variable = "h";
     keys[1].dtype = v1::DTYPE_FLOAT16;
@@ -282,24 +267,22 @@ TEST(TensorCodingTest, ValuesGoOutWithoutACopy) {
     keys[1].size = 4096 * 2;
     EncodeValues(grad.data(), 4096, v1::DTYPE_FLOAT16, keys[1].owner.data());
     grpc::ByteBuffer bb = EncodePushRequest(0, 1, keys);
-    const char *pooled = keys[1].data;
-    keys.clear(); // only the message holds the pooled block now
+    const char* pooled = keys[1].data;
+    keys.clear();  // only the message holds the pooled block now
     std::vector<grpc::Slice> slices;
     ASSERT_TRUE(bb.Dump(&slices).ok());
     bool borrowed = false;
-    for (const grpc::Slice &s : slices) {
-      borrowed |= s.begin() == reinterpret_cast<const uint8_t *>(grad.data()) &&
-                  s.size() == 4096 * 4;
+    for (const grpc::Slice& s : slices) {
+      borrowed |=
+          s.begin() == reinterpret_cast<const uint8_t*>(grad.data()) && s.size() == 4096 * 4;
     }
     EXPECT_TRUE(borrowed) << "the float32 gradient was copied into the message";
-    EXPECT_NE(pool.Get(4096 * 2).data(), pooled)
-        << "the message's block came back while in use";
+    EXPECT_NE(pool.Get(4096 * 2).data(), pooled) << "the message's block came back while in use";
     EXPECT_EQ(pool.blocks_made(), 2);
   }
-  for (int i = 0; i < 100; ++i)
-    pool.Get(4096 * 2);
+  for (int i = 0; i < 100; ++i) pool.Get(4096 * 2);
   EXPECT_EQ(pool.blocks_made(), 2) << "blocks are made anew instead of reused";
 }
 
-} // namespace
-} // namespace psrt
+}  // namespace
+}  // namespace psrt

@@ -1,0 +1,103 @@
+#include "common/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+
+namespace psrt {
+namespace {
+
+constexpr char kPrefix[] = "/psrt-";
+
+bool ValidName(const std::string& name) {
+  if (name.size() <= sizeof(kPrefix) - 1 || name.size() > 64 || name.rfind(kPrefix, 0) != 0)
+    return false;
+  for (size_t i = 1; i < name.size(); ++i) {
+    const char c = name[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  }
+  return true;
+}
+
+absl::Status Errno(const std::string& what) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(size_t bytes) {
+  if (bytes == 0)
+    return absl::InvalidArgumentError("a shared-memory region needs at least one byte");
+  std::random_device rd;
+  std::string name = kPrefix;
+  static const char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < 32; ++i) name.push_back(kHex[rd() % 16]);
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return Errno(absl::StrCat("cannot create shared memory ", name));
+  // posix_fallocate reserves the pages: a /dev/shm too small fails here.
+  int err = ftruncate(fd, static_cast<off_t>(bytes)) == 0
+                ? posix_fallocate(fd, 0, static_cast<off_t>(bytes))
+                : errno;
+  void* p = err == 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  if (err == 0 && p == MAP_FAILED) err = errno;
+  close(fd);
+  if (err != 0) {
+    shm_unlink(name.c_str());
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reserve ", bytes, " bytes of shared memory in ", name, ": ", std::strerror(err)));
+  }
+  return std::unique_ptr<SharedRegion>(new SharedRegion(name, static_cast<char*>(p), bytes, true));
+}
+
+absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Attach(const std::string& name,
+                                                                   size_t bytes) {
+  if (!ValidName(name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", name.substr(0, 80), "' is not a psrt shared-memory name (/psrt- and lowercase hex)"));
+  }
+  const int fd = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW, 0);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat("cannot open shared memory ", name, ": ",
+                                            std::strerror(errno),
+                                            " (the worker is on another host)"));
+  }
+  struct stat st;
+  absl::Status refused;
+  if (fstat(fd, &st) != 0) {
+    refused = Errno(absl::StrCat("cannot stat shared memory ", name));
+  } else if (st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+    refused = absl::PermissionDeniedError(absl::StrCat(
+        "shared memory ", name, " is not owner-only memory of this server's user (uid ", st.st_uid,
+        ", mode ", absl::Hex(st.st_mode & 0777), ")"));
+  } else if (static_cast<uint64_t>(st.st_size) != bytes) {
+    refused = absl::InvalidArgumentError(absl::StrCat("shared memory ", name, " has ", st.st_size,
+                                                      " bytes, not the ", bytes, " announced"));
+  }
+  void* p =
+      refused.ok() ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  if (refused.ok() && p == MAP_FAILED)
+    refused = Errno(absl::StrCat("cannot map shared memory ", name));
+  close(fd);
+  if (!refused.ok()) return refused;
+  return std::unique_ptr<SharedRegion>(new SharedRegion(name, static_cast<char*>(p), bytes, false));
+}
+
+SharedRegion::~SharedRegion() {
+  Unlink();
+  munmap(data_, size_);
+}
+
+void SharedRegion::Unlink() {
+  if (!linked_) return;
+  shm_unlink(name_.c_str());
+  linked_ = false;
+}
+
+}  // namespace psrt
