@@ -15,7 +15,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr char kAllPsKeys[] =
-    "enabled, mode, staleness, backup_workers, compression, pull_compression, "
+    "enabled, mode, staleness, backup_workers, compression, pull_compression, transport, "
     "servers_per_host, workers_per_host, partition_bytes, "
     "gradient_aggregation, on_worker_failure, restart_workers, "
     "heartbeat_timeout_s, barrier_timeout_s, restore, checkpoint";
@@ -46,6 +46,7 @@ void ExpectDefaults(const PsOptions& o) {
   EXPECT_EQ(o.backup_workers, 0);
   EXPECT_EQ(o.compression, "none");
   EXPECT_EQ(o.pull_compression, "none");
+  EXPECT_EQ(o.transport, "auto");
   EXPECT_EQ(o.servers_per_host, 1);
   EXPECT_EQ(o.workers_per_host, 1);
   EXPECT_EQ(o.partition_bytes, 4 << 20);
@@ -97,6 +98,7 @@ TEST(ParseDistributionTest, EveryKeySet) {
       "backup_workers": 2,
       "compression": "fp16",
       "pull_compression": "bf16",
+      "transport": "tcp",
       "servers_per_host": 3,
       "workers_per_host": 8,
       "partition_bytes": 65536,
@@ -114,6 +116,7 @@ TEST(ParseDistributionTest, EveryKeySet) {
   EXPECT_EQ(o.backup_workers, 2);
   EXPECT_EQ(o.compression, "fp16");
   EXPECT_EQ(o.pull_compression, "bf16");
+  EXPECT_EQ(o.transport, "tcp");
   EXPECT_EQ(o.servers_per_host, 3);
   EXPECT_EQ(o.workers_per_host, 8);
   EXPECT_EQ(o.partition_bytes, 65536);
@@ -309,6 +312,7 @@ TEST(ParseDistributionErrorTest, WrongTypes) {
       {R"("pull_compression": [])",
        "'pull_compression' must be a string, one of none, fp16, bf16, got "
        "array"},
+      {R"("transport": "shm")", "'transport' must be one of auto, tcp; got 'shm'"},
       {R"("servers_per_host": "1")", "'servers_per_host' must be an integer"},
       {R"("workers_per_host": 1.0)", "'workers_per_host' must be an integer"},
       {R"("partition_bytes": "4MB")", "'partition_bytes' must be an integer"},
@@ -420,14 +424,14 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   const std::string help = DistributionHelp();
   std::vector<std::string> lines =
       absl::StrSplit(help, '\n', absl::SkipEmpty());
-  // parameter_server + 16 keys inside it + 4 checkpoint.* keys.
-  ASSERT_EQ(lines.size(), 21u) << help;
+  // parameter_server + 17 keys inside it + 4 checkpoint.* keys.
+  ASSERT_EQ(lines.size(), 22u) << help;
   for (const std::string& line : lines) {
     EXPECT_THAT(line, HasSubstr("default")) << line;
   }
   const std::vector<std::string> expected = {
       "parameter_server", "enabled", "mode", "staleness", "backup_workers",
-      "compression", "pull_compression", "servers_per_host",
+      "compression", "pull_compression", "transport", "servers_per_host",
       "workers_per_host", "partition_bytes", "gradient_aggregation",
       "on_worker_failure", "restart_workers", "heartbeat_timeout_s",
       "barrier_timeout_s", "restore", "checkpoint", "checkpoint.uri",
@@ -437,8 +441,8 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   }
   EXPECT_THAT(lines[2], AllOf(HasSubstr("string"), HasSubstr("\"sync\""),
                               HasSubstr("ssp")));
-  EXPECT_THAT(lines[9], AllOf(HasSubstr("int"), HasSubstr("4194304")));
-  EXPECT_THAT(lines[13], AllOf(HasSubstr("number"), HasSubstr("10")));
+  EXPECT_THAT(lines[10], AllOf(HasSubstr("int"), HasSubstr("4194304")));
+  EXPECT_THAT(lines[14], AllOf(HasSubstr("number"), HasSubstr("10")));
 }
 
 }  // namespace
