@@ -1,10 +1,19 @@
-// The data path on a real psrt-server over loopback, driven by a plain
-// protobuf client: 64 workers' pulls wait for a version without a server
-// thread each, and every one is answered.
+// The data path on real psrt-servers: 64 workers' pulls wait for a version
+// without a server thread each, and every one is answered (a plain protobuf
+// client on loopback); shared memory and TCP train alike, a worker killed
+// in the middle of a transfer leaves the servers serving, no region
+// outlives its job, and nobody outside the job can attach one.
+#include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -13,7 +22,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "common/shared_memory.h"
 #include "psrt/v1/ps.grpc.pb.h"
+#include "tests/integration/job_util.h"
 #include "tests/integration/test_cluster.h"
 
 namespace psrt {
@@ -200,6 +211,115 @@ TEST_F(DataPathTest, AWaitingPullEndsAtItsDeadlineNamingTheMissingWorkers) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_EQ(Metric("psrt_server_waiting_pulls"), 0);
+}
+
+// psrt's shared-memory objects in /dev/shm now.
+std::vector<std::string> SharedObjects() {
+  std::vector<std::string> names;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) {
+      if (std::string(e->d_name).rfind("psrt-", 0) == 0) names.push_back(e->d_name);
+    }
+    closedir(d);
+  }
+  return names;
+}
+
+std::string LinregJob(const std::string& ps_json, int hosts, const std::string& trainer_flags,
+                      const std::string& result) {
+  return absl::StrCat(kBin, "/psrt-run --local=", hosts,
+                      " --distribution='{\"parameter_server\": {\"enabled\": true, ", ps_json,
+                      "}}' -- ", kBin, "/psrt-example-linreg ", trainer_flags,
+                      " --result=", result);
+}
+
+TEST(SharedMemoryJobTest, SharedMemoryAndTcpTrainBitForBitAlike) {
+  const std::vector<std::string> before = SharedObjects();
+  const std::string dir = TempDir();
+  std::map<std::string, std::string> weights;
+  for (const char* transport : {"auto", "tcp"}) {
+    SCOPED_TRACE(transport);
+    // fp16 pushes and bf16 pulls, keys of 64 KiB: conversion on the way in
+    // and out, several keys per request and server.
+    Proc p = Proc::Start(
+        LinregJob(
+            absl::StrCat(R"("mode": "sync", "compression": "fp16", "pull_compression": "bf16", )",
+                         R"("partition_bytes": 65536, "transport": ")", transport, "\""),
+            2, "--dim=100000 --steps=20 --lr=0.05", absl::StrCat(dir, "/", transport)),
+        absl::StrCat(dir, "/", transport, ".log"));
+    ASSERT_EQ(p.Wait(absl::Seconds(120), transport), 0) << p.Output();
+    const bool shared = p.Output().find("tensors travel through shared memory with every server") !=
+                        std::string::npos;
+    EXPECT_EQ(shared, std::string(transport) == "auto") << p.Output();
+    weights[transport] = ReadFile(absl::StrCat(dir, "/", transport, ".rank1.weights"));
+    EXPECT_EQ(weights[transport].size(), 100001u * 4);
+  }
+  EXPECT_TRUE(weights["auto"] == weights["tcp"]) << "shared memory trained other weights than TCP";
+  EXPECT_EQ(SharedObjects(), before) << "a job left shared memory behind";
+}
+
+TEST(SharedMemoryJobTest, AWorkerKilledMidTransferLeavesTheServersServing) {
+  const std::string dir = TempDir();
+  // 4 MiB a step each way over shared memory: much of a step is transfer.
+  Proc p = Proc::Start(LinregJob(R"("mode": "sync", "on_worker_failure": "continue")", 3,
+                                 "--dim=1000000 --steps=40 --batch=4 --lr=0.00001", dir + "/r"),
+                       dir + "/job.log");
+  ASSERT_TRUE(p.WaitForOutput("step 0 ", absl::Seconds(60))) << p.Output();
+  std::smatch m;
+  const std::string out = p.Output();
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(started worker 1 \(pid (\d+)\))"))) << out;
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_EQ(kill(std::stoi(m[1]), SIGKILL), 0);
+  ASSERT_EQ(p.Wait(absl::Seconds(180), "the job after worker 1 was killed"), 0) << p.Output();
+  EXPECT_NE(p.Output().find("continuing with 2 workers"), std::string::npos) << p.Output();
+  for (const char* rank : {"rank0", "rank2"}) {
+    EXPECT_NE(ReadFile(absl::StrCat(dir, "/r.", rank, ".json")).find("relative_error"),
+              std::string::npos)
+        << rank << " did not finish\n"
+        << p.Output();
+  }
+}
+
+// A server maps only owner-only psrt objects, only for callers with the
+// job's token; once attached the name is gone, so nobody can attach it.
+TEST_F(DataPathTest, OnlyTheJobCanAttachSharedMemory) {
+  Start(1);
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::Create(1 << 20);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto attach = [&](const std::string& token, const std::string& name, int64_t size) {
+    v1::AttachSharedMemoryRequest req;
+    req.set_worker_rank(0);
+    req.set_name(name);
+    req.set_size(size);
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, token, absl::Seconds(10));
+    v1::AttachSharedMemoryResponse resp;
+    return stub_->AttachSharedMemory(&ctx, req, &resp);
+  };
+  const std::string name = (*region)->name();
+  EXPECT_EQ(attach("another-jobs-token", name, 1 << 20).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(attach(cluster_->token(), name, 1 << 19).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(attach(cluster_->token(), "/etc/passwd", 1 << 20).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // An object others may read is refused.
+  const std::string open_name = "/psrt-0123456789abcdef0123456789abcdef";
+  const int fd = shm_open(open_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  fchmod(fd, 0644);
+  ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
+  close(fd);
+  grpc::Status open_status = attach(cluster_->token(), open_name, 1 << 20);
+  shm_unlink(open_name.c_str());
+  EXPECT_EQ(open_status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << open_status.error_message();
+  // The job's own offer is taken; then the name is removed.
+  grpc::Status ok = attach(cluster_->token(), name, 1 << 20);
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  (*region)->Unlink();
+  EXPECT_EQ(attach(cluster_->token(), name, 1 << 20).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(cluster_->ServerAlive(0)) << cluster_->ServerExitDescription(0);
 }
 
 }  // namespace
