@@ -1,18 +1,22 @@
-// push_pull_bench: PushPull goodput of a real local psrt job against raw
-// loopback TCP.
+// push_pull_bench: PushPull goodput of real local psrt jobs, over TCP and
+// over shared memory, against raw loopback TCP.
 //
-// The benchmark starts psrt-coordinator and --servers psrt-server processes
-// on 127.0.0.1 and is itself worker 0 of a one-worker sync job. For each
-// tensor size it registers one float32 variable and times PushPull rounds
-// (push the gradient, pull the next version), buffers allocated once. The
-// baseline moves the same bytes the same way over one loopback TCP
-// connection between two threads of this process: send `bytes`, the peer
-// receives them all and sends `bytes` back. Both report
+// The benchmark starts, per transport, psrt-coordinator and --servers
+// psrt-server processes on 127.0.0.1 and is itself worker 0 of a one-worker
+// sync job ("transport": "tcp", and "auto", which on one host is shared
+// memory). For each tensor size it registers one float32 variable and times
+// PushPull rounds (push the gradient, pull the next version), buffers
+// allocated once, the transports taking turns. The baseline moves the same
+// bytes the same way over one loopback TCP connection between two threads
+// of this process: send `bytes`, the peer receives them all and sends
+// `bytes` back. All report
 //
 //   goodput = 2 * bytes * iterations / seconds   (push + pull payload)
 //
 // so the ratio psrt/TCP says how much of the wire speed psrt's framing,
-// copies, optimizer step and server hop leave.
+// copies, optimizer step and server hop leave. Then each job runs
+// --rss-steps more rounds and the servers' resident memory before and
+// after is reported: with pooled buffers it does not grow.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -21,6 +25,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -154,14 +159,16 @@ class LocalJob {
  public:
   ~LocalJob() { StopChildren(); }
 
-  absl::Status Start(int servers, int64_t partition_bytes, const std::string& log_dir, bool verbose) {
+  absl::Status Start(int servers, int64_t partition_bytes, const std::string& transport,
+                     const std::string& log_dir, bool verbose) {
     log_dir_ = log_dir;
     token_ = RandomToken();
     const std::string bin = SelfDirectory();
     const std::string port_file = log_dir + "/coordinator.port";
     const std::string distribution = absl::StrCat(
         R"({"parameter_server": {"enabled": true, "mode": "sync", "servers_per_host": )", servers,
-        R"(, "workers_per_host": 1, "partition_bytes": )", partition_bytes,
+        R"(, "workers_per_host": 1, "transport": ")", transport, R"(", "partition_bytes": )",
+        partition_bytes,
         // A loaded 2-core machine can stall a heartbeat for a while; the
         // benchmark is about throughput, not failure detection.
         R"(, "heartbeat_timeout_s": 60}})");
@@ -196,7 +203,7 @@ class LocalJob {
     }
     coordinator_ = absl::StrCat("127.0.0.1:", port);
     for (int i = 0; i < servers; ++i) {
-      pid_t pid = 0;
+      pid_t& pid = server_pids_.emplace_back();
       if (absl::Status s = SpawnLogged(absl::StrCat("server", i),
                                        {bin + "/psrt-server", "--coordinator=" + coordinator_,
                                         absl::StrCat("--index=", i), "--host=127.0.0.1",
@@ -232,6 +239,22 @@ class LocalJob {
 
   const std::string& coordinator() const { return coordinator_; }
   const std::string& token() const { return token_; }
+  // Resident memory of all servers together, in KiB.
+  int64_t ServerRssKib() const {
+    int64_t total = 0;
+    for (pid_t pid : server_pids_) {
+      std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+      std::string line;
+      int64_t kib = 0;
+      while (std::getline(in, line)) {
+        if (absl::StartsWith(line, "VmRSS:") &&
+            absl::SimpleAtoi(absl::StripSuffix(absl::StripAsciiWhitespace(line.substr(6)), " kB"), &kib)) {
+          total += kib;
+        }
+      }
+    }
+    return total;
+  }
 
  private:
   // Starts `argv` with stdout and stderr in LOG_DIR/NAME.log (inherited
@@ -276,13 +299,15 @@ class LocalJob {
   std::string log_dir_;
   std::string token_;
   std::string coordinator_;
+  std::vector<pid_t> server_pids_;
   std::vector<std::string> log_names_;
   std::map<pid_t, std::string> names_;
 };
 
 absl::StatusOr<Measurement> MeasurePsrt(Client* client, LocalJob* job, int64_t bytes, float* grad,
-                                        float* out, double target, int64_t min_iterations) {
-  const std::string name = absl::StrCat("bench_", bytes);
+                                        float* out, double target, int64_t min_iterations,
+                                        const std::string& prefix = "bench_") {
+  const std::string name = absl::StrCat(prefix, bytes);
   const int64_t n = bytes / 4;
   std::fill(out, out + n, 0.5f);
   if (absl::Status s = client->RegisterVariable(name, {n}, out, DefaultOptimizer(OptimizerKind::kSgd, 0.0));
@@ -445,12 +470,17 @@ std::string LoadAverage() {
   return absl::StrCat(parts[0], " ", parts[1], " ", parts[2]);
 }
 
-// Removes a flat directory of files (the job's logs).
+// Removes a directory of files and directories (the jobs' logs).
 void RemoveDirectory(const std::string& dir) {
   if (DIR* d = opendir(dir.c_str())) {
     while (dirent* e = readdir(d)) {
       if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
-        unlink((dir + "/" + e->d_name).c_str());
+        const std::string path = dir + "/" + e->d_name;
+        if (e->d_type == DT_DIR) {
+          RemoveDirectory(path);
+        } else {
+          unlink(path.c_str());
+        }
       }
     }
     closedir(d);
@@ -458,16 +488,27 @@ void RemoveDirectory(const std::string& dir) {
   rmdir(dir.c_str());
 }
 
+// The psrt jobs measured, one per transport.
+const char* const kTransports[] = {"tcp", "auto"};
+const char* TransportName(const std::string& t) { return t == "auto" ? "shm" : "tcp"; }
+
 struct Row {
   int64_t bytes = 0;
-  Measurement psrt;
+  Measurement psrt[2];  // per kTransports
   Measurement tcp;
+};
+
+struct Rss {
+  int64_t before_kib = 0;
+  int64_t after_kib = 0;
+  int64_t steps = 0;
 };
 
 int Run(int argc, char** argv) {
   int servers = 2;
   int64_t max_bytes = 256ll << 20, partition_bytes = 4 << 20, min_iterations = 3;
-  double seconds = 1.0, timeout_s = 300;
+  double seconds = 1.0, timeout_s = 600;
+  int64_t rss_steps = 1000;
   std::string sizes_flag = "4K,64K,1M,16M,64M,256M", json_path;
   bool verbose = false;
   Flags flags(kProgram, "[--servers=2] [--sizes=4K,64K,...] [--max-bytes=N] [--json=PATH]");
@@ -478,11 +519,13 @@ int Run(int argc, char** argv) {
   flags.Add("seconds", &seconds, "Least timed seconds per size and transport (after a warm-up).");
   flags.Add("min-iterations", &min_iterations, "Fewest timed iterations per size and transport.");
   flags.Add("timeout", &timeout_s, "Give up (and stop the job) after this many seconds in all.");
+  flags.Add("rss-steps", &rss_steps, "Rounds of 1 MiB between the two readings of the servers' memory.");
   flags.Add("json", &json_path, "Write the results as JSON here.");
   flags.Add("verbose", &verbose, "Let the job's processes log to this terminal instead of files.");
   flags.ParseOrExit(argc, argv);
-  if (servers < 1 || max_bytes < 4 || seconds <= 0 || min_iterations < 1 || timeout_s <= 0) {
-    std::fprintf(stderr, "%s: need --servers >= 1, --max-bytes >= 4, --seconds > 0, --min-iterations >= 1, --timeout > 0\n",
+  if (servers < 1 || max_bytes < 4 || seconds <= 0 || min_iterations < 1 || timeout_s <= 0 ||
+      rss_steps < 0) {
+    std::fprintf(stderr, "%s: need --servers >= 1, --max-bytes >= 4, --seconds > 0, --min-iterations >= 1, --timeout > 0, --rss-steps >= 0\n",
                  kProgram);
     return 2;
   }
@@ -546,22 +589,32 @@ int Run(int argc, char** argv) {
   std::vector<char> tcp_out(largest, 1), tcp_in(largest, 0);
 
   std::vector<Row> rows;
+  Rss rss[2];
   {
-    LocalJob job;
-    if (absl::Status s = job.Start(servers, partition_bytes, log_dir, verbose); !s.ok()) return fail(s);
-    ClientOptions options;
-    options.coordinator = job.coordinator();
-    options.token = job.token();
-    options.rank = 0;
-    options.host = "local0";
-    options.connect_timeout = absl::Seconds(60);
-    options.rpc_timeout = absl::Seconds(60);
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
-    if (!client.ok()) {
-      absl::Status children = job.CheckChildren();
-      return fail(children.ok() ? absl::Status(client.status().code(),
-                                               absl::StrCat(client.status().message(), job.Logs()))
-                                : children);
+    LocalJob jobs[2];
+    std::unique_ptr<Client> clients[2];
+    for (int t = 0; t < 2; ++t) {
+      LocalJob& job = jobs[t];
+      const std::string dir = absl::StrCat(log_dir, "/", TransportName(kTransports[t]));
+      mkdir(dir.c_str(), 0755);
+      if (absl::Status s = job.Start(servers, partition_bytes, kTransports[t], dir, verbose); !s.ok()) {
+        return fail(s);
+      }
+      ClientOptions options;
+      options.coordinator = job.coordinator();
+      options.token = job.token();
+      options.rank = 0;
+      options.host = "local0";
+      options.connect_timeout = absl::Seconds(60);
+      options.rpc_timeout = absl::Seconds(60);
+      absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+      if (!client.ok()) {
+        absl::Status children = job.CheckChildren();
+        return fail(children.ok() ? absl::Status(client.status().code(),
+                                                 absl::StrCat(client.status().message(), job.Logs()))
+                                  : children);
+      }
+      clients[t] = *std::move(client);
     }
     TcpEcho tcp;
     if (absl::Status s = tcp.Start(largest, absl::Seconds(60)); !s.ok()) return fail(s);
@@ -569,13 +622,16 @@ int Run(int argc, char** argv) {
     for (int64_t bytes : sizes) {
       Row row;
       row.bytes = bytes;
-      absl::StatusOr<Measurement> m =
-          MeasurePsrt(client->get(), &job, bytes, grad.data(), out.data(), seconds, min_iterations);
-      if (!m.ok()) {
-        return fail(absl::Status(m.status().code(),
-                                 absl::StrCat("psrt at ", HumanBytes(bytes), ": ", m.status().message())));
+      for (int t = 0; t < 2; ++t) {
+        absl::StatusOr<Measurement> m = MeasurePsrt(clients[t].get(), &jobs[t], bytes, grad.data(),
+                                                    out.data(), seconds, min_iterations);
+        if (!m.ok()) {
+          return fail(absl::Status(m.status().code(),
+                                   absl::StrCat("psrt (", TransportName(kTransports[t]), ") at ",
+                                                HumanBytes(bytes), ": ", m.status().message())));
+        }
+        row.psrt[t] = *m;
       }
-      row.psrt = *m;
       absl::StatusOr<Measurement> t = Measure(
           [&] { return tcp.RoundTrip(tcp_out.data(), tcp_in.data(), bytes); }, seconds, min_iterations);
       if (!t.ok()) {
@@ -584,21 +640,47 @@ int Run(int argc, char** argv) {
       }
       row.tcp = *t;
       rows.push_back(row);
-      std::fprintf(stderr, "  %s done (psrt %lld iterations, TCP %lld)\n", HumanBytes(bytes).c_str(),
-                   static_cast<long long>(row.psrt.iterations), static_cast<long long>(row.tcp.iterations));
+      std::fprintf(stderr, "  %s done (psrt tcp %lld iterations, shm %lld, TCP %lld)\n",
+                   HumanBytes(bytes).c_str(), static_cast<long long>(row.psrt[0].iterations),
+                   static_cast<long long>(row.psrt[1].iterations),
+                   static_cast<long long>(row.tcp.iterations));
     }
-    client->reset();  // stop heartbeats before the job goes
-  }  // stops the job
+    // Server memory across rss_steps rounds of 1 MiB, after a warm-up of
+    // 50 (the variable is new: its buffers are made then).
+    const int64_t rss_bytes = std::min<int64_t>(largest, 1 << 20) & ~int64_t{3};
+    for (int t = 0; t < 2 && rss_steps > 0; ++t) {
+      absl::StatusOr<Measurement> warm =
+          MeasurePsrt(clients[t].get(), &jobs[t], rss_bytes, grad.data(), out.data(), 1e-9, 50, "rss_");
+      rss[t].before_kib = jobs[t].ServerRssKib();
+      absl::StatusOr<Measurement> m = warm.ok() ? MeasurePsrt(clients[t].get(), &jobs[t], rss_bytes, grad.data(),
+                                                              out.data(), 1e-9, rss_steps, "rss_again_")
+                                                : warm;
+      if (!m.ok()) return fail(m.status());
+      rss[t].after_kib = jobs[t].ServerRssKib();
+      rss[t].steps = m->iterations;
+    }
+    for (auto& c : clients) c.reset();  // stop heartbeats before the jobs go
+  }  // stops the jobs
   const std::string load_after = LoadAverage();
 
-  std::printf("\n%10s  %11s  %10s  %11s  %14s  %13s\n", "size", "psrt GB/s", "TCP GB/s", "psrt/TCP",
-              "psrt ms/iter", "TCP ms/iter");
+  std::printf("\n%10s  %9s  %9s  %9s  %9s  %9s  %9s  %9s  %9s\n", "size", "tcp GB/s", "shm GB/s",
+              "TCP GB/s", "tcp/TCP", "shm/TCP", "tcp ms", "shm ms", "TCP ms");
   for (const Row& r : rows) {
-    const double tcp_gbps = r.tcp.Goodput(r.bytes) / 1e9, psrt_gbps = r.psrt.Goodput(r.bytes) / 1e9;
-    std::printf("%10s  %11.3f  %10.3f  %11.3f  %14.3f  %13.3f\n", HumanBytes(r.bytes).c_str(), psrt_gbps,
-                tcp_gbps, psrt_gbps / tcp_gbps, r.psrt.Latency() * 1e3, r.tcp.Latency() * 1e3);
+    const double base = r.tcp.Goodput(r.bytes);
+    std::printf("%10s  %9.3f  %9.3f  %9.3f  %9.3f  %9.3f  %9.3f  %9.3f  %9.3f\n",
+                HumanBytes(r.bytes).c_str(), r.psrt[0].Goodput(r.bytes) / 1e9,
+                r.psrt[1].Goodput(r.bytes) / 1e9, base / 1e9, r.psrt[0].Goodput(r.bytes) / base,
+                r.psrt[1].Goodput(r.bytes) / base, r.psrt[0].Latency() * 1e3,
+                r.psrt[1].Latency() * 1e3, r.tcp.Latency() * 1e3);
   }
-  std::printf("GB/s = 1e9 bytes/s of payload, 2 * size per iteration (push + pull; send + echo).\n");
+  std::printf("GB/s = 1e9 bytes/s of payload, 2 * size per iteration (push + pull; send + echo);\n"
+              "tcp, shm: psrt over TCP and over shared memory; TCP: one raw loopback connection.\n");
+  for (int t = 0; t < 2 && rss_steps > 0; ++t) {
+    std::printf("servers' resident memory (%s): %.1f MiB before %lld rounds of 1 MiB, %.1f MiB after (x%.3f)\n",
+                TransportName(kTransports[t]), rss[t].before_kib / 1024.0,
+                static_cast<long long>(rss[t].steps), rss[t].after_kib / 1024.0,
+                static_cast<double>(rss[t].after_kib) / std::max<int64_t>(1, rss[t].before_kib));
+  }
 
   if (!json_path.empty()) {
     nlohmann::json j;
@@ -625,14 +707,25 @@ int Run(int argc, char** argv) {
                   {"seconds", r.tcp.seconds},
                   {"gbps", r.tcp.Goodput(r.bytes) / 1e9},
                   {"latency_ms", r.tcp.Latency() * 1e3}};
-      e["psrt"] = {{"iterations", r.psrt.iterations},
-                   {"seconds", r.psrt.seconds},
-                   {"gbps", r.psrt.Goodput(r.bytes) / 1e9},
-                   {"latency_ms", r.psrt.Latency() * 1e3}};
-      e["ratio"] = r.psrt.Goodput(r.bytes) / r.tcp.Goodput(r.bytes);
+      for (int t = 0; t < 2; ++t) {
+        const std::string name = absl::StrCat("psrt_", TransportName(kTransports[t]));
+        e[name] = {{"iterations", r.psrt[t].iterations},
+                   {"seconds", r.psrt[t].seconds},
+                   {"gbps", r.psrt[t].Goodput(r.bytes) / 1e9},
+                   {"latency_ms", r.psrt[t].Latency() * 1e3},
+                   {"ratio_to_tcp", r.psrt[t].Goodput(r.bytes) / r.tcp.Goodput(r.bytes)}};
+      }
       results.push_back(e);
     }
     j["results"] = results;
+    for (int t = 0; t < 2 && rss_steps > 0; ++t) {
+      j["server_rss"][TransportName(kTransports[t])] = {
+          {"before_kib", rss[t].before_kib},
+          {"after_kib", rss[t].after_kib},
+          {"rounds", rss[t].steps},
+          {"round_bytes", 1 << 20},
+          {"growth", static_cast<double>(rss[t].after_kib) / std::max<int64_t>(1, rss[t].before_kib)}};
+    }
     std::ofstream f(json_path);
     f << j.dump(2) << "\n";
     if (!f) {
