@@ -19,10 +19,17 @@ fi
 
 reports=()
 
-# PushPull through a local job vs. raw loopback TCP (table on stdout, JSON).
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# PushPull through local jobs over TCP and shared memory vs. raw loopback TCP
+# (table on stdout, JSON), then MXNet's dist_sync pushing and pulling the
+# same sizes and the plot of all four (.venv's matplotlib, .venv-mxnet).
 echo "bench: push_pull_bench"
 "$bin/push_pull_bench" --json "$out/push_pull.json" | tee "$out/push_pull.txt"
-reports+=("$out/push_pull.json" "$out/push_pull.txt")
+"$root/scripts/setup.sh" frameworks
+"$root/.venv/bin/python" "$root/benchmarks/goodput_bench.py" --push-pull "$out/push_pull.json" --out "$out" |
+  tee "$out/goodput.txt"
+reports+=("$out/push_pull.json" "$out/push_pull.txt" "$out/goodput.json" "$out/goodput.png")
 
 # Any other *_bench is a Google Benchmark binary.
 shopt -s nullglob
@@ -38,7 +45,6 @@ done
 # Loss against wall time in sync, async and ssp with one slowed worker
 # (Python with matplotlib, from the .venv that `setup.sh python` makes).
 echo "bench: consistency_bench"
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/scripts/setup.sh" python
 "$root/.venv/bin/python" "$root/benchmarks/consistency_bench.py" --build "$build" --out "$out"
 reports+=("$out/consistency.json" "$out/consistency.png")
