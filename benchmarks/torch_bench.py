@@ -10,9 +10,13 @@ momentum) and machine:
 
 For each: psrt fp32 (psrt-run --local=2: 2 servers, 2 workers), psrt fp16
 (gradients and weights as fp16 on the wire), and torch
-DistributedDataParallel with the gloo backend (2 processes on loopback).
-Rank 0 times the steps after a warm-up. Writes OUT/torch.json and prints the
-ratios against DDP-gloo measured in the same run.
+DistributedDataParallel with the gloo backend (2 processes on loopback), in
+fp32 and with its fp16_compress_hook (gradients as fp16 on the wire: the
+fair pairing for psrt fp16). Rank 0 times the steps after a warm-up, and
+each phase of a step: forward (with psrt, also the wait for the new weights
+a module needs), backward (gradients handed to the network as they appear),
+and the optimizer step. Writes OUT/torch.json and prints the ratios
+against DDP-gloo measured in the same run.
 """
 
 import argparse
@@ -42,13 +46,25 @@ def train(torch, model, opt, step_fn, args, rank):
     y = torch.randint(0, widths[-1], (args.batch,), generator=g)
     loss_fn = torch.nn.CrossEntropyLoss()
     start = None
+    phases = [0.0, 0.0, 0.0]  # forward, backward, step
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             start = time.monotonic()
+            phases = [0.0, 0.0, 0.0]
+        t0 = time.monotonic()
         opt.zero_grad()
-        loss_fn(model(x), y).backward()
+        loss = loss_fn(model(x), y)
+        t1 = time.monotonic()
+        loss.backward()
+        t2 = time.monotonic()
         step_fn()
-    return time.monotonic() - start
+        t3 = time.monotonic()
+        phases = [phases[0] + t1 - t0, phases[1] + t2 - t1, phases[2] + t3 - t2]
+    seconds = time.monotonic() - start
+    if rank == 0:
+        print("PHASES " + json.dumps({k: 1e3 * v / args.steps for k, v in
+                                      zip(("forward_ms", "backward_ms", "step_ms"), phases)}), flush=True)
+    return seconds
 
 
 def psrt_worker(args):
@@ -70,6 +86,9 @@ def ddp_worker(rank, args, port):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=2)
     model = torch.nn.parallel.DistributedDataParallel(build_model(torch, MODELS[args.model]))
+    if args.fp16_hook:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     seconds = train(torch, model, opt, opt.step, args, rank)
     if rank == 0:
@@ -78,11 +97,13 @@ def ddp_worker(rank, args, port):
 
 
 def run(cmd, env=None):
+    """Samples/s and the per-step phases (ms) rank 0 printed."""
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     m = re.search(r"RESULT ([0-9.]+)", p.stdout)
-    if p.returncode != 0 or not m:
+    ph = re.search(r"PHASES (\{.*\})", p.stdout)
+    if p.returncode != 0 or not m or not ph:
         sys.exit("torch_bench: %s failed:\n%s" % (" ".join(cmd[:3]), p.stdout[-4000:]))
-    return float(m.group(1))
+    return float(m.group(1)), json.loads(ph.group(1))
 
 
 def main():
@@ -95,6 +116,7 @@ def main():
     p.add_argument("--steps", type=int, default=0, help="timed steps; 0: per model default")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--port", type=int, default=29517)
+    p.add_argument("--fp16-hook", action="store_true", help="ddp: with fp16_compress_hook")
     args = p.parse_args()
     if args.role == "psrt":
         return psrt_worker(args)
@@ -112,20 +134,29 @@ def main():
     for model, steps in (("digits", 300), ("large", 15)):
         steps = args.steps or steps
         common = ["--model", model, "--batch", str(args.batch), "--steps", str(steps), "--warmup", str(args.warmup)]
-        r = {"steps": steps, "batch": args.batch}
-        r["ddp_gloo"] = run(me + ["--role", "ddp"] + common)
-        for name, compression in (("psrt_fp32", "none"), ("psrt_fp16", "fp16")):
+        r = {"steps": steps, "batch": args.batch, "phases_ms": {}}
+        r["ddp_gloo"], r["phases_ms"]["ddp_gloo"] = run(me + ["--role", "ddp"] + common)
+        r["ddp_gloo_fp16"], r["phases_ms"]["ddp_gloo_fp16"] = run(me + ["--role", "ddp", "--fp16-hook"] + common)
+        for name, compression, baseline in (("psrt_fp32", "none", "ddp_gloo"),
+                                            ("psrt_fp16", "fp16", "ddp_gloo_fp16")):
             dist = {"parameter_server": {"enabled": True, "compression": compression,
                                          "pull_compression": compression}}
-            r[name] = run([os.path.join(build, "bin", "psrt-run"), "--local=2",
-                           "--distribution=" + json.dumps(dist), "--"] + me + ["--role", "psrt"] + common, env)
-            r[name + "_vs_ddp"] = r[name] / r["ddp_gloo"]
+            r[name], r["phases_ms"][name] = run(
+                [os.path.join(build, "bin", "psrt-run"), "--local=2", "--distribution=" + json.dumps(dist),
+                 "--"] + me + ["--role", "psrt"] + common, env)
+            r[name + "_vs_" + baseline] = r[name] / r[baseline]
         results[model] = r
-    print("%-8s %14s %14s %14s %10s %10s" % ("model", "DDP-gloo s/s", "psrt fp32 s/s", "psrt fp16 s/s",
-                                             "fp32/DDP", "fp16/DDP"))
+    print("%-8s %12s %12s %12s %12s %14s %14s" % ("model", "DDP s/s", "DDP-fp16 s/s", "psrt s/s", "psrt-fp16 s/s",
+                                                  "psrt/DDP", "fp16/DDP-fp16"))
     for model, r in results.items():
-        print("%-8s %14.0f %14.0f %14.0f %9.2fx %9.2fx" % (model, r["ddp_gloo"], r["psrt_fp32"], r["psrt_fp16"],
-                                                        r["psrt_fp32_vs_ddp"], r["psrt_fp16_vs_ddp"]))
+        print("%-8s %12.0f %12.0f %12.0f %12.0f %13.2fx %13.2fx" % (
+            model, r["ddp_gloo"], r["ddp_gloo_fp16"], r["psrt_fp32"], r["psrt_fp16"],
+            r["psrt_fp32_vs_ddp_gloo"], r["psrt_fp16_vs_ddp_gloo_fp16"]))
+    print("per step (ms): forward / backward / step")
+    for model, r in results.items():
+        for name, ph in r["phases_ms"].items():
+            print("  %-8s %-14s %8.2f %8.2f %8.2f" % (model, name, ph["forward_ms"], ph["backward_ms"],
+                                                     ph["step_ms"]))
     with open(os.path.join(out, "torch.json"), "w") as f:
         json.dump(results, f, indent=1)
     print("torch_bench: wrote", os.path.join(out, "torch.json"))

@@ -3,13 +3,18 @@
 A thin wrapper in the manner of Horovod's: a hook per parameter queues its
 gradient the moment autograd has accumulated it, and each bucket of
 `fusion_bytes` goes to the servers at once (overlapping communication with
-the rest of the backward pass), asking for the updated weights back;
-``step()`` waits for them and writes them into the parameters. Everything
-else (partitioning, compression, consistency, retries) happens once, in C++,
-behind the C API.
+the rest of the backward pass), asking for the updated weights back.
+``step()`` does not wait for them: each module waits for its own
+parameters' new weights just before its forward pass of the next step
+(BytePS's cross-barrier), so the pulls of late layers hide behind the
+compute of early ones. Everything else (partitioning, compression,
+consistency, retries) happens once, in C++, behind the C API.
 """
 
+import weakref
+
 import torch
+from torch.nn.modules import module as _module
 
 import psrt
 
@@ -61,10 +66,36 @@ class _Variable:
         self.queued = False   # pushed (or in the bucket) this step
         self.passes = 0       # backward passes accumulated since the last push
         self.lr = float(group["lr"])
+        self.inflight = None  # the push-pull whose weights it waits for
+
+
+class _InFlight:
+    """One bucket's push-pull, waited for once by whichever parameter of it
+    is needed first."""
+
+    def __init__(self, client, handle):
+        self._client, self._handle = client, handle
+        self._done, self._error = False, None
+
+    def wait(self):
+        if not self._done:
+            self._done = True
+            try:
+                self._client.wait(self._handle)
+            except psrt.PsrtError as e:
+                self._error = e
+        if self._error is not None:
+            raise self._error
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
     """Runs `optimizer`'s updates on the parameter servers.
+
+    After ``step()`` the parameters receive their new weights as the next
+    forward pass reaches them (a module's forward pre-hook), or at
+    ``synchronize()``, the next ``step()``, or a ``state_dict()`` of a module
+    that has run forward. Read parameters outside a forward pass only after
+    ``synchronize()``.
 
     Args:
       optimizer: a torch.optim.SGD, Adam, AdamW or Adagrad over the model's
@@ -87,7 +118,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise psrt.PsrtError("psrt.DistributedOptimizer: backward_passes_per_step must be >= 1")
         self._passes = backward_passes_per_step
         self._fusion_bytes = fusion_bytes
-        self._bucket, self._bucket_bytes, self._handles = [], 0, []
+        self._bucket, self._bucket_bytes = [], 0
+        self._landing = 0      # parameters still waiting for their new weights
+        self._watched = set()  # modules whose state_dict() synchronizes first
         client = psrt.client()
         named = list(named_parameters)
         names = [n for n, _ in named]
@@ -126,8 +159,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._step = (client.pulled_version(self._variables[0].name) if sync and self._variables
                       else client.restored_step())
         self._pushing = False
+        self._by_param = {id(v.param): v for v in self._variables}
         for v in self._variables:
             v.param.register_post_accumulate_grad_hook(self._make_hook(v))
+        # Every module's forward passes here first (a global hook, through a
+        # weak reference: it does nothing once this optimizer is gone).
+        me = weakref.ref(self)
+
+        def before_forward(module, args):
+            if me() is not None:
+                me()._before_forward(module)
+
+        self._forward_hook = _module.register_module_forward_pre_hook(before_forward)
         # torch.optim.Optimizer's bookkeeping, over the same groups.
         self.defaults = optimizer.defaults
         self.param_groups = optimizer.param_groups
@@ -169,6 +212,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Queues the parameter's gradient; a bucket of fusion_bytes goes out
         as one push-pull (one request per server for all its tensors)."""
         if not self._pushing:  # the first push of a step
+            self.synchronize()  # the step it is for is known once all landed
             self._sync_learning_rates()
             self._pushing = True
         g = v.param.grad
@@ -185,8 +229,50 @@ class DistributedOptimizer(torch.optim.Optimizer):
         handle = self._client.push_pull([v.name for v in self._bucket],
                                         [v.grad.data_ptr() for v in self._bucket],
                                         [v.pulled.data_ptr() for v in self._bucket], self._step)
-        self._handles.append(handle)
+        inflight = _InFlight(self._client, handle)
+        for v in self._bucket:
+            v.inflight = inflight
+        self._landing += len(self._bucket)
         self._bucket, self._bucket_bytes = [], 0
+
+    @torch.no_grad()
+    def _land(self, v):
+        """Waits for the parameter's new weights and writes them into it."""
+        inflight, v.inflight = v.inflight, None
+        self._landing -= 1
+        try:
+            inflight.wait()
+            v.param.copy_(v.pulled)
+        finally:
+            v.grad = None  # the push has ended: its buffer may go
+            if self._landing == 0:
+                # Every key of the step has come back: the step to push next
+                # is the servers' version (sync), or this worker's clock.
+                self._step = (self._client.pulled_version(self._variables[0].name)
+                              if self._client.is_sync() else self._step + 1)
+
+    def _before_forward(self, module):
+        """A module's forward waits for its own parameters' new weights."""
+        if self._landing > 0:
+            for p in module._parameters.values():
+                v = self._by_param.get(id(p)) if p is not None else None
+                if v is not None and v.inflight is not None:
+                    self._land(v)
+        if id(module) not in self._watched:
+            self._watched.add(id(module))
+            me = weakref.ref(self)
+
+            def before_state_dict(*_):
+                if me() is not None:
+                    me().synchronize()
+
+            module.register_state_dict_pre_hook(before_state_dict)
+
+    def synchronize(self):
+        """Waits for every parameter's new weights from the last step()."""
+        for v in self._variables:
+            if v.inflight is not None:
+                self._land(v)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -197,24 +283,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if not v.queued:
                 self._push(v)
         self._flush()
-        error = None
-        for handle in self._handles:
-            try:
-                self._client.wait(handle)
-            except psrt.PsrtError as e:
-                error = error or e
-        self._handles = []
         for v in self._variables:
             v.queued = False
-            v.grad = None
             v.passes = 0
-        if error is not None:
-            raise error
-        for v in self._variables:
-            v.param.copy_(v.pulled)
         self._pushing = False
-        self._step = (self._client.pulled_version(self._variables[0].name)
-                      if self._client.is_sync() and self._variables else self._step + 1)
         return loss
 
     def zero_grad(self, set_to_none=True):
@@ -223,6 +295,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     @property
     def global_step(self):
         """The step the next push is for (sync: the servers' version)."""
+        self.synchronize()
         return self._step
 
     # --- state: it lives on the servers ------------------------------------
@@ -232,6 +305,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         moments) and the weights live on the parameter servers: psrt's own
         checkpoints (the ``checkpoint`` and ``restore`` settings) save and
         restore them."""
+        self.synchronize()
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self._optimizer.param_groups]
         return {"psrt": {"state": "on the parameter servers; saved by psrt checkpoints",
                          "step": self._step},
