@@ -14,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/buffer_pool.h"
 #include "common/compression.h"
@@ -123,20 +122,6 @@ absl::Status DecodeWeights(const WireKey& kd, float* out, int64_t n) {
   return absl::OkStatus();
 }
 
-// A unary call of `method` with raw byte buffers, waited for here; it ends
-// by the deadline set on `ctx`.
-grpc::Status RawCall(grpc::GenericStub* stub, grpc::ClientContext* ctx, const std::string& method,
-                     const grpc::ByteBuffer& req, grpc::ByteBuffer* resp) {
-  absl::Notification done;
-  grpc::Status status;
-  stub->UnaryCall(ctx, method, grpc::StubOptions(), &req, resp, [&](grpc::Status s) {
-    status = std::move(s);
-    done.Notify();
-  });
-  done.WaitForNotification();
-  return status;
-}
-
 const std::string kPushMethod = "/psrt.v1.ParameterServer/Push";
 const std::string kPullMethod = "/psrt.v1.ParameterServer/Pull";
 const std::string kPushPullMethod = "/psrt.v1.ParameterServer/PushPull";
@@ -164,17 +149,22 @@ class Client::Impl {
   // Cancels calls in flight, so a process that gives up (the job failed, a
   // server is gone) exits at once instead of waiting out their deadlines.
   ~Impl() {
-    {
-      absl::MutexLock lock(&calls_mu);
-      closing = true;
-      for (grpc::ClientContext* ctx : live_calls) ctx->TryCancel();
-    }
+    absl::MutexLock lock(&calls_mu);
+    closing = true;
+    for (grpc::ClientContext* ctx : live_calls) ctx->TryCancel();
+    // Data calls end asynchronously, on gRPC's threads: wait until none
+    // will touch this object again (cancelled, they end at once).
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu) { return requests == 0; };
+    calls_mu.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
+    calls_mu.Unlock();
     pool.reset();  // joins its threads while everything they use still exists
+    calls_mu.Lock();
   }
 
   absl::Mutex calls_mu;
   bool closing ABSL_GUARDED_BY(calls_mu) = false;
   absl::flat_hash_set<grpc::ClientContext*> live_calls ABSL_GUARDED_BY(calls_mu);
+  int requests ABSL_GUARDED_BY(calls_mu) = 0;  // data requests not yet finished
   ClientOptions options;
   v1::JobConfig config;
   std::unique_ptr<CoordinatorLink> link;
@@ -193,7 +183,7 @@ class Client::Impl {
     absl::Mutex mu;
     std::vector<int> free_slots ABSL_GUARDED_BY(mu);
   };
-  static constexpr int kSharedSlots = 4;
+  static constexpr int kSharedSlots = 8;
   std::vector<std::unique_ptr<SharedLink>> shared;
   std::unique_ptr<ThreadPool> pool;
   absl::Mutex mu;
@@ -262,25 +252,33 @@ class Client::Impl {
         live_calls.erase(&ctx);
       }
       if (st.ok()) return absl::OkStatus();
-      const bool retry = st.error_code() == grpc::StatusCode::UNAVAILABLE &&
-                         absl::Now() - start + backoff < options.retry_budget && JobStatus().ok();
-      if (!retry) {
-        return absl::Status(
-            static_cast<absl::StatusCode>(st.error_code()),
-            absl::StrCat(what, " to server ", s, " at ", addresses[s], " failed after ", attempts,
-                         attempts == 1 ? " attempt" : " attempts", " in ",
-                         absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
-                         ": ", st.error_message(),
-                         st.error_code() == grpc::StatusCode::UNAVAILABLE && TlsEnabled() ? kTlsHint : ""));
-      }
+      if (!Retry(st, start, backoff)) return CallError(s, what, st, attempts, start);
       absl::SleepFor(backoff);
       backoff = std::min(backoff * 2, absl::Seconds(1));
     }
   }
 
+  // Whether a failed call is tried again after `backoff`: only a server that
+  // could not be reached, within the retry budget, while the job runs.
+  bool Retry(const grpc::Status& st, absl::Time start, absl::Duration backoff) const {
+    return st.error_code() == grpc::StatusCode::UNAVAILABLE &&
+           absl::Now() - start + backoff < options.retry_budget && JobStatus().ok();
+  }
+
+  absl::Status CallError(int s, const char* what, const grpc::Status& st, int attempts,
+                         absl::Time start) const {
+    return absl::Status(
+        static_cast<absl::StatusCode>(st.error_code()),
+        absl::StrCat(what, " to server ", s, " at ", addresses[s], " failed after ", attempts,
+                     attempts == 1 ? " attempt" : " attempts", " in ",
+                     absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
+                     ": ", st.error_message(),
+                     st.error_code() == grpc::StatusCode::UNAVAILABLE && TlsEnabled() ? kTlsHint : ""));
+  }
+
   // Requests carry at most kRequestBytes (or one key), so big tensors go out
   // as several calls in parallel and no message nears the size limit.
-  static constexpr int64_t kRequestBytes = 16 << 20;
+  static constexpr int64_t kRequestBytes = 4 << 20;
 
   // The batch of `batches` (each with .server and .bytes) to which `bytes`
   // for `server` go; `open` tracks each server's batch being filled.
@@ -521,6 +519,27 @@ class Client::Impl {
     --op->pending;
   }
 
+  // One shard of an operation on its way: a request to one server.
+  struct Request {
+    Shard shard;
+    std::shared_ptr<Op> op;
+    bool push = false, pull = false;
+    uint64_t push_id = 0;
+    int64_t version = 0;
+    Lease lease;
+    grpc::ByteBuffer req, resp;
+    std::unique_ptr<grpc::ClientContext> ctx;
+    absl::Time start;
+    absl::Duration backoff = absl::Milliseconds(50);
+    int attempts = 0;
+    const char* what() const { return push && pull ? "push-pull" : push ? "push" : "pull"; }
+  };
+
+  // Shards at least this big are encoded and decoded on the pool (in
+  // parallel, and off gRPC's threads); smaller ones where they are, which
+  // saves a thread hand-off each way.
+  static constexpr int64_t kPoolBytes = 256 << 10;
+
   // `exact`: pull float32 whatever the variable's pull compression.
   Handle Start(std::vector<TensorRef> tensors, int64_t version, bool push, bool pull,
                bool exact = false) {
@@ -528,32 +547,87 @@ class Client::Impl {
     if (!shards.ok()) return NewOp(0, shards.status()).first;
     auto [handle, op] = NewOp(static_cast<int>(shards->size()));
     const uint64_t push_id = push ? next_push_id.fetch_add(1) : 0;
-    const int rank = options.rank;
     for (Shard& shard : *shards) {
-      auto sh = std::make_shared<Shard>(std::move(shard));
-      pool->Schedule([this, sh, op = op, push, pull, push_id, rank, version] {
-        const int server = sh->server;
-        Lease lease = Take(server);
-        absl::StatusOr<std::vector<OutKey>> keys = Encode(*sh, version, push, pull, &lease);
-        if (!keys.ok()) {
-          Give(&lease, true);  // nothing was sent
-          return Done(op.get(), keys.status());
-        }
-        const grpc::ByteBuffer req = push && pull ? EncodePushPullRequest(rank, push_id, *keys)
-                                     : push       ? EncodePushRequest(rank, push_id, *keys)
-                                                  : EncodePullRequest(rank, *keys);
-        const std::string& method = push && pull ? kPushPullMethod : push ? kPushMethod : kPullMethod;
-        grpc::ByteBuffer resp;
-        absl::Status s = Call(server, push && pull ? "push-pull" : push ? "push" : "pull",
-                              [&](grpc::ClientContext* ctx) {
-                                return RawCall(DataStub(server), ctx, method, req, &resp);
-                              });
-        if (s.ok() && pull) s = Store(resp, *sh, lease);
-        Give(&lease, s.ok());
-        Done(op.get(), s);
-      });
+      auto r = std::make_shared<Request>();
+      r->shard = std::move(shard);
+      r->op = op;
+      r->push = push;
+      r->pull = pull;
+      r->push_id = push_id;
+      r->version = version;
+      {
+        absl::MutexLock lock(&calls_mu);
+        ++requests;
+      }
+      if (push && r->shard.bytes >= kPoolBytes) {
+        pool->Schedule([this, r] { Send(r); });
+      } else {
+        Send(r);
+      }
     }
     return handle;
+  }
+
+  // Encodes the request and makes its first attempt.
+  void Send(const std::shared_ptr<Request>& r) {
+    r->lease = Take(r->shard.server);
+    absl::StatusOr<std::vector<OutKey>> keys = Encode(r->shard, r->version, r->push, r->pull, &r->lease);
+    if (!keys.ok()) {
+      Give(&r->lease, true);  // nothing was sent
+      return Finish(r, keys.status());
+    }
+    const int rank = options.rank;
+    r->req = r->push && r->pull ? EncodePushPullRequest(rank, r->push_id, *keys)
+             : r->push          ? EncodePushRequest(rank, r->push_id, *keys)
+                                : EncodePullRequest(rank, *keys);
+    r->start = absl::Now();
+    Attempt(r);
+  }
+
+  // One attempt, on gRPC's callback API: no thread waits for the answer.
+  void Attempt(const std::shared_ptr<Request>& r) {
+    ++r->attempts;
+    r->ctx = std::make_unique<grpc::ClientContext>();
+    PrepareContext(r->ctx.get(), options.token, options.rpc_timeout);
+    {
+      absl::MutexLock lock(&calls_mu);
+      if (closing) return Finish(r, absl::CancelledError("the client is closing"));
+      live_calls.insert(r->ctx.get());
+    }
+    const std::string& method = r->push && r->pull ? kPushPullMethod : r->push ? kPushMethod : kPullMethod;
+    r->resp.Clear();
+    DataStub(r->shard.server)
+        ->UnaryCall(r->ctx.get(), method, grpc::StubOptions(), &r->req, &r->resp,
+                    [this, r](grpc::Status st) { Answered(r, std::move(st)); });
+  }
+
+  void Answered(const std::shared_ptr<Request>& r, grpc::Status st) {
+    {
+      absl::MutexLock lock(&calls_mu);
+      live_calls.erase(r->ctx.get());
+    }
+    if (st.ok()) {
+      if (!r->pull) return Finish(r, absl::OkStatus());
+      if (r->shard.bytes >= kPoolBytes) {
+        return pool->Schedule([this, r] { Finish(r, Store(r->resp, r->shard, r->lease)); });
+      }
+      return Finish(r, Store(r->resp, r->shard, r->lease));
+    }
+    if (!Retry(st, r->start, r->backoff)) {
+      return Finish(r, CallError(r->shard.server, r->what(), st, r->attempts, r->start));
+    }
+    pool->Schedule([this, r] {
+      absl::SleepFor(r->backoff);
+      r->backoff = std::min(r->backoff * 2, absl::Seconds(1));
+      Attempt(r);  // the same request again: a push keeps its id
+    });
+  }
+
+  void Finish(const std::shared_ptr<Request>& r, const absl::Status& s) {
+    Give(&r->lease, s.ok());
+    Done(r->op.get(), s);
+    absl::MutexLock lock(&calls_mu);
+    --requests;
   }
 };
 
