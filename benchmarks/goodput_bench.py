@@ -17,19 +17,11 @@ without it).
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from frameworks_bench import ROOT, free_port
 
 
 def mx_worker(sizes, seconds):

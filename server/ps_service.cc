@@ -112,60 +112,48 @@ Store::PullDone PsService::Reply(grpc::ServerUnaryReactor* reactor, grpc::ByteBu
   };
 }
 
-grpc::ServerUnaryReactor* PsService::Push(grpc::CallbackServerContext* ctx,
-                                          const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
+grpc::ServerUnaryReactor* PsService::Serve(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+    absl::Status (*parse)(const grpc::ByteBuffer&, WireMessage*),
+    const std::function<void(const WireMessage&, grpc::ServerUnaryReactor*)>& handle) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) {
     reactor->Finish(s);
     return reactor;
   }
   WireMessage& msg = Scratch();
-  absl::Status s = ParsePushRequest(*req, &msg);
+  absl::Status s = parse(*req, &msg);
   if (s.ok()) s = ResolveShared(&msg);
-  if (s.ok()) s = store_->Push(msg);
-  msg.slices.clear();
-  *resp = grpc::ByteBuffer(nullptr, 0);  // an empty PushResponse
-  reactor->Finish(Finish(s));
+  if (s.ok()) {
+    handle(msg, reactor);
+  } else {
+    reactor->Finish(Finish(s));
+  }
+  msg.slices.clear();  // the request's buffers may go now
   return reactor;
+}
+
+grpc::ServerUnaryReactor* PsService::Push(grpc::CallbackServerContext* ctx,
+                                          const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
+  return Serve(ctx, req, ParsePushRequest, [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
+    const absl::Status s = store_->Push(msg);
+    *resp = grpc::ByteBuffer(nullptr, 0);  // an empty PushResponse
+    r->Finish(Finish(s));
+  });
 }
 
 grpc::ServerUnaryReactor* PsService::Pull(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) {
-    reactor->Finish(s);
-    return reactor;
-  }
-  WireMessage& msg = Scratch();
-  absl::Status s = ParsePullRequest(*req, &msg);
-  if (s.ok()) s = ResolveShared(&msg);
-  if (!s.ok()) {
-    reactor->Finish(Finish(s));
-  } else {
-    store_->PullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }, Reply(reactor, resp));
-  }
-  msg.slices.clear();
-  return reactor;
+  return Serve(ctx, req, ParsePullRequest, [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
+    store_->PullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }, Reply(r, resp));
+  });
 }
 
 grpc::ServerUnaryReactor* PsService::PushPull(grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) {
-    reactor->Finish(s);
-    return reactor;
-  }
-  WireMessage& msg = Scratch();
-  absl::Status s = ParsePushPullRequest(*req, &msg);
-  if (s.ok()) s = ResolveShared(&msg);
-  if (!s.ok()) {
-    reactor->Finish(Finish(s));
-  } else {
-    store_->PushPullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); },
-                          Reply(reactor, resp));
-  }
-  msg.slices.clear();
-  return reactor;
+  return Serve(ctx, req, ParsePushPullRequest, [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
+    store_->PushPullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }, Reply(r, resp));
+  });
 }
 
 grpc::Status PsService::SetLearningRate(grpc::ServerContext* ctx,

@@ -1,6 +1,7 @@
 #ifndef PSRT_SERVER_PS_SERVICE_H_
 #define PSRT_SERVER_PS_SERVICE_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -49,6 +50,13 @@ class PsService final : public PsServiceBase {
 
  private:
   grpc::Status Finish(const absl::Status& s);
+  // The data methods' common part: checks the token, parses the request
+  // with `parse` and resolves its shared spans, then calls `handle`, which
+  // finishes the reactor, now or when the store calls back.
+  grpc::ServerUnaryReactor* Serve(
+      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+      absl::Status (*parse)(const grpc::ByteBuffer&, WireMessage*),
+      const std::function<void(const WireMessage&, grpc::ServerUnaryReactor*)>& handle);
   // Answers a pull or push-pull when the store calls back.
   Store::PullDone Reply(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* resp);
   // Checks each shared-memory span of `m` against the sender's regions and
