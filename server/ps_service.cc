@@ -47,15 +47,16 @@ absl::Status PsService::ResolveShared(WireMessage* m) {
           key, " names shared-memory region ", k.shared.region, ", which is not attached here"));
     }
     if (it->second.rank != m->worker_rank) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          key, ": shared-memory region ", k.shared.region, " belongs to worker ", it->second.rank,
-          ", not to worker ", m->worker_rank));
+      return absl::PermissionDeniedError(
+          absl::StrCat(key, ": shared-memory region ", k.shared.region, " belongs to worker ",
+                       it->second.rank, ", not to worker ", m->worker_rank));
     }
     const SharedRegion& r = *it->second.memory;
     if (!r.Contains(k.shared.offset, std::max(k.shared.size, k.shared.capacity))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          key, ": shared span [", k.shared.offset, ", +", std::max(k.shared.size, k.shared.capacity),
-          ") lies outside its region of ", r.size(), " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat(key, ": shared span [", k.shared.offset, ", +",
+                                                     std::max(k.shared.size, k.shared.capacity),
+                                                     ") lies outside its region of ", r.size(),
+                                                     " bytes"));
     }
     if (k.shared.size > 0 && !k.data.empty()) {
       return absl::InvalidArgumentError(
@@ -85,16 +86,18 @@ grpc::Status PsService::AttachSharedMemory(grpc::ServerContext* ctx,
   }
   // A server on another host finds no such name: NOT_FOUND, and the worker
   // uses TCP with it (not an error worth counting).
-  absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::Attach(req->name(), req->size());
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region =
+      SharedRegion::Attach(req->name(), req->size());
   if (!region.ok()) {
     return region.status().code() == absl::StatusCode::kNotFound ? ToGrpc(region.status())
-                                                                  : Finish(region.status());
+                                                                 : Finish(region.status());
   }
   absl::MutexLock lock(&regions_mu_);
   const uint64_t id = next_region_++;
   regions_[id] = Region{req->worker_rank(), *std::move(region)};
   resp->set_region(id);
-  LogInfo("worker ", req->worker_rank(), " shares ", req->size() >> 20, " MiB of memory with this server");
+  LogInfo("worker ", req->worker_rank(), " shares ", req->size() >> 20,
+          " MiB of memory with this server");
   return grpc::Status::OK;
 }
 
@@ -135,25 +138,30 @@ grpc::ServerUnaryReactor* PsService::Serve(
 
 grpc::ServerUnaryReactor* PsService::Push(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
-  return Serve(ctx, req, ParsePushRequest, [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
-    const absl::Status s = store_->Push(msg);
-    *resp = grpc::ByteBuffer(nullptr, 0);  // an empty PushResponse
-    r->Finish(Finish(s));
-  });
+  return Serve(ctx, req, ParsePushRequest,
+               [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
+                 const absl::Status s = store_->Push(msg);
+                 *resp = grpc::ByteBuffer(nullptr, 0);  // an empty PushResponse
+                 r->Finish(Finish(s));
+               });
 }
 
 grpc::ServerUnaryReactor* PsService::Pull(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
-  return Serve(ctx, req, ParsePullRequest, [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
-    store_->PullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }, Reply(r, resp));
-  });
+  return Serve(ctx, req, ParsePullRequest,
+               [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
+                 store_->PullAsync(
+                     msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }, Reply(r, resp));
+               });
 }
 
 grpc::ServerUnaryReactor* PsService::PushPull(grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
-  return Serve(ctx, req, ParsePushPullRequest, [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
-    store_->PushPullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }, Reply(r, resp));
-  });
+  return Serve(ctx, req, ParsePushPullRequest,
+               [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
+                 store_->PushPullAsync(
+                     msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }, Reply(r, resp));
+               });
 }
 
 grpc::Status PsService::SetLearningRate(grpc::ServerContext* ctx,

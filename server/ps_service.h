@@ -16,8 +16,8 @@ namespace psrt {
 
 // The data path's methods take raw byte buffers (common/tensor_coding.h)
 // through gRPC's callback API; the control methods are ordinary ones.
-using PsServiceBase = v1::ParameterServer::WithRawCallbackMethod_Push<
-    v1::ParameterServer::WithRawCallbackMethod_Pull<
+using PsServiceBase =
+    v1::ParameterServer::WithRawCallbackMethod_Push<v1::ParameterServer::WithRawCallbackMethod_Pull<
         v1::ParameterServer::WithRawCallbackMethod_PushPull<v1::ParameterServer::Service>>>;
 
 // The gRPC face of a Store: checks the job token, turns errors into gRPC
