@@ -43,17 +43,20 @@ def reference(kind, steps, workers, passes=1):
     return model.state_dict()
 
 
-@pytest.mark.parametrize("kind,passes", [("sgd", 1), ("adam", 1), ("adamw", 1), ("adagrad", 1), ("sgd", 2)])
-def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, passes):
+@pytest.mark.parametrize("kind,passes,overlap", [("sgd", 1, False), ("adam", 1, False), ("adamw", 1, False),
+                                                ("adagrad", 1, False), ("sgd", 2, False), ("sgd", 1, True)])
+def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, passes, overlap):
     """SGD with momentum, Nesterov, weight decay, two param groups and a
     StepLR schedule; Adam with weight decay; AdamW with two groups; Adagrad
-    with lr_decay; SGD accumulating 2 backward passes per step. Tolerance:
-    1e-5 absolute (float32 sums in another order)."""
+    with lr_decay; SGD accumulating 2 backward passes per step; SGD checking
+    after every step that each layer gets its new weights at its own forward
+    pass, not at step(). Tolerance: 1e-5 absolute (float32 sums in another
+    order)."""
     steps = 10
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "final.pt")
-        code, log = run_job(["--optimizer", kind, "--steps", str(steps), "--passes", str(passes), "--out", out],
-                            ps={"partition_bytes": 4096})
+        code, log = run_job(["--optimizer", kind, "--steps", str(steps), "--passes", str(passes), "--out", out]
+                            + (["--check-overlap"] if overlap else []), ps={"partition_bytes": 4096})
         assert code == 0, log
         got = torch.load(out)
     want = reference(kind, steps, 2, passes)

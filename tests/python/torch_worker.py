@@ -40,6 +40,19 @@ def make_optimizer(kind, model):
     raise ValueError(kind)
 
 
+def check_overlap(model, opt):
+    """step() has not waited: the layers still hold the old weights. The
+    first layer's forward lands its own and only its own; synchronize()
+    lands the rest."""
+    first, last = model[0].weight.detach().clone(), model[2].weight.detach().clone()
+    x = batch(0, 0)[0]
+    model[0](x)
+    assert not torch.equal(model[0].weight, first), "the first layer's forward did not land its weights"
+    assert torch.equal(model[2].weight, last), "the last layer's weights landed before its forward"
+    opt.synchronize()
+    assert not torch.equal(model[2].weight, last), "synchronize() did not land the last layer's weights"
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--optimizer", default="sgd")
@@ -49,6 +62,8 @@ def main():
     p.add_argument("--skip-init", action="store_true", help="forget psrt.init() (a test of the error)")
     p.add_argument("--foreign-params", action="store_true",
                    help="name parameters that are not the optimizer's (a test of the error)")
+    p.add_argument("--check-overlap", action="store_true",
+                   help="after each step, check that each layer gets its new weights at its own forward")
     args = p.parse_args()
     if not args.skip_init:
         psrt.init()
@@ -65,6 +80,8 @@ def main():
             x, y = batch(step * args.passes + k, rank)
             torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+        if args.check_overlap:
+            check_overlap(model, opt)
         if scheduler is not None:
             scheduler.step()
     if rank == 0:
