@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
 
@@ -16,18 +17,19 @@ namespace psrt {
 void InitProcess(const std::string& log_name) {
   SetLogName(log_name);
   signal(SIGPIPE, SIG_IGN);
-  ReuseFreedMemory();
+  TuneForDataPath();
   if (absl::Status s = InitTransportSecurity(); !s.ok()) {
     LogError("TLS: ", s.message());
     std::exit(2);
   }
 }
 
-void ReuseFreedMemory() {
+void TuneForDataPath() {
   // Requests are at most 16 MiB and keys a few MiB: serve them from the heap
   // (reused) rather than fresh mmap'd pages, and do not hand freed memory back.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
 void HandleSignals(std::function<void(int)> on_signal) {

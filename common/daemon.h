@@ -11,14 +11,17 @@
 
 namespace psrt {
 
-// Start-up every psrt daemon shares: log name, SIGPIPE off, ReuseFreedMemory,
+// Start-up every psrt daemon shares: log name, SIGPIPE off, TuneForDataPath,
 // and the transport security (exits with status 2 naming what is wrong).
 void InitProcess(const std::string& log_name);
 
-// Makes glibc keep freed message buffers (up to 32 MiB each) for reuse
-// instead of returning them to the kernel: fresh pages cost far more than
-// the copy into them. Training processes call it through the client.
-void ReuseFreedMemory();
+// Process-wide settings for the data path. glibc keeps freed buffers (up
+// to 32 MiB each) for reuse instead of returning them to the kernel: fresh
+// pages cost far more than the copy into them. Abseil's mutex deadlock
+// detection, on in Debian's build, is turned off: it updates a lock graph on
+// every lock (about 1% of a small round trip's CPU). Training processes call
+// it through the client.
+void TuneForDataPath();
 
 // Blocks SIGINT, SIGTERM and SIGHUP in every thread started afterwards and
 // calls `on_signal` with the signal number from a thread of its own. Call it

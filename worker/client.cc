@@ -641,7 +641,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     return absl::InvalidArgumentError(absl::StrCat("connections_per_server must be 1..64; got ",
                                                    options.connections_per_server));
   }
-  ReuseFreedMemory();
+  TuneForDataPath();
   if (absl::Status s = InitTransportSecurity(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TLS: ", s.message()));
   }
