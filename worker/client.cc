@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 
 #include "absl/container/flat_hash_map.h"
@@ -175,6 +176,16 @@ class Client::Impl {
   std::vector<std::vector<std::unique_ptr<grpc::GenericStub>>> data_stubs;
   std::unique_ptr<std::atomic<uint64_t>[]> next_connection;
   BufferPool buffers;  // compressed gradients on their way out
+  // Requests in flight to one server at most; more wait their turn, so a
+  // huge tensor does not put hundreds of requests on the wire at once (and
+  // every request in flight finds a shared slot).
+  static constexpr int kWindow = 8;
+  struct Queue {
+    absl::Mutex mu;
+    int in_flight ABSL_GUARDED_BY(mu) = 0;
+    std::deque<std::function<void()>> waiting ABSL_GUARDED_BY(mu);
+  };
+  std::unique_ptr<Queue[]> queues;  // per server
   // Shared memory with each server on this host (null: TCP): a region of
   // kSharedSlots slots of kRequestBytes, one per request in flight.
   struct SharedLink {
@@ -183,7 +194,7 @@ class Client::Impl {
     absl::Mutex mu;
     std::vector<int> free_slots ABSL_GUARDED_BY(mu);
   };
-  static constexpr int kSharedSlots = 8;
+  static constexpr int kSharedSlots = kWindow;
   std::vector<std::unique_ptr<SharedLink>> shared;
   std::unique_ptr<ThreadPool> pool;
   absl::Mutex mu;
@@ -559,11 +570,18 @@ class Client::Impl {
         absl::MutexLock lock(&calls_mu);
         ++requests;
       }
-      if (push && r->shard.bytes >= kPoolBytes) {
-        pool->Schedule([this, r] { Send(r); });
-      } else {
-        Send(r);
+      std::function<void()> send = [this, r] { Send(r); };
+      if (push && r->shard.bytes >= kPoolBytes) send = [this, r] { pool->Schedule([this, r] { Send(r); }); };
+      Queue& q = queues[r->shard.server];
+      {
+        absl::MutexLock lock(&q.mu);
+        if (q.in_flight == kWindow) {
+          q.waiting.push_back(std::move(send));
+          continue;
+        }
+        ++q.in_flight;
       }
+      send();
     }
     return handle;
   }
@@ -626,6 +644,18 @@ class Client::Impl {
   void Finish(const std::shared_ptr<Request>& r, const absl::Status& s) {
     Give(&r->lease, s.ok());
     Done(r->op.get(), s);
+    std::function<void()> next;
+    {
+      Queue& q = queues[r->shard.server];
+      absl::MutexLock lock(&q.mu);
+      if (q.waiting.empty()) {
+        --q.in_flight;
+      } else {
+        next = std::move(q.waiting.front());
+        q.waiting.pop_front();
+      }
+    }
+    if (next) next();  // its turn: this one's place in the window
     absl::MutexLock lock(&calls_mu);
     --requests;
   }
@@ -673,6 +703,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   if (impl->stubs.empty()) return absl::FailedPreconditionError("the shard map lists no servers");
   impl->next_connection = std::make_unique<std::atomic<uint64_t>[]>(impl->stubs.size());
+  impl->queues = std::make_unique<Impl::Queue[]>(impl->stubs.size());
   if (impl->config.transport() != "tcp") impl->ShareMemory();
   // Enough threads for a request in flight on every connection.
   impl->pool = std::make_unique<ThreadPool>(
