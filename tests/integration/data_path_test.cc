@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -137,6 +138,8 @@ TEST_F(DataPathTest, SixtyFourWaitingPullsHoldNoThreadAndAllAreAnswered) {
   ASSERT_EQ(Metric("psrt_server_waiting_pulls"), kWorkers)
       << "the server never had every pull waiting";
   const int waiting = Threads(server);
+  std::printf("psrt-server threads: %d before the pulls, %d with %d pulls waiting\n", before, waiting,
+              kWorkers);
   // A thread per waiting pull would add 64; the server's threads do not
   // depend on how many pulls wait.
   EXPECT_LT(waiting - before, 8) << "threads before the pulls: " << before
