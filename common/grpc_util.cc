@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <openssl/crypto.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -126,7 +127,10 @@ grpc::Status CheckToken(const grpc::ServerContextBase* ctx, const std::string& t
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "this call carries no psrt job token");
   }
-  if (absl::string_view(it->second.data(), it->second.size()) != token) {
+  // In constant time: how long a comparison takes says nothing about where
+  // a guessed token first differs.
+  if (it->second.size() != token.size() ||
+      CRYPTO_memcmp(it->second.data(), token.data(), token.size()) != 0) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "this call's job token is not this job's");
   }

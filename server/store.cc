@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
@@ -18,6 +19,8 @@ namespace psrt {
 
 // More of one worker's pushes than this are never in flight at once.
 constexpr int kPushWindow = 8;
+// Longest variable name a server stores.
+constexpr size_t kMaxNameBytes = 256;
 // Pushes at least this big spread their keys over the apply pool.
 constexpr int64_t kParallelPushBytes = 256 << 10;
 // How often waiting pulls are checked for their deadline and their caller.
@@ -95,6 +98,24 @@ const char* DTypeName(v1::DType d) {
 
 std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// A variable name: 1 to kMaxNameBytes bytes of printable ASCII.
+absl::Status CheckName(const std::string& name) {
+  if (name.empty()) return absl::InvalidArgumentError("a key has an empty variable name");
+  if (name.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("variable name '", name.substr(0, 40), "...' has ",
+                                                   name.size(), " bytes; names have at most ",
+                                                   kMaxNameBytes));
+  }
+  for (char c : name) {
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "variable name '", absl::CHexEscape(name),
+          "' holds a byte that is not printable ASCII; names are printable text"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::vector<double> TimeBuckets() {
@@ -217,7 +238,7 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
     if (!names.insert(name).second) {
       return absl::InvalidArgumentError(absl::StrCat("key '", name, "' appears twice in one request"));
     }
-    if (spec.variable().empty()) return absl::InvalidArgumentError("a key has an empty variable name");
+    if (absl::Status s = CheckName(spec.variable()); !s.ok()) return s;
     if (spec.dtype() != v1::DTYPE_FLOAT32) {
       return absl::InvalidArgumentError(absl::StrCat(
           "key '", name, "': variables of dtype ", DTypeName(spec.dtype()),
@@ -365,6 +386,10 @@ absl::Status Store::Push(const WireMessage& req) {
     absl::StatusOr<Key*> key = Find(kd.variable, kd.partition);
     if (!key.ok()) return key.status();
     Key* k = *key;
+    if (std::find(keys.begin(), keys.end(), k) != keys.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key '", k->name, "' appears twice in one push; send one gradient per key"));
+    }
     const int bpv = BytesPerValue(kd.dtype);
     if (bpv == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -886,6 +911,10 @@ absl::StatusOr<int64_t> Store::SetLearningRate(const v1::SetLearningRateRequest&
     for (auto& [name, key] : keys_) {
       if (req.variable().empty() || key->spec.variable() == req.variable()) keys.push_back(key.get());
     }
+  }
+  if (keys.empty() && !req.variable().empty()) {
+    return absl::NotFoundError(absl::StrCat("variable '", req.variable().substr(0, kMaxNameBytes),
+                                            "' has no key on this server; register it first"));
   }
   for (Key* k : keys) {
     absl::MutexLock lock(&k->mu);

@@ -842,7 +842,16 @@ absl::Status Client::SetLearningRate(double lr, const std::string& variable) {
   req.set_worker_rank(rank());
   req.set_lr(lr);
   req.set_variable(variable);
+  // A variable's rate goes to the servers holding its keys (the others
+  // would answer NOT_FOUND); every variable's to every server.
+  std::vector<char> holds(num_servers(), variable.empty());
+  if (!variable.empty()) {
+    absl::StatusOr<Variable> var = impl_->Find(variable);
+    if (!var.ok()) return var.status();
+    for (const Partition& p : var->parts) holds[p.server] = 1;
+  }
   for (int s = 0; s < num_servers(); ++s) {
+    if (!holds[s]) continue;
     v1::SetLearningRateResponse resp;
     absl::Status st = impl_->Call(s, "set-learning-rate", [&](grpc::ClientContext* ctx) {
       return impl_->stubs[s]->SetLearningRate(ctx, req, &resp);

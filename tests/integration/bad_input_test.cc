@@ -537,6 +537,40 @@ class BadInputTest : public ::testing::Test {
   std::unique_ptr<v1::ParameterServer::Stub> stub_;
 };
 
+// What an outside client found accepted, now refused.
+TEST_F(BadInputTest, LearningRateOfAnUnknownVariableIsNotFound) {
+  v1::SetLearningRateRequest lr;
+  lr.set_lr(0.5);
+  lr.set_variable("nope");
+  EXPECT_TRUE(Refused(SetLearningRate(lr), grpc::NOT_FOUND, {"'nope'", "no key on this server"}));
+  lr.set_variable("w");
+  EXPECT_TRUE(SetLearningRate(lr).ok());
+}
+
+TEST_F(BadInputTest, AKeyTwiceInOnePushIsRefused) {
+  v1::PushRequest twice = PushOf(Key("w", 0, 0, v1::DTYPE_FLOAT32, Bytes(Grad())));
+  *twice.add_keys() = twice.keys(0);
+  EXPECT_TRUE(Refused(Push(twice), grpc::INVALID_ARGUMENT, {"'w#0'", "appears twice in one push"}));
+  v1::PushPullRequest pp;
+  *pp.mutable_push() = twice;
+  EXPECT_TRUE(Refused(PushPull(pp), grpc::INVALID_ARGUMENT, {"'w#0'", "appears twice"}));
+  ExpectUntouched();
+}
+
+TEST_F(BadInputTest, VariableNamesAreShortPrintableText) {
+  v1::KeySpec huge = WSpec();
+  huge.set_variable(std::string(1 << 20, 'a'));
+  EXPECT_TRUE(Refused(Register(RegisterOf(huge)), grpc::INVALID_ARGUMENT, {"1048576 bytes", "at most 256"}));
+  v1::KeySpec control = WSpec();
+  control.set_variable("bad\x01name");
+  EXPECT_TRUE(Refused(Register(RegisterOf(control)), grpc::INVALID_ARGUMENT,
+                      {"bad\\x01name", "not printable"}));
+  v1::KeySpec longest = WSpec();
+  longest.set_variable(std::string(256, 'n'));
+  EXPECT_TRUE(Register(RegisterOf(longest)).ok());
+  ExpectUntouched();
+}
+
 TEST_F(BadInputTest, UnknownKeyIsNotFound) {
   UnknownKey();
   ExpectUntouched();
