@@ -113,13 +113,21 @@ CoordinatorService::Process* CoordinatorService::FindLocked(const v1::ProcessId&
 grpc::Status CoordinatorService::Lookup(const v1::ProcessId& id, Process** out) {
   *out = FindLocked(id);
   if (*out != nullptr) return grpc::Status::OK;
+  if (id.role() != v1::ROLE_SERVER && id.role() != v1::ROLE_WORKER && id.role() != v1::ROLE_AGENT) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("role ", static_cast<int>(id.role()),
+                                     " is not a role of a psrt job (server, worker or agent)"));
+  }
   const int count = static_cast<int>(std::count_if(
       processes_.begin(), processes_.end(),
       [&](const Process& p) { return p.id.role() == id.role(); }));
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                       absl::StrCat("no ", RoleName(id.role()), " with index ", id.index(),
-                                   " in this job; it has ", count, " ", RoleName(id.role()),
-                                   "s (indices 0..", count - 1, ")"));
+                                   " in this job; it has ",
+                                   count == 0 ? "none"
+                                              : absl::StrCat(count, " ", RoleName(id.role()),
+                                                             count == 1 ? "" : "s", " (indices 0..",
+                                                             count - 1, ")")));
 }
 
 void CoordinatorService::FailLocked(const std::string& reason) {

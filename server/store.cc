@@ -419,6 +419,13 @@ absl::Status Store::Push(const WireMessage& req) {
           "push to key '", k->name, "' is for version ", kd.version, " but the key is at version ",
           k->version, options_.sync ? "; in sync mode a worker pushes for the version it pulled" : ""));
     }
+    // Async and ssp: a worker's clock moves one push at a time; a push far
+    // ahead would let it outrun the staleness bound (or be garbage).
+    if (!options_.sync && kd.version > k->clock[w]) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "push to key '", k->name, "' is for clock ", kd.version, " but worker ", w,
+          "'s clock there is ", k->clock[w], "; a worker's clock advances one push at a time"));
+    }
     keys.push_back(k);
     bytes += kd.data.size();
   }

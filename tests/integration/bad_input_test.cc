@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
 #include "gtest/gtest.h"
+#include "psrt/v1/coordinator.grpc.pb.h"
 #include "psrt/v1/ps.grpc.pb.h"
 #include "tests/integration/test_cluster.h"
 
@@ -569,6 +570,24 @@ TEST_F(BadInputTest, VariableNamesAreShortPrintableText) {
   longest.set_variable(std::string(256, 'n'));
   EXPECT_TRUE(Register(RegisterOf(longest)).ok());
   ExpectUntouched();
+}
+
+TEST_F(BadInputTest, TheCoordinatorNamesUnknownRolesAndIndicesPlainly) {
+  auto coordinator = v1::Coordinator::NewStub(MakeChannel(cluster_->coordinator_address()));
+  auto heartbeat = [&](v1::Role role, int index) {
+    v1::HeartbeatRequest req;
+    req.mutable_id()->set_role(role);
+    req.mutable_id()->set_index(index);
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    v1::HeartbeatResponse resp;
+    return coordinator->Heartbeat(&ctx, req, &resp);
+  };
+  EXPECT_TRUE(Refused(heartbeat(v1::ROLE_UNSPECIFIED, 0), grpc::INVALID_ARGUMENT,
+                      {"role 0 is not a role of a psrt job"}));
+  EXPECT_TRUE(Refused(heartbeat(static_cast<v1::Role>(7), 0), grpc::INVALID_ARGUMENT, {"role 7"}));
+  EXPECT_TRUE(Refused(heartbeat(v1::ROLE_WORKER, 5), grpc::INVALID_ARGUMENT,
+                      {"no worker with index 5 in this job; it has 1 worker (indices 0..0)"}));
 }
 
 TEST_F(BadInputTest, UnknownKeyIsNotFound) {

@@ -589,6 +589,28 @@ TEST(StoreTest, AsyncAppliesEachPushAtOnce) {
   EXPECT_EQ(Metric(m, "t_duplicate_pushes_total"), 1);
 }
 
+// An outside client pushed for clock 2^62: a clock moves one push at a time.
+TEST(StoreTest, AsyncAndSspPushesThatJumpAheadOfTheClockAreRefused) {
+  for (int staleness : {-1, 1}) {
+    SCOPED_TRACE(staleness < 0 ? "async" : "ssp");
+    Metrics m("t");
+    StoreOptions o = Async(2);
+    o.staleness = staleness;
+    Store store(o, &m);
+    ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+    ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("w", 0, kG0)})).ok());  // clock 0 -> 1
+    absl::Status s = store.Push(PushReq(0, 2, {Grad("w", int64_t{1} << 62, kG0)}));
+    EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+    EXPECT_HAS(s, "worker 0's clock there is 1");
+    s = store.Push(PushReq(0, 3, {Grad("w", 2, kG0)}));
+    EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+    EXPECT_KEY(store, "w", 1, {0.75f, -2.5f, 4.5f});  // nothing applied
+    ASSERT_TRUE(store.Push(PushReq(0, 4, {Grad("w", 1, kG0)})).ok());  // the next clock
+    ASSERT_TRUE(store.Push(PushReq(1, 1, {Grad("w", 0, kG0)})).ok());  // each worker its own
+    EXPECT_EQ(Metric(m, "t_updates_total"), 3);
+  }
+}
+
 TEST(StoreTest, AsyncPushesThatOvertakeEachOtherAreEachAppliedOnce) {
   Metrics m("t");
   Store store(Async(1), &m);
