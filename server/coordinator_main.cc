@@ -8,8 +8,10 @@
 #include <fstream>
 #include <memory>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/daemon.h"
 #include "common/distribution.h"
 #include "common/flags.h"
@@ -58,11 +60,15 @@ int main(int argc, char** argv) {
 
   // Signals are handled on one thread of their own: block them before the
   // service starts its threads.
-  std::atomic<psrt::CoordinatorService*> running{nullptr};
-  psrt::HandleSignals([&](int sig) {
-    psrt::CoordinatorService* service = running.load();
-    if (service == nullptr) std::_Exit(1);
-    service->Fail(absl::StrCat("the coordinator was stopped by signal ", sig));
+  // The service while it lives: a signal during start-up or after the end
+  // just exits, one meanwhile fails the job (under the lock, so the service
+  // cannot go away in the middle).
+  static absl::Mutex running_mu;
+  static psrt::CoordinatorService* running ABSL_GUARDED_BY(running_mu) = nullptr;
+  psrt::HandleSignals([](int sig) {
+    absl::MutexLock lock(&running_mu);
+    if (running == nullptr) std::_Exit(1);
+    running->Fail(absl::StrCat("the coordinator was stopped by signal ", sig));
   });
   // Checkpoint destination and restore source are checked before anything
   // starts: a bad bucket, credentials or checkpoint ends the job here.
@@ -98,7 +104,14 @@ int main(int argc, char** argv) {
   }
 
   psrt::CoordinatorService service(options, &metrics);
-  running = &service;
+  {
+    absl::MutexLock lock(&running_mu);
+    running = &service;
+  }
+  absl::Cleanup gone = [] {  // on every way out, before the service goes
+    absl::MutexLock lock(&running_mu);
+    running = nullptr;
+  };
   absl::StatusOr<psrt::ServingServer> serving = psrt::StartServer(bind, port, &service);
   if (!serving.ok()) {
     psrt::LogError(serving.status().message());

@@ -40,8 +40,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   psrt::InitProcess(absl::StrCat("psrt-server[", index, "]"));
-  std::atomic<int> signal_received{0};
-  psrt::HandleSignals([&](int sig) { signal_received = sig; });
+  // Static: the signal thread may outlive main's frame.
+  static std::atomic<int> signal_received{0};
+  psrt::HandleSignals([](int sig) { signal_received = sig; });
 
   absl::StatusOr<psrt::v1::JobConfig> config =
       psrt::FetchJobConfig(coordinator, token, absl::Seconds(connect_timeout_s));

@@ -15,8 +15,9 @@
 namespace psrt {
 
 int RunAgent(const AgentOptions& options) {
-  std::atomic<int> pending_signal{0};
-  HandleSignals([&](int sig) { pending_signal = sig; });
+  // Static: the signal thread may outlive this frame.
+  static std::atomic<int> pending_signal{0};
+  HandleSignals([](int sig) { pending_signal = sig; });
 
   CoordinatorLink::Options lo;
   lo.coordinator = options.coordinator;

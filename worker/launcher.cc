@@ -49,8 +49,9 @@ absl::StatusOr<int> ReadPortFile(const std::string& path, const Child& coordinat
 }  // namespace
 
 int RunLauncher(const LaunchOptions& o) {
-  std::atomic<int> pending_signal{0};
-  HandleSignals([&](int sig) { pending_signal = sig; });
+  // Static: the signal thread may outlive this frame.
+  static std::atomic<int> pending_signal{0};
+  HandleSignals([](int sig) { pending_signal = sig; });
   const bool local = o.local_hosts > 0;
   std::vector<std::string> hosts = o.cluster.hosts;
   if (local) {
