@@ -161,23 +161,35 @@ def run_mwms(python, args):
     return run_group(procs, "MultiWorkerMirroredStrategy")
 
 
-def run_dist_sync(python, args):
-    base = dict(os.environ, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(free_port()),
-                DMLC_NUM_SERVER="2", DMLC_NUM_WORKER="2")
-    daemons = [subprocess.Popen([python, "-c", "import mxnet"], env=dict(base, DMLC_ROLE=role),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-               for role in ("scheduler", "server", "server")]
-    workers = [subprocess.Popen([python, os.path.abspath(__file__), "--role", "mx-dist"] + args,
-                                env=dict(base, DMLC_ROLE="worker"), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True) for _ in range(2)]
-    try:
-        return run_group(workers, "dist_sync")
-    finally:
-        for d in daemons:
+class DistSync:
+    """MXNet's own parameter server on loopback (ps-lite from the wheel): a
+    scheduler and 2 servers for `workers` workers, stopped on exit. Workers
+    run with `worker_env`."""
+
+    def __init__(self, python, workers):
+        self.worker_env = dict(os.environ, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(free_port()),
+                               DMLC_NUM_SERVER="2", DMLC_NUM_WORKER=str(workers), DMLC_ROLE="worker")
+        self._daemons = [subprocess.Popen([python, "-c", "import mxnet"], env=dict(self.worker_env, DMLC_ROLE=role),
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         for role in ("scheduler", "server", "server")]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for d in self._daemons:
             try:
                 d.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 d.kill()
+
+
+def run_dist_sync(python, args):
+    with DistSync(python, 2) as ps:
+        workers = [subprocess.Popen([python, os.path.abspath(__file__), "--role", "mx-dist"] + args,
+                                    env=ps.worker_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True) for _ in range(2)]
+        return run_group(workers, "dist_sync")
 
 
 def main():

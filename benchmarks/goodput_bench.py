@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from frameworks_bench import ROOT, free_port
+from frameworks_bench import ROOT, DistSync
 
 
 def mx_worker(sizes, seconds):
@@ -59,22 +59,11 @@ def mx_worker(sizes, seconds):
 
 
 def run_dist_sync(python, sizes, seconds):
-    base = dict(os.environ, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(free_port()),
-                DMLC_NUM_SERVER="2", DMLC_NUM_WORKER="1")
-    daemons = [subprocess.Popen([python, "-c", "import mxnet"], env=dict(base, DMLC_ROLE=role),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-               for role in ("scheduler", "server", "server")]
-    try:
+    with DistSync(python, 1) as ps:
         p = subprocess.run([python, os.path.abspath(__file__), "--mx-worker", "--sizes",
                             ",".join(map(str, sizes)), "--seconds", str(seconds)],
-                           env=dict(base, DMLC_ROLE="worker"), stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, timeout=900)
-    finally:
-        for d in daemons:
-            try:
-                d.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                d.kill()
+                           env=ps.worker_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=900)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
