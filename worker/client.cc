@@ -1,5 +1,6 @@
 #include "worker/client.h"
 
+#include <grpcpp/generic/generic_stub.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -30,8 +31,6 @@
 #ifdef PSRT_HAVE_CUDA
 #include "kernels/cuda_kernels.h"
 #endif
-#include <grpcpp/generic/generic_stub.h>
-
 #include "psrt/v1/ps.grpc.pb.h"
 
 namespace psrt {
