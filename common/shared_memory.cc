@@ -41,19 +41,27 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(size_t bytes)
   for (int i = 0; i < 32; ++i) name.push_back(kHex[rd() % 16]);
   const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) return Errno(absl::StrCat("cannot create shared memory ", name));
-  // posix_fallocate reserves the pages: a /dev/shm too small fails here.
-  int err = ftruncate(fd, static_cast<off_t>(bytes)) == 0
-                ? posix_fallocate(fd, 0, static_cast<off_t>(bytes))
-                : errno;
-  void* p = err == 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-  if (err == 0 && p == MAP_FAILED) err = errno;
-  close(fd);
-  if (err != 0) {
+  void* p = ftruncate(fd, static_cast<off_t>(bytes)) == 0
+                ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                : MAP_FAILED;
+  if (p == MAP_FAILED) {
+    absl::Status s = Errno(absl::StrCat("cannot size and map shared memory ", name));
+    close(fd);
     shm_unlink(name.c_str());
-    return absl::UnavailableError(absl::StrCat(
-        "cannot reserve ", bytes, " bytes of shared memory in ", name, ": ", std::strerror(err)));
+    return s;
   }
-  return std::unique_ptr<SharedRegion>(new SharedRegion(name, static_cast<char*>(p), bytes, true));
+  return std::unique_ptr<SharedRegion>(
+      new SharedRegion(name, static_cast<char*>(p), bytes, true, fd));
+}
+
+absl::Status SharedRegion::Reserve() {
+  if (fd_ < 0) return absl::FailedPreconditionError("only the region's creator reserves its pages");
+  const int err = posix_fallocate(fd_, 0, static_cast<off_t>(size_));
+  if (err != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reserve ", size_, " bytes of shared memory in ", name_, ": ", std::strerror(err)));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Attach(const std::string& name,
@@ -86,12 +94,14 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Attach(const std::st
     refused = Errno(absl::StrCat("cannot map shared memory ", name));
   close(fd);
   if (!refused.ok()) return refused;
-  return std::unique_ptr<SharedRegion>(new SharedRegion(name, static_cast<char*>(p), bytes, false));
+  return std::unique_ptr<SharedRegion>(
+      new SharedRegion(name, static_cast<char*>(p), bytes, false, -1));
 }
 
 SharedRegion::~SharedRegion() {
   Unlink();
   munmap(data_, size_);
+  if (fd_ >= 0) close(fd_);
 }
 
 void SharedRegion::Unlink() {

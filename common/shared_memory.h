@@ -6,19 +6,22 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace psrt {
 
 // A POSIX shared-memory object mapped into this process: how a worker and a
 // server on one host hand tensors to each other without the TCP stack. The
-// worker creates it (owner-only, its pages reserved at once so a full
-// /dev/shm is an error now rather than a SIGBUS later), the server attaches
-// by name, and the worker then unlinks the name: from then on only the two
+// worker creates it (owner-only, sparse: offering it to a server on another
+// host costs nothing), the server attaches by name, the worker unlinks the
+// name and, once a server took it, reserves its pages (a full /dev/shm is an
+// error then rather than a SIGBUS later). From then on only the two
 // mappings hold it, and it goes when both processes have.
 class SharedRegion {
  public:
-  // A new object "/psrt-<random>" of `bytes`, mapped read-write.
+  // A new object "/psrt-<random>" of `bytes`, mapped read-write, no page
+  // of it allocated yet.
   static absl::StatusOr<std::unique_ptr<SharedRegion>> Create(size_t bytes);
   // Maps the object `name` made by another process of this user. Refused
   // unless the name is one Create makes, the object is owned by this
@@ -32,6 +35,9 @@ class SharedRegion {
 
   // Removes the name (the mappings stay valid). Idempotent.
   void Unlink();
+  // Allocates every page of a region this process created (posix_fallocate):
+  // UNAVAILABLE, saying why, when /dev/shm cannot hold it.
+  absl::Status Reserve();
 
   char* data() const { return data_; }
   size_t size() const { return size_; }
@@ -43,13 +49,14 @@ class SharedRegion {
   }
 
  private:
-  SharedRegion(std::string name, char* data, size_t size, bool linked)
-      : name_(std::move(name)), data_(data), size_(size), linked_(linked) {}
+  SharedRegion(std::string name, char* data, size_t size, bool linked, int fd)
+      : name_(std::move(name)), data_(data), size_(size), linked_(linked), fd_(fd) {}
 
   const std::string name_;
   char* const data_;
   const size_t size_;
   bool linked_;  // the name still exists and is ours to remove
+  int fd_;       // the creator's descriptor, for Reserve (-1: none)
 };
 
 }  // namespace psrt

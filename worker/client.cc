@@ -357,6 +357,8 @@ class Client::Impl {
           return stubs[s]->AttachSharedMemory(ctx, req, &resp);
         });
         (*region)->Unlink();  // attached or not, nobody else may open it now
+        // Its pages only now: a server on another host cost nothing above.
+        if (st.ok()) st = (*region)->Reserve();
       }
       if (!st.ok()) {
         if (why_not.empty()) why_not = std::string(st.message());
