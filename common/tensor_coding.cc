@@ -75,14 +75,14 @@ void PutKeyHeader(std::string* out, const OutKey& k) {
   PutVarintField(out, kNonfinite, k.nonfinite ? 1 : 0);
   PutVarintField(out, kPullDType, static_cast<uint64_t>(static_cast<int64_t>(k.pull_dtype)));
   if (k.has_shared) {
-    std::string span;
-    PutVarintField(&span, 1, k.shared.region);
-    PutVarintField(&span, 2, static_cast<uint64_t>(k.shared.offset));
-    PutVarintField(&span, 3, static_cast<uint64_t>(k.shared.size));
-    PutVarintField(&span, 4, static_cast<uint64_t>(k.shared.capacity));
+    const uint64_t span[] = {k.shared.region, static_cast<uint64_t>(k.shared.offset),
+                             static_cast<uint64_t>(k.shared.size),
+                             static_cast<uint64_t>(k.shared.capacity)};
+    int len = 0;  // fields 1..4, each a one-byte tag and its varint
+    for (uint64_t v : span) len += v == 0 ? 0 : 1 + VarintSize(v);
     PutTag(out, kShared, kLen);
-    PutVarint(out, span.size());
-    *out += span;
+    PutVarint(out, len);
+    for (int f = 0; f < 4; ++f) PutVarintField(out, f + 1, span[f]);
   }
 }
 
@@ -175,6 +175,10 @@ class SliceReader {
     return true;
   }
 
+  bool Skip(int64_t n) {
+    return Take(n, [](absl::string_view) {});
+  }
+
   bool ReadVarint(uint64_t* v) {
     *v = 0;
     for (int shift = 0; shift < 64; shift += 7) {
@@ -186,16 +190,16 @@ class SliceReader {
     return false;  // more than 10 bytes
   }
 
-  // The next `n` bytes, as pieces appended to `out` (nullptr: skipped).
-  bool Take(int64_t n, Payload* out) {
+  // The next `n` bytes, handed to on_piece(string_view) one slice's part
+  // at a time (no copy).
+  template <typename OnPiece>
+  bool Take(int64_t n, OnPiece on_piece) {
     if (n < 0 || n > size_ - pos_) return false;
     pos_ += n;
     while (n > 0) {
       const grpc::Slice& s = slices_[idx_];
       const int64_t here = std::min<int64_t>(n, static_cast<int64_t>(s.size() - off_));
-      if (out != nullptr) {
-        out->Add(absl::string_view(reinterpret_cast<const char*>(s.begin()) + off_, here));
-      }
+      on_piece(absl::string_view(reinterpret_cast<const char*>(s.begin()) + off_, here));
       off_ += here;
       n -= here;
       if (off_ == s.size()) ++idx_, off_ = 0;
@@ -312,19 +316,19 @@ std::string ReadKey(SliceReader* r, int64_t len, WireKey* k) {
                 if (f == 4) span->capacity = static_cast<int64_t>(v);
               },
               [r](int, int64_t len) -> std::string {
-                r->Take(len, nullptr);
+                r->Skip(len);
                 return "";
               });
         }
         if (field == kData) {
           k->data.Clear();  // the last occurrence wins, as in protobuf
-          r->Take(n, &k->data);
+          r->Take(n, [k](absl::string_view piece) { k->data.Add(piece); });
         } else if (field == kVariable) {
-          Payload name;
-          r->Take(n, &name);
-          k->variable = name.ToString();
+          k->variable.clear();
+          r->Take(n,
+                  [k](absl::string_view piece) { k->variable.append(piece.data(), piece.size()); });
         } else {
-          r->Take(n, nullptr);
+          r->Skip(n);
         }
         return "";
       });
@@ -335,10 +339,17 @@ std::string ReadKey(SliceReader* r, int64_t len, WireKey* k) {
 absl::Status Parse(const grpc::ByteBuffer& in, const char* type, int keys_field, bool wrapped,
                    WireMessage* out) {
   out->slices.clear();
-  out->keys.clear();
+  size_t used = 0;  // keys parsed; elements past it are reused, not freed
+  auto next_key = [&]() {
+    if (used == out->keys.size()) out->keys.emplace_back();
+    WireKey* k = &out->keys[used++];
+    k->Reset();
+    return k;
+  };
   out->worker_rank = 0;
   out->push_id = 0;
   if (!in.Dump(&out->slices).ok()) {
+    out->keys.clear();
     return absl::InvalidArgumentError(absl::StrCat("cannot read the ", type, " received"));
   }
   SliceReader r(out->slices);
@@ -352,10 +363,10 @@ absl::Status Parse(const grpc::ByteBuffer& in, const char* type, int keys_field,
         },
         [&](int field, int64_t n) -> std::string {
           if (field != keys_field) {
-            r.Take(n, nullptr);
+            r.Skip(n);
             return "";
           }
-          return ReadKey(&r, n, &out->keys.emplace_back());
+          return ReadKey(&r, n, next_key());
         });
   };
   std::string err;
@@ -364,7 +375,7 @@ absl::Status Parse(const grpc::ByteBuffer& in, const char* type, int keys_field,
         &r, r.size(), [](int, int, uint64_t) {},
         [&](int field, int64_t n) -> std::string {
           if (field != 1) {
-            r.Take(n, nullptr);
+            r.Skip(n);
             return "";
           }
           return body(r.pos() + n);
@@ -372,8 +383,9 @@ absl::Status Parse(const grpc::ByteBuffer& in, const char* type, int keys_field,
   } else {
     err = body(r.size());
   }
+  if (!err.empty()) used = 0;
+  out->keys.resize(used);
   if (!err.empty()) {
-    out->keys.clear();
     return absl::InvalidArgumentError(
         absl::StrCat("the message is not a valid psrt.v1.", type, ": ", err));
   }

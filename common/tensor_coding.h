@@ -84,6 +84,19 @@ struct WireKey {
   // the receiver has checked the span (the server for requests: a push's
   // values, a pull's room for its answer).
   char* shared_at = nullptr;
+
+  // Back to an empty key, keeping the name's and the pieces' storage.
+  void Reset() {
+    variable.clear();
+    data.Clear();
+    partition = 0;
+    version = 0;
+    dtype = pull_dtype = v1::DTYPE_UNSPECIFIED;
+    scale = 0;
+    nonfinite = has_shared = false;
+    shared = SharedSpan();
+    shared_at = nullptr;
+  }
 };
 
 // A received PushRequest, PullRequest, PushPullRequest (its push),
