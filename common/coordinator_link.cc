@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorLink>> CoordinatorLink::Connect(Option
   req.set_address(o.address);
   req.set_host(o.host);
   req.set_pid(getpid());
+  req.set_generation(o.generation);
   v1::RegisterResponse resp;
   absl::Status s = RetryWhileUnreachable(
       o.coordinator, absl::Now() + o.connect_timeout, [&](absl::Duration timeout) {
@@ -60,6 +61,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorLink>> CoordinatorLink::Connect(Option
       });
   if (!s.ok()) return s;
   link->config_ = resp.config();
+  {
+    absl::MutexLock lock(&link->mu_);
+    link->generation_ = resp.config().generation();
+  }
   link->heartbeats_ = std::thread([l = link.get()] { l->HeartbeatLoop(); });
   return link;
 }
@@ -79,9 +84,11 @@ void CoordinatorLink::HeartbeatLoop() {
   int64_t epoch = 0;
   v1::HeartbeatRequest req;
   *req.mutable_id() = options_.id;
+  req.set_generation(options_.generation);
   absl::MutexLock lock(&mu_);
   while (!stop_) {
     mu_.Unlock();
+    req.set_step(progress_.load(std::memory_order_relaxed));
     grpc::ClientContext ctx;
     PrepareContext(&ctx, options_.token, std::max(interval, absl::Seconds(1)));
     v1::HeartbeatResponse resp;
@@ -94,9 +101,16 @@ void CoordinatorLink::HeartbeatLoop() {
     mu_.Lock();
     if (s.ok()) {
       last_ok = now;
+      generation_ = std::max(generation_, resp.generation());
       if (end_.state == v1::JOB_RUNNING && resp.state() != v1::JOB_RUNNING) {
         end_.state = resp.state();
         end_.reason = resp.reason();
+      } else if (end_.state == v1::JOB_RUNNING && options_.generation != 0 &&
+                 resp.generation() > options_.generation) {
+        end_.state = v1::JOB_FAILED;
+        end_.reason = absl::StrCat("replaced: the job recovered from a failure and is at generation ",
+                                   resp.generation(), ", this process belongs to generation ",
+                                   options_.generation);
       }
     } else if (end_.state == v1::JOB_RUNNING && now - last_ok > timeout) {
       end_.state = v1::JOB_FAILED;
@@ -110,6 +124,11 @@ void CoordinatorLink::HeartbeatLoop() {
     }
     mu_.AwaitWithTimeout(absl::Condition(&stop_), interval);
   }
+}
+
+int64_t CoordinatorLink::generation() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
 }
 
 CoordinatorLink::JobEnd CoordinatorLink::state() const {
@@ -141,7 +160,8 @@ absl::StatusOr<v1::BarrierResponse> CoordinatorLink::Barrier() {
 }
 
 absl::Status CoordinatorLink::ReportExit(const v1::ProcessId& id, int exit_code,
-                                         const std::string& message, bool restarting) {
+                                         const std::string& message, bool restarting,
+                                         int64_t generation) {
   grpc::ClientContext ctx;
   PrepareContext(&ctx, options_.token, options_.rpc_timeout);
   v1::ReportExitRequest req;
@@ -149,6 +169,8 @@ absl::Status CoordinatorLink::ReportExit(const v1::ProcessId& id, int exit_code,
   req.set_exit_code(exit_code);
   req.set_message(message);
   req.set_restarting(restarting);
+  const bool own = id.role() == options_.id.role() && id.index() == options_.id.index();
+  req.set_generation(generation != 0 ? generation : own ? options_.generation : 0);
   v1::ReportExitResponse resp;
   return FromGrpc(stub_->ReportExit(&ctx, req, &resp));
 }

@@ -1,6 +1,7 @@
 #ifndef PSRT_COMMON_COORDINATOR_LINK_H_
 #define PSRT_COMMON_COORDINATOR_LINK_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -24,6 +25,9 @@ class CoordinatorLink {
     v1::ProcessId id;
     std::string address;  // where this process serves (servers)
     std::string host;
+    // The generation this process was started for (PSRT_GENERATION, set by
+    // its agent); 0: none, as for agents and processes started by hand.
+    int64_t generation = 0;
     absl::Duration connect_timeout = absl::Seconds(60);
     absl::Duration rpc_timeout = absl::Seconds(10);
     // Called from the heartbeat thread whenever the membership epoch changes.
@@ -41,13 +45,21 @@ class CoordinatorLink {
 
   const v1::JobConfig& config() const { return config_; }
   absl::StatusOr<v1::BarrierResponse> Barrier();
+  // `generation`: the exited process's (0: this link's own for its own
+  // exit, else the current one).
   absl::Status ReportExit(const v1::ProcessId& id, int exit_code, const std::string& message,
-                          bool restarting = false);
+                          bool restarting = false, int64_t generation = 0);
   absl::StatusOr<v1::JobStatusResponse> GetJobStatus();
 
   // The job's state as last heard. A coordinator silent for longer than the
   // heartbeat timeout counts as a failed job.
   JobEnd state() const;
+  // The job's generation as last heard. A process of an older generation
+  // sees its job end ("replaced"): a recovery started its successor.
+  int64_t generation() const;
+  // Training processes: the latest step pushed, sent with each heartbeat.
+  void SetProgress(int64_t step) { progress_.store(step, std::memory_order_relaxed); }
+
   // Blocks until the job has ended (or the coordinator was lost).
   JobEnd WaitForEnd() const;
   // Blocks at most `timeout`; returns the state then.
@@ -62,6 +74,8 @@ class CoordinatorLink {
   v1::JobConfig config_;
   mutable absl::Mutex mu_;
   JobEnd end_ ABSL_GUARDED_BY(mu_);
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> progress_{0};
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread heartbeats_;
 };

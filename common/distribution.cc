@@ -325,6 +325,22 @@ const std::vector<KeySpec>& ParameterServerKeys() {
        [](const Json& v, PsOptions* o) {
          return SetInt(v, "restart_workers", 0, kIntMax, &o->restart_workers);
        }},
+      {"on_failure", "string", "\"fail\"",
+       "fail: a lost server, host or worker ends the job; recover: roll back "
+       "to the last committed checkpoint and go on",
+       [](const Json& v, PsOptions* o) {
+         return SetEnum(v, "on_failure", {"fail", "recover"}, &o->on_failure);
+       }},
+      {"max_recoveries", "int", "3",
+       "recoveries a job may make before a failure ends it (>= 0)",
+       [](const Json& v, PsOptions* o) {
+         return SetInt(v, "max_recoveries", 0, kIntMax, &o->max_recoveries);
+       }},
+      {"host_wait_s", "number", "60",
+       "recover: seconds a lost host's agent may take to come back (> 0)",
+       [](const Json& v, PsOptions* o) {
+         return SetSeconds(v, "host_wait_s", false, &o->host_wait_s);
+       }},
       {"heartbeat_timeout_s", "number", "10",
        "seconds without a heartbeat before a process is declared dead (> 0)",
        [](const Json& v, PsOptions* o) {
@@ -436,6 +452,19 @@ absl::Status ValidateCombination(const Json& ps, const PsOptions& o) {
         "'checkpoint.every_steps'/'checkpoint.every_seconds' are set but "
         "'checkpoint.uri' is empty; set checkpoint.uri to where checkpoints "
         "should be written");
+  }
+  if (o.on_failure == "recover" && c.uri.empty()) {
+    return absl::InvalidArgumentError(
+        "'on_failure' is 'recover', which rolls back to the last committed "
+        "checkpoint, but 'checkpoint.uri' is empty; set checkpoint.uri (and "
+        "checkpoint.every_steps or every_seconds) or use \"on_failure\": "
+        "\"fail\"");
+  }
+  if ((ps.contains("max_recoveries") || ps.contains("host_wait_s")) &&
+      o.on_failure != "recover") {
+    return absl::InvalidArgumentError(
+        "'max_recoveries' and 'host_wait_s' only apply when 'on_failure' is "
+        "'recover'; remove them or set \"on_failure\": \"recover\"");
   }
   const bool restore_from_checkpoint_dir =
       !o.restore.empty() && !absl::StrContains(o.restore, "://") &&

@@ -50,18 +50,42 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOpt
 
 Checkpointer::~Checkpointer() { Stop(); }
 
-void Checkpointer::Start(const std::vector<std::string>& server_addresses) {
-  for (const std::string& a : server_addresses) servers_.push_back(v1::ParameterServer::NewStub(MakeChannel(a)));
+void Checkpointer::Start(const std::vector<std::string>& server_addresses, int64_t start_step) {
+  {
+    absl::MutexLock save(&save_mu_);
+    servers_.clear();
+    for (const std::string& a : server_addresses) servers_.push_back(v1::ParameterServer::NewStub(MakeChannel(a)));
+    start_step_ = start_step;
+    absl::MutexLock lock(&mu_);
+    stopping_ = false;
+    cancelled_ = false;
+  }
   const v1::CheckpointConfig& c = options_.config;
   if (c.every_steps() > 0 || c.every_seconds() > 0) loop_ = std::thread([this] { Loop(); });
 }
 
-void Checkpointer::Stop() {
+void Checkpointer::Stop() { Halt(false); }
+
+void Checkpointer::Abort() { Halt(true); }
+
+void Checkpointer::Halt(bool cancel) {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    if (cancel) {
+      cancelled_ = true;
+      for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+    }
   }
   if (loop_.joinable()) loop_.join();
+  if (cancel) {
+    absl::MutexLock save(&save_mu_);  // an on-demand SaveNow ends too
+  }
+}
+
+std::optional<v1::CheckpointResponse> Checkpointer::LastCommitted() {
+  absl::MutexLock lock(&mu_);
+  return last_committed_;
 }
 
 bool Checkpointer::stopping() {
@@ -93,7 +117,7 @@ absl::StatusOr<int64_t> Checkpointer::CurrentStep() {
       for (int64_t c : s.worker_clocks()) step = std::min(step, c);
     }
   }
-  return step == INT64_MAX ? options_.start_step : step;
+  return step == INT64_MAX ? start_step_ : step;
 }
 
 absl::StatusOr<bool> Checkpointer::Committed(const std::string& name) {
@@ -128,8 +152,20 @@ absl::Status Checkpointer::Round(const std::string& name, int64_t step, absl::Du
       req.set_allow_empty(allow_empty);
       grpc::ClientContext ctx;
       PrepareContext(&ctx, options_.token, wait + options_.save_timeout);
+      {
+        absl::MutexLock lock(&mu_);
+        if (cancelled_) {
+          status[i] = grpc::Status(grpc::StatusCode::CANCELLED, "the checkpoint was cancelled");
+          return;
+        }
+        calls_.push_back(&ctx);
+      }
       v1::SaveShardResponse resp;
       status[i] = servers_[i]->SaveShard(&ctx, req, &resp);
+      {
+        absl::MutexLock lock(&mu_);
+        calls_.erase(std::find(calls_.begin(), calls_.end(), &ctx));
+      }
       if (status[i].ok()) (*responses)[i] = std::move(resp);
     });
   }
@@ -189,6 +225,10 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Commit(
   LogInfo("checkpoint ", root_->uri(), "/", name, " committed: ", bytes, " bytes in ", shards.size(),
           " shards, ", m.keys_size(), " keys, ", absl::FormatDuration(absl::Seconds(seconds)),
           "; longest training pause ", absl::FormatDuration(absl::Seconds(pause)));
+  {
+    absl::MutexLock lock(&mu_);
+    last_committed_ = Response(name, step, false);
+  }
   if (absl::Status s = PruneCheckpoints(root_.get(), options_.config.keep(), name); !s.ok()) {
     LogWarning("removing old checkpoints under ", root_->uri(), " failed (the next checkpoint tries again): ",
                s.message());
@@ -244,7 +284,7 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Finish() {
 void Checkpointer::Loop() {
   const v1::CheckpointConfig& c = options_.config;
   const int64_t every = c.every_steps();
-  int64_t target = every > 0 ? (options_.start_step / every + 1) * every : -1;
+  int64_t target = every > 0 ? (start_step_ / every + 1) * every : -1;
   bool target_checked = false;  // whether it is known not to be committed
   std::vector<v1::SaveShardResponse> responses;  // of the target's rounds
   absl::Time last = absl::Now();

@@ -2,6 +2,7 @@
 #define PSRT_SERVER_CHECKPOINTER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,7 +22,6 @@ struct CheckpointerOptions {
   std::string mode;             // the job's: "sync" | "async" | "ssp"
   int64_t partition_bytes = 0;
   std::string token;
-  int64_t start_step = 0;  // the restored step, if any
   // Longest one checkpoint may take once its step is reached.
   absl::Duration save_timeout = absl::Minutes(10);
 };
@@ -39,8 +39,10 @@ class Checkpointer {
                                                             Metrics* metrics);
   ~Checkpointer();
 
-  // Begins the every_steps / every_seconds triggers.
-  void Start(const std::vector<std::string>& server_addresses);
+  // Begins the every_steps / every_seconds triggers for these servers, from
+  // `start_step` (the restored step, if any). May follow Stop or Abort (a
+  // recovered job's new servers).
+  void Start(const std::vector<std::string>& server_addresses, int64_t start_step);
   // Writes a checkpoint now (sync: at the step the fastest key is at) and
   // answers once it is committed, or with why not by `deadline`.
   absl::StatusOr<v1::CheckpointResponse> SaveNow(absl::Time deadline);
@@ -48,6 +50,11 @@ class Checkpointer {
   absl::StatusOr<v1::CheckpointResponse> Finish();
   // Stops the triggers (a checkpoint in progress ends at its next poll).
   void Stop();
+  // Stops the triggers and cancels the checkpoint in progress: its servers
+  // are gone or about to be replaced. Returns once nothing is being written.
+  void Abort();
+  // The newest checkpoint this job committed (uri and step), if any.
+  std::optional<v1::CheckpointResponse> LastCommitted();
 
  private:
   Checkpointer(CheckpointerOptions options, std::unique_ptr<Storage> root, Metrics* metrics);
@@ -72,13 +79,19 @@ class Checkpointer {
   absl::StatusOr<bool> Committed(const std::string& name);
   v1::CheckpointResponse Response(const std::string& name, int64_t step, bool already) const;
   bool stopping();
+  void Halt(bool cancel);
 
   const CheckpointerOptions options_;
   const std::unique_ptr<Storage> root_;
   absl::Mutex save_mu_;  // one checkpoint at a time
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> servers_;  // set once by Start
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);  // SaveShard in flight
+  std::optional<v1::CheckpointResponse> last_committed_ ABSL_GUARDED_BY(mu_);
+  // Set by Start while no checkpoint is being written.
+  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> servers_;
+  int64_t start_step_ = 0;
   std::thread loop_;
   Counter* saved_;
   Counter* failed_;

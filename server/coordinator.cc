@@ -1,12 +1,14 @@
 #include "server/coordinator.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "psrt/v1/ps.grpc.pb.h"
 
 namespace psrt {
 namespace {
@@ -33,11 +35,12 @@ std::string StateName(v1::JobState s) {
 
 CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metrics)
     : options_(std::move(options)),
-      start_(absl::Now()),
       registered_(metrics->GetGauge("registered_processes", "Processes registered with the coordinator")),
       heartbeats_(metrics->GetCounter("heartbeats_total", "Heartbeats received")),
       epoch_gauge_(metrics->GetGauge("membership_epoch", "Membership epoch: changes when a worker is lost or rejoins")),
-      active_workers_(metrics->GetGauge("active_workers", "Training processes taking part")) {
+      active_workers_(metrics->GetGauge("active_workers", "Training processes taking part")),
+      recoveries_(metrics->GetCounter("recoveries_total", "Recoveries: rollbacks to the last checkpoint after a failure")),
+      steps_lost_(metrics->GetCounter("recovery_steps_lost_total", "Training steps done again because a recovery rolled them back")) {
   const PsOptions& ps = options_.ps;
   const int num_hosts = static_cast<int>(options_.hosts.size());
   config_.set_mode(ps.mode);
@@ -57,6 +60,10 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
   config_.set_compression(ps.compression);
   config_.set_pull_compression(ps.pull_compression);
   config_.set_transport(ps.transport);
+  config_.set_on_failure(ps.on_failure);
+  config_.set_max_recoveries(ps.max_recoveries);
+  config_.set_host_wait_s(ps.host_wait_s);
+  config_.set_generation(1);
   config_.mutable_checkpoint()->set_uri(ps.checkpoint.uri);
   config_.mutable_checkpoint()->set_every_steps(ps.checkpoint.every_steps);
   config_.mutable_checkpoint()->set_every_seconds(ps.checkpoint.every_seconds);
@@ -76,6 +83,7 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
     processes_.push_back(std::move(p));
   };
   absl::MutexLock lock(&mu_);
+  start_ = absl::Now();
   for (int h = 0; h < num_hosts; ++h) {
     for (int i = 0; i < ps.servers_per_host; ++i) add(v1::ROLE_SERVER, h * ps.servers_per_host + i, h);
   }
@@ -93,6 +101,7 @@ CoordinatorService::~CoordinatorService() {
   }
   monitor_.join();
   if (finisher_.joinable()) finisher_.join();
+  if (recoverer_.joinable()) recoverer_.join();
 }
 
 std::vector<std::string> CoordinatorService::ServerAddressesLocked() const {
@@ -152,10 +161,92 @@ v1::Membership CoordinatorService::MembershipLocked() const {
   return m;
 }
 
+void CoordinatorService::LostLocked(const std::string& reason) {
+  if (state_ != v1::JOB_RUNNING) return;
+  if (config_.on_failure() != "recover" || finishing_) {
+    FailLocked(reason);
+    return;
+  }
+  if (recovering_) {
+    LogWarning(reason, " (while recovering)");
+    return;
+  }
+  if (generation_ - 1 >= config_.max_recoveries()) {
+    FailLocked(absl::StrCat(reason, "; no recovery left (max_recoveries is ", config_.max_recoveries(), ")"));
+    return;
+  }
+  recovering_ = true;
+  LogWarning(reason, "; recovering");
+  if (recoverer_.joinable()) recoverer_.join();  // the last recovery's thread has ended
+  recoverer_ = std::thread([this, reason] { Recover(reason); });
+}
+
+int64_t CoordinatorService::ReachedStep(const std::vector<std::string>& servers) const {
+  int64_t reached = 0;
+  for (const std::string& address : servers) {
+    if (address.empty()) continue;
+    auto stub = v1::ParameterServer::NewStub(MakeChannel(address));
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, options_.token, absl::Seconds(1));
+    v1::StatsResponse stats;
+    if (!stub->Stats(&ctx, v1::StatsRequest(), &stats).ok()) continue;  // the lost one
+    reached = std::max(reached, stats.max_version());
+    for (int64_t c : stats.worker_clocks()) reached = std::max(reached, c);
+  }
+  return reached;
+}
+
+void CoordinatorService::Recover(std::string reason) {
+  std::vector<std::string> servers;
+  {
+    absl::MutexLock lock(&mu_);
+    servers = ServerAddressesLocked();
+  }
+  // From here on no checkpoint of the failed generation commits: the one to
+  // return to is known.
+  if (options_.checkpointer != nullptr) options_.checkpointer->Abort();
+  const int64_t reached = ReachedStep(servers);
+  std::string uri = options_.restore_uri;
+  int64_t step = options_.restored_step;
+  if (options_.checkpointer != nullptr) {
+    if (std::optional<v1::CheckpointResponse> last = options_.checkpointer->LastCommitted()) {
+      uri = last->uri();
+      step = last->step();
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  recovering_ = false;
+  if (state_ != v1::JOB_RUNNING || stop_) return;
+  ++generation_;
+  config_.set_generation(generation_);
+  config_.set_restore_uri(uri);
+  config_.set_restored_step(step);
+  for (Process& p : processes_) {
+    if (p.id.role() == v1::ROLE_AGENT) continue;
+    p.registered = p.exited = p.restarting = p.lost = p.saw_end = false;
+    p.exit_code = 0;
+    p.address.clear();
+  }
+  ++epoch_;
+  epoch_gauge_->Set(epoch_);
+  active_workers_->Set(MembershipLocked().active_workers_size());
+  checkpoints_started_ = false;
+  start_ = absl::Now();
+  const int64_t lost = std::max<int64_t>(0, std::max(reached, progress_step_) - step);
+  progress_step_ = step;
+  recoveries_->Add();
+  steps_lost_->Add(static_cast<double>(lost));
+  LogWarning("recovery ", generation_ - 1, " of at most ", config_.max_recoveries(), ": ", reason,
+             "; rolled back to step ", step,
+             uri.empty() ? " (the start: nothing was checkpointed yet)" : absl::StrCat(" (", uri, ")"),
+             "; ", lost, " steps lost; restarting every server and training process (generation ",
+             generation_, ")");
+}
+
 void CoordinatorService::WorkerLostLocked(Process* p, const std::string& reason) {
   if (state_ != v1::JOB_RUNNING || p->lost) return;
   if (config_.on_worker_failure() != "continue") {
-    FailLocked(reason);
+    LostLocked(reason);
     return;
   }
   p->lost = true;
@@ -175,11 +266,11 @@ void CoordinatorService::WorkerLostLocked(Process* p, const std::string& reason)
 void CoordinatorService::MaybeStartCheckpointsLocked() {
   if (options_.checkpointer == nullptr || checkpoints_started_ || !AllRegisteredLocked()) return;
   checkpoints_started_ = true;
-  options_.checkpointer->Start(ServerAddressesLocked());
+  options_.checkpointer->Start(ServerAddressesLocked(), config_.restored_step());
 }
 
 void CoordinatorService::CheckSuccessLocked() {
-  if (state_ != v1::JOB_RUNNING) return;
+  if (state_ != v1::JOB_RUNNING || recovering_) return;
   bool any = false;
   for (const Process& q : processes_) {
     if (q.id.role() != v1::ROLE_WORKER || q.lost) continue;
@@ -236,13 +327,22 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("the job has ended (", StateName(state_), "): ", reason_));
   }
+  if (StaleLocked(req->generation())) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat(p->name, " was started for generation ", req->generation(),
+                                     ", but a recovery moved the job to generation ", generation_));
+  }
+  if (p->id.role() == v1::ROLE_AGENT && p->lost) {
+    p->lost = false;
+    LogInfo(p->name, " came back after ", absl::FormatDuration(absl::Trunc(absl::Now() - p->lost_at, absl::Milliseconds(100))));
+  }
   if (p->registered && !p->exited && p->id.role() == v1::ROLE_SERVER &&
       p->address != req->address()) {
     return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                         absl::StrCat(p->name, " is already registered at ", p->address));
   }
   const bool again = p->registered;
-  if (p->lost || p->exited) {
+  if (p->id.role() == v1::ROLE_WORKER && (p->lost || p->exited)) {
     // A lost worker that comes back takes part again from the next step.
     p->lost = false;
     ++epoch_;
@@ -299,11 +399,19 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx, const v1::H
   absl::MutexLock lock(&mu_);
   Process* p;
   if (grpc::Status s = Lookup(req->id(), &p); !s.ok()) return s;
+  resp->set_generation(generation_);
+  if (StaleLocked(req->generation())) {
+    // Replaced by a recovery: it learns so, and its agent stops it.
+    resp->set_state(state_);
+    resp->set_reason(reason_);
+    return grpc::Status::OK;
+  }
   if (!p->registered) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat(p->name, " sent a heartbeat before registering"));
   }
   heartbeats_->Add();
+  if (p->id.role() == v1::ROLE_WORKER) progress_step_ = std::max(progress_step_, req->step());
   p->last_heartbeat = absl::Now();
   if (state_ != v1::JOB_RUNNING) p->saw_end = true;
   resp->set_state(state_);
@@ -319,6 +427,7 @@ grpc::Status CoordinatorService::ReportExit(grpc::ServerContext* ctx, const v1::
   Process* p;
   if (grpc::Status s = Lookup(req->id(), &p); !s.ok()) return s;
   if (p->exited) return grpc::Status::OK;  // the agent and the worker may both report
+  if (StaleLocked(req->generation())) return grpc::Status::OK;  // replaced by a recovery
   const std::string what = absl::StrCat(p->name, " exited with code ", req->exit_code(),
                                         req->message().empty() ? "" : absl::StrCat(": ", req->message()));
   if (req->restarting() && p->id.role() == v1::ROLE_WORKER && state_ == v1::JOB_RUNNING) {
@@ -344,7 +453,11 @@ grpc::Status CoordinatorService::ReportExit(grpc::ServerContext* ctx, const v1::
       CheckSuccessLocked();
     }
   } else if (state_ == v1::JOB_RUNNING) {
-    FailLocked(req->exit_code() != 0 ? what
+    if (p->id.role() == v1::ROLE_AGENT) {
+      p->lost = true;
+      p->lost_at = absl::Now();
+    }
+    LostLocked(req->exit_code() != 0 ? what
                                      : absl::StrCat(p->name, " stopped while the job was running"));
   }
   return grpc::Status::OK;
@@ -358,6 +471,7 @@ grpc::Status CoordinatorService::GetJobStatus(grpc::ServerContext* ctx, const v1
   resp->set_reason(reason_);
   *resp->mutable_config() = config_;
   *resp->mutable_membership() = MembershipLocked();
+  resp->set_recoveries(static_cast<int>(generation_ - 1));
   const absl::Time now = absl::Now();
   for (const Process& p : processes_) {
     v1::ProcessStatus* s = resp->add_processes();
@@ -402,9 +516,15 @@ void CoordinatorService::Monitor() {
   absl::MutexLock lock(&mu_);
   while (!stop_) {
     mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(50));
-    if (stop_ || state_ != v1::JOB_RUNNING) continue;
+    if (stop_ || state_ != v1::JOB_RUNNING || recovering_) continue;
     const absl::Time now = absl::Now();
+    const absl::Duration host_wait = absl::Seconds(config_.host_wait_s());
     for (Process& p : processes_) {
+      if (p.id.role() == v1::ROLE_AGENT && p.lost && now - p.lost_at > host_wait) {
+        FailLocked(absl::StrCat(p.name, " did not come back within ", absl::FormatDuration(host_wait),
+                                " (host_wait_s) of being lost"));
+        break;
+      }
       if (!p.registered || p.exited || p.lost) continue;
       const absl::Duration silent = now - p.last_heartbeat;
       if (silent <= (p.restarting ? barrier : timeout)) continue;
@@ -417,12 +537,17 @@ void CoordinatorService::Monitor() {
       if (p.id.role() == v1::ROLE_WORKER) {
         WorkerLostLocked(&p, reason);
       } else {
-        FailLocked(reason);
+        if (p.id.role() == v1::ROLE_AGENT) {
+          p.lost = true;
+          p.lost_at = now;
+        }
+        LostLocked(reason);
       }
-      if (state_ != v1::JOB_RUNNING) break;
+      if (state_ != v1::JOB_RUNNING || recovering_) break;
     }
-    if (state_ == v1::JOB_RUNNING) MaybeStartCheckpointsLocked();
-    if (state_ == v1::JOB_RUNNING && !AllRegisteredLocked() && now - start_ > barrier) {
+    if (state_ != v1::JOB_RUNNING || recovering_) continue;
+    MaybeStartCheckpointsLocked();
+    if (!AllRegisteredLocked() && now - start_ > barrier) {
       FailLocked(absl::StrCat("readiness barrier timed out after ", absl::FormatDuration(barrier),
                               "; not arrived: ", absl::StrJoin(MissingLocked(), ", ")));
     }

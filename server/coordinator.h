@@ -66,14 +66,28 @@ class CoordinatorService final : public v1::Coordinator::Service {
     absl::Time last_heartbeat;
     bool saw_end = false;  // heartbeat answered after the job ended
     bool restarting = false;  // its agent is starting it again
-    bool lost = false;        // a worker the job goes on without
+    bool lost = false;        // a worker the job goes on without; an agent gone
+    absl::Time lost_at;       // agents: when
   };
 
   Process* FindLocked(const v1::ProcessId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   grpc::Status Lookup(const v1::ProcessId& id, Process** out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A worker died or went silent: the job fails, or goes on without it.
+  // A worker died or went silent: the job fails, recovers, or goes on
+  // without it.
   void WorkerLostLocked(Process* p, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A process the job cannot go on without was lost: it fails, or (with
+  // on_failure "recover") rolls back to its last checkpoint.
+  void LostLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stops the checkpoints, finds the checkpoint to return to, then starts
+  // the next generation (on a thread of its own: it waits on servers).
+  void Recover(std::string reason);
+  // The furthest step (sync) or worker clock any live server reached.
+  int64_t ReachedStep(const std::vector<std::string>& servers) const;
+  // Whether a request of `generation` (0: the current one) is of the past.
+  bool StaleLocked(int64_t generation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return generation != 0 && generation != generation_;
+  }
   // Starts the checkpointer once every process has registered.
   void MaybeStartCheckpointsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckSuccessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -85,14 +99,22 @@ class CoordinatorService final : public v1::Coordinator::Service {
 
   const CoordinatorOptions options_;
   v1::JobConfig config_;
-  const absl::Time start_;
   absl::Mutex mu_;
+  absl::Time start_ ABSL_GUARDED_BY(mu_);  // of the current generation
   std::vector<Process> processes_ ABSL_GUARDED_BY(mu_);
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_RUNNING;
   std::string reason_ ABSL_GUARDED_BY(mu_);
   absl::Time ended_at_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
+  // Recovery: servers and training processes belong to a generation; a
+  // recovery replaces them all with those of the next one.
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
+  bool recovering_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t progress_step_ ABSL_GUARDED_BY(mu_) = 0;  // highest step pushed this generation
+  std::thread recoverer_;
+  Counter* recoveries_;
+  Counter* steps_lost_;
   Gauge* registered_;
   Gauge* epoch_gauge_;
   Gauge* active_workers_;

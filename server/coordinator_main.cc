@@ -93,7 +93,6 @@ int main(int argc, char** argv) {
     c.mode = ps->mode;
     c.partition_bytes = ps->partition_bytes;
     c.token = token;
-    c.start_step = options.restored_step;
     absl::StatusOr<std::unique_ptr<psrt::Checkpointer>> opened = psrt::Checkpointer::Open(c, &metrics);
     if (!opened.ok()) {
       psrt::LogError("checkpoint.uri: ", opened.status().message());

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   std::string bind = "0.0.0.0";
   int index = -1, port = 0, metrics_port = -1;
   double connect_timeout_s = 60;
+  int64_t generation = 0;
   psrt::Flags flags("psrt-server", "--coordinator=HOST:PORT --index=N [flags]");
   flags.Add("coordinator", &coordinator, "Address of psrt-coordinator (env PSRT_COORDINATOR).");
   flags.Add("index", &index, "This server's index in the job, 0..num_servers-1 (required).");
@@ -34,9 +35,11 @@ int main(int argc, char** argv) {
   flags.Add("token", &token, "Job token every RPC must carry (env PSRT_JOB_TOKEN); empty disables the check.");
   flags.Add("metrics-port", &metrics_port, "Port for Prometheus /metrics; 0 picks one, -1 disables.");
   flags.Add("connect-timeout", &connect_timeout_s, "Seconds to wait for the coordinator at start.");
+  flags.Add("generation", &generation,
+            "The job generation this server is started for (by psrt-worker after a recovery); 0: the current one.");
   flags.ParseOrExit(argc, argv);
-  if (coordinator.empty() || index < 0 || port < 0 || port > 65535 || connect_timeout_s <= 0) {
-    std::fprintf(stderr, "psrt-server: need --coordinator, --index >= 0, --port in 0..65535 and --connect-timeout > 0 (see --help)\n");
+  if (coordinator.empty() || index < 0 || port < 0 || port > 65535 || connect_timeout_s <= 0 || generation < 0) {
+    std::fprintf(stderr, "psrt-server: need --coordinator, --index >= 0, --port in 0..65535, --connect-timeout > 0 and --generation >= 0 (see --help)\n");
     return 2;
   }
   psrt::InitProcess(absl::StrCat("psrt-server[", index, "]"));
@@ -94,6 +97,7 @@ int main(int argc, char** argv) {
   link_options.id.set_index(index);
   link_options.address = absl::StrCat(host, ":", bound_port);
   link_options.host = host;
+  link_options.generation = generation;
   link_options.connect_timeout = absl::Seconds(connect_timeout_s);
   link_options.on_membership = [&store](const psrt::v1::Membership& m) {
     store.SetMembership(m.epoch(), {m.active_workers().begin(), m.active_workers().end()});

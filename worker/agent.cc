@@ -13,6 +13,17 @@
 #include "common/process.h"
 
 namespace psrt {
+namespace {
+
+// A process this agent started: a psrt-server or a training process, of one
+// generation of the job.
+struct Child {
+  v1::ProcessId id;
+  std::string name;  // "psrt-server[1]", "worker 3"
+  int64_t generation = 0;
+};
+
+}  // namespace
 
 int RunAgent(const AgentOptions& options) {
   // Static: the signal thread may outlive this frame.
@@ -33,19 +44,50 @@ int RunAgent(const AgentOptions& options) {
   }
   const v1::JobConfig& config = (*link)->config();
   const int local = config.workers_per_host();
+  const int servers_here = options.servers ? config.num_servers() / std::max(1, config.num_hosts()) : 0;
+  int64_t generation = (*link)->generation();
 
-  std::map<pid_t, int> rank_of;        // running training processes
-  std::map<int, int> restarts;         // per rank, restarts made so far
-  auto report_exit = [&](int rank, int code, const std::string& message, bool restarting) {
-    v1::ProcessId id;
-    id.set_role(v1::ROLE_WORKER);
-    id.set_index(rank);
-    absl::Status s = (*link)->ReportExit(id, code, message, restarting);
-    if (!s.ok()) LogWarning("could not report worker ", rank, "'s exit: ", s.message());
+  std::map<pid_t, Child> children;  // running
+  std::map<int, int> restarts;      // per rank, restarts made so far
+  auto report_exit = [&](const Child& c, int code, const std::string& message, bool restarting) {
+    absl::Status s = (*link)->ReportExit(c.id, code, message, restarting, c.generation);
+    if (!s.ok()) LogWarning("could not report the exit of ", c.name, ": ", s.message());
   };
-  auto start = [&](int rank) {
+  auto spawn = [&](v1::Role role, int index, const std::string& name, const std::vector<std::string>& argv,
+                   const std::map<std::string, std::string>& env) {
+    Child c;
+    c.id.set_role(role);
+    c.id.set_index(index);
+    c.name = name;
+    c.generation = generation;
+    absl::StatusOr<pid_t> pid = Spawn(argv, env);
+    if (!pid.ok()) {
+      LogError(name, ": ", pid.status().message());
+      report_exit(c, 127, std::string(pid.status().message()), false);
+      return false;
+    }
+    LogInfo("started ", name, " (pid ", *pid, ")",
+            role == v1::ROLE_WORKER && restarts[index] > 0 ? absl::StrCat(", restart ", restarts[index]) : "",
+            generation > 1 ? absl::StrCat(", generation ", generation) : "");
+    children[*pid] = std::move(c);
+    return true;
+  };
+  auto start_server = [&](int index) {
+    const std::vector<std::string> argv = {
+        SelfDirectory() + "/psrt-server",
+        "--coordinator=" + options.coordinator,
+        absl::StrCat("--index=", index),
+        "--host=" + (options.server_host.empty() ? options.host : options.server_host),
+        "--bind=" + options.server_bind,
+        absl::StrCat("--metrics-port=", options.server_metrics_port),
+        absl::StrCat("--generation=", generation),
+        absl::StrCat("--connect-timeout=", absl::ToDoubleSeconds(options.connect_timeout))};
+    return spawn(v1::ROLE_SERVER, index, absl::StrCat("psrt-server[", index, "]"), argv,
+                 {{"PSRT_JOB_TOKEN", options.token}});
+  };
+  auto start_worker = [&](int rank) {
     const int local_rank = rank - options.host_index * local;
-    std::map<std::string, std::string> env = {
+    const std::map<std::string, std::string> env = {
         {"PSRT_COORDINATOR", options.coordinator},
         {"PSRT_JOB_TOKEN", options.token},
         {"PSRT_RANK", absl::StrCat(rank)},
@@ -54,38 +96,54 @@ int RunAgent(const AgentOptions& options) {
         {"PSRT_LOCAL_WORLD_SIZE", absl::StrCat(local)},
         {"PSRT_HOST", options.host},
         {"PSRT_RESTART_COUNT", absl::StrCat(restarts[rank])},
+        {"PSRT_GENERATION", absl::StrCat(generation)},
         // The names torch.distributed and most launchers use.
         {"RANK", absl::StrCat(rank)},
         {"LOCAL_RANK", absl::StrCat(local_rank)},
         {"WORLD_SIZE", absl::StrCat(config.num_workers())},
     };
-    absl::StatusOr<pid_t> pid = Spawn(options.command, env);
-    if (!pid.ok()) {
-      LogError("worker ", rank, ": ", pid.status().message());
-      report_exit(rank, 127, std::string(pid.status().message()), false);
-      return false;
-    }
-    LogInfo("started worker ", rank, " (pid ", *pid, ")",
-            restarts[rank] > 0 ? absl::StrCat(", restart ", restarts[rank]) : "");
-    rank_of[*pid] = rank;
-    return true;
+    return spawn(v1::ROLE_WORKER, rank, absl::StrCat("worker ", rank), options.command, env);
   };
-  for (int i = 0; i < local; ++i) {
-    if (!start(options.host_index * local + i)) break;
-  }
+  auto start_all = [&] {
+    for (int i = 0; i < servers_here; ++i) {
+      if (!start_server(options.host_index * servers_here + i)) return;
+    }
+    for (int i = 0; i < local; ++i) {
+      if (!start_worker(options.host_index * local + i)) return;
+    }
+  };
+  auto pids_of = [&](v1::Role role) {
+    std::vector<pid_t> pids;
+    for (const auto& [pid, c] : children) {
+      if (c.id.role() == role) pids.push_back(pid);
+    }
+    return pids;
+  };
+  start_all();
 
   auto report = [&](const Exit& e) {
-    auto it = rank_of.find(e.pid);
-    if (it == rank_of.end()) return;
-    const int rank = it->second;
-    rank_of.erase(it);
+    auto it = children.find(e.pid);
+    if (it == children.end()) return;
+    const Child c = std::move(it->second);
+    children.erase(it);
+    const bool running = (*link)->state().state == v1::JOB_RUNNING;
+    if (c.id.role() == v1::ROLE_SERVER) {
+      if (e.code != 0 && running) {
+        LogWarning(c.name, " ", e.description);
+      } else {
+        LogInfo(c.name, " ", e.description);
+      }
+      report_exit(c, e.code, e.description, false);
+      return;
+    }
+    const int rank = c.id.index();
     LogInfo("worker ", rank, " (pid ", e.pid, ") ", e.description);
-    const bool restart = e.code != 0 && restarts[rank] < config.restart_workers() &&
-                         (*link)->state().state == v1::JOB_RUNNING;
-    report_exit(rank, e.code, e.description, restart);
+    const bool restart = e.code != 0 && restarts[rank] < config.restart_workers() && running &&
+                         c.generation == generation;
+    report_exit(c, e.code, e.description, restart);
     if (restart) {
       ++restarts[rank];
-      start(rank);
+      start_worker(rank);
     }
   };
 
@@ -93,33 +151,49 @@ int RunAgent(const AgentOptions& options) {
   while (true) {
     for (const Exit& e : ReapExited()) report(e);
     if (int sig = pending_signal.exchange(0); sig != 0) {
-      LogWarning("got signal ", sig, "; passing it to ", rank_of.size(), " training processes");
-      for (const auto& [pid, rank] : rank_of) kill(pid, sig);
+      LogWarning("got signal ", sig, "; passing it to ", children.size(), " processes");
+      for (const auto& [pid, c] : children) kill(pid, sig);
       signalled_at = std::min(signalled_at, absl::Now());
     }
     const CoordinatorLink::JobEnd end = (*link)->WaitForEnd(absl::Milliseconds(50));
+    if (end.state == v1::JOB_RUNNING && (*link)->generation() > generation &&
+        signalled_at == absl::InfiniteFuture()) {
+      // A recovery: this generation's processes go, the next one's start
+      // from the checkpoint the coordinator chose. Their exits are not news.
+      std::vector<pid_t> pids;
+      for (const auto& [pid, c] : children) pids.push_back(pid);
+      children.clear();
+      generation = (*link)->generation();
+      LogWarning("the job is recovering (generation ", generation, "): restarting ", servers_here,
+                 servers_here == 1 ? " server and " : " servers and ", local,
+                 local == 1 ? " training process" : " training processes");
+      Terminate(pids, options.kill_grace);
+      start_all();
+      continue;
+    }
     if (end.state == v1::JOB_RUNNING) {
       // Told to stop and nothing left to supervise: don't wait for a
       // coordinator that may be stopping too, beyond a moment to hear why.
-      if (rank_of.empty() && absl::Now() - signalled_at > absl::Seconds(2)) {
+      if (children.empty() && absl::Now() - signalled_at > absl::Seconds(2)) {
         LogWarning("stopped by signal; exiting");
         return 1;
       }
       continue;
     }
-    if (!rank_of.empty() && end.state == v1::JOB_FAILED) {
-      // Training processes hear of the failure through their own heartbeats
-      // and exit with their own error; give them a moment to say it.
-      const absl::Time deadline = absl::Now() + absl::Seconds(2 * config.heartbeat_interval_s() + 1);
-      while (!rank_of.empty() && absl::Now() < deadline) {
-        for (const Exit& e : ReapExited()) report(e);
-        absl::SleepFor(absl::Milliseconds(20));
-      }
+    // Training processes (on failure) and servers hear of the end through
+    // their own heartbeats and exit by themselves; give them a moment to.
+    const absl::Time deadline = absl::Now() + absl::Seconds(2 * config.heartbeat_interval_s() + 1);
+    auto waited_for = [&] {
+      return end.state == v1::JOB_FAILED ? children.size() : pids_of(v1::ROLE_SERVER).size();
+    };
+    while (waited_for() > 0 && absl::Now() < deadline) {
+      for (const Exit& e : ReapExited()) report(e);
+      absl::SleepFor(absl::Milliseconds(20));
     }
-    if (!rank_of.empty()) {
+    if (!children.empty()) {
       std::vector<pid_t> pids;
-      for (const auto& [pid, rank] : rank_of) pids.push_back(pid);
-      LogWarning("job ended (", end.reason, "); stopping ", pids.size(), " training processes");
+      for (const auto& [pid, c] : children) pids.push_back(pid);
+      LogWarning("job ended (", end.reason, "); stopping ", pids.size(), " processes");
       for (const Exit& e : Terminate(pids, options.kill_grace)) report(e);
     }
     const bool ok = end.state == v1::JOB_SUCCEEDED;

@@ -16,12 +16,20 @@ struct AgentOptions {
   std::vector<std::string> command;  // the training program and its arguments
   absl::Duration connect_timeout = absl::Seconds(60);
   absl::Duration kill_grace = absl::Seconds(5);
+  // Whether this agent also runs the host's psrt-servers (as psrt-run has
+  // it), so that a recovery can restart them; with where they listen and
+  // what they announce.
+  bool servers = false;
+  std::string server_host;  // empty: `host`
+  std::string server_bind = "0.0.0.0";
+  int server_metrics_port = -1;
 };
 
-// psrt-worker's job on one host: start the host's training processes with
-// their rank and the job's addresses in the environment, report each one's
-// exit to the coordinator, forward signals, and stop them when the job
-// fails. Returns the agent's exit code: 0 when the job succeeded.
+// psrt-worker's job on one host: start the host's training processes (and
+// with `servers` its psrt-servers) with their rank and the job's addresses,
+// report each one's exit to the coordinator, forward signals, stop them when
+// the job fails, and start them all again when a recovery begins a new
+// generation. Returns the agent's exit code: 0 when the job succeeded.
 int RunAgent(const AgentOptions& options);
 
 }  // namespace psrt

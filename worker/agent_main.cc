@@ -23,12 +23,21 @@ int main(int argc, char** argv) {
   flags.Add("connect-timeout", &connect_timeout_s, "Seconds to wait for the coordinator at start.");
   flags.Add("kill-grace", &kill_grace_s,
             "Seconds training processes get to exit after SIGTERM before SIGKILL.");
+  flags.Add("servers", &options.servers,
+            "Also run this host's psrt-servers (from this program's directory), so that a "
+            "recovery can restart them.");
+  flags.Add("server-host", &options.server_host, "With --servers: the host name servers announce (default --host).");
+  flags.Add("server-bind", &options.server_bind, "With --servers: the address servers listen on.");
+  flags.Add("server-metrics-port", &options.server_metrics_port,
+            "With --servers: their /metrics port; 0 picks one, -1 disables.");
   flags.ParseOrExit(argc, argv);
   if (options.coordinator.empty() || options.host_index < 0 || flags.command().empty() ||
-      connect_timeout_s <= 0 || kill_grace_s < 0) {
+      connect_timeout_s <= 0 || kill_grace_s < 0 || options.server_metrics_port < -1 ||
+      options.server_metrics_port > 65535) {
     std::fprintf(stderr,
                  "psrt-worker: need --coordinator, --host-index >= 0, a command after '--', "
-                 "--connect-timeout > 0 and --kill-grace >= 0 (see --help)\n");
+                 "--connect-timeout > 0, --kill-grace >= 0 and --server-metrics-port in -1..65535 "
+                 "(see --help)\n");
     return 2;
   }
   options.command = flags.command();

@@ -58,6 +58,11 @@ absl::StatusOr<ClientOptions> ClientOptions::FromEnv() {
     }
     o.rpc_timeout = absl::Seconds(seconds);
   }
+  const std::string generation = EnvOr("PSRT_GENERATION", "0");
+  if (!absl::SimpleAtoi(generation, &o.generation) || o.generation < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "PSRT_GENERATION must be a job generation >= 0 (psrt-worker sets it); got '", generation, "'"));
+  }
   const std::string connections = EnvOr("PSRT_CONNECTIONS_PER_SERVER", "");
   if (!connections.empty() && (!absl::SimpleAtoi(connections, &o.connections_per_server) ||
                                o.connections_per_server < 1 || o.connections_per_server > 64)) {
@@ -684,6 +689,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   lo.id.set_role(v1::ROLE_WORKER);
   lo.id.set_index(options.rank);
   lo.host = options.host;
+  lo.generation = options.generation;
   lo.connect_timeout = options.connect_timeout;
   absl::StatusOr<std::unique_ptr<CoordinatorLink>> link = CoordinatorLink::Connect(lo);
   if (!link.ok()) return link.status();
@@ -791,12 +797,14 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
 }
 
 Client::Handle Client::Push(std::vector<TensorRef> tensors, int64_t version) {
+  impl_->link->SetProgress(version);
   return impl_->Start(std::move(tensors), version, true, false);
 }
 Client::Handle Client::Pull(std::vector<TensorRef> tensors, int64_t min_version) {
   return impl_->Start(std::move(tensors), min_version, false, true);
 }
 Client::Handle Client::PushPull(std::vector<TensorRef> tensors, int64_t version) {
+  impl_->link->SetProgress(version);
   return impl_->Start(std::move(tensors), version, true, true);
 }
 

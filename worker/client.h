@@ -36,9 +36,12 @@ struct ClientOptions {
   // TCP connections to each server that pushes and pulls are spread over
   // (docs/runtime.md, "Data path", says how the default was chosen).
   int connections_per_server = 2;
+  // The job generation this process was started for (psrt-worker sets it
+  // after a recovery); 0: the current one.
+  int64_t generation = 0;
 
   // PSRT_COORDINATOR, PSRT_JOB_TOKEN, PSRT_RANK (as psrt-worker sets them),
-  // PSRT_RPC_TIMEOUT_S, PSRT_CONNECTIONS_PER_SERVER.
+  // PSRT_RPC_TIMEOUT_S, PSRT_CONNECTIONS_PER_SERVER, PSRT_GENERATION.
   static absl::StatusOr<ClientOptions> FromEnv();
 };
 

@@ -23,8 +23,10 @@ namespace {
 
 struct Child {
   std::string name;
+  int host = -1;  // agents: their host
   pid_t pid = 0;
   bool done = false;
+  bool replaced = false;  // started again: its exit is not the job's
   Exit exit;
 };
 
@@ -66,13 +68,13 @@ int RunLauncher(const LaunchOptions& o) {
   }
   const std::map<std::string, std::string> env = {{"PSRT_JOB_TOKEN", o.token}};
   std::vector<Child> children;
-  auto start = [&](const std::string& name, std::vector<std::string> argv) -> bool {
+  auto start = [&](const std::string& name, std::vector<std::string> argv, int host = -1) -> bool {
     absl::StatusOr<pid_t> pid = Spawn(argv, env);
     if (!pid.ok()) {
       LogError("cannot start ", name, ": ", pid.status().message());
       return false;
     }
-    children.push_back({name, *pid});
+    children.push_back({name, host, *pid});
     return true;
   };
   auto stop_all = [&]() {
@@ -127,25 +129,21 @@ int RunLauncher(const LaunchOptions& o) {
     }
   }
   const std::string connect_timeout = absl::StrCat("--connect-timeout=", o.ps.barrier_timeout_s);
-  for (int h : my_hosts) {
-    const std::string address_host = local ? "127.0.0.1" : hosts[h];
-    for (int i = 0; i < o.ps.servers_per_host; ++i) {
-      const int index = h * o.ps.servers_per_host + i;
-      std::vector<std::string> argv = {o.bin_dir + "/psrt-server", "--coordinator=" + coordinator,
-                                       absl::StrCat("--index=", index), "--host=" + address_host,
-                                       connect_timeout};
-      if (local) argv.push_back("--bind=127.0.0.1");
-      if (o.metrics_port >= 0) argv.push_back("--metrics-port=0");
-      if (!start(absl::StrCat("psrt-server[", index, "]"), argv)) {
-        stop_all();
-        return 1;
-      }
-    }
+  // Each host's agent runs its servers and training processes, so that it
+  // can start them again when the job recovers from a failure.
+  auto agent_argv = [&](int h) {
     std::vector<std::string> argv = {o.bin_dir + "/psrt-worker", "--coordinator=" + coordinator,
                                      absl::StrCat("--host-index=", h), "--host=" + hosts[h],
-                                     connect_timeout, "--"};
+                                     connect_timeout, "--servers",
+                                     "--server-host=" + (local ? std::string("127.0.0.1") : hosts[h])};
+    if (local) argv.push_back("--server-bind=127.0.0.1");
+    if (o.metrics_port >= 0) argv.push_back("--server-metrics-port=0");
+    argv.push_back("--");
     argv.insert(argv.end(), o.command.begin(), o.command.end());
-    if (!start(absl::StrCat("psrt-worker[", h, "]"), argv)) {
+    return argv;
+  };
+  for (int h : my_hosts) {
+    if (!start(absl::StrCat("psrt-worker[", h, "]"), agent_argv(h), h)) {
       stop_all();
       return 1;
     }
@@ -155,11 +153,17 @@ int RunLauncher(const LaunchOptions& o) {
 
   // Supervise. Once anything fails, the rest get time to hear of it from the
   // coordinator and exit on their own, then are stopped.
+  // With on_failure "recover" an agent that dies is started again (its host
+  // comes back), as often as the job may recover.
   const absl::Duration settle = absl::Seconds(o.ps.heartbeat_timeout_s + 10);
+  const bool recover = o.ps.on_failure == "recover";
+  int agent_restarts = 0;
   absl::Time give_up = absl::InfiniteFuture();
   absl::Time next_poll = absl::Now();
   std::string reason;
+  bool job_running = true;
   while (true) {
+    std::vector<int> restart_hosts;
     for (const Exit& e : ReapExited()) {
       for (Child& c : children) {
         if (c.pid != e.pid || c.done) continue;
@@ -167,8 +171,22 @@ int RunLauncher(const LaunchOptions& o) {
         c.exit = e;
         if (e.code != 0) {
           LogWarning(c.name, " ", e.description);
-          give_up = std::min(give_up, absl::Now() + settle);
+          if (recover && c.host >= 0 && job_running && give_up == absl::InfiniteFuture() &&
+              agent_restarts < o.ps.max_recoveries) {
+            restart_hosts.push_back(c.host);
+            c.replaced = true;
+          } else {
+            give_up = std::min(give_up, absl::Now() + settle);
+          }
         }
+      }
+    }
+    for (int h : restart_hosts) {
+      ++agent_restarts;
+      LogWarning("starting psrt-worker[", h, "] again (", agent_restarts, " of at most ",
+                 o.ps.max_recoveries, ")");
+      if (!start(absl::StrCat("psrt-worker[", h, "]"), agent_argv(h), h)) {
+        give_up = std::min(give_up, absl::Now() + settle);
       }
     }
     if (std::all_of(children.begin(), children.end(), [](const Child& c) { return c.done; })) break;
@@ -187,7 +205,10 @@ int RunLauncher(const LaunchOptions& o) {
     if (absl::Now() >= next_poll) {
       // Remember why the job ended while the coordinator can still say.
       auto status = QueryJobStatus(coordinator, o.token, absl::Milliseconds(500));
-      if (status.ok() && status->state() != v1::JOB_RUNNING) reason = status->reason();
+      if (status.ok() && status->state() != v1::JOB_RUNNING) {
+        reason = status->reason();
+        job_running = false;
+      }
       next_poll = absl::Now() + absl::Milliseconds(250);
     }
     absl::SleepFor(absl::Milliseconds(20));
@@ -195,7 +216,7 @@ int RunLauncher(const LaunchOptions& o) {
 
   std::vector<std::string> failed;
   for (const Child& c : children) {
-    if (c.exit.code != 0) failed.push_back(absl::StrCat(c.name, " ", c.exit.description));
+    if (c.exit.code != 0 && !c.replaced) failed.push_back(absl::StrCat(c.name, " ", c.exit.description));
   }
   if (failed.empty()) {
     LogInfo("job succeeded");

@@ -144,12 +144,12 @@ TEST(JobTest, KilledServerFailsEveryProcessWithinTheDeadline) {
   EXPECT_LT(absl::Now() - killed, absl::Seconds(30));
   const std::string out = run.Output();
   EXPECT_NE(out.find("job failed"), std::string::npos) << out;
-  EXPECT_TRUE(std::regex_search(out, std::regex("server 1 (on local1 was lost|at 127\\.0\\.0\\.1:[0-9]+ failed)")))
+  EXPECT_TRUE(std::regex_search(out, std::regex("server 1 (on local1 was lost|on local1 exited with code 137|at 127\\.0\\.0\\.1:[0-9]+ failed)")))
       << out;
   EXPECT_TRUE(std::regex_search(out, std::regex("psrt-server\\[1\\] killed by signal 9"))) << out;
   // The training processes end with an error that says what happened.
   EXPECT_TRUE(std::regex_search(
-      out, std::regex("linear_regression: (ABORTED: the job failed: server 1 on local1 was lost|"
+      out, std::regex("linear_regression: (ABORTED: the job failed: server 1 on local1 (was lost|exited with code 137)|"
                       "UNAVAILABLE: push-pull to server 1 at 127\\.0\\.0\\.1:[0-9]+ failed)")))
       << out;
   for (const char* name : {"psrt-coordinator", "psrt-server\\[0\\]", "psrt-worker\\[0\\]", "psrt-worker\\[1\\]"}) {

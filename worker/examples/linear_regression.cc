@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   flags.Add("log-every", &log_every, "Print the loss every this many steps (rank 0).");
   flags.Add("result", &result, "Write the final loss and error of each rank to RESULT.rankN.json.");
   flags.Add("exit-at-step", &exit_at_step,
-            "Exit with code 3 at this step (failure drills; not after a restart); -1: never.");
+            "Exit with code 3 at this step (failure drills; not after a restart or recovery); -1: never.");
   flags.Add("exit-rank", &exit_rank, "The rank that exits at --exit-at-step; -1: every rank.");
   flags.Add("slow-rank", &slow_rank, "This rank computes --slowdown times slower; -1: none.");
   flags.Add("slowdown", &slowdown, "How much slower --slow-rank computes (>= 1).");
@@ -178,7 +178,9 @@ int main(int argc, char** argv) {
   if (!client.ok()) return Fail(client.status());
   psrt::Client& c = **client;
   const int rank = c.rank();
-  const bool restarted = std::atoi(std::getenv("PSRT_RESTART_COUNT") ? std::getenv("PSRT_RESTART_COUNT") : "0") > 0;
+  // Restarted by its agent, or started again by a recovery.
+  auto env_int = [](const char* name) { return std::atoi(std::getenv(name) ? std::getenv(name) : "0"); };
+  const bool restarted = env_int("PSRT_RESTART_COUNT") > 0 || env_int("PSRT_GENERATION") > 1;
 
   // Rank 0's initial value wins; the others start from garbage to show it.
   std::vector<float> w(dim, rank == 0 ? 0.f : 1e3f), b(1, rank == 0 ? 0.f : -1e3f);
