@@ -28,44 +28,6 @@
 namespace psrt {
 namespace {
 
-// Pids of live processes whose environment carries this job's token.
-std::vector<pid_t> JobProcesses(const std::string& token) {
-  std::vector<pid_t> out;
-  const std::string needle = "PSRT_JOB_TOKEN=" + token;
-  DIR* d = opendir("/proc");
-  while (dirent* e = d ? readdir(d) : nullptr) {
-    const pid_t pid = std::atoi(e->d_name);
-    if (pid <= 0) continue;
-    const std::string env = ReadFile(absl::StrCat("/proc/", pid, "/environ"));
-    for (absl::string_view kv : absl::StrSplit(env, '\0')) {
-      if (kv == needle) {
-        // A zombie has left the job already; only running ones count.
-        const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
-        if (stat.find(") Z") == std::string::npos) out.push_back(pid);
-        break;
-      }
-    }
-  }
-  if (d) closedir(d);
-  return out;
-}
-
-std::string CmdLine(pid_t pid) {
-  std::string s = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
-  for (char& c : s) {
-    if (c == '\0') c = ' ';
-  }
-  return s;
-}
-
-// The live process of the job for which `match` holds, or 0.
-pid_t FindJobProcess(const std::string& token, const std::function<bool(pid_t)>& match) {
-  for (pid_t p : JobProcesses(token)) {
-    if (match(p)) return p;
-  }
-  return 0;
-}
-
 double JsonNumber(const std::string& json, const std::string& key) {
   std::smatch m;
   std::regex re("\"" + key + "\": ([-0-9.eE+a-z]+)");

@@ -1,5 +1,6 @@
 #include "tests/integration/job_util.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -9,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/process.h"
 
@@ -59,6 +62,42 @@ bool Proc::WaitForOutput(const std::string& text, absl::Duration timeout) const 
     absl::SleepFor(absl::Milliseconds(20));
   }
   return false;
+}
+
+std::vector<pid_t> JobProcesses(const std::string& token) {
+  std::vector<pid_t> out;
+  const std::string needle = "PSRT_JOB_TOKEN=" + token;
+  DIR* d = opendir("/proc");
+  while (dirent* e = d ? readdir(d) : nullptr) {
+    const pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    const std::string env = ReadFile(absl::StrCat("/proc/", pid, "/environ"));
+    for (absl::string_view kv : absl::StrSplit(env, '\0')) {
+      if (kv == needle) {
+        // A zombie has left the job already; only running ones count.
+        const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+        if (stat.find(") Z") == std::string::npos) out.push_back(pid);
+        break;
+      }
+    }
+  }
+  if (d) closedir(d);
+  return out;
+}
+
+std::string CmdLine(pid_t pid) {
+  std::string s = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
+  for (char& c : s) {
+    if (c == '\0') c = ' ';
+  }
+  return s;
+}
+
+pid_t FindJobProcess(const std::string& token, const std::function<bool(pid_t)>& match) {
+  for (pid_t p : JobProcesses(token)) {
+    if (match(p)) return p;
+  }
+  return 0;
 }
 
 }  // namespace psrt

@@ -5,7 +5,9 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 
@@ -30,6 +32,13 @@ struct Proc {
   std::string Output() const { return ReadFile(log); }
   bool WaitForOutput(const std::string& text, absl::Duration timeout) const;
 };
+
+// Pids of live processes whose environment carries this job's token.
+std::vector<pid_t> JobProcesses(const std::string& token);
+// A process's command line, arguments joined by spaces.
+std::string CmdLine(pid_t pid);
+// The live process of the job for which `match` holds, or 0.
+pid_t FindJobProcess(const std::string& token, const std::function<bool(pid_t)>& match);
 
 }  // namespace psrt
 

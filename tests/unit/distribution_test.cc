@@ -18,7 +18,7 @@ constexpr char kAllPsKeys[] =
     "enabled, mode, staleness, backup_workers, compression, pull_compression, transport, "
     "servers_per_host, workers_per_host, partition_bytes, "
     "gradient_aggregation, on_worker_failure, restart_workers, "
-    "heartbeat_timeout_s, barrier_timeout_s, restore, checkpoint";
+    "on_failure, max_recoveries, host_wait_s, heartbeat_timeout_s, barrier_timeout_s, restore, checkpoint";
 
 PsOptions ParseOk(const std::string& json) {
   absl::StatusOr<PsOptions> result = ParseDistribution(json);
@@ -53,6 +53,9 @@ void ExpectDefaults(const PsOptions& o) {
   EXPECT_EQ(o.gradient_aggregation, "mean");
   EXPECT_EQ(o.on_worker_failure, "fail");
   EXPECT_EQ(o.restart_workers, 0);
+  EXPECT_EQ(o.on_failure, "fail");
+  EXPECT_EQ(o.max_recoveries, 3);
+  EXPECT_DOUBLE_EQ(o.host_wait_s, 60);
   EXPECT_DOUBLE_EQ(o.heartbeat_timeout_s, 10);
   EXPECT_DOUBLE_EQ(o.barrier_timeout_s, 60);
   EXPECT_EQ(o.restore, "");
@@ -168,6 +171,30 @@ TEST(ParseDistributionTest, PartitionBytesBounds) {
   EXPECT_THAT(ParseError(Ps(R"("partition_bytes": 4098)")),
               AllOf(HasSubstr("'partition_bytes'"),
                     HasSubstr("multiple of 4")));
+}
+
+TEST(ParseDistributionTest, RecoverNeedsCheckpointsAndSaysWhatIsAccepted) {
+  const PsOptions o = ParseOk(Ps(
+      R"("on_failure": "recover", "max_recoveries": 5, "host_wait_s": 30,
+         "checkpoint": {"uri": "/tmp/x", "every_steps": 50})"));
+  EXPECT_EQ(o.on_failure, "recover");
+  EXPECT_EQ(o.max_recoveries, 5);
+  EXPECT_DOUBLE_EQ(o.host_wait_s, 30);
+  EXPECT_THAT(ParseError(Ps(R"("on_failure": "recover")")),
+              AllOf(HasSubstr("'on_failure' is 'recover'"),
+                    HasSubstr("'checkpoint.uri' is empty")));
+  EXPECT_THAT(ParseError(Ps(R"("on_failure": "restart")")),
+              AllOf(HasSubstr("'on_failure'"), HasSubstr("fail, recover")));
+  EXPECT_THAT(
+      ParseError(Ps(R"("on_failure": "recover", "max_recoveries": -1,
+                       "checkpoint": {"uri": "/tmp/x"})")),
+      AllOf(HasSubstr("'max_recoveries'"), HasSubstr(">= 0")));
+  EXPECT_THAT(ParseError(Ps(R"("max_recoveries": 2)")),
+              HasSubstr("only apply when 'on_failure' is 'recover'"));
+  EXPECT_THAT(
+      ParseError(Ps(R"("on_failure": "recover", "host_wait_s": 0,
+                       "checkpoint": {"uri": "/tmp/x"})")),
+      AllOf(HasSubstr("'host_wait_s'"), HasSubstr("> 0")));
 }
 
 TEST(ParseDistributionTest, SecondsAcceptIntegersAndFractions) {

@@ -1,0 +1,235 @@
+// In-job recovery on whole jobs: psrt-run, its agents, servers and the
+// example trainer as real processes on loopback, failures made with SIGKILL,
+// and a seeded chaos suite over every process kind and both policies.
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "tests/integration/job_util.h"
+
+namespace psrt {
+namespace {
+
+// 2048 weights in keys of 4 KiB over two hosts' servers; rank 0 logs every
+// 10 steps, which is what failures are timed by.
+constexpr char kTrainer[] = "--dim=2048 --batch=64 --log-every=10";
+constexpr int kSteps = 300;
+constexpr int kEvery = 50;  // checkpoint interval, steps
+
+std::string Distribution(const std::string& policy, const std::string& root, const std::string& more = "") {
+  return absl::StrCat(R"({"parameter_server":{"enabled":true,"heartbeat_timeout_s":2,"partition_bytes":4096,)",
+                      R"("on_failure":")", policy, R"(","checkpoint":{"uri":")", root,
+                      R"(","every_steps":)", kEvery, "}", more, "}}");
+}
+
+Proc StartJob(const std::string& dist, const std::string& token, const std::string& dir,
+              const std::string& trainer_args = "") {
+  return Proc::Start(absl::StrCat(kBin, "/psrt-run --local=2 --token=", token, " --distribution='", dist,
+                                  "' -- ", kBin, "/psrt-example-linreg ", kTrainer, " --steps=", kSteps,
+                                  " --result=", dir, "/r ", trainer_args),
+                     dir + "/log");
+}
+
+// Rank 0's final weights of the same job run without any failure.
+const std::string& UninterruptedWeights() {
+  static const std::string* weights = [] {
+    const std::string dir = TempDir();
+    Proc run = StartJob(R"({"parameter_server":{"enabled":true,"partition_bytes":4096}})", RandomToken(), dir);
+    EXPECT_EQ(run.Wait(absl::Seconds(120), "the uninterrupted job"), 0) << run.Output();
+    return new std::string(ReadFile(dir + "/r.rank0.weights"));
+  }();
+  return *weights;
+}
+
+struct Recovery {
+  int64_t step = 0;  // rolled back to
+  int64_t lost = 0;  // steps lost
+};
+
+std::vector<Recovery> Recoveries(const std::string& out) {
+  static const std::regex re("recovery [0-9]+ of at most [0-9]+: .*; rolled back to step ([0-9]+)[^;]*; ([0-9]+) steps lost");
+  std::vector<Recovery> r;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
+    r.push_back({std::stoll((*it)[1]), std::stoll((*it)[2])});
+  }
+  return r;
+}
+
+// Waits (bounded) for every process of the job to be gone; kills and
+// returns those that are not.
+int Leftovers(const std::string& token) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::vector<pid_t> left;
+  while (!(left = JobProcesses(token)).empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(100));
+  for (pid_t p : left) kill(p, SIGKILL);
+  return static_cast<int>(left.size());
+}
+
+enum class Kind { kServer, kWorker, kAgent, kCoordinator, kLauncher };
+constexpr Kind kKinds[] = {Kind::kServer, Kind::kWorker, Kind::kAgent, Kind::kCoordinator, Kind::kLauncher};
+
+const char* KindName(Kind k) {
+  switch (k) {
+    case Kind::kServer: return "server";
+    case Kind::kWorker: return "training process";
+    case Kind::kAgent: return "agent";
+    case Kind::kCoordinator: return "coordinator";
+    case Kind::kLauncher: return "launcher";
+  }
+  return "?";
+}
+
+// The process of `kind` on host 1 (the coordinator is host 0's).
+pid_t Victim(Kind kind, const std::string& token, const Proc& run) {
+  if (kind == Kind::kLauncher) return run.pid;
+  return FindJobProcess(token, [&](pid_t p) {
+    const std::string cmd = CmdLine(p);
+    auto has = [&](const char* s) { return cmd.find(s) != std::string::npos; };
+    switch (kind) {
+      case Kind::kServer: return has("psrt-server") && has("--index=1");
+      case Kind::kWorker:
+        return has("psrt-example-linreg") &&
+               ReadFile(absl::StrCat("/proc/", p, "/environ")).find(std::string("PSRT_RANK=1\0", 12)) !=
+                   std::string::npos;
+      case Kind::kAgent: return has("psrt-worker") && has("--host-index=1");
+      case Kind::kCoordinator: return has("psrt-coordinator");
+      default: return false;
+    }
+  });
+}
+
+struct Outcome {
+  std::string policy;
+  Kind kind;
+  int kill_step = 0;
+  int code = -1;
+  bool hung = false;
+  int leftovers = 0;
+  std::vector<Recovery> recoveries;
+  bool same_weights = false;
+  std::string output;
+};
+
+// Starts the job, SIGKILLs the process of `kind` once rank 0 logged
+// `kill_step`, and waits (bounded) for the end.
+Outcome KillOnce(const std::string& policy, Kind kind, int kill_step) {
+  Outcome r{policy, kind, kill_step};
+  const std::string dir = TempDir(), token = RandomToken();
+  Proc run = StartJob(Distribution(policy, dir + "/ckpt"), token, dir);
+  if (!run.WaitForOutput(absl::StrCat("step ", kill_step, " "), absl::Seconds(60))) {
+    ADD_FAILURE() << "the job never reached step " << kill_step << ":\n" << run.Output();
+  }
+  const pid_t victim = Victim(kind, token, run);
+  EXPECT_NE(victim, 0) << "no " << KindName(kind) << " to kill";
+  if (victim != 0) kill(victim, SIGKILL);
+  // Detection takes a heartbeat timeout (2 s) at most; a recovery restarts
+  // every process and replays at most a checkpoint interval. A killed
+  // launcher ends at once; then its processes must go by themselves.
+  r.code = run.Wait(absl::Seconds(90), absl::StrCat("psrt-run after its ", KindName(kind), " was killed"));
+  r.hung = r.code == -1;
+  r.leftovers = Leftovers(token);
+  r.output = run.Output();
+  r.recoveries = Recoveries(r.output);
+  r.same_weights = ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights();
+  return r;
+}
+
+TEST(RecoveryTest, AKilledServerCostsLessThanACheckpointIntervalAndNoWeightChanges) {
+  const Outcome r = KillOnce("recover", Kind::kServer, 120);
+  ASSERT_EQ(r.code, 0) << r.output;
+  ASSERT_EQ(r.recoveries.size(), 1u) << r.output;
+  EXPECT_EQ(r.recoveries[0].step, 100) << r.output;
+  EXPECT_LT(r.recoveries[0].lost, kEvery) << r.output;
+  EXPECT_GE(r.recoveries[0].lost, 20) << r.output;  // it was killed at step 120 or later
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("recovery 1 of at most 3: server 1 on local1 exited with code 137")))
+      << r.output;
+  EXPECT_TRUE(r.same_weights) << "final weights differ from the uninterrupted run's\n" << r.output;
+  EXPECT_EQ(r.leftovers, 0);
+}
+
+TEST(RecoveryTest, AFailureWithNoRecoveryLeftEndsTheJobNamingTheLimit) {
+  const std::string dir = TempDir(), token = RandomToken();
+  Proc run = StartJob(Distribution("recover", dir + "/ckpt", R"(,"max_recoveries":0)"), token, dir,
+                      "--exit-at-step=30 --exit-rank=1");
+  EXPECT_EQ(run.Wait(absl::Seconds(60), "psrt-run"), 1);
+  const std::string out = run.Output();
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("job failed: worker 1 on local1 exited with code 3.*; no recovery left \\(max_recoveries is 0\\)")))
+      << out;
+  EXPECT_TRUE(Recoveries(out).empty()) << out;
+  EXPECT_EQ(Leftovers(token), 0);
+}
+
+TEST(RecoveryTest, ATrainingProcessThatFailsIsRolledBackWithEveryOther) {
+  const std::string dir = TempDir(), token = RandomToken();
+  Proc run = StartJob(Distribution("recover", dir + "/ckpt"), token, dir, "--exit-at-step=130 --exit-rank=1");
+  ASSERT_EQ(run.Wait(absl::Seconds(90), "psrt-run"), 0) << run.Output();
+  const std::vector<Recovery> r = Recoveries(run.Output());
+  ASSERT_EQ(r.size(), 1u) << run.Output();
+  EXPECT_EQ(r[0].step, 100);
+  EXPECT_EQ(ReadFile(dir + "/r.rank0.weights"), UninterruptedWeights());
+  EXPECT_EQ(Leftovers(token), 0);
+}
+
+// Seeded and bounded: PSRT_CHAOS_SEED (default 1) and PSRT_CHAOS_RUNS
+// (default 10: each process kind under both policies) choose the runs; every
+// run SIGKILLs one process at a random step. Prints one line per run and the
+// totals.
+TEST(ChaosTest, SigkillAnyProcessAtRandomNeverHangsNorLeavesProcesses) {
+  const char* seed_env = std::getenv("PSRT_CHAOS_SEED");
+  const char* runs_env = std::getenv("PSRT_CHAOS_RUNS");
+  const unsigned seed = seed_env ? static_cast<unsigned>(std::atoi(seed_env)) : 1;
+  const int runs = runs_env ? std::atoi(runs_env) : 10;
+  ASSERT_GT(runs, 0) << "PSRT_CHAOS_RUNS must be > 0";
+  std::mt19937 rng(seed);
+  int hangs = 0, leftovers = 0, recovered = 0, recover_runs = 0;
+  std::vector<int64_t> lost;
+  std::printf("chaos seed %u, %d runs\n", seed, runs);
+  for (int i = 0; i < runs; ++i) {
+    const std::string policy = i % 2 == 0 ? "recover" : "fail";
+    const Kind kind = kKinds[(i / 2) % 5];
+    const int kill_step = 10 * std::uniform_int_distribution<int>(1, 25)(rng);
+    const Outcome r = KillOnce(policy, kind, kill_step);
+    hangs += r.hung;
+    leftovers += r.leftovers;
+    for (const Recovery& x : r.recoveries) lost.push_back(x.lost);
+    std::printf("run %d: %-7s %-16s killed at step %3d: exit %d%s, %d left behind, %zu recoveries%s\n", i,
+                policy.c_str(), KindName(kind), kill_step, r.code, r.hung ? " (hung)" : "", r.leftovers,
+                r.recoveries.size(), r.code == 0 ? (r.same_weights ? ", weights as uninterrupted" : ", WEIGHTS DIFFER") : "");
+    EXPECT_FALSE(r.hung) << r.output;
+    EXPECT_EQ(r.leftovers, 0) << r.output;
+    const bool survivable = kind == Kind::kServer || kind == Kind::kWorker || kind == Kind::kAgent;
+    if (policy == "recover" && survivable) {
+      ++recover_runs;
+      EXPECT_EQ(r.code, 0) << r.output;
+      EXPECT_GE(r.recoveries.size(), 1u) << r.output;
+      EXPECT_TRUE(r.same_weights) << "final weights differ from the uninterrupted run's\n" << r.output;
+      for (const Recovery& x : r.recoveries) EXPECT_LT(x.lost, 2 * kEvery) << r.output;
+      recovered += r.code == 0 && r.same_weights;
+    } else if (kind != Kind::kLauncher) {
+      // The coordinator, or any process under "fail": the job ends, with
+      // the reason, and without a recovery.
+      EXPECT_NE(r.code, 0) << r.output;
+      EXPECT_NE(r.output.find("job failed"), std::string::npos) << r.output;
+      EXPECT_TRUE(r.recoveries.empty()) << r.output;
+    }
+  }
+  std::string lost_text;
+  for (int64_t l : lost) absl::StrAppend(&lost_text, lost_text.empty() ? "" : " ", l);
+  std::printf("chaos: %d runs, %d hangs, %d processes left behind, %d of %d survivable failures recovered "
+              "and finished with the uninterrupted run's weights; steps lost per recovery: %s\n",
+              runs, hangs, leftovers, recovered, recover_runs, lost_text.c_str());
+}
+
+}  // namespace
+}  // namespace psrt
