@@ -12,14 +12,35 @@ BIN = os.environ.get("PSRT_BIN_DIR", os.path.join(ROOT, "build", "bin"))
 EXAMPLES = os.path.join(ROOT, "worker", "examples")
 
 
+def job_command(script, args, ps=None, hosts=2, token=None):
+    dist = {"parameter_server": dict({"enabled": True, "heartbeat_timeout_s": 5}, **(ps or {}))}
+    return ([os.path.join(BIN, "psrt-run"), "--local=%d" % hosts, "--distribution=" + json.dumps(dist)] +
+            (["--token=" + token] if token else []) + ["--", sys.executable, script] + list(args))
+
+
 def run_job(script, args, ps=None, hosts=2, timeout=240):
     """Runs `script` (a path) with `args` as every worker of a local job;
     returns (exit code, combined output)."""
-    dist = {"parameter_server": dict({"enabled": True, "heartbeat_timeout_s": 5}, **(ps or {}))}
-    cmd = [os.path.join(BIN, "psrt-run"), "--local=%d" % hosts, "--distribution=" + json.dumps(dist), "--",
-           sys.executable, script] + list(args)
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    p = subprocess.run(job_command(script, args, ps, hosts), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=timeout)
     return p.returncode, p.stdout
+
+
+def job_processes(token):
+    """{pid: command line} of the live processes whose environment holds the
+    job token."""
+    needle = ("PSRT_JOB_TOKEN=" + token).encode()
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                found[int(pid)] = f.read().replace(b"\0", b" ").decode()
+        except OSError:
+            pass
+    return found
 
 
 def trained_arrays(script, args, ps=None):

@@ -6,14 +6,18 @@ and PSRT_BIN_DIR the programs.
 """
 
 import os
+import random
+import re
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 import torch
 
-from jobs import EXAMPLES, HERE, run_job as _run_job
+from jobs import EXAMPLES, HERE, job_command, job_processes, run_job as _run_job
 import torch_worker
 
 
@@ -91,6 +95,42 @@ def test_restored_job_resumes_at_the_checkpoint_step():
         assert code == 0, log
         assert "from step 42" in log, log  # 2 epochs of 21 steps
         assert "demo: test accuracy 0." in log, log
+
+
+def test_the_demo_survives_a_killed_server_losing_less_than_a_checkpoint_interval():
+    # The demo takes 420 steps; a checkpoint every 50; server 1 is killed
+    # with SIGKILL at a random logged step (seeded, and printed).
+    seed = int(os.environ.get("PSRT_CHAOS_SEED", "1"))
+    kill_at = random.Random(seed).randrange(60, 380, 10)
+    print("killing server 1 at step %d (seed %d)" % (kill_at, seed))
+    token = "recover-%d-%d" % (os.getpid(), seed)
+    digits = os.path.join(EXAMPLES, "torch_digits.py")
+    with tempfile.TemporaryDirectory() as d, open(os.path.join(d, "log"), "w+") as log:
+        ps = {"on_failure": "recover", "heartbeat_timeout_s": 2,
+              "checkpoint": {"uri": "file://" + d + "/ckpt", "every_steps": 50}}
+        run = subprocess.Popen(job_command(digits, ["--log-every", "10"], ps, token=token),
+                               stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 180
+            while "step %d/" % kill_at not in open(log.name).read():
+                assert run.poll() is None and time.monotonic() < deadline, open(log.name).read()
+                time.sleep(0.05)
+            servers = [p for p, cmd in job_processes(token).items() if "psrt-server" in cmd and "--index=1" in cmd]
+            assert len(servers) == 1, job_processes(token)
+            os.kill(servers[0], signal.SIGKILL)
+            assert run.wait(timeout=240) == 0, open(log.name).read()
+        finally:
+            if run.poll() is None:
+                run.kill()
+        out = open(log.name).read()
+    recoveries = re.findall(r"recovery \d+ of at most \d+: server 1 on local1 .*; rolled back to step (\d+)"
+                            r"[^;]*; (\d+) steps lost", out)
+    assert len(recoveries) == 1, out
+    step, lost = map(int, recoveries[0])
+    assert step % 50 == 0 and lost < 50, out
+    assert "from step %d" % step in out, out  # the training processes resumed there
+    assert "demo: test accuracy 0." in out, out
+    assert not job_processes(token)
 
 
 def test_forgetting_init_is_a_clear_error_not_a_hang():
