@@ -79,7 +79,12 @@ CoordinatorLink::~CoordinatorLink() {
 
 void CoordinatorLink::HeartbeatLoop() {
   const absl::Duration interval = absl::Seconds(config_.heartbeat_interval_s());
-  const absl::Duration timeout = absl::Seconds(config_.heartbeat_timeout_s());
+  // With on_failure "recover" an agent outlasts its coordinator's loss for
+  // as long as a lost host may take to return: a restarted coordinator goes
+  // on with the agents that are still there.
+  const bool outlast = options_.id.role() == v1::ROLE_AGENT && config_.on_failure() == "recover";
+  const absl::Duration timeout =
+      absl::Seconds(outlast ? config_.host_wait_s() : config_.heartbeat_timeout_s());
   absl::Time last_ok = absl::Now();
   int64_t epoch = 0;
   v1::HeartbeatRequest req;

@@ -4,6 +4,9 @@
 #include <climits>
 #include <map>
 
+#include <openssl/sha.h>
+
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -16,6 +19,14 @@ namespace psrt {
 namespace {
 
 constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
+constexpr char kJobRecordFile[] = "JOB";
+
+// Names the job without revealing its token.
+std::string JobId(const std::string& token) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)));
+}
 // How long a periodic sync checkpoint's server calls wait for the step
 // before the coordinator looks at its other triggers again.
 constexpr absl::Duration kPollWait = absl::Milliseconds(250);
@@ -86,6 +97,35 @@ void Checkpointer::Halt(bool cancel) {
 std::optional<v1::CheckpointResponse> Checkpointer::LastCommitted() {
   absl::MutexLock lock(&mu_);
   return last_committed_;
+}
+
+absl::Status Checkpointer::PutRecord() {
+  record_.set_job_id(JobId(options_.token));
+  return root_->Put(kJobRecordFile, record_.SerializeAsString());
+}
+
+absl::Status Checkpointer::WriteRecord(int64_t generation, const std::string& uri, int64_t step) {
+  absl::MutexLock lock(&record_mu_);
+  record_.set_generation(generation);
+  record_.set_checkpoint_uri(uri);
+  record_.set_checkpoint_step(step);
+  return PutRecord();
+}
+
+absl::StatusOr<v1::JobRecord> Checkpointer::ReadRecord() {
+  absl::StatusOr<std::string> data = root_->Get(kJobRecordFile);
+  if (!data.ok()) return data.status();
+  v1::JobRecord r;
+  if (!r.ParseFromString(*data)) {
+    return absl::DataLossError(absl::StrCat(root_->uri(), "/", kJobRecordFile, " is not a job record"));
+  }
+  if (r.job_id() != JobId(options_.token)) {
+    return absl::FailedPreconditionError(absl::StrCat(root_->uri(), "/", kJobRecordFile,
+                                                      " is another job's (its token differs)"));
+  }
+  absl::MutexLock lock(&record_mu_);
+  record_ = r;
+  return r;
 }
 
 bool Checkpointer::stopping() {
@@ -228,6 +268,14 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Commit(
   {
     absl::MutexLock lock(&mu_);
     last_committed_ = Response(name, step, false);
+  }
+  {
+    absl::MutexLock lock(&record_mu_);
+    record_.set_checkpoint_uri(absl::StrCat(root_->uri(), "/", name));
+    record_.set_checkpoint_step(step);
+    if (absl::Status s = PutRecord(); !s.ok()) {
+      LogWarning("could not update the job record under ", root_->uri(), ": ", s.message());
+    }
   }
   if (absl::Status s = PruneCheckpoints(root_.get(), options_.config.keep(), name); !s.ok()) {
     LogWarning("removing old checkpoints under ", root_->uri(), " failed (the next checkpoint tries again): ",

@@ -56,6 +56,13 @@ class Checkpointer {
   // The newest checkpoint this job committed (uri and step), if any.
   std::optional<v1::CheckpointResponse> LastCommitted();
 
+  // The job's record next to its checkpoints (JOB): its generation and the
+  // checkpoint a recovery returns to; every commit updates the latter.
+  absl::Status WriteRecord(int64_t generation, const std::string& uri, int64_t step);
+  // This job's record (NOT_FOUND without one; FAILED_PRECONDITION when it is
+  // another job's).
+  absl::StatusOr<v1::JobRecord> ReadRecord();
+
  private:
   Checkpointer(CheckpointerOptions options, std::unique_ptr<Storage> root, Metrics* metrics);
   void Loop();
@@ -79,6 +86,7 @@ class Checkpointer {
   absl::StatusOr<bool> Committed(const std::string& name);
   v1::CheckpointResponse Response(const std::string& name, int64_t step, bool already) const;
   bool stopping();
+  absl::Status PutRecord() ABSL_EXCLUSIVE_LOCKS_REQUIRED(record_mu_);
   void Halt(bool cancel);
 
   const CheckpointerOptions options_;
@@ -89,6 +97,8 @@ class Checkpointer {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);  // SaveShard in flight
   std::optional<v1::CheckpointResponse> last_committed_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex record_mu_;
+  v1::JobRecord record_ ABSL_GUARDED_BY(record_mu_);
   // Set by Start while no checkpoint is being written.
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> servers_;
   int64_t start_step_ = 0;

@@ -63,7 +63,7 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
   config_.set_on_failure(ps.on_failure);
   config_.set_max_recoveries(ps.max_recoveries);
   config_.set_host_wait_s(ps.host_wait_s);
-  config_.set_generation(1);
+  config_.set_generation(options_.generation);
   config_.mutable_checkpoint()->set_uri(ps.checkpoint.uri);
   config_.mutable_checkpoint()->set_every_steps(ps.checkpoint.every_steps);
   config_.mutable_checkpoint()->set_every_seconds(ps.checkpoint.every_seconds);
@@ -83,7 +83,9 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
     processes_.push_back(std::move(p));
   };
   absl::MutexLock lock(&mu_);
+  generation_ = options_.generation;
   start_ = absl::Now();
+  RecordLocked();
   for (int h = 0; h < num_hosts; ++h) {
     for (int i = 0; i < ps.servers_per_host; ++i) add(v1::ROLE_SERVER, h * ps.servers_per_host + i, h);
   }
@@ -221,6 +223,7 @@ void CoordinatorService::Recover(std::string reason) {
   config_.set_generation(generation_);
   config_.set_restore_uri(uri);
   config_.set_restored_step(step);
+  RecordLocked();
   for (Process& p : processes_) {
     if (p.id.role() == v1::ROLE_AGENT) continue;
     p.registered = p.exited = p.restarting = p.lost = p.saw_end = false;
@@ -241,6 +244,14 @@ void CoordinatorService::Recover(std::string reason) {
              uri.empty() ? " (the start: nothing was checkpointed yet)" : absl::StrCat(" (", uri, ")"),
              "; ", lost, " steps lost; restarting every server and training process (generation ",
              generation_, ")");
+}
+
+void CoordinatorService::RecordLocked() {
+  if (options_.checkpointer == nullptr) return;
+  // A restarted coordinator goes on from here: the next generation, this
+  // checkpoint (until a newer one commits).
+  absl::Status s = options_.checkpointer->WriteRecord(generation_, config_.restore_uri(), config_.restored_step());
+  if (!s.ok()) LogWarning("could not write the job record next to the checkpoints: ", s.message());
 }
 
 void CoordinatorService::WorkerLostLocked(Process* p, const std::string& reason) {
@@ -406,7 +417,12 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx, const v1::H
     resp->set_reason(reason_);
     return grpc::Status::OK;
   }
-  if (!p->registered) {
+  if (!p->registered && p->id.role() == v1::ROLE_AGENT && state_ == v1::JOB_RUNNING) {
+    // An agent that outlived a lost coordinator: this one was restarted.
+    p->registered = true;
+    p->lost = false;
+    LogInfo("registered ", p->name, " by its heartbeat");
+  } else if (!p->registered) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat(p->name, " sent a heartbeat before registering"));
   }

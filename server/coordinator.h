@@ -23,6 +23,9 @@ struct CoordinatorOptions {
   // The checkpoint the job starts from, if any, and its step.
   std::string restore_uri;
   int64_t restored_step = 0;
+  // 1 for a new job; more for a coordinator restarted after its loss (the
+  // job record's generation + 1).
+  int64_t generation = 1;
 };
 
 // Membership, readiness, heartbeats and the end of the job. The first failure
@@ -82,6 +85,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // Stops the checkpoints, finds the checkpoint to return to, then starts
   // the next generation (on a thread of its own: it waits on servers).
   void Recover(std::string reason);
+  // Writes the job record (generation, checkpoint to return to).
+  void RecordLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The furthest step (sync) or worker clock any live server reached.
   int64_t ReachedStep(const std::vector<std::string>& servers) const;
   // Whether a request of `generation` (0: the current one) is of the past.

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   std::string distribution = R"({"parameter_server": {"enabled": true}})";
   std::string token = psrt::EnvOr("PSRT_JOB_TOKEN", "");
   int port = 7070, metrics_port = -1;
+  bool restarted = false;
   psrt::Flags flags("psrt-coordinator", "--hosts=H1,H2 --distribution=JSON [flags]");
   flags.Add("hosts", &hosts, "Comma-separated hosts of the job; host i runs servers and workers of index i.");
   flags.Add("distribution", &distribution,
@@ -36,6 +37,9 @@ int main(int argc, char** argv) {
   flags.Add("port-file", &port_file, "Write the bound port to this file once listening.");
   flags.Add("token", &token, "Job token every RPC must carry (env PSRT_JOB_TOKEN); empty disables the check.");
   flags.Add("metrics-port", &metrics_port, "Port for Prometheus /metrics; 0 picks one, -1 disables.");
+  flags.Add("restarted", &restarted,
+            "The job's coordinator was lost (on_failure \"recover\"): go on from the job record next to "
+            "its checkpoints, as its next generation.");
   flags.ParseOrExit(argc, argv);
   psrt::InitProcess("psrt-coordinator");
 
@@ -100,6 +104,30 @@ int main(int argc, char** argv) {
     }
     checkpointer = *std::move(opened);
     options.checkpointer = checkpointer.get();
+  }
+  if (restarted) {
+    if (checkpointer == nullptr || ps->on_failure != "recover") {
+      psrt::LogError("--restarted needs on_failure \"recover\" and checkpoint.uri in the distribution");
+      return 2;
+    }
+    absl::StatusOr<psrt::v1::JobRecord> record = checkpointer->ReadRecord();
+    if (!record.ok()) {
+      psrt::LogError("cannot go on after the coordinator's loss: ", record.status().message());
+      return 1;
+    }
+    options.generation = record->generation() + 1;
+    options.restore_uri = record->checkpoint_uri();
+    options.restored_step = record->checkpoint_step();
+    if (options.generation - 1 > ps->max_recoveries) {
+      psrt::LogError("job failed: the coordinator was lost; no recovery left (max_recoveries is ",
+                     ps->max_recoveries, ")");
+      return 1;
+    }
+    psrt::LogWarning("recovery ", options.generation - 1, " of at most ", ps->max_recoveries,
+                     ": the coordinator was lost and restarted; rolled back to step ", options.restored_step,
+                     options.restore_uri.empty() ? " (the start: nothing was checkpointed yet)"
+                                                 : absl::StrCat(" (", options.restore_uri, ")"),
+                     "; restarting every server and training process (generation ", options.generation, ")");
   }
 
   psrt::CoordinatorService service(options, &metrics);

@@ -95,11 +95,11 @@ int RunLauncher(const LaunchOptions& o) {
   // The coordinator first: everything else registers with it.
   std::string coordinator = absl::StrCat(hosts[0], ":", o.coordinator_port);
   std::string tmp_dir;
+  const std::vector<std::string> coordinator_argv = {
+      o.bin_dir + "/psrt-coordinator", "--hosts=" + absl::StrJoin(hosts, ","),
+      "--distribution=" + o.distribution, absl::StrCat("--metrics-port=", o.metrics_port)};
   if (my_hosts[0] == 0) {
-    std::vector<std::string> argv = {o.bin_dir + "/psrt-coordinator",
-                                     "--hosts=" + absl::StrJoin(hosts, ","),
-                                     "--distribution=" + o.distribution,
-                                     absl::StrCat("--metrics-port=", o.metrics_port)};
+    std::vector<std::string> argv = coordinator_argv;
     std::string port_file;
     if (local) {
       char dir[] = "/tmp/psrt-run-XXXXXX";
@@ -154,16 +154,25 @@ int RunLauncher(const LaunchOptions& o) {
   // Supervise. Once anything fails, the rest get time to hear of it from the
   // coordinator and exit on their own, then are stopped.
   // With on_failure "recover" an agent that dies is started again (its host
-  // comes back), as often as the job may recover.
+  // comes back), and so is a coordinator killed by a signal (one that exits
+  // has decided the job's end), as often as the job may recover; the
+  // coordinator on its port, to go on from the job record.
+  auto restart_coordinator = [&] {
+    std::vector<std::string> argv = coordinator_argv;
+    argv.push_back("--port=" + coordinator.substr(coordinator.rfind(':') + 1));
+    if (local) argv.push_back("--bind=127.0.0.1");
+    argv.push_back("--restarted");
+    return start("psrt-coordinator", argv);
+  };
   const absl::Duration settle = absl::Seconds(o.ps.heartbeat_timeout_s + 10);
   const bool recover = o.ps.on_failure == "recover";
-  int agent_restarts = 0;
+  int restarts = 0;
   absl::Time give_up = absl::InfiniteFuture();
   absl::Time next_poll = absl::Now();
   std::string reason;
   bool job_running = true;
   while (true) {
-    std::vector<int> restart_hosts;
+    std::vector<int> to_restart;  // hosts of agents; -1: the coordinator
     for (const Exit& e : ReapExited()) {
       for (Child& c : children) {
         if (c.pid != e.pid || c.done) continue;
@@ -171,9 +180,10 @@ int RunLauncher(const LaunchOptions& o) {
         c.exit = e;
         if (e.code != 0) {
           LogWarning(c.name, " ", e.description);
-          if (recover && c.host >= 0 && job_running && give_up == absl::InfiniteFuture() &&
-              agent_restarts < o.ps.max_recoveries) {
-            restart_hosts.push_back(c.host);
+          const bool coordinator_killed = c.host < 0 && e.code > 128;
+          if (recover && (c.host >= 0 || coordinator_killed) && job_running &&
+              give_up == absl::InfiniteFuture() && restarts < o.ps.max_recoveries) {
+            to_restart.push_back(c.host);
             c.replaced = true;
           } else {
             give_up = std::min(give_up, absl::Now() + settle);
@@ -181,11 +191,11 @@ int RunLauncher(const LaunchOptions& o) {
         }
       }
     }
-    for (int h : restart_hosts) {
-      ++agent_restarts;
-      LogWarning("starting psrt-worker[", h, "] again (", agent_restarts, " of at most ",
-                 o.ps.max_recoveries, ")");
-      if (!start(absl::StrCat("psrt-worker[", h, "]"), agent_argv(h), h)) {
+    for (int h : to_restart) {
+      ++restarts;
+      const std::string name = h < 0 ? "psrt-coordinator" : absl::StrCat("psrt-worker[", h, "]");
+      LogWarning("starting ", name, " again (", restarts, " of at most ", o.ps.max_recoveries, ")");
+      if (!(h < 0 ? restart_coordinator() : start(name, agent_argv(h), h))) {
         give_up = std::min(give_up, absl::Now() + settle);
       }
     }
