@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOpt
 Checkpointer::~Checkpointer() { Stop(); }
 
 void Checkpointer::Start(const std::vector<std::string>& server_addresses, int64_t start_step) {
+  const bool loop = options_.config.every_steps() > 0 || options_.config.every_seconds() > 0;
   {
     absl::MutexLock save(&save_mu_);
     servers_.clear();
@@ -70,27 +71,37 @@ void Checkpointer::Start(const std::vector<std::string>& server_addresses, int64
     absl::MutexLock lock(&mu_);
     stopping_ = false;
     cancelled_ = false;
+    looping_ = loop;
   }
-  const v1::CheckpointConfig& c = options_.config;
-  if (c.every_steps() > 0 || c.every_seconds() > 0) loop_ = std::thread([this] { Loop(); });
+  if (loop) {
+    loop_ = std::thread([this] {
+      Loop();
+      absl::MutexLock lock(&mu_);
+      looping_ = false;
+    });
+  }
 }
 
-void Checkpointer::Stop() { Halt(false); }
+void Checkpointer::Stop() { Halt(absl::InfiniteDuration()); }
 
-void Checkpointer::Abort() { Halt(true); }
+void Checkpointer::Abort(absl::Duration grace) { Halt(grace); }
 
-void Checkpointer::Halt(bool cancel) {
+void Checkpointer::Halt(absl::Duration grace) {
+  const bool cancel = grace != absl::InfiniteDuration();
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     if (cancel) {
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !looping_; };
+      mu_.AwaitWithTimeout(absl::Condition(&idle), grace);
+      // Whatever is still being written (by the triggers or on demand) ends.
       cancelled_ = true;
       for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
     }
   }
   if (loop_.joinable()) loop_.join();
   if (cancel) {
-    absl::MutexLock save(&save_mu_);  // an on-demand SaveNow ends too
+    absl::MutexLock save(&save_mu_);  // an on-demand SaveNow has returned
   }
 }
 

@@ -50,9 +50,10 @@ class Checkpointer {
   absl::StatusOr<v1::CheckpointResponse> Finish();
   // Stops the triggers (a checkpoint in progress ends at its next poll).
   void Stop();
-  // Stops the triggers and cancels the checkpoint in progress: its servers
-  // are gone or about to be replaced. Returns once nothing is being written.
-  void Abort();
+  // Stops the triggers; a checkpoint in progress gets `grace` to commit (its
+  // shards may all be written already), then is cancelled: its servers are
+  // gone or about to be replaced. Returns once nothing is being written.
+  void Abort(absl::Duration grace);
   // The newest checkpoint this job committed (uri and step), if any.
   std::optional<v1::CheckpointResponse> LastCommitted();
 
@@ -87,7 +88,7 @@ class Checkpointer {
   v1::CheckpointResponse Response(const std::string& name, int64_t step, bool already) const;
   bool stopping();
   absl::Status PutRecord() ABSL_EXCLUSIVE_LOCKS_REQUIRED(record_mu_);
-  void Halt(bool cancel);
+  void Halt(absl::Duration grace);
 
   const CheckpointerOptions options_;
   const std::unique_ptr<Storage> root_;
@@ -95,6 +96,7 @@ class Checkpointer {
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool looping_ ABSL_GUARDED_BY(mu_) = false;  // the triggers' thread runs
   std::vector<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);  // SaveShard in flight
   std::optional<v1::CheckpointResponse> last_committed_ ABSL_GUARDED_BY(mu_);
   absl::Mutex record_mu_;

@@ -205,8 +205,8 @@ void CoordinatorService::Recover(std::string reason) {
     servers = ServerAddressesLocked();
   }
   // From here on no checkpoint of the failed generation commits: the one to
-  // return to is known.
-  if (options_.checkpointer != nullptr) options_.checkpointer->Abort();
+  // return to is known. One whose shards are all written commits first.
+  if (options_.checkpointer != nullptr) options_.checkpointer->Abort(absl::Seconds(2));
   const int64_t reached = ReachedStep(servers);
   std::string uri = options_.restore_uri;
   int64_t step = options_.restored_step;
@@ -244,6 +244,12 @@ void CoordinatorService::Recover(std::string reason) {
              uri.empty() ? " (the start: nothing was checkpointed yet)" : absl::StrCat(" (", uri, ")"),
              "; ", lost, " steps lost; restarting every server and training process (generation ",
              generation_, ")");
+}
+
+void CoordinatorService::AgentBackLocked(Process* p) {
+  p->lost = false;
+  LogInfo(p->name, " came back after ",
+          absl::FormatDuration(absl::Trunc(absl::Now() - p->lost_at, absl::Milliseconds(100))));
 }
 
 void CoordinatorService::RecordLocked() {
@@ -343,10 +349,7 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
                         absl::StrCat(p->name, " was started for generation ", req->generation(),
                                      ", but a recovery moved the job to generation ", generation_));
   }
-  if (p->id.role() == v1::ROLE_AGENT && p->lost) {
-    p->lost = false;
-    LogInfo(p->name, " came back after ", absl::FormatDuration(absl::Trunc(absl::Now() - p->lost_at, absl::Milliseconds(100))));
-  }
+  if (p->id.role() == v1::ROLE_AGENT && p->lost) AgentBackLocked(p);
   if (p->registered && !p->exited && p->id.role() == v1::ROLE_SERVER &&
       p->address != req->address()) {
     return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
@@ -417,10 +420,11 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx, const v1::H
     resp->set_reason(reason_);
     return grpc::Status::OK;
   }
-  if (!p->registered && p->id.role() == v1::ROLE_AGENT && state_ == v1::JOB_RUNNING) {
+  if (p->id.role() == v1::ROLE_AGENT && state_ == v1::JOB_RUNNING && p->lost) {
+    AgentBackLocked(p);  // its host's link came back
+  } else if (p->id.role() == v1::ROLE_AGENT && state_ == v1::JOB_RUNNING && !p->registered) {
     // An agent that outlived a lost coordinator: this one was restarted.
     p->registered = true;
-    p->lost = false;
     LogInfo("registered ", p->name, " by its heartbeat");
   } else if (!p->registered) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,

@@ -85,6 +85,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // Stops the checkpoints, finds the checkpoint to return to, then starts
   // the next generation (on a thread of its own: it waits on servers).
   void Recover(std::string reason);
+  // A lost agent registered or sent a heartbeat again.
+  void AgentBackLocked(Process* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the job record (generation, checkpoint to return to).
   void RecordLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The furthest step (sync) or worker clock any live server reached.

@@ -153,9 +153,9 @@ int RunLauncher(const LaunchOptions& o) {
 
   // Supervise. Once anything fails, the rest get time to hear of it from the
   // coordinator and exit on their own, then are stopped.
-  // With on_failure "recover" an agent that dies is started again (its host
-  // comes back), and so is a coordinator killed by a signal (one that exits
-  // has decided the job's end), as often as the job may recover; the
+  // With on_failure "recover" an agent or the coordinator killed by a signal
+  // is started again (one that exits has decided: the job's end, or that
+  // the coordinator is gone for good), as often as the job may recover; the
   // coordinator on its port, to go on from the job record.
   auto restart_coordinator = [&] {
     std::vector<std::string> argv = coordinator_argv;
@@ -180,8 +180,9 @@ int RunLauncher(const LaunchOptions& o) {
         c.exit = e;
         if (e.code != 0) {
           LogWarning(c.name, " ", e.description);
-          const bool coordinator_killed = c.host < 0 && e.code > 128;
-          if (recover && (c.host >= 0 || coordinator_killed) && job_running &&
+          // Killed (by a signal): started again. Exited: it decided (the
+          // job's end, or that its coordinator is gone for good).
+          if (recover && e.code > 128 && job_running &&
               give_up == absl::InfiniteFuture() && restarts < o.ps.max_recoveries) {
             to_restart.push_back(c.host);
             c.replaced = true;

@@ -451,8 +451,8 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   const std::string help = DistributionHelp();
   std::vector<std::string> lines =
       absl::StrSplit(help, '\n', absl::SkipEmpty());
-  // parameter_server + 17 keys inside it + 4 checkpoint.* keys.
-  ASSERT_EQ(lines.size(), 22u) << help;
+  // parameter_server + 20 keys inside it + 4 checkpoint.* keys.
+  ASSERT_EQ(lines.size(), 25u) << help;
   for (const std::string& line : lines) {
     EXPECT_THAT(line, HasSubstr("default")) << line;
   }
@@ -460,7 +460,8 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
       "parameter_server", "enabled", "mode", "staleness", "backup_workers",
       "compression", "pull_compression", "transport", "servers_per_host",
       "workers_per_host", "partition_bytes", "gradient_aggregation",
-      "on_worker_failure", "restart_workers", "heartbeat_timeout_s",
+      "on_worker_failure", "restart_workers", "on_failure", "max_recoveries",
+      "host_wait_s", "heartbeat_timeout_s",
       "barrier_timeout_s", "restore", "checkpoint", "checkpoint.uri",
       "checkpoint.every_steps", "checkpoint.every_seconds", "checkpoint.keep"};
   for (size_t i = 0; i < expected.size(); ++i) {

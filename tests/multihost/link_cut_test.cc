@@ -1,0 +1,155 @@
+// Three hosts as network namespaces (tests/multihost/netns_hosts.h), each
+// running psrt-run as a real host would, and one host's link cut in the middle
+// of training: under "recover" a cut shorter than host_wait_s is a recovery
+// after which the job ends with the weights of an uninterrupted run; a cut
+// that lasts ends the job naming the host, under either policy, and every
+// process on every host exits.
+#include <signal.h>
+
+#include <cstring>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "tests/integration/job_util.h"
+#include "tests/multihost/netns_hosts.h"
+
+namespace psrt {
+namespace {
+
+constexpr int kHosts = 3;
+constexpr char kTrainer[] = "--dim=2048 --batch=64 --log-every=10 --steps=400";
+
+std::string Distribution(const std::string& policy, const std::string& more = "") {
+  return absl::StrCat(R"({"parameter_server":{"enabled":true,"heartbeat_timeout_s":2,"partition_bytes":4096,)",
+                      R"("on_failure":")", policy, R"(","checkpoint":{"uri":"/tmp/psrt-multihost-)", getpid(),
+                      R"(","every_steps":50})", more, "}}");
+}
+
+class LinkCutTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<NetnsHosts>> hosts = NetnsHosts::Create(kHosts);
+    if (!hosts.ok()) GTEST_SKIP() << hosts.status().message();
+    hosts_ = *std::move(hosts);
+    dir_ = TempDir();
+    token_ = RandomToken();
+    std::system(absl::StrCat("rm -rf /tmp/psrt-multihost-", getpid()).c_str());
+  }
+  void TearDown() override {
+    for (pid_t p : JobProcesses(token_)) kill(p, SIGKILL);
+    std::system(absl::StrCat("rm -rf /tmp/psrt-multihost-", getpid()).c_str());
+  }
+
+  // psrt-run on every host, by IP.
+  void Start(const std::string& dist) {
+    std::vector<std::string> addresses;
+    for (int h = 0; h < kHosts; ++h) addresses.push_back(hosts_->address(h));
+    for (int h = 0; h < kHosts; ++h) {
+      runs_.push_back(Proc::Start(
+          absl::StrCat(hosts_->Exec(h), kBin, "/psrt-run --hosts=", absl::StrJoin(addresses, ","),
+                       " --current-host=", h, " --token=", token_, " --distribution='", dist, "' -- ", kBin,
+                       "/psrt-example-linreg ", kTrainer, " --result=", dir_, "/r"),
+          absl::StrCat(dir_, "/host", h, ".log")));
+    }
+  }
+  // Waits (bounded) for every host's psrt-run; their exit codes.
+  std::vector<int> WaitAll(absl::Duration timeout) {
+    std::vector<int> codes;
+    for (int h = 0; h < kHosts; ++h) codes.push_back(runs_[h].Wait(timeout, absl::StrCat("psrt-run on host ", h)));
+    return codes;
+  }
+  std::string Output() const {
+    std::string all;
+    for (const Proc& p : runs_) absl::StrAppend(&all, p.Output(), "\n");
+    return all;
+  }
+  // Cuts host 2's link once rank 0 (on host 0) logged step 100.
+  void CutAtStep100() {
+    ASSERT_TRUE(runs_[0].WaitForOutput("step 100 ", absl::Seconds(60))) << Output();
+    ASSERT_TRUE(hosts_->Cut(2).ok());
+  }
+  // Every process of the job, on every host, has exited.
+  void ExpectNothingLeft() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (!JobProcesses(token_).empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_TRUE(JobProcesses(token_).empty()) << "processes of the job outlived it";
+  }
+
+  std::unique_ptr<NetnsHosts> hosts_;
+  std::string dir_, token_;
+  std::vector<Proc> runs_;
+};
+
+// The weights of the same job on three loopback hosts, never interrupted.
+std::string UninterruptedWeights() {
+  const std::string dir = TempDir();
+  Proc run = Proc::Start(absl::StrCat(kBin, "/psrt-run --local=", kHosts,
+                                      R"( --distribution='{"parameter_server":{"enabled":true,"partition_bytes":4096}}' -- )",
+                                      kBin, "/psrt-example-linreg ", kTrainer, " --result=", dir, "/r"),
+                         dir + "/log");
+  EXPECT_EQ(run.Wait(absl::Seconds(120), "the uninterrupted job"), 0) << run.Output();
+  return ReadFile(dir + "/r.rank0.weights");
+}
+
+std::vector<float> Floats(const std::string& bytes) {
+  std::vector<float> v(bytes.size() / sizeof(float));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
+}
+
+TEST_F(LinkCutTest, ABlipLongerThanTheHeartbeatTimeoutIsRecoveredAndTrainsAsUninterrupted) {
+  Start(Distribution("recover", R"(,"host_wait_s":30)"));
+  CutAtStep100();
+  absl::SleepFor(absl::Seconds(4));  // twice the heartbeat timeout
+  ASSERT_TRUE(hosts_->Restore(2).ok());
+  const std::vector<int> codes = WaitAll(absl::Seconds(120));
+  const std::string out = Output();
+  EXPECT_EQ(codes, std::vector<int>(kHosts, 0)) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("recovery 1 of at most 3: .*10\\.213\\.0\\.3.*; rolled back to step")))
+      << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("agent on 10\\.213\\.0\\.3 came back after"))) << out;
+  // Three workers' gradients are summed in the order they arrive, so two
+  // runs agree to rounding, not bit for bit.
+  const std::vector<float> got = Floats(ReadFile(dir_ + "/r.rank0.weights"));
+  const std::vector<float> want = Floats(UninterruptedWeights());
+  ASSERT_EQ(got.size(), want.size()) << out;
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4) << "weight " << i << "\n" << out;
+  ExpectNothingLeft();
+}
+
+TEST_F(LinkCutTest, ALastingCutFailsTheJobNamingTheHostUnderFail) {
+  Start(Distribution("fail"));
+  CutAtStep100();
+  const absl::Time cut = absl::Now();
+  const std::vector<int> codes = WaitAll(absl::Seconds(60));
+  const std::string out = Output();
+  for (int c : codes) EXPECT_EQ(c, 1) << out;
+  EXPECT_LT(absl::Now() - cut, absl::Seconds(30)) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("job failed: .* on 10\\.213\\.0\\.3 was lost: no heartbeat"))) << out;
+  // Host 2 learns it lost the coordinator.
+  EXPECT_TRUE(std::regex_search(runs_[2].Output(), std::regex("lost the coordinator at 10\\.213\\.0\\.1"))) << out;
+  ExpectNothingLeft();
+}
+
+TEST_F(LinkCutTest, ALastingCutEndsARecoveringJobAfterHostWait) {
+  Start(Distribution("recover", R"(,"host_wait_s":4)"));
+  CutAtStep100();
+  const std::vector<int> codes = WaitAll(absl::Seconds(90));
+  const std::string out = Output();
+  for (int c : codes) EXPECT_EQ(c, 1) << out;
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("job failed: agent on 10\\.213\\.0\\.3 did not come back within 4s \\(host_wait_s\\)")))
+      << out;
+  ExpectNothingLeft();
+}
+
+}  // namespace
+}  // namespace psrt
