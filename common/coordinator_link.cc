@@ -64,6 +64,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorLink>> CoordinatorLink::Connect(Option
   {
     absl::MutexLock lock(&link->mu_);
     link->generation_ = resp.config().generation();
+    link->current_config_ = resp.config();
+    link->host_index_ = resp.host_index();
   }
   link->heartbeats_ = std::thread([l = link.get()] { l->HeartbeatLoop(); });
   return link;
@@ -107,6 +109,10 @@ void CoordinatorLink::HeartbeatLoop() {
     if (s.ok()) {
       last_ok = now;
       generation_ = std::max(generation_, resp.generation());
+      if (resp.has_config()) {
+        current_config_ = resp.config();
+        host_index_ = resp.host_index();
+      }
       if (end_.state == v1::JOB_RUNNING && resp.state() != v1::JOB_RUNNING) {
         end_.state = resp.state();
         end_.reason = resp.reason();
@@ -134,6 +140,16 @@ void CoordinatorLink::HeartbeatLoop() {
 int64_t CoordinatorLink::generation() const {
   absl::MutexLock lock(&mu_);
   return generation_;
+}
+
+v1::JobConfig CoordinatorLink::current_config() const {
+  absl::MutexLock lock(&mu_);
+  return current_config_;
+}
+
+int CoordinatorLink::host_index() const {
+  absl::MutexLock lock(&mu_);
+  return host_index_;
 }
 
 CoordinatorLink::JobEnd CoordinatorLink::state() const {

@@ -57,6 +57,10 @@ class CoordinatorLink {
   // The job's generation as last heard. A process of an older generation
   // sees its job end ("replaced"): a recovery started its successor.
   int64_t generation() const;
+  // Agents: the job's settings and this host's index in the job, as last
+  // heard (they change when a host leaves the job; index -1: this one left).
+  v1::JobConfig current_config() const;
+  int host_index() const;
   // Training processes: the latest step pushed, sent with each heartbeat.
   void SetProgress(int64_t step) { progress_.store(step, std::memory_order_relaxed); }
 
@@ -75,6 +79,8 @@ class CoordinatorLink {
   mutable absl::Mutex mu_;
   JobEnd end_ ABSL_GUARDED_BY(mu_);
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::JobConfig current_config_ ABSL_GUARDED_BY(mu_);
+  int host_index_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> progress_{0};
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread heartbeats_;

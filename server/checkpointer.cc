@@ -115,9 +115,11 @@ absl::Status Checkpointer::PutRecord() {
   return root_->Put(kJobRecordFile, record_.SerializeAsString());
 }
 
-absl::Status Checkpointer::WriteRecord(int64_t generation, const std::string& uri, int64_t step) {
+absl::Status Checkpointer::WriteRecord(int64_t generation, const std::string& uri, int64_t step,
+                                       const std::vector<int>& hosts) {
   absl::MutexLock lock(&record_mu_);
   record_.set_generation(generation);
+  record_.mutable_hosts()->Assign(hosts.begin(), hosts.end());
   record_.set_checkpoint_uri(uri);
   record_.set_checkpoint_step(step);
   return PutRecord();

@@ -59,7 +59,8 @@ class Checkpointer {
 
   // The job's record next to its checkpoints (JOB): its generation and the
   // checkpoint a recovery returns to; every commit updates the latter.
-  absl::Status WriteRecord(int64_t generation, const std::string& uri, int64_t step);
+  absl::Status WriteRecord(int64_t generation, const std::string& uri, int64_t step,
+                           const std::vector<int>& hosts);
   // This job's record (NOT_FOUND without one; FAILED_PRECONDITION when it is
   // another job's).
   absl::StatusOr<v1::JobRecord> ReadRecord();

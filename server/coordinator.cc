@@ -42,17 +42,13 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
       recoveries_(metrics->GetCounter("recoveries_total", "Recoveries: rollbacks to the last checkpoint after a failure")),
       steps_lost_(metrics->GetCounter("recovery_steps_lost_total", "Training steps done again because a recovery rolled them back")) {
   const PsOptions& ps = options_.ps;
-  const int num_hosts = static_cast<int>(options_.hosts.size());
   config_.set_mode(ps.mode);
-  config_.set_num_workers(num_hosts * ps.workers_per_host);
-  config_.set_num_servers(num_hosts * ps.servers_per_host);
   config_.set_partition_bytes(ps.partition_bytes);
   config_.set_average_gradients(ps.gradient_aggregation == "mean");
   config_.set_heartbeat_timeout_s(ps.heartbeat_timeout_s);
   config_.set_heartbeat_interval_s(std::clamp(ps.heartbeat_timeout_s / 5, 0.05, 1.0));
   config_.set_barrier_timeout_s(ps.barrier_timeout_s);
   config_.set_workers_per_host(ps.workers_per_host);
-  config_.set_num_hosts(num_hosts);
   config_.set_staleness(ps.staleness);
   config_.set_backup_workers(ps.backup_workers);
   config_.set_on_worker_failure(ps.on_worker_failure);
@@ -71,29 +67,54 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
   config_.set_restore_uri(options_.restore_uri);
   config_.set_restored_step(options_.restored_step);
   epoch_gauge_->Set(1);
-  active_workers_->Set(config_.num_workers());
+  absl::MutexLock lock(&mu_);
+  generation_ = options_.generation;
+  start_ = absl::Now();
+  for (int h = 0; h < static_cast<int>(options_.hosts.size()); ++h) {
+    if (options_.hosts_in_job.empty() ||
+        std::find(options_.hosts_in_job.begin(), options_.hosts_in_job.end(), h) != options_.hosts_in_job.end()) {
+      hosts_.push_back(h);
+    }
+    Process p;
+    p.id.set_role(v1::ROLE_AGENT);
+    p.id.set_index(h);
+    p.expected_host = options_.hosts[h];
+    p.name = absl::StrCat("agent on ", p.expected_host);
+    processes_.push_back(std::move(p));
+  }
+  LayOutLocked();
+  RecordLocked();
+  monitor_ = std::thread([this] { Monitor(); });
+}
+
+void CoordinatorService::LayOutLocked() {
+  const PsOptions& ps = options_.ps;
+  const int num_hosts = static_cast<int>(hosts_.size());
+  config_.set_num_hosts(num_hosts);
+  config_.set_num_servers(num_hosts * ps.servers_per_host);
+  config_.set_num_workers(num_hosts * ps.workers_per_host);
+  processes_.erase(std::remove_if(processes_.begin(), processes_.end(),
+                                  [](const Process& p) { return p.id.role() != v1::ROLE_AGENT; }),
+                   processes_.end());
+  for (Process& agent : processes_) {
+    auto it = std::find(hosts_.begin(), hosts_.end(), agent.id.index());
+    agent.slot = it == hosts_.end() ? -1 : static_cast<int>(it - hosts_.begin());
+  }
   auto add = [&](v1::Role role, int index, int host) {
     Process p;
     p.id.set_role(role);
     p.id.set_index(index);
     p.expected_host = options_.hosts[host];
-    p.name = role == v1::ROLE_AGENT
-                 ? absl::StrCat("agent on ", p.expected_host)
-                 : absl::StrCat(RoleName(role), " ", index, " on ", p.expected_host);
+    p.name = absl::StrCat(RoleName(role), " ", index, " on ", p.expected_host);
     processes_.push_back(std::move(p));
   };
-  absl::MutexLock lock(&mu_);
-  generation_ = options_.generation;
-  start_ = absl::Now();
-  RecordLocked();
-  for (int h = 0; h < num_hosts; ++h) {
-    for (int i = 0; i < ps.servers_per_host; ++i) add(v1::ROLE_SERVER, h * ps.servers_per_host + i, h);
+  for (int slot = 0; slot < num_hosts; ++slot) {
+    for (int i = 0; i < ps.servers_per_host; ++i) add(v1::ROLE_SERVER, slot * ps.servers_per_host + i, hosts_[slot]);
   }
-  for (int h = 0; h < num_hosts; ++h) {
-    for (int i = 0; i < ps.workers_per_host; ++i) add(v1::ROLE_WORKER, h * ps.workers_per_host + i, h);
+  for (int slot = 0; slot < num_hosts; ++slot) {
+    for (int i = 0; i < ps.workers_per_host; ++i) add(v1::ROLE_WORKER, slot * ps.workers_per_host + i, hosts_[slot]);
   }
-  for (int h = 0; h < num_hosts; ++h) add(v1::ROLE_AGENT, h, h);
-  monitor_ = std::thread([this] { Monitor(); });
+  active_workers_->Set(config_.num_workers());
 }
 
 CoordinatorService::~CoordinatorService() {
@@ -223,13 +244,18 @@ void CoordinatorService::Recover(std::string reason) {
   config_.set_generation(generation_);
   config_.set_restore_uri(uri);
   config_.set_restored_step(step);
-  RecordLocked();
-  for (Process& p : processes_) {
-    if (p.id.role() == v1::ROLE_AGENT) continue;
-    p.registered = p.exited = p.restarting = p.lost = p.saw_end = false;
-    p.exit_code = 0;
-    p.address.clear();
+  std::string moved;
+  for (int h : drop_hosts_) {
+    hosts_.erase(std::remove(hosts_.begin(), hosts_.end(), h), hosts_.end());
+    absl::StrAppend(&moved, "; ", options_.hosts[h], " leaves the job");
   }
+  drop_hosts_.clear();
+  if (!moved.empty()) {
+    absl::StrAppend(&moved, ": its keys move to the servers of the ", hosts_.size(), " hosts left, and ",
+                    hosts_.size() * options_.ps.workers_per_host, " training processes go on");
+  }
+  LayOutLocked();  // every server and worker of the new generation yet to register
+  RecordLocked();
   ++epoch_;
   epoch_gauge_->Set(epoch_);
   active_workers_->Set(MembershipLocked().active_workers_size());
@@ -242,7 +268,7 @@ void CoordinatorService::Recover(std::string reason) {
   LogWarning("recovery ", generation_ - 1, " of at most ", config_.max_recoveries(), ": ", reason,
              "; rolled back to step ", step,
              uri.empty() ? " (the start: nothing was checkpointed yet)" : absl::StrCat(" (", uri, ")"),
-             "; ", lost, " steps lost; restarting every server and training process (generation ",
+             "; ", lost, " steps lost", moved, "; restarting every server and training process (generation ",
              generation_, ")");
 }
 
@@ -256,7 +282,8 @@ void CoordinatorService::RecordLocked() {
   if (options_.checkpointer == nullptr) return;
   // A restarted coordinator goes on from here: the next generation, this
   // checkpoint (until a newer one commits).
-  absl::Status s = options_.checkpointer->WriteRecord(generation_, config_.restore_uri(), config_.restored_step());
+  absl::Status s =
+      options_.checkpointer->WriteRecord(generation_, config_.restore_uri(), config_.restored_step(), hosts_);
   if (!s.ok()) LogWarning("could not write the job record next to the checkpoints: ", s.message());
 }
 
@@ -349,6 +376,10 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
                         absl::StrCat(p->name, " was started for generation ", req->generation(),
                                      ", but a recovery moved the job to generation ", generation_));
   }
+  if (p->id.role() == v1::ROLE_AGENT && p->slot < 0) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat(p->expected_host, " left the job: it was gone for longer than host_wait_s"));
+  }
   if (p->id.role() == v1::ROLE_AGENT && p->lost) AgentBackLocked(p);
   if (p->registered && !p->exited && p->id.role() == v1::ROLE_SERVER &&
       p->address != req->address()) {
@@ -375,6 +406,7 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
                                  [](const Process& q) { return q.registered; }));
   active_workers_->Set(MembershipLocked().active_workers_size());
   *resp->mutable_config() = config_;
+  resp->set_host_index(p->slot);
   return grpc::Status::OK;
 }
 
@@ -414,6 +446,14 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx, const v1::H
   Process* p;
   if (grpc::Status s = Lookup(req->id(), &p); !s.ok()) return s;
   resp->set_generation(generation_);
+  if (p->id.role() == v1::ROLE_AGENT) {
+    resp->set_host_index(p->slot);
+    *resp->mutable_config() = config_;
+    if (p->slot < 0) {
+      resp->set_state(state_);
+      return grpc::Status::OK;  // it left the job, and hears so
+    }
+  }
   if (StaleLocked(req->generation())) {
     // Replaced by a recovery: it learns so, and its agent stops it.
     resp->set_state(state_);
@@ -540,9 +580,17 @@ void CoordinatorService::Monitor() {
     const absl::Time now = absl::Now();
     const absl::Duration host_wait = absl::Seconds(config_.host_wait_s());
     for (Process& p : processes_) {
+      if (p.id.role() == v1::ROLE_AGENT && p.slot < 0) continue;  // left the job
       if (p.id.role() == v1::ROLE_AGENT && p.lost && now - p.lost_at > host_wait) {
-        FailLocked(absl::StrCat(p.name, " did not come back within ", absl::FormatDuration(host_wait),
-                                " (host_wait_s) of being lost"));
+        const std::string reason = absl::StrCat(p.name, " did not come back within ",
+                                                absl::FormatDuration(host_wait), " (host_wait_s) of being lost");
+        if (hosts_.size() == 1) {
+          FailLocked(reason);
+          break;
+        }
+        // The job goes on without the host.
+        drop_hosts_.push_back(p.id.index());
+        LostLocked(reason);
         break;
       }
       if (!p.registered || p.exited || p.lost) continue;
@@ -582,7 +630,8 @@ v1::JobState CoordinatorService::WaitForEnd() {
   // they exit with the right code, but never wait for a dead one.
   auto heard = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return std::all_of(processes_.begin(), processes_.end(), [](const Process& p) {
-      return p.id.role() == v1::ROLE_WORKER || !p.registered || p.exited || p.saw_end;
+      return p.id.role() == v1::ROLE_WORKER || (p.id.role() == v1::ROLE_AGENT && p.slot < 0) ||
+             !p.registered || p.exited || p.saw_end;
     });
   };
   const absl::Duration grace =

@@ -26,6 +26,8 @@ struct CoordinatorOptions {
   // 1 for a new job; more for a coordinator restarted after its loss (the
   // job record's generation + 1).
   int64_t generation = 1;
+  // The hosts (indices into `hosts`) still in the job; empty: all.
+  std::vector<int> hosts_in_job;
 };
 
 // Membership, readiness, heartbeats and the end of the job. The first failure
@@ -71,6 +73,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
     bool restarting = false;  // its agent is starting it again
     bool lost = false;        // a worker the job goes on without; an agent gone
     absl::Time lost_at;       // agents: when
+    int slot = -1;            // agents: their host's index in the job now; -1: it left
   };
 
   Process* FindLocked(const v1::ProcessId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -85,6 +88,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // Stops the checkpoints, finds the checkpoint to return to, then starts
   // the next generation (on a thread of its own: it waits on servers).
   void Recover(std::string reason);
+  // Servers and workers for the hosts in the job, none registered; the
+  // job's sizes in config_.
+  void LayOutLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A lost agent registered or sent a heartbeat again.
   void AgentBackLocked(Process* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the job record (generation, checkpoint to return to).
@@ -119,6 +125,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
   bool recovering_ ABSL_GUARDED_BY(mu_) = false;
   int64_t progress_step_ ABSL_GUARDED_BY(mu_) = 0;  // highest step pushed this generation
+  std::vector<int> hosts_ ABSL_GUARDED_BY(mu_);       // in the job, by index into options_.hosts
+  std::vector<int> drop_hosts_ ABSL_GUARDED_BY(mu_);  // leave at the next recovery
   std::thread recoverer_;
   Counter* recoveries_;
   Counter* steps_lost_;

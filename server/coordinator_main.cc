@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
     options.generation = record->generation() + 1;
     options.restore_uri = record->checkpoint_uri();
     options.restored_step = record->checkpoint_step();
+    options.hosts_in_job.assign(record->hosts().begin(), record->hosts().end());
     if (options.generation - 1 > ps->max_recoveries) {
       psrt::LogError("job failed: the coordinator was lost; no recovery left (max_recoveries is ",
                      ps->max_recoveries, ")");

@@ -42,7 +42,10 @@ int RunAgent(const AgentOptions& options) {
     LogError(link.status().message());
     return 1;
   }
-  const v1::JobConfig& config = (*link)->config();
+  // The job's layout as of the current generation: a host that leaves the
+  // job changes the others' indices and the job's sizes.
+  v1::JobConfig config = (*link)->current_config();
+  int host_index = (*link)->host_index();
   const int local = config.workers_per_host();
   const int servers_here = options.servers ? config.num_servers() / std::max(1, config.num_hosts()) : 0;
   int64_t generation = (*link)->generation();
@@ -86,7 +89,7 @@ int RunAgent(const AgentOptions& options) {
                  {{"PSRT_JOB_TOKEN", options.token}});
   };
   auto start_worker = [&](int rank) {
-    const int local_rank = rank - options.host_index * local;
+    const int local_rank = rank - host_index * local;
     const std::map<std::string, std::string> env = {
         {"PSRT_COORDINATOR", options.coordinator},
         {"PSRT_JOB_TOKEN", options.token},
@@ -106,10 +109,10 @@ int RunAgent(const AgentOptions& options) {
   };
   auto start_all = [&] {
     for (int i = 0; i < servers_here; ++i) {
-      if (!start_server(options.host_index * servers_here + i)) return;
+      if (!start_server(host_index * servers_here + i)) return;
     }
     for (int i = 0; i < local; ++i) {
-      if (!start_worker(options.host_index * local + i)) return;
+      if (!start_worker(host_index * local + i)) return;
     }
   };
   auto pids_of = [&](v1::Role role) {
@@ -164,10 +167,17 @@ int RunAgent(const AgentOptions& options) {
       for (const auto& [pid, c] : children) pids.push_back(pid);
       children.clear();
       generation = (*link)->generation();
+      config = (*link)->current_config();
+      host_index = (*link)->host_index();
+      Terminate(pids, options.kill_grace);
+      if (host_index < 0) {
+        LogError("this host left the job: it was gone for longer than host_wait_s; exiting");
+        return 1;
+      }
       LogWarning("the job is recovering (generation ", generation, "): restarting ", servers_here,
                  servers_here == 1 ? " server and " : " servers and ", local,
-                 local == 1 ? " training process" : " training processes");
-      Terminate(pids, options.kill_grace);
+                 local == 1 ? " training process" : " training processes", " as host ", host_index,
+                 " of ", config.num_hosts());
       start_all();
       continue;
     }
