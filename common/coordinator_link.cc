@@ -96,6 +96,7 @@ void CoordinatorLink::HeartbeatLoop() {
   while (!stop_) {
     mu_.Unlock();
     req.set_step(progress_.load(std::memory_order_relaxed));
+    req.set_membership_epoch(epoch);
     grpc::ClientContext ctx;
     PrepareContext(&ctx, options_.token, std::max(interval, absl::Seconds(1)));
     v1::HeartbeatResponse resp;

@@ -238,6 +238,7 @@ struct KeySpec {
 };
 
 absl::Status ApplyCheckpoint(const Json& v, PsOptions* out);
+absl::Status ApplyElastic(const Json& v, PsOptions* out);
 
 const std::vector<KeySpec>& ParameterServerKeys() {
   static const auto* const kKeys = new std::vector<KeySpec>{
@@ -360,6 +361,10 @@ const std::vector<KeySpec>& ParameterServerKeys() {
       {"checkpoint", "object", "{}",
        "checkpoint settings: uri, every_steps, every_seconds, keep",
        &ApplyCheckpoint},
+      {"elastic", "object", "{}",
+       "sync: {\"min_workers\": m, \"max_workers\": M}: start with m of the "
+       "M workers, let the others join, go on while m remain",
+       &ApplyElastic},
   };
   return *kKeys;
 }
@@ -432,6 +437,34 @@ absl::Status ApplyCheckpoint(const Json& v, PsOptions* out) {
   return absl::OkStatus();
 }
 
+absl::Status ApplyElastic(const Json& v, PsOptions* out) {
+  if (!v.is_object()) {
+    return TypeError("elastic", "an object such as {\"min_workers\": 2, \"max_workers\": 4}", v);
+  }
+  for (const auto& item : v.items()) {
+    if (item.key() != "min_workers" && item.key() != "max_workers") {
+      return UnknownKey(item.key(), "elastic", {"min_workers", "max_workers"});
+    }
+  }
+  if (!v.contains("min_workers") || !v.contains("max_workers")) {
+    return absl::InvalidArgumentError(
+        "'elastic' needs both 'min_workers' and 'max_workers'");
+  }
+  absl::Status s = SetInt(v["min_workers"], "elastic.min_workers", 1, kIntMax,
+                          &out->elastic_min_workers);
+  if (s.ok()) {
+    s = SetInt(v["max_workers"], "elastic.max_workers", 1, kIntMax,
+               &out->elastic_max_workers);
+  }
+  if (s.ok() && out->elastic_max_workers < out->elastic_min_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'elastic.max_workers' (", out->elastic_max_workers,
+        ") must be at least 'elastic.min_workers' (", out->elastic_min_workers,
+        ")"));
+  }
+  return s;
+}
+
 // Checks that involve more than one key.
 absl::Status ValidateCombination(const Json& ps, const PsOptions& o) {
   const std::string mode_text = absl::StrCat(
@@ -445,6 +478,18 @@ absl::Status ValidateCombination(const Json& ps, const PsOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "'backup_workers' only applies when 'mode' is 'sync', but mode is ",
         mode_text, "; remove 'backup_workers' or set \"mode\": \"sync\""));
+  }
+  if (ps.contains("elastic") && o.mode != "sync") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'elastic' applies when 'mode' is 'sync', but mode is ", mode_text,
+        "; remove 'elastic' or set \"mode\": \"sync\""));
+  }
+  if (ps.contains("elastic") &&
+      (ps.contains("on_worker_failure") || ps.contains("backup_workers"))) {
+    return absl::InvalidArgumentError(
+        "with 'elastic', a worker that fails leaves the job (while "
+        "min_workers remain) and every active worker's push counts; remove "
+        "'on_worker_failure' and 'backup_workers'");
   }
   const CheckpointOptions& c = o.checkpoint;
   if ((c.every_steps > 0 || c.every_seconds > 0) && c.uri.empty()) {

@@ -51,6 +51,10 @@ struct PsOptions {
   std::string on_failure = "fail";      // "fail" | "recover"
   int max_recoveries = 3;               // recover only, >= 0
   double host_wait_s = 60;              // recover only, > 0
+  // Elastic workers (sync): from key "elastic": {"min_workers": m,
+  // "max_workers": M}; 0 and 0 when the job is not elastic.
+  int elastic_min_workers = 0;
+  int elastic_max_workers = 0;
   double heartbeat_timeout_s = 10;      // > 0
   double barrier_timeout_s = 60;        // > 0
   std::string restore;                  // "" | "latest" | step number | uri

@@ -60,6 +60,7 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
   config_.set_max_recoveries(ps.max_recoveries);
   config_.set_host_wait_s(ps.host_wait_s);
   config_.set_generation(options_.generation);
+  config_.set_min_workers(ps.elastic_min_workers);
   config_.mutable_checkpoint()->set_uri(ps.checkpoint.uri);
   config_.mutable_checkpoint()->set_every_steps(ps.checkpoint.every_steps);
   config_.mutable_checkpoint()->set_every_seconds(ps.checkpoint.every_seconds);
@@ -92,7 +93,9 @@ void CoordinatorService::LayOutLocked() {
   const int num_hosts = static_cast<int>(hosts_.size());
   config_.set_num_hosts(num_hosts);
   config_.set_num_servers(num_hosts * ps.servers_per_host);
-  config_.set_num_workers(num_hosts * ps.workers_per_host);
+  const int slots = num_hosts * ps.workers_per_host;
+  config_.set_num_workers(ps.elastic_max_workers > 0 ? std::min(slots, ps.elastic_max_workers) : slots);
+  started_ = false;
   processes_.erase(std::remove_if(processes_.begin(), processes_.end(),
                                   [](const Process& p) { return p.id.role() != v1::ROLE_AGENT; }),
                    processes_.end());
@@ -111,8 +114,8 @@ void CoordinatorService::LayOutLocked() {
   for (int slot = 0; slot < num_hosts; ++slot) {
     for (int i = 0; i < ps.servers_per_host; ++i) add(v1::ROLE_SERVER, slot * ps.servers_per_host + i, hosts_[slot]);
   }
-  for (int slot = 0; slot < num_hosts; ++slot) {
-    for (int i = 0; i < ps.workers_per_host; ++i) add(v1::ROLE_WORKER, slot * ps.workers_per_host + i, hosts_[slot]);
+  for (int rank = 0; rank < config_.num_workers(); ++rank) {
+    add(v1::ROLE_WORKER, rank, hosts_[rank / ps.workers_per_host]);
   }
   active_workers_->Set(config_.num_workers());
 }
@@ -179,7 +182,10 @@ v1::Membership CoordinatorService::MembershipLocked() const {
   v1::Membership m;
   m.set_epoch(epoch_);
   for (const Process& p : processes_) {
-    if (p.id.role() == v1::ROLE_WORKER && !p.lost && !p.exited) m.add_active_workers(p.id.index());
+    // Elastic: a worker takes part from its registration on.
+    if (p.id.role() == v1::ROLE_WORKER && !p.lost && !p.exited && (p.registered || !elastic())) {
+      m.add_active_workers(p.id.index());
+    }
   }
   return m;
 }
@@ -289,7 +295,7 @@ void CoordinatorService::RecordLocked() {
 
 void CoordinatorService::WorkerLostLocked(Process* p, const std::string& reason) {
   if (state_ != v1::JOB_RUNNING || p->lost) return;
-  if (config_.on_worker_failure() != "continue") {
+  if (config_.on_worker_failure() != "continue" && !elastic()) {
     LostLocked(reason);
     return;
   }
@@ -304,11 +310,16 @@ void CoordinatorService::WorkerLostLocked(Process* p, const std::string& reason)
     FailLocked(absl::StrCat("every worker was lost; the last: ", reason));
     return;
   }
+  if (elastic() && m.active_workers_size() < config_.min_workers()) {
+    FailLocked(absl::StrCat(reason, "; ", m.active_workers_size(), " workers are left, fewer than elastic.min_workers (",
+                            config_.min_workers(), ")"));
+    return;
+  }
   CheckSuccessLocked();
 }
 
 void CoordinatorService::MaybeStartCheckpointsLocked() {
-  if (options_.checkpointer == nullptr || checkpoints_started_ || !AllRegisteredLocked()) return;
+  if (options_.checkpointer == nullptr || checkpoints_started_ || !ReadyLocked()) return;
   checkpoints_started_ = true;
   options_.checkpointer->Start(ServerAddressesLocked(), config_.restored_step());
 }
@@ -317,7 +328,7 @@ void CoordinatorService::CheckSuccessLocked() {
   if (state_ != v1::JOB_RUNNING || recovering_) return;
   bool any = false;
   for (const Process& q : processes_) {
-    if (q.id.role() != v1::ROLE_WORKER || q.lost) continue;
+    if (q.id.role() != v1::ROLE_WORKER || q.lost || (elastic() && !q.registered)) continue;
     if (!q.exited || q.exit_code != 0) return;
     any = true;
   }
@@ -356,7 +367,21 @@ std::vector<std::string> CoordinatorService::MissingLocked() const {
   return missing;
 }
 
-bool CoordinatorService::AllRegisteredLocked() const { return MissingLocked().empty(); }
+bool CoordinatorService::ReadyLocked() const {
+  if (!elastic()) return MissingLocked().empty();
+  int workers = 0;
+  for (const Process& p : processes_) {
+    if (p.id.role() == v1::ROLE_SERVER && !p.registered) return false;
+    workers += p.id.role() == v1::ROLE_WORKER && p.registered && !p.lost && !p.exited;
+  }
+  return workers >= config_.min_workers();
+}
+
+bool CoordinatorService::ServersApplyLocked(int64_t epoch) const {
+  return std::all_of(processes_.begin(), processes_.end(), [&](const Process& p) {
+    return p.id.role() != v1::ROLE_SERVER || p.applied_epoch >= epoch;
+  });
+}
 
 grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                                           v1::RegisterResponse* resp) {
@@ -393,6 +418,10 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
     ++epoch_;
     epoch_gauge_->Set(epoch_);
     LogInfo(p->name, " rejoined (epoch ", epoch_, ")");
+  } else if (p->id.role() == v1::ROLE_WORKER && !again && started_) {
+    ++epoch_;  // elastic: it joins a running job
+    epoch_gauge_->Set(epoch_);
+    LogInfo(p->name, " joined the job (epoch ", epoch_, ")");
   }
   p->registered = true;
   p->exited = false;
@@ -404,6 +433,15 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
           p->address.empty() ? "" : absl::StrCat(" at ", p->address), " (pid ", req->pid(), ")");
   registered_->Set(std::count_if(processes_.begin(), processes_.end(),
                                  [](const Process& q) { return q.registered; }));
+  if (elastic() && !started_ && ReadyLocked()) {
+    // The job starts with the workers there are; servers stop waiting for
+    // the pushes of the others.
+    started_ = true;
+    ++epoch_;
+    epoch_gauge_->Set(epoch_);
+    LogInfo("starting with ", MembershipLocked().active_workers_size(), " of ", config_.num_workers(),
+            " workers (elastic.min_workers ", config_.min_workers(), "; epoch ", epoch_, ")");
+  }
   active_workers_->Set(MembershipLocked().active_workers_size());
   *resp->mutable_config() = config_;
   resp->set_host_index(p->slot);
@@ -419,8 +457,10 @@ grpc::Status CoordinatorService::Barrier(grpc::ServerContext* ctx, const v1::Bar
   absl::MutexLock lock(&mu_);
   Process* p;
   if (grpc::Status s = Lookup(req->id(), &p); !s.ok()) return s;
+  // Elastic: a worker that joins also waits until every server counts it
+  // (applies the epoch that made it active), so its first push is counted.
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return state_ != v1::JOB_RUNNING || AllRegisteredLocked();
+    return state_ != v1::JOB_RUNNING || (ReadyLocked() && (!elastic() || ServersApplyLocked(epoch_)));
   };
   if (!mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
     return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
@@ -472,6 +512,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx, const v1::H
   }
   heartbeats_->Add();
   if (p->id.role() == v1::ROLE_WORKER) progress_step_ = std::max(progress_step_, req->step());
+  if (p->id.role() == v1::ROLE_SERVER) p->applied_epoch = req->membership_epoch();
   p->last_heartbeat = absl::Now();
   if (state_ != v1::JOB_RUNNING) p->saw_end = true;
   resp->set_state(state_);
@@ -615,7 +656,7 @@ void CoordinatorService::Monitor() {
     }
     if (state_ != v1::JOB_RUNNING || recovering_) continue;
     MaybeStartCheckpointsLocked();
-    if (!AllRegisteredLocked() && now - start_ > barrier) {
+    if (!ReadyLocked() && now - start_ > barrier) {
       FailLocked(absl::StrCat("readiness barrier timed out after ", absl::FormatDuration(barrier),
                               "; not arrived: ", absl::StrJoin(MissingLocked(), ", ")));
     }

@@ -74,6 +74,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
     bool lost = false;        // a worker the job goes on without; an agent gone
     absl::Time lost_at;       // agents: when
     int slot = -1;            // agents: their host's index in the job now; -1: it left
+    int64_t applied_epoch = 0;  // servers: the membership epoch they said they apply
   };
 
   Process* FindLocked(const v1::ProcessId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -106,7 +107,11 @@ class CoordinatorService final : public v1::Coordinator::Service {
   void CheckSuccessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Membership MembershipLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> MissingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool AllRegisteredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every server registered, and every worker (elastic: min_workers of them).
+  bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every server applies membership `epoch` or a later one.
+  bool ServersApplyLocked(int64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool elastic() const { return options_.ps.elastic_min_workers > 0; }
   void Monitor();
   std::vector<std::string> ServerAddressesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -127,6 +132,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   int64_t progress_step_ ABSL_GUARDED_BY(mu_) = 0;  // highest step pushed this generation
   std::vector<int> hosts_ ABSL_GUARDED_BY(mu_);       // in the job, by index into options_.hosts
   std::vector<int> drop_hosts_ ABSL_GUARDED_BY(mu_);  // leave at the next recovery
+  bool started_ ABSL_GUARDED_BY(mu_) = false;         // elastic: min_workers were there
   std::thread recoverer_;
   Counter* recoveries_;
   Counter* steps_lost_;

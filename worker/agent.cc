@@ -111,7 +111,8 @@ int RunAgent(const AgentOptions& options) {
     for (int i = 0; i < servers_here; ++i) {
       if (!start_server(host_index * servers_here + i)) return;
     }
-    for (int i = 0; i < local; ++i) {
+    // Elastic jobs may have fewer worker ranks than hosts * workers_per_host.
+    for (int i = 0; i < local && host_index * local + i < config.num_workers(); ++i) {
       if (!start_worker(host_index * local + i)) return;
     }
   };

@@ -79,6 +79,7 @@ void psrt_close(psrt_client* client) { delete client; }
 
 int psrt_rank(const psrt_client* c) { return c ? c->client->rank() : -1; }
 int psrt_num_workers(const psrt_client* c) { return c ? c->client->num_workers() : -1; }
+int psrt_active_workers(const psrt_client* c) { return c ? c->client->active_workers() : -1; }
 int psrt_num_servers(const psrt_client* c) { return c ? c->client->num_servers() : -1; }
 int psrt_is_sync(const psrt_client* c) { return c ? c->client->sync() : -1; }
 int64_t psrt_restored_step(const psrt_client* c) { return c ? c->client->restored_step() : -1; }

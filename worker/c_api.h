@@ -32,6 +32,9 @@ void psrt_close(psrt_client* client);
 
 int psrt_rank(const psrt_client* client);
 int psrt_num_workers(const psrt_client* client);
+/* Workers taking part now: fewer than psrt_num_workers once some left or, in
+ * an elastic job, before all joined. */
+int psrt_active_workers(const psrt_client* client);
 int psrt_num_servers(const psrt_client* client);
 int psrt_is_sync(const psrt_client* client);
 /* The step a job started from a checkpoint resumes at; 0 for a fresh job. */

@@ -172,6 +172,8 @@ class Client::Impl {
   int requests ABSL_GUARDED_BY(calls_mu) = 0;  // data requests not yet finished
   ClientOptions options;
   v1::JobConfig config;
+  // Before `link`, whose heartbeat thread sets it until the link is gone.
+  std::atomic<int> active_workers{0};
   std::unique_ptr<CoordinatorLink> link;
   std::vector<std::string> addresses;
   // Control calls (registration, learning rate, stats) on the first
@@ -691,12 +693,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   lo.host = options.host;
   lo.generation = options.generation;
   lo.connect_timeout = options.connect_timeout;
+  lo.on_membership = [impl = impl.get()](const v1::Membership& m) {
+    impl->active_workers.store(m.active_workers_size(), std::memory_order_relaxed);
+  };
   absl::StatusOr<std::unique_ptr<CoordinatorLink>> link = CoordinatorLink::Connect(lo);
   if (!link.ok()) return link.status();
   impl->link = std::move(*link);
   absl::StatusOr<v1::BarrierResponse> barrier = impl->link->Barrier();
   if (!barrier.ok()) return barrier.status();
   impl->config = barrier->config();
+  impl->active_workers.store(barrier->membership().active_workers_size(), std::memory_order_relaxed);
   for (const std::string& addr : barrier->shard_map().server_addresses()) {
     impl->addresses.push_back(addr);
     auto& data = impl->data_stubs.emplace_back();
@@ -720,6 +726,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 
 int Client::rank() const { return impl_->options.rank; }
 int Client::num_workers() const { return impl_->config.num_workers(); }
+int Client::active_workers() const { return impl_->active_workers.load(std::memory_order_relaxed); }
 int Client::num_servers() const { return static_cast<int>(impl_->stubs.size()); }
 bool Client::sync() const { return impl_->config.mode() == "sync"; }
 int64_t Client::restored_step() const { return impl_->config.restored_step(); }

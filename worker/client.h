@@ -75,6 +75,9 @@ class Client {
 
   int rank() const;
   int num_workers() const;
+  // Workers taking part now (the membership, as last heard): fewer than
+  // num_workers() once some left or, in an elastic job, before all joined.
+  int active_workers() const;
   int num_servers() const;
   bool sync() const;  // false: async mode
   // The step the job resumes at when it started from a checkpoint (0

@@ -68,6 +68,12 @@ def size():
     return client().num_workers()
 
 
+def active_workers():
+    """Workers taking part now: fewer than size() once some left or, in an
+    elastic job, before all joined."""
+    return client().active_workers()
+
+
 def local_rank():
     """This process's index on its host (PSRT_LOCAL_RANK)."""
     client()

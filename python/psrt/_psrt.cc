@@ -57,6 +57,7 @@ class Client {
 
   int rank() const { return psrt_rank(client_); }
   int num_workers() const { return psrt_num_workers(client_); }
+  int active_workers() const { return psrt_active_workers(client_); }
   int num_servers() const { return psrt_num_servers(client_); }
   bool is_sync() const { return psrt_is_sync(client_) == 1; }
   int64_t restored_step() const { return psrt_restored_step(client_); }
@@ -141,6 +142,7 @@ PYBIND11_MODULE(_psrt, m) {
       .def(py::init<>(), "Connects to the job psrt-run started (its environment).")
       .def("rank", &Client::rank)
       .def("num_workers", &Client::num_workers)
+      .def("active_workers", &Client::active_workers)
       .def("num_servers", &Client::num_servers)
       .def("is_sync", &Client::is_sync)
       .def("restored_step", &Client::restored_step)

@@ -193,6 +193,47 @@ TEST(RecoveryTest, ATrainingProcessThatFailsIsRolledBackWithEveryOther) {
   EXPECT_EQ(Leftovers(token), 0);
 }
 
+// Elastic: 4 worker slots on 2 hosts; the job starts with 3, the 4th joins
+// a second later, and one leaves (exits 3) near the end.
+std::string ElasticJob(int min_workers, const std::string& dir, const std::string& token) {
+  return absl::StrCat(kBin, "/psrt-run --local=2 --token=", token,
+                      R"( --distribution='{"parameter_server":{"enabled":true,"workers_per_host":2,)",
+                      R"("partition_bytes":4096,"elastic":{"min_workers":)", min_workers,
+                      R"(,"max_workers":4}}}' -- )", kBin, "/psrt-example-linreg ", kTrainer,
+                      " --steps=1500 --late-rank=3 --late-seconds=1 --exit-at-step=1200 --exit-rank=1 --result=",
+                      dir, "/r");
+}
+
+TEST(ElasticTest, WorkersJoinAndLeaveARunningSyncJob) {
+  const std::string dir = TempDir(), token = RandomToken();
+  Proc run = Proc::Start(ElasticJob(3, dir, token), dir + "/log");
+  ASSERT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
+  const std::string out = run.Output();
+  EXPECT_TRUE(std::regex_search(out, std::regex("starting with 3 of 4 workers \\(elastic.min_workers 3"))) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("worker 3 on local1 joined the job"))) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("worker 1 on local0 exited with code 3.*; continuing with 3 workers")))
+      << out;
+  // Every finishing rank converged, the late one included.
+  for (int rank : {0, 2, 3}) {
+    const std::string r = ReadFile(absl::StrCat(dir, "/r.rank", rank, ".json"));
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r, m, std::regex("\"relative_error\": ([-0-9.eE+]+)"))) << rank << ": " << r;
+    EXPECT_LT(std::stod(m[1]), 1e-3) << r;
+  }
+  EXPECT_EQ(Leftovers(token), 0);
+}
+
+TEST(ElasticTest, FewerThanMinWorkersEndsTheJobSayingSo) {
+  const std::string dir = TempDir(), token = RandomToken();
+  Proc run = Proc::Start(ElasticJob(4, dir, token), dir + "/log");
+  EXPECT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 1);
+  const std::string out = run.Output();
+  EXPECT_TRUE(std::regex_search(out, std::regex("job failed: worker 1 on local0 exited with code 3.*; 3 workers are "
+                                                "left, fewer than elastic.min_workers \\(4\\)")))
+      << out;
+  EXPECT_EQ(Leftovers(token), 0);
+}
+
 // Seeded and bounded: PSRT_CHAOS_SEED (default 1) and PSRT_CHAOS_RUNS
 // (default 10: each process kind under both policies) choose the runs; every
 // run SIGKILLs one process at a random step. Prints one line per run and the

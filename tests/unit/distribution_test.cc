@@ -18,7 +18,7 @@ constexpr char kAllPsKeys[] =
     "enabled, mode, staleness, backup_workers, compression, pull_compression, transport, "
     "servers_per_host, workers_per_host, partition_bytes, "
     "gradient_aggregation, on_worker_failure, restart_workers, "
-    "on_failure, max_recoveries, host_wait_s, heartbeat_timeout_s, barrier_timeout_s, restore, checkpoint";
+    "on_failure, max_recoveries, host_wait_s, heartbeat_timeout_s, barrier_timeout_s, restore, checkpoint, elastic";
 
 PsOptions ParseOk(const std::string& json) {
   absl::StatusOr<PsOptions> result = ParseDistribution(json);
@@ -195,6 +195,27 @@ TEST(ParseDistributionTest, RecoverNeedsCheckpointsAndSaysWhatIsAccepted) {
       ParseError(Ps(R"("on_failure": "recover", "host_wait_s": 0,
                        "checkpoint": {"uri": "/tmp/x"})")),
       AllOf(HasSubstr("'host_wait_s'"), HasSubstr("> 0")));
+}
+
+TEST(ParseDistributionTest, ElasticTakesMinAndMaxWorkersInSyncMode) {
+  const PsOptions o =
+      ParseOk(Ps(R"("elastic": {"min_workers": 2, "max_workers": 8})"));
+  EXPECT_EQ(o.elastic_min_workers, 2);
+  EXPECT_EQ(o.elastic_max_workers, 8);
+  EXPECT_EQ(ParseOk(Ps("")).elastic_min_workers, 0);
+  EXPECT_THAT(ParseError(Ps(R"("elastic": {"min_workers": 3, "max_workers": 2})")),
+              HasSubstr("must be at least 'elastic.min_workers' (3)"));
+  EXPECT_THAT(ParseError(Ps(R"("elastic": {"min_workers": 0, "max_workers": 2})")),
+              AllOf(HasSubstr("'elastic.min_workers'"), HasSubstr(">= 1")));
+  EXPECT_THAT(ParseError(Ps(R"("elastic": {"min_workers": 1})")),
+              HasSubstr("needs both 'min_workers' and 'max_workers'"));
+  EXPECT_THAT(ParseError(Ps(R"("elastic": {"min": 1, "max_workers": 2})")),
+              AllOf(HasSubstr("unknown key 'min'"), HasSubstr("min_workers, max_workers")));
+  EXPECT_THAT(ParseError(Ps(R"("elastic": 4)")), HasSubstr("'elastic'"));
+  EXPECT_THAT(ParseError(Ps(R"("mode": "async", "elastic": {"min_workers": 1, "max_workers": 2})")),
+              HasSubstr("'elastic' applies when 'mode' is 'sync'"));
+  EXPECT_THAT(ParseError(Ps(R"("on_worker_failure": "fail", "elastic": {"min_workers": 1, "max_workers": 2})")),
+              HasSubstr("remove 'on_worker_failure' and 'backup_workers'"));
 }
 
 TEST(ParseDistributionTest, SecondsAcceptIntegersAndFractions) {
@@ -451,8 +472,8 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   const std::string help = DistributionHelp();
   std::vector<std::string> lines =
       absl::StrSplit(help, '\n', absl::SkipEmpty());
-  // parameter_server + 20 keys inside it + 4 checkpoint.* keys.
-  ASSERT_EQ(lines.size(), 25u) << help;
+  // parameter_server + 21 keys inside it + 4 checkpoint.* keys.
+  ASSERT_EQ(lines.size(), 26u) << help;
   for (const std::string& line : lines) {
     EXPECT_THAT(line, HasSubstr("default")) << line;
   }
@@ -462,7 +483,7 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
       "workers_per_host", "partition_bytes", "gradient_aggregation",
       "on_worker_failure", "restart_workers", "on_failure", "max_recoveries",
       "host_wait_s", "heartbeat_timeout_s",
-      "barrier_timeout_s", "restore", "checkpoint", "checkpoint.uri",
+      "barrier_timeout_s", "restore", "checkpoint", "elastic", "checkpoint.uri",
       "checkpoint.every_steps", "checkpoint.every_seconds", "checkpoint.keep"};
   for (size_t i = 0; i < expected.size(); ++i) {
     EXPECT_THAT(lines[i], HasSubstr(expected[i] + " ")) << lines[i];
@@ -470,7 +491,7 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   EXPECT_THAT(lines[2], AllOf(HasSubstr("string"), HasSubstr("\"sync\""),
                               HasSubstr("ssp")));
   EXPECT_THAT(lines[10], AllOf(HasSubstr("int"), HasSubstr("4194304")));
-  EXPECT_THAT(lines[14], AllOf(HasSubstr("number"), HasSubstr("10")));
+  EXPECT_THAT(lines[17], AllOf(HasSubstr("number"), HasSubstr("10")));
 }
 
 }  // namespace

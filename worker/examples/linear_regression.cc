@@ -27,8 +27,8 @@ int Fail(const absl::Status& s) {
 
 int main(int argc, char** argv) {
   int64_t dim = 64, batch = 32, steps = 200, log_every = 50, exit_at_step = -1, exit_rank = -1;
-  int64_t slow_rank = -1, reference_workers = 0;
-  double lr = 0.1, slowdown = 1;
+  int64_t slow_rank = -1, reference_workers = 0, late_rank = -1;
+  double lr = 0.1, slowdown = 1, late_s = 0;
   std::string optimizer = "sgd", result, loss_log, aggregation = "mean";
   psrt::Flags flags("psrt-example-linreg", "[flags]  (run under psrt-run)");
   flags.Add("dim", &dim, "Number of features (weights).");
@@ -43,6 +43,8 @@ int main(int argc, char** argv) {
   flags.Add("exit-rank", &exit_rank, "The rank that exits at --exit-at-step; -1: every rank.");
   flags.Add("slow-rank", &slow_rank, "This rank computes --slowdown times slower; -1: none.");
   flags.Add("slowdown", &slowdown, "How much slower --slow-rank computes (>= 1).");
+  flags.Add("late-rank", &late_rank, "This rank joins --late-seconds after the others (elastic jobs); -1: none.");
+  flags.Add("late-seconds", &late_s, "How late --late-rank joins.");
   flags.Add("loss-log", &loss_log, "Rank 0 appends 'seconds step loss' lines to this file.");
   flags.Add("reference", &reference_workers,
             "Run without psrt as one process applying the aggregate gradient of this many workers' "
@@ -50,10 +52,10 @@ int main(int argc, char** argv) {
   flags.Add("aggregation", &aggregation, "With --reference: mean or sum of the workers' gradients.");
   flags.ParseOrExit(argc, argv);
   if (dim <= 0 || batch <= 0 || steps < 0 || lr <= 0 || log_every <= 0 || slowdown < 1 ||
-      reference_workers < 0 || (aggregation != "mean" && aggregation != "sum")) {
+      reference_workers < 0 || late_s < 0 || (aggregation != "mean" && aggregation != "sum")) {
     std::fprintf(stderr,
-                 "linear_regression: --dim, --batch, --lr and --log-every must be > 0, --steps and "
-                 "--reference >= 0, --slowdown >= 1, --aggregation mean or sum\n");
+                 "linear_regression: --dim, --batch, --lr and --log-every must be > 0, --steps, "
+                 "--reference and --late-seconds >= 0, --slowdown >= 1, --aggregation mean or sum\n");
     return 2;
   }
   psrt::OptimizerConfig opt;
@@ -174,6 +176,7 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<psrt::ClientOptions> options = psrt::ClientOptions::FromEnv();
   if (!options.ok()) return Fail(options.status());
+  if (options->rank == late_rank) absl::SleepFor(absl::Seconds(late_s));
   absl::StatusOr<std::unique_ptr<psrt::Client>> client = psrt::Client::Connect(*options);
   if (!client.ok()) return Fail(client.status());
   psrt::Client& c = **client;

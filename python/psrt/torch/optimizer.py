@@ -110,10 +110,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
       fusion_bytes: gradients ready during the backward pass go out together
         once this many bytes are queued (the rest at step()), so small
         tensors share requests (Horovod's tensor fusion, DDP's buckets).
+      on_workers_change: elastic jobs (and workers that leave): called as
+        ``on_workers_change(old, new)`` before the first push of a step when
+        the number of workers taking part changed; it may set the param
+        groups' ``lr`` (say, scaled by new / old with the global batch), which
+        the servers then use. Without it the learning rate stays.
     """
 
     def __init__(self, optimizer, named_parameters, compression=psrt.Compression.job_default,
-                 backward_passes_per_step=1, fusion_bytes=4 << 20):
+                 backward_passes_per_step=1, fusion_bytes=4 << 20, on_workers_change=None):
         if backward_passes_per_step < 1:
             raise psrt.PsrtError("psrt.DistributedOptimizer: backward_passes_per_step must be >= 1")
         self._passes = backward_passes_per_step
@@ -131,6 +136,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise psrt.PsrtError("psrt.DistributedOptimizer: a parameter appears twice in named_parameters")
         self._optimizer = optimizer
         self._client = client
+        self._on_workers_change = on_workers_change
+        self._workers = client.active_workers()
         self._compression = compression
         self._variables = []
         seen = set()
@@ -213,6 +220,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         as one push-pull (one request per server for all its tensors)."""
         if not self._pushing:  # the first push of a step
             self.synchronize()  # the step it is for is known once all landed
+            workers = self._client.active_workers()
+            if workers != self._workers and self._on_workers_change is not None:
+                self._on_workers_change(self._workers, workers)
+            self._workers = workers
             self._sync_learning_rates()
             self._pushing = True
         g = v.param.grad
