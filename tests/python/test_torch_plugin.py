@@ -136,6 +136,20 @@ def test_the_demo_survives_a_killed_server_losing_less_than_a_checkpoint_interva
     assert not job_processes(token)
 
 
+def test_elastic_worker_joins_and_the_users_rule_scales_the_learning_rate():
+    # Rank 1 of an elastic job (min 1, max 2) joins 3 s after rank 0 began;
+    # rank 0's optimizer hears the second worker arrive and its callback
+    # doubles the learning rate, which the servers then apply.
+    with tempfile.TemporaryDirectory() as d:
+        code, log = run_job(["--optimizer", "adam", "--steps", "150", "--step-sleep", "0.05", "--late", "3",
+                             "--out", os.path.join(d, "final.pt")],
+                            ps={"elastic": {"min_workers": 1, "max_workers": 2}})
+    assert code == 0, log
+    assert "starting with 1 of 2 workers" in log, log
+    assert "worker 1 on local1 joined the job" in log, log
+    assert "rank 0: workers 1 -> 2, lr 0.01 -> 0.02" in log, log
+
+
 def test_forgetting_init_is_a_clear_error_not_a_hang():
     with tempfile.TemporaryDirectory() as d:
         code, log = run_job(["--skip-init", "--out", os.path.join(d, "x")], timeout=120)

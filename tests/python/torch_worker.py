@@ -7,6 +7,7 @@ writes the final parameters (torch.save) to --out.
 
 import argparse
 import sys
+import time
 
 import torch
 
@@ -64,22 +65,35 @@ def main():
                    help="name parameters that are not the optimizer's (a test of the error)")
     p.add_argument("--check-overlap", action="store_true",
                    help="after each step, check that each layer gets its new weights at its own forward")
+    p.add_argument("--late", type=float, default=0,
+                   help="the last rank joins this many seconds late (elastic jobs)")
+    p.add_argument("--step-sleep", type=float, default=0, help="seconds each step takes longer")
     args = p.parse_args()
+    rank = int(__import__("os").environ["PSRT_RANK"])
+    if rank == int(__import__("os").environ["PSRT_WORLD_SIZE"]) - 1:
+        time.sleep(args.late)
     if not args.skip_init:
         psrt.init()
-    rank = int(__import__("os").environ["PSRT_RANK"])
     torch.manual_seed(rank)  # rank 0's initial values must win
     model = build_model()
     opt, scheduler = make_optimizer(args.optimizer, model)
     named = build_model().named_parameters() if args.foreign_params else model.named_parameters()
+    def scale_lr(old, new):
+        """The linear scaling rule: the learning rate follows the global batch."""
+        for group in opt.param_groups:
+            lr = group["lr"]
+            group["lr"] = lr * new / old
+            print("rank %d: workers %d -> %d, lr %g -> %g" % (rank, old, new, lr, group["lr"]), flush=True)
+
     opt = psrt.DistributedOptimizer(opt, named_parameters=named, compression=psrt.Compression.none,
-                                    backward_passes_per_step=args.passes)
+                                    backward_passes_per_step=args.passes, on_workers_change=scale_lr)
     for step in range(opt.global_step, args.steps):
         opt.zero_grad()
         for k in range(args.passes):
             x, y = batch(step * args.passes + k, rank)
             torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+        time.sleep(args.step_sleep)
         if args.check_overlap:
             check_overlap(model, opt)
         if scheduler is not None:
