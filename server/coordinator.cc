@@ -620,6 +620,18 @@ void CoordinatorService::Monitor() {
     if (stop_ || state_ != v1::JOB_RUNNING || recovering_) continue;
     const absl::Time now = absl::Now();
     const absl::Duration host_wait = absl::Seconds(config_.host_wait_s());
+    // Agents first: every silent host is lost as a whole (and waited for, with
+    // "recover", for host_wait_s), whichever of its processes is noticed first.
+    for (Process& p : processes_) {
+      if (p.id.role() != v1::ROLE_AGENT || p.slot < 0 || !p.registered || p.lost) continue;
+      const absl::Duration silent = now - p.last_heartbeat;
+      if (silent <= timeout) continue;
+      p.lost = true;
+      p.lost_at = now;
+      LostLocked(absl::StrCat(p.name, " was lost: no heartbeat for ",
+                              absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100)))));
+    }
+    if (state_ != v1::JOB_RUNNING || recovering_) continue;
     for (Process& p : processes_) {
       if (p.id.role() == v1::ROLE_AGENT && p.slot < 0) continue;  // left the job
       if (p.id.role() == v1::ROLE_AGENT && p.lost && now - p.lost_at > host_wait) {
@@ -646,10 +658,6 @@ void CoordinatorService::Monitor() {
       if (p.id.role() == v1::ROLE_WORKER) {
         WorkerLostLocked(&p, reason);
       } else {
-        if (p.id.role() == v1::ROLE_AGENT) {
-          p.lost = true;
-          p.lost_at = now;
-        }
         LostLocked(reason);
       }
       if (state_ != v1::JOB_RUNNING || recovering_) break;

@@ -158,6 +158,32 @@ TEST(RecoveryTest, AKilledServerCostsLessThanACheckpointIntervalAndNoWeightChang
   EXPECT_EQ(r.leftovers, 0);
 }
 
+TEST(RecoveryTest, AFailureDuringARecoveryIsRecoveredToo) {
+  const std::string dir = TempDir(), token = RandomToken();
+  Proc run = StartJob(Distribution("recover", dir + "/ckpt"), token, dir);
+  ASSERT_TRUE(run.WaitForOutput("step 120 ", absl::Seconds(60))) << run.Output();
+  kill(Victim(Kind::kServer, token, run), SIGKILL);
+  // The next generation's server 1, killed as soon as it starts.
+  ASSERT_TRUE(run.WaitForOutput("the job is recovering (generation 2)", absl::Seconds(30))) << run.Output();
+  pid_t second = 0;
+  for (absl::Time end = absl::Now() + absl::Seconds(10); second == 0 && absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(5))) {
+    second = FindJobProcess(token, [](pid_t p) {
+      const std::string cmd = CmdLine(p);
+      return cmd.find("psrt-server") != std::string::npos && cmd.find("--index=1") != std::string::npos &&
+             cmd.find("--generation=2") != std::string::npos;
+    });
+  }
+  ASSERT_NE(second, 0) << run.Output();
+  kill(second, SIGKILL);
+  ASSERT_EQ(run.Wait(absl::Seconds(90), "psrt-run"), 0) << run.Output();
+  const std::vector<Recovery> r = Recoveries(run.Output());
+  ASSERT_EQ(r.size(), 2u) << run.Output();
+  EXPECT_EQ(r[1].step, r[0].step) << run.Output();  // nothing was checkpointed in between
+  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights()) << "final weights differ";
+  EXPECT_EQ(Leftovers(token), 0);
+}
+
 TEST(RecoveryTest, AKilledCoordinatorIsRestartedAndGoesOnFromTheJobRecord) {
   const Outcome r = KillOnce("recover", Kind::kCoordinator, 120);
   ASSERT_EQ(r.code, 0) << r.output;
