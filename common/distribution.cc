@@ -326,6 +326,12 @@ const std::vector<KeySpec>& ParameterServerKeys() {
        [](const Json& v, PsOptions* o) {
          return SetInt(v, "restart_workers", 0, kIntMax, &o->restart_workers);
        }},
+      {"nonfinite", "string", "\"skip\"",
+       "an update whose gradient holds NaN or Inf: skip it (as AMP's "
+       "GradScaler) or fail (the key stops and its pushes and pulls say why)",
+       [](const Json& v, PsOptions* o) {
+         return SetEnum(v, "nonfinite", {"skip", "fail"}, &o->nonfinite);
+       }},
       {"on_failure", "string", "\"fail\"",
        "fail: a lost server, host or worker ends the job; recover: roll back "
        "to the last committed checkpoint and go on",

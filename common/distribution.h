@@ -48,6 +48,7 @@ struct PsOptions {
                                               // (MXNet)
   std::string on_worker_failure = "fail";     // "fail" | "continue"
   int restart_workers = 0;
+  std::string nonfinite = "skip";       // "skip" | "fail"
   std::string on_failure = "fail";      // "fail" | "recover"
   int max_recoveries = 3;               // recover only, >= 0
   double host_wait_s = 60;              // recover only, > 0

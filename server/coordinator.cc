@@ -61,6 +61,7 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
   config_.set_host_wait_s(ps.host_wait_s);
   config_.set_generation(options_.generation);
   config_.set_min_workers(ps.elastic_min_workers);
+  config_.set_nonfinite(ps.nonfinite);
   config_.mutable_checkpoint()->set_uri(ps.checkpoint.uri);
   config_.mutable_checkpoint()->set_every_steps(ps.checkpoint.every_steps);
   config_.mutable_checkpoint()->set_every_seconds(ps.checkpoint.every_seconds);

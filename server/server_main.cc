@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
   store_options.backup_workers = config->backup_workers();
   store_options.max_key_bytes = config->partition_bytes();
   store_options.restore_pending = !config->restore_uri().empty();
+  store_options.fail_on_nonfinite = config->nonfinite() == "fail";
   psrt::Store store(store_options, &metrics);
   psrt::PsService service(&store, &metrics, token);
 

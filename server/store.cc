@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "common/logging.h"
 #include "absl/time/clock.h"
 #include "common/compression.h"
 #include "common/key_map.h"
@@ -62,6 +63,10 @@ struct Store::Key {
   KeyRecord snap ABSL_GUARDED_BY(mu);
   // Pulls waiting for this key: the pull and the key's index in it.
   std::vector<std::pair<std::shared_ptr<PendingPull>, int>> waiters ABSL_GUARDED_BY(mu);
+  // Updates whose gradient held NaN or Inf; with "nonfinite": "fail" the
+  // first one stops the key (every push and pull after it gets this error).
+  int64_t nonfinite ABSL_GUARDED_BY(mu) = 0;
+  absl::Status stopped ABSL_GUARDED_BY(mu);
 };
 
 // A pull whose keys are not all ready. It holds no thread: each key's
@@ -83,6 +88,7 @@ struct Store::PendingPull {
   std::vector<char> served ABSL_GUARDED_BY(mu);
   int remaining ABSL_GUARDED_BY(mu) = 0;
   bool finished ABSL_GUARDED_BY(mu) = false;  // done was called, or is being
+  absl::Status error ABSL_GUARDED_BY(mu);     // a key it waits for stopped
 };
 
 namespace {
@@ -134,6 +140,7 @@ Store::Store(StoreOptions options, Metrics* metrics)
       duplicate_pushes_(metrics->GetCounter("duplicate_pushes_total", "Key pushes dropped as retries of applied ones")),
       pulls_(metrics->GetCounter("key_pulls_total", "Keys sent in pulls")),
       updates_(metrics->GetCounter("updates_total", "Optimizer updates applied")),
+      nonfinite_updates_(metrics->GetCounter("nonfinite_updates_total", "Updates whose gradient held NaN or Inf: skipped, or (nonfinite: fail) refused")),
       update_seconds_(metrics->GetHistogram("update_seconds", "Time to apply one optimizer update to a key", TimeBuckets())),
       pull_wait_seconds_(metrics->GetHistogram("pull_wait_seconds", "Time a pulled key waited for its version", TimeBuckets())),
       dropped_pushes_(metrics->GetCounter("dropped_pushes_total", "Sync pushes dropped because their step was applied without them (backup workers)")),
@@ -365,7 +372,40 @@ void Store::InitKey(Key* key, const OptimizerConfig& optimizer) {
   bytes_stored_ += key->n * 4 * (1 + num_slots + (options_.sync ? 1 : 0));
 }
 
+namespace {
+
+// Whether no value is NaN or Inf (exponent bits all ones): an integer OR
+// over the bits, which compilers vectorize.
+bool AllFinite(const float* v, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, v + i, sizeof(bits));
+    bad |= (bits & 0x7f800000u) == 0x7f800000u;
+  }
+  return bad == 0;
+}
+
+}  // namespace
+
 void Store::Apply(Key* key, const float* grad) {
+  if (!AllFinite(grad, key->n)) {
+    // As AMP's GradScaler does, the step is skipped: the weights stay
+    // finite. Or ("nonfinite": "fail") the key stops, and says why.
+    nonfinite_updates_->Add();
+    const std::string what = absl::StrCat("key '", key->name, "' got a gradient with NaN or Inf at version ",
+                                          key->version, " (", ++key->nonfinite, " so far)");
+    if (options_.fail_on_nonfinite) {
+      key->stopped = absl::FailedPreconditionError(absl::StrCat(
+          what, "; the job's \"nonfinite\" setting is \"fail\": this key takes no more pushes or pulls"));
+      LogError(key->stopped.message());
+      return;
+    }
+    if (key->nonfinite == 1) LogWarning(what, ": skipped (\"nonfinite\": \"skip\"); later ones are counted only");
+    ++key->version;
+    if (key->version == snapshot_step_.load(std::memory_order_relaxed)) CopyForSnapshot(key);
+    return;
+  }
   const absl::Time start = absl::Now();
   ApplyUpdate(key->optimizer, key->lr, key->version + 1, key->weights.data(), grad,
               key->slot_ptrs.data(), key->n);
@@ -410,6 +450,7 @@ absl::Status Store::Push(const WireMessage& req) {
       return absl::FailedPreconditionError(absl::StrCat(
           "key '", k->name, "' has no value yet: rank 0 has not registered it"));
     }
+    if (!k->stopped.ok()) return k->stopped;
     if (!k->active[w]) {
       return absl::FailedPreconditionError(absl::StrCat(
           "worker ", w, " is not an active worker of this job (it was lost); it must rejoin first"));
@@ -620,6 +661,16 @@ bool Store::Serve(Key* k, PendingPull* p, int i) {
 }
 
 void Store::NotifyWaiters(Key* k, Completed* completed) {
+  if (!k->stopped.ok()) {
+    // Every pull waiting for the key ends with its error (Complete fails them).
+    for (auto& [p, i] : k->waiters) {
+      absl::MutexLock lock(&p->mu);
+      if (p->error.ok()) p->error = k->stopped;
+      completed->push_back(p);
+    }
+    k->waiters.clear();
+    return;
+  }
   size_t kept = 0;
   for (size_t j = 0; j < k->waiters.size(); ++j) {
     auto& [p, i] = k->waiters[j];
@@ -642,12 +693,17 @@ void Store::NotifyWaiters(Key* k, Completed* completed) {
 
 void Store::Complete(PendingPull* p) {
   std::vector<OutKey> out;
+  absl::Status error;
   {
     absl::MutexLock lock(&p->mu);
     if (p->finished) return;
-    p->finished = true;
-    out = std::move(p->out);
+    error = p->error;
+    if (error.ok()) {
+      p->finished = true;
+      out = std::move(p->out);
+    }
   }
+  if (!error.ok()) return Fail(p, error);
   p->done(absl::OkStatus(), std::move(out));
 }
 
@@ -791,7 +847,9 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
     Key* k = p->keys[i];
     const int64_t min_version = p->min_version[i];
     absl::MutexLock lock(&k->mu);
-    if (min_version < 0) {
+    if (!k->stopped.ok()) {
+      bad = k->stopped;
+    } else if (min_version < 0) {
       bad = absl::OutOfRangeError(absl::StrCat(
           "pull of key '", k->name, "' asks for version ", min_version, "; versions start at 0"));
     } else if (options_.sync && k->initialized && min_version > k->version + 1) {

@@ -44,6 +44,9 @@ struct StoreOptions {
   bool restore_pending = false;
   // Threads applying the keys of big pushes in parallel; 0: one per core.
   int apply_threads = 0;
+  // An update whose gradient holds NaN or Inf is skipped (the version moves
+  // on, the weights stay); true: the key stops with an error instead.
+  bool fail_on_nonfinite = false;
 };
 
 // The keys one server holds: float32 weights, optimizer slots and versions.
@@ -200,6 +203,7 @@ class Store {
   Counter* duplicate_pushes_;
   Counter* pulls_;
   Counter* updates_;
+  Counter* nonfinite_updates_;
   Histogram* update_seconds_;
   Histogram* pull_wait_seconds_;
   Counter* dropped_pushes_;

@@ -82,6 +82,31 @@ TEST(JobTest, FailingWorkerFailsTheJobAndNamesIt) {
   EXPECT_TRUE(JobProcesses(token).empty());
 }
 
+TEST(JobTest, ADivergingJobFailsAndSaysWhy) {
+  // A learning rate of 1e30: gradients turn Inf/NaN within a few steps.
+  for (const std::string nonfinite : {"skip", "fail"}) {
+    const std::string dir = TempDir();
+    Proc run = Proc::Start(
+        RunCommand(absl::StrCat(R"({"parameter_server": {"enabled": true, "nonfinite": ")", nonfinite, R"("}})"),
+                   RandomToken(), "--steps=50 --lr=1e30"),
+        dir + "/log");
+    EXPECT_EQ(run.Wait(absl::Seconds(60), "psrt-run"), 1) << nonfinite;
+    const std::string out = run.Output();
+    if (nonfinite == "skip") {
+      // The servers skip the bad steps; the trainer sees the result diverged.
+      EXPECT_TRUE(std::regex_search(out, std::regex("got a gradient with NaN or Inf at version [0-9]+ \\(1 so far\\): skipped")))
+          << out;
+      EXPECT_TRUE(std::regex_search(out, std::regex("linear_regression: rank [01] ended with a loss of .*training diverged")))
+          << out;
+    } else {
+      EXPECT_TRUE(std::regex_search(
+          out, std::regex("linear_regression: FAILED_PRECONDITION: .*key '(weight|bias)#0' got a gradient with NaN or Inf")))
+          << out;
+    }
+    EXPECT_NE(out.find("job failed"), std::string::npos) << out;
+  }
+}
+
 // A 2-host job that trains until something stops it, with a 2 s heartbeat
 // timeout, for failure drills.
 Proc StartEndlessJob(const std::string& token) {

@@ -18,7 +18,7 @@ constexpr char kAllPsKeys[] =
     "enabled, mode, staleness, backup_workers, compression, pull_compression, transport, "
     "servers_per_host, workers_per_host, partition_bytes, "
     "gradient_aggregation, on_worker_failure, restart_workers, "
-    "on_failure, max_recoveries, host_wait_s, heartbeat_timeout_s, barrier_timeout_s, restore, checkpoint, elastic";
+    "nonfinite, on_failure, max_recoveries, host_wait_s, heartbeat_timeout_s, barrier_timeout_s, restore, checkpoint, elastic";
 
 PsOptions ParseOk(const std::string& json) {
   absl::StatusOr<PsOptions> result = ParseDistribution(json);
@@ -54,6 +54,7 @@ void ExpectDefaults(const PsOptions& o) {
   EXPECT_EQ(o.on_worker_failure, "fail");
   EXPECT_EQ(o.restart_workers, 0);
   EXPECT_EQ(o.on_failure, "fail");
+  EXPECT_EQ(o.nonfinite, "skip");
   EXPECT_EQ(o.max_recoveries, 3);
   EXPECT_DOUBLE_EQ(o.host_wait_s, 60);
   EXPECT_DOUBLE_EQ(o.heartbeat_timeout_s, 10);
@@ -472,8 +473,8 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   const std::string help = DistributionHelp();
   std::vector<std::string> lines =
       absl::StrSplit(help, '\n', absl::SkipEmpty());
-  // parameter_server + 21 keys inside it + 4 checkpoint.* keys.
-  ASSERT_EQ(lines.size(), 26u) << help;
+  // parameter_server + 22 keys inside it + 4 checkpoint.* keys.
+  ASSERT_EQ(lines.size(), 27u) << help;
   for (const std::string& line : lines) {
     EXPECT_THAT(line, HasSubstr("default")) << line;
   }
@@ -481,7 +482,7 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
       "parameter_server", "enabled", "mode", "staleness", "backup_workers",
       "compression", "pull_compression", "transport", "servers_per_host",
       "workers_per_host", "partition_bytes", "gradient_aggregation",
-      "on_worker_failure", "restart_workers", "on_failure", "max_recoveries",
+      "on_worker_failure", "restart_workers", "nonfinite", "on_failure", "max_recoveries",
       "host_wait_s", "heartbeat_timeout_s",
       "barrier_timeout_s", "restore", "checkpoint", "elastic", "checkpoint.uri",
       "checkpoint.every_steps", "checkpoint.every_seconds", "checkpoint.keep"};
@@ -491,7 +492,7 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   EXPECT_THAT(lines[2], AllOf(HasSubstr("string"), HasSubstr("\"sync\""),
                               HasSubstr("ssp")));
   EXPECT_THAT(lines[10], AllOf(HasSubstr("int"), HasSubstr("4194304")));
-  EXPECT_THAT(lines[17], AllOf(HasSubstr("number"), HasSubstr("10")));
+  EXPECT_THAT(lines[18], AllOf(HasSubstr("number"), HasSubstr("10")));
 }
 
 }  // namespace

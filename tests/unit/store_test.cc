@@ -442,6 +442,55 @@ TEST(StoreTest, SyncWaitsForAllWorkersThenAppliesMean) {
   EXPECT_EQ(Metric(m, "t_updates_total"), 1);
 }
 
+TEST(StoreTest, ANonFiniteStepIsSkippedOrStopsTheKeyAsTheJobSays) {
+  const std::vector<float> nan_grad = {1.0f, std::numeric_limits<float>::quiet_NaN(), 0.5f};
+  const std::vector<float> inf_grad = {std::numeric_limits<float>::infinity(), 0.0f, 0.0f};
+  {
+    // skip (the default): the version moves on, the weights stay, and the
+    // next finite step applies as usual.
+    Metrics m("t");
+    Store store(Sync(2), &m);
+    ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+    ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("w", 0, kG0)})).ok());
+    ASSERT_TRUE(store.Push(PushReq(1, 1, {Grad("w", 0, nan_grad)})).ok());
+    EXPECT_KEY(store, "w", 1, kW0);
+    EXPECT_EQ(Metric(m, "t_nonfinite_updates_total"), 1);
+    EXPECT_EQ(Metric(m, "t_updates_total"), 0);
+    ASSERT_TRUE(store.Push(PushReq(0, 2, {Grad("w", 1, kG0)})).ok());
+    ASSERT_TRUE(store.Push(PushReq(1, 2, {Grad("w", 1, kG1)})).ok());
+    EXPECT_KEY(store, "w", 2, kW1Mean);
+  }
+  {
+    // fail: the waiting pull and every later call get the reason.
+    Metrics m("t");
+    StoreOptions o = Sync(2);
+    o.fail_on_nonfinite = true;
+    Store store(o, &m);
+    ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+    ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("w", 0, inf_grad)})).ok());
+    absl::StatusOr<Pulled> waited;
+    std::thread puller([&] { waited = PullOne(store, 0, "w", 1, absl::Seconds(20)); });
+    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(store.Push(PushReq(1, 1, {Grad("w", 0, kG1)})).ok());
+    puller.join();
+    EXPECT_EQ(waited.status().code(), absl::StatusCode::kFailedPrecondition) << waited.status();
+    EXPECT_HAS(waited.status(), "key 'w#0' got a gradient with NaN or Inf at version 0");
+    EXPECT_HAS(waited.status(), "\"nonfinite\" setting is \"fail\"");
+    EXPECT_EQ(store.Push(PushReq(0, 2, {Grad("w", 0, kG0)})).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(PullOne(store, 1, "w", 0).status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(Metric(m, "t_nonfinite_updates_total"), 1);
+  }
+  {
+    // Async: the push is skipped, nothing else changes.
+    Metrics m("t");
+    Store store(Async(1), &m);
+    ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+    ASSERT_TRUE(store.Push(PushReq(0, 1, {Grad("w", 0, nan_grad)})).ok());
+    EXPECT_KEY(store, "w", 1, kW0);
+    EXPECT_EQ(Metric(m, "t_nonfinite_updates_total"), 1);
+  }
+}
+
 TEST(StoreTest, SyncNamesEveryMissingWorker) {
   Metrics m("t");
   Store store(Sync(4), &m);

@@ -234,5 +234,9 @@ int main(int argc, char** argv) {
   loss = loss_on(shard, w, b, nullptr, nullptr);
   std::printf("rank %d final loss %.6g relative error %.6g\n", rank, loss, relative_error(w, b));
   write_result(absl::StrCat("rank", rank), loss, w, b);
+  if (!std::isfinite(loss) || !std::isfinite(relative_error(w, b))) {
+    std::fprintf(stderr, "linear_regression: rank %d ended with a loss of %g: training diverged\n", rank, loss);
+    return 4;
+  }
   return 0;
 }
