@@ -239,6 +239,7 @@ struct KeySpec {
 
 absl::Status ApplyCheckpoint(const Json& v, PsOptions* out);
 absl::Status ApplyElastic(const Json& v, PsOptions* out);
+absl::Status ApplyLimits(const Json& v, PsOptions* out);
 
 const std::vector<KeySpec>& ParameterServerKeys() {
   static const auto* const kKeys = new std::vector<KeySpec>{
@@ -371,6 +372,11 @@ const std::vector<KeySpec>& ParameterServerKeys() {
        "sync: {\"min_workers\": m, \"max_workers\": M}: start with m of the "
        "M workers, let the others join, go on while m remain",
        &ApplyElastic},
+      {"limits", "object", "{}",
+       "max_server_bytes (0: 90% of memory), max_variables (100000), "
+       "max_keys_per_variable (1048576), max_calls_per_worker (64), "
+       "max_pull_wait_s (600)",
+       &ApplyLimits},
   };
   return *kKeys;
 }
@@ -469,6 +475,35 @@ absl::Status ApplyElastic(const Json& v, PsOptions* out) {
         ")"));
   }
   return s;
+}
+
+absl::Status ApplyLimits(const Json& v, PsOptions* out) {
+  if (!v.is_object()) {
+    return TypeError("limits", "an object such as {\"max_server_bytes\": 8589934592}", v);
+  }
+  PsOptions::Limits& l = out->limits;
+  for (const auto& item : v.items()) {
+    const std::string& k = item.key();
+    const Json& x = item.value();
+    absl::Status s;
+    if (k == "max_server_bytes") {
+      s = SetInt(x, "limits.max_server_bytes", 0, kInt64Max, &l.max_server_bytes);
+    } else if (k == "max_variables") {
+      s = SetInt(x, "limits.max_variables", 1, kIntMax, &l.max_variables);
+    } else if (k == "max_keys_per_variable") {
+      s = SetInt(x, "limits.max_keys_per_variable", 1, kIntMax, &l.max_keys_per_variable);
+    } else if (k == "max_calls_per_worker") {
+      s = SetInt(x, "limits.max_calls_per_worker", 1, kIntMax, &l.max_calls_per_worker);
+    } else if (k == "max_pull_wait_s") {
+      s = SetSeconds(x, "limits.max_pull_wait_s", false, &l.max_pull_wait_s);
+    } else {
+      return UnknownKey(k, "limits",
+                        {"max_server_bytes", "max_variables", "max_keys_per_variable",
+                         "max_calls_per_worker", "max_pull_wait_s"});
+    }
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 // Checks that involve more than one key.

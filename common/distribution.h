@@ -56,6 +56,14 @@ struct PsOptions {
   // "max_workers": M}; 0 and 0 when the job is not elastic.
   int elastic_min_workers = 0;
   int elastic_max_workers = 0;
+  // From key "limits": what one token holder can make a server hold or do.
+  struct Limits {
+    int64_t max_server_bytes = 0;       // 0: 90% of the server's memory
+    int max_variables = 100000;         // per server
+    int max_keys_per_variable = 1 << 20;
+    int max_calls_per_worker = 64;      // per server
+    double max_pull_wait_s = 600;
+  } limits;
   double heartbeat_timeout_s = 10;      // > 0
   double barrier_timeout_s = 60;        // > 0
   std::string restore;                  // "" | "latest" | step number | uri

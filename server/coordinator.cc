@@ -62,6 +62,12 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
   config_.set_generation(options_.generation);
   config_.set_min_workers(ps.elastic_min_workers);
   config_.set_nonfinite(ps.nonfinite);
+  v1::Limits* limits = config_.mutable_limits();
+  limits->set_max_server_bytes(ps.limits.max_server_bytes);
+  limits->set_max_variables(ps.limits.max_variables);
+  limits->set_max_keys_per_variable(ps.limits.max_keys_per_variable);
+  limits->set_max_calls_per_worker(ps.limits.max_calls_per_worker);
+  limits->set_max_pull_wait_s(ps.limits.max_pull_wait_s);
   config_.mutable_checkpoint()->set_uri(ps.checkpoint.uri);
   config_.mutable_checkpoint()->set_every_steps(ps.checkpoint.every_steps);
   config_.mutable_checkpoint()->set_every_seconds(ps.checkpoint.every_seconds);

@@ -1,5 +1,6 @@
 #include "server/ps_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
@@ -7,12 +8,29 @@
 
 namespace psrt {
 
-PsService::PsService(Store* store, Metrics* metrics, std::string token)
+PsService::PsService(Store* store, Metrics* metrics, std::string token, int max_calls_per_worker)
     : store_(store),
       metrics_(metrics),
       token_(std::move(token)),
+      rejected_(metrics->GetCounter("rejected_requests_total", "Requests refused as invalid")),
       saver_(store),
-      rejected_(metrics->GetCounter("rejected_requests_total", "Requests refused as invalid")) {}
+      max_calls_per_worker_(max_calls_per_worker),
+      calls_(new std::atomic<int>[store->num_workers()]()) {}
+
+absl::Status PsService::Enter(int worker) {
+  if (!store_->CheckWorker(worker).ok()) return absl::OkStatus();  // the store refuses it
+  const int before = calls_[worker].fetch_add(1, std::memory_order_relaxed);
+  if (max_calls_per_worker_ > 0 && before >= max_calls_per_worker_) {
+    calls_[worker].fetch_sub(1, std::memory_order_relaxed);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "worker ", worker, " has ", before, " calls in flight to this server, its limit (limits.max_calls_per_worker)"));
+  }
+  return absl::OkStatus();
+}
+
+void PsService::Leave(int worker) {
+  if (store_->CheckWorker(worker).ok()) calls_[worker].fetch_sub(1, std::memory_order_relaxed);
+}
 
 grpc::Status PsService::Finish(const absl::Status& s) {
   if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded &&
@@ -108,9 +126,10 @@ static WireMessage& Scratch() {
   return message;
 }
 
-Store::PullDone PsService::Reply(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* resp) {
-  return [this, reactor, resp](absl::Status s, std::vector<OutKey> keys) {
+Store::PullDone PsService::Reply(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* resp, int worker) {
+  return [this, reactor, resp, worker](absl::Status s, std::vector<OutKey> keys) {
     if (s.ok()) *resp = EncodeKeysResponse(keys);
+    Leave(worker);
     reactor->Finish(Finish(s));
   };
 }
@@ -126,12 +145,15 @@ grpc::ServerUnaryReactor* PsService::Serve(
   }
   WireMessage& msg = Scratch();
   absl::Status s = parse(*req, &msg);
-  if (s.ok()) s = ResolveShared(&msg);
+  if (s.ok()) s = Enter(msg.worker_rank);
   if (s.ok()) {
-    handle(msg, reactor);
-  } else {
-    reactor->Finish(Finish(s));
+    if (s = ResolveShared(&msg); s.ok()) {
+      handle(msg, reactor);  // its reply Leaves
+    } else {
+      Leave(msg.worker_rank);
+    }
   }
+  if (!s.ok()) reactor->Finish(Finish(s));
   msg.slices.clear();  // the request's buffers may go now
   return reactor;
 }
@@ -142,6 +164,7 @@ grpc::ServerUnaryReactor* PsService::Push(grpc::CallbackServerContext* ctx,
                [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
                  const absl::Status s = store_->Push(msg);
                  *resp = grpc::ByteBuffer(nullptr, 0);  // an empty PushResponse
+                 Leave(msg.worker_rank);
                  r->Finish(Finish(s));
                });
 }
@@ -150,8 +173,8 @@ grpc::ServerUnaryReactor* PsService::Pull(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
   return Serve(ctx, req, ParsePullRequest,
                [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
-                 store_->PullAsync(
-                     msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }, Reply(r, resp));
+                 store_->PullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); },
+                                   Reply(r, resp, msg.worker_rank));
                });
 }
 
@@ -159,8 +182,8 @@ grpc::ServerUnaryReactor* PsService::PushPull(grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
   return Serve(ctx, req, ParsePushPullRequest,
                [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
-                 store_->PushPullAsync(
-                     msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }, Reply(r, resp));
+                 store_->PushPullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); },
+                                       Reply(r, resp, msg.worker_rank));
                });
 }
 

@@ -26,7 +26,9 @@ using PsServiceBase =
 // pull that waits for a version holds no thread.
 class PsService final : public PsServiceBase {
  public:
-  PsService(Store* store, Metrics* metrics, std::string token);
+  // `max_calls_per_worker`: data calls one worker may have in flight here
+  // (0: no limit).
+  PsService(Store* store, Metrics* metrics, std::string token, int max_calls_per_worker = 0);
 
   grpc::Status RegisterKeys(grpc::ServerContext* ctx, const v1::RegisterKeysRequest* req,
                             v1::RegisterKeysResponse* resp) override;
@@ -58,7 +60,11 @@ class PsService final : public PsServiceBase {
       absl::Status (*parse)(const grpc::ByteBuffer&, WireMessage*),
       const std::function<void(const WireMessage&, grpc::ServerUnaryReactor*)>& handle);
   // Answers a pull or push-pull when the store calls back.
-  Store::PullDone Reply(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* resp);
+  Store::PullDone Reply(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* resp, int worker);
+  // Counts a data call of `worker` in flight; RESOURCE_EXHAUSTED past the
+  // limit. Every OK Enter is matched by one Leave.
+  absl::Status Enter(int worker);
+  void Leave(int worker);
   // Checks each shared-memory span of `m` against the sender's regions and
   // points the keys at it: a push's values, a pull's room for its answer.
   absl::Status ResolveShared(WireMessage* m);
@@ -68,6 +74,8 @@ class PsService final : public PsServiceBase {
   const std::string token_;
   Counter* rejected_;
   ShardSaver saver_;
+  const int max_calls_per_worker_;
+  std::unique_ptr<std::atomic<int>[]> calls_;  // in flight, per worker rank
   // Workers' shared-memory regions, by id; mapped until the server exits.
   struct Region {
     int32_t rank;

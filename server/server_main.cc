@@ -63,8 +63,16 @@ int main(int argc, char** argv) {
   store_options.max_key_bytes = config->partition_bytes();
   store_options.restore_pending = !config->restore_uri().empty();
   store_options.fail_on_nonfinite = config->nonfinite() == "fail";
+  const psrt::v1::Limits& limits = config->limits();
+  // By default a server may fill 90% of its host's memory, not more.
+  store_options.max_bytes = limits.max_server_bytes() > 0
+                                ? limits.max_server_bytes()
+                                : static_cast<int64_t>(0.9 * sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE));
+  store_options.max_variables = limits.max_variables();
+  store_options.max_keys_per_variable = limits.max_keys_per_variable();
+  if (limits.max_pull_wait_s() > 0) store_options.max_pull_wait = absl::Seconds(limits.max_pull_wait_s());
   psrt::Store store(store_options, &metrics);
-  psrt::PsService service(&store, &metrics, token);
+  psrt::PsService service(&store, &metrics, token, limits.max_calls_per_worker());
 
   if (!config->checkpoint().uri().empty()) {
     // Named exactly as the coordinator names it (its Storage::uri()).

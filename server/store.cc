@@ -239,6 +239,7 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
   }
   // Validate everything first: a bad request changes nothing.
   std::vector<OptimizerConfig> optimizers;
+  Room room;
   absl::flat_hash_set<std::string> names;
   for (const v1::KeySpec& spec : req.keys()) {
     const std::string name = KeyName(spec.variable(), spec.partition());
@@ -293,10 +294,17 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
       return absl::InvalidArgumentError(absl::StrCat("key '", name, "': ", opt.status().message()));
     }
     optimizers.push_back(*opt);
+    if (options_.max_keys_per_variable > 0 && spec.partition() >= static_cast<uint32_t>(options_.max_keys_per_variable)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "key '", name, "': a variable has at most ", options_.max_keys_per_variable,
+          " keys (limits.max_keys_per_variable)"));
+    }
     absl::ReaderMutexLock lock(&map_mu_);
     auto it = keys_.find(name);
     if (it != keys_.end()) {
       if (absl::Status s = CheckSpec(*it->second, spec, req.worker_rank()); !s.ok()) return s;
+    } else if (absl::Status s = CheckRoomLocked(spec, *opt, &room); !s.ok()) {
+      return s;
     } else if (!restored_from.empty()) {
       std::vector<std::string> held;
       for (const auto& [n, k] : keys_) held.push_back(n);
@@ -344,6 +352,31 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
   return absl::OkStatus();
 }
 
+int64_t Store::KeyBytes(int64_t n, const OptimizerConfig& optimizer) const {
+  return n * 4 * (1 + NumSlots(optimizer) + (options_.sync ? 1 : 0));
+}
+
+absl::Status Store::CheckRoomLocked(const v1::KeySpec& spec, const OptimizerConfig& optimizer, Room* room) {
+  const std::string name = KeyName(spec.variable(), spec.partition());
+  if (options_.max_variables > 0 && room->variables.empty()) {
+    for (const auto& [n, k] : keys_) room->variables.insert(k->spec.variable());
+  }
+  if (options_.max_variables > 0 && room->variables.insert(spec.variable()).second &&
+      static_cast<int64_t>(room->variables.size()) > options_.max_variables) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "key '", name, "': this server holds ", options_.max_variables,
+        " variables already, its limit (limits.max_variables)"));
+  }
+  room->bytes += KeyBytes(spec.num_elements(), optimizer);
+  if (options_.max_bytes > 0 && bytes_stored_.load() + room->bytes > options_.max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "key '", name, "': this server would hold ", bytes_stored_.load() + room->bytes,
+        " bytes of weights and optimizer state, more than limits.max_server_bytes (", options_.max_bytes,
+        ")"));
+  }
+  return absl::OkStatus();
+}
+
 void Store::InitKey(Key* key, const OptimizerConfig& optimizer) {
   key->optimizer = optimizer;
   // Restored weights and slots are moved in before: kept as they are.
@@ -369,7 +402,7 @@ void Store::InitKey(Key* key, const OptimizerConfig& optimizer) {
     key->recent_next.assign(options_.num_workers, 0);
   }
   key->initialized = true;
-  bytes_stored_ += key->n * 4 * (1 + num_slots + (options_.sync ? 1 : 0));
+  bytes_stored_ += KeyBytes(key->n, key->optimizer);
 }
 
 namespace {
@@ -752,8 +785,12 @@ std::string Store::WhyWaiting(PendingPull* p) {
     why = absl::StrCat("staleness bound ", options_.staleness, " needs every worker at clock >= ",
                        min_version - options_.staleness, "; behind: ", absl::StrJoin(behind, ", "));
   }
+  const bool capped = p->until == p->start + options_.max_pull_wait;
   return absl::StrCat("pull of key '", k->name, "' waited ",
                       absl::FormatDuration(absl::Trunc(absl::Now() - p->start, absl::Milliseconds(1))),
+                      capped ? absl::StrCat(" (the longest this server lets a pull wait: limits.max_pull_wait_s, ",
+                                            absl::FormatDuration(options_.max_pull_wait), ")")
+                             : "",
                       options_.sync ? " for version " : " at clock ", min_version, ": ", why);
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -47,6 +48,11 @@ struct StoreOptions {
   // An update whose gradient holds NaN or Inf is skipped (the version moves
   // on, the weights stay); true: the key stops with an error instead.
   bool fail_on_nonfinite = false;
+  // What one token holder can make the store hold (0: no limit): weights
+  // and optimizer state in bytes, distinct variables, keys per variable.
+  int64_t max_bytes = 0;
+  int max_variables = 0;
+  int max_keys_per_variable = 0;
 };
 
 // The keys one server holds: float32 weights, optimizer slots and versions.
@@ -60,6 +66,7 @@ class Store {
   absl::Status RegisterKeys(const v1::RegisterKeysRequest& req);
   // INVALID_ARGUMENT unless `rank` is a worker of this job.
   absl::Status CheckWorker(int32_t rank) const;
+  int num_workers() const { return options_.num_workers; }
 
   // ---- The data path: requests as received (common/tensor_coding.h) ----
   // Applies (or, in sync mode, accumulates) each key's gradient straight
@@ -139,6 +146,15 @@ class Store {
   struct PendingPull;
   using Completed = std::vector<std::shared_ptr<PendingPull>>;
   absl::StatusOr<Key*> Find(const std::string& variable, uint32_t partition) const;
+  // What a new key costs in weights, optimizer slots and (sync) accumulator.
+  int64_t KeyBytes(int64_t n, const OptimizerConfig& optimizer) const;
+  // New keys of one registration so far, against the limits.
+  struct Room {
+    absl::flat_hash_set<std::string> variables;  // held, plus those registered
+    int64_t bytes = 0;
+  };
+  absl::Status CheckRoomLocked(const v1::KeySpec& spec, const OptimizerConfig& optimizer, Room* room)
+      ABSL_SHARED_LOCKS_REQUIRED(map_mu_);
   absl::Status CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t rank) const;
   void Apply(Key* key, const float* grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   // Sync: applies the step when enough pushes for it arrived.

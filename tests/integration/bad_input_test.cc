@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -26,7 +27,8 @@ namespace psrt {
 namespace {
 
 constexpr char kDistribution[] =
-    R"({"parameter_server":{"enabled":true,"mode":"sync","workers_per_host":1}})";
+    R"({"parameter_server":{"enabled":true,"mode":"sync","workers_per_host":1,)"
+    R"("limits":{"max_calls_per_worker":2}}})";
 constexpr int64_t kN = 1024;           // elements of "w"
 constexpr float kLr = 0.5f;
 constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
@@ -685,6 +687,24 @@ TEST_F(BadInputTest, ServerSurvivesEveryMalformedRequestThenTrainsCorrectly) {
 }
 
 // A pull of a version nobody will push ends at the caller's deadline.
+TEST_F(BadInputTest, AWorkerPastItsCallsInFlightIsRefusedNamingTheLimit) {
+  // Two pulls wait for a version nobody pushes; a third is one too many.
+  std::vector<std::thread> waiting;
+  for (int i = 0; i < 2; ++i) {
+    waiting.emplace_back([&] {
+      v1::PullResponse ignored;
+      Pull(PullOf("w", 0, 1), &ignored, absl::Seconds(2));
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  v1::PullResponse resp;
+  EXPECT_TRUE(Refused(Pull(PullOf("w", 0, 0), &resp), grpc::RESOURCE_EXHAUSTED,
+                      {"worker 0 has 2 calls in flight", "limits.max_calls_per_worker"}));
+  for (std::thread& t : waiting) t.join();
+  // Once they ended, the worker's calls go through again.
+  EXPECT_TRUE(Pull(PullOf("w", 0, 0), &resp).ok());
+}
+
 TEST_F(BadInputTest, PullOfUnpushedVersionEndsAtDeadline) {
   v1::PullResponse resp;
   const absl::Time start = absl::Now();

@@ -18,7 +18,7 @@ constexpr char kAllPsKeys[] =
     "enabled, mode, staleness, backup_workers, compression, pull_compression, transport, "
     "servers_per_host, workers_per_host, partition_bytes, "
     "gradient_aggregation, on_worker_failure, restart_workers, "
-    "nonfinite, on_failure, max_recoveries, host_wait_s, heartbeat_timeout_s, barrier_timeout_s, restore, checkpoint, elastic";
+    "nonfinite, on_failure, max_recoveries, host_wait_s, heartbeat_timeout_s, barrier_timeout_s, restore, checkpoint, elastic, limits";
 
 PsOptions ParseOk(const std::string& json) {
   absl::StatusOr<PsOptions> result = ParseDistribution(json);
@@ -217,6 +217,28 @@ TEST(ParseDistributionTest, ElasticTakesMinAndMaxWorkersInSyncMode) {
               HasSubstr("'elastic' applies when 'mode' is 'sync'"));
   EXPECT_THAT(ParseError(Ps(R"("on_worker_failure": "fail", "elastic": {"min_workers": 1, "max_workers": 2})")),
               HasSubstr("remove 'on_worker_failure' and 'backup_workers'"));
+}
+
+TEST(ParseDistributionTest, LimitsAreBoundedAndNamed) {
+  const PsOptions d = ParseOk(Ps(""));
+  EXPECT_EQ(d.limits.max_server_bytes, 0);
+  EXPECT_EQ(d.limits.max_calls_per_worker, 64);
+  EXPECT_DOUBLE_EQ(d.limits.max_pull_wait_s, 600);
+  const PsOptions o = ParseOk(Ps(
+      R"("limits": {"max_server_bytes": 8589934592, "max_variables": 10,
+                    "max_keys_per_variable": 100, "max_calls_per_worker": 4,
+                    "max_pull_wait_s": 30})"));
+  EXPECT_EQ(o.limits.max_server_bytes, 8589934592);
+  EXPECT_EQ(o.limits.max_variables, 10);
+  EXPECT_EQ(o.limits.max_keys_per_variable, 100);
+  EXPECT_EQ(o.limits.max_calls_per_worker, 4);
+  EXPECT_DOUBLE_EQ(o.limits.max_pull_wait_s, 30);
+  EXPECT_THAT(ParseError(Ps(R"("limits": {"max_calls_per_worker": 0})")),
+              AllOf(HasSubstr("'limits.max_calls_per_worker'"), HasSubstr(">= 1")));
+  EXPECT_THAT(ParseError(Ps(R"("limits": {"max_pull_wait_s": -1})")),
+              HasSubstr("'limits.max_pull_wait_s'"));
+  EXPECT_THAT(ParseError(Ps(R"("limits": {"max_bytes": 1})")),
+              AllOf(HasSubstr("unknown key 'max_bytes'"), HasSubstr("max_server_bytes")));
 }
 
 TEST(ParseDistributionTest, SecondsAcceptIntegersAndFractions) {
@@ -473,8 +495,8 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   const std::string help = DistributionHelp();
   std::vector<std::string> lines =
       absl::StrSplit(help, '\n', absl::SkipEmpty());
-  // parameter_server + 22 keys inside it + 4 checkpoint.* keys.
-  ASSERT_EQ(lines.size(), 27u) << help;
+  // parameter_server + 23 keys inside it + 4 checkpoint.* keys.
+  ASSERT_EQ(lines.size(), 28u) << help;
   for (const std::string& line : lines) {
     EXPECT_THAT(line, HasSubstr("default")) << line;
   }
@@ -484,7 +506,7 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
       "workers_per_host", "partition_bytes", "gradient_aggregation",
       "on_worker_failure", "restart_workers", "nonfinite", "on_failure", "max_recoveries",
       "host_wait_s", "heartbeat_timeout_s",
-      "barrier_timeout_s", "restore", "checkpoint", "elastic", "checkpoint.uri",
+      "barrier_timeout_s", "restore", "checkpoint", "elastic", "limits", "checkpoint.uri",
       "checkpoint.every_steps", "checkpoint.every_seconds", "checkpoint.keep"};
   for (size_t i = 0; i < expected.size(); ++i) {
     EXPECT_THAT(lines[i], HasSubstr(expected[i] + " ")) << lines[i];

@@ -491,6 +491,30 @@ TEST(StoreTest, ANonFiniteStepIsSkippedOrStopsTheKeyAsTheJobSays) {
   }
 }
 
+TEST(StoreTest, LimitsRefuseWhatWouldExceedThemAndSayWhich) {
+  Metrics m("t");
+  StoreOptions o = Sync(1);
+  o.max_bytes = 3 * 4 * 2 * 2;  // two 3-element SGD keys: weights and accumulator
+  o.max_variables = 2;
+  o.max_keys_per_variable = 2;
+  Store store(o, &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("a", kW0)})).ok());
+  absl::Status s = store.RegisterKeys(RegReq(0, {Spec("b", 2, {9}, 6, 3, kW0, "sgd", 0.5)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_HAS(s, "a variable has at most 2 keys (limits.max_keys_per_variable)");
+  // Two new keys in one request: the second passes the byte limit, and
+  // neither is registered.
+  s = store.RegisterKeys(RegReq(0, {Simple("b", kW0), Simple("c", kW0)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_HAS(s, "key 'c#0': this server holds 2 variables already, its limit (limits.max_variables)");
+  EXPECT_EQ(store.num_keys(), 1);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("b", kW0)})).ok());
+  s = store.RegisterKeys(RegReq(0, {Spec("a", 1, {6}, 3, 3, kW0, "sgd", 0.5)}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_HAS(s, "would hold 72 bytes of weights and optimizer state, more than limits.max_server_bytes (48)");
+  EXPECT_EQ(store.num_keys(), 2);
+}
+
 TEST(StoreTest, SyncNamesEveryMissingWorker) {
   Metrics m("t");
   Store store(Sync(4), &m);
