@@ -88,7 +88,7 @@ void CoordinatorLink::HeartbeatLoop() {
   const absl::Duration timeout =
       absl::Seconds(outlast ? config_.host_wait_s() : config_.heartbeat_timeout_s());
   absl::Time last_ok = absl::Now();
-  int64_t epoch = 0;
+  int64_t epoch = 0, shard_epoch = 0;
   v1::HeartbeatRequest req;
   *req.mutable_id() = options_.id;
   req.set_generation(options_.generation);
@@ -105,6 +105,10 @@ void CoordinatorLink::HeartbeatLoop() {
     if (s.ok() && resp.membership().epoch() != epoch && options_.on_membership) {
       epoch = resp.membership().epoch();
       options_.on_membership(resp.membership());
+    }
+    if (s.ok() && resp.has_shard_map() && resp.shard_map().epoch() != shard_epoch && options_.on_shard_map) {
+      shard_epoch = resp.shard_map().epoch();
+      options_.on_shard_map(resp.shard_map());
     }
     mu_.Lock();
     if (s.ok()) {

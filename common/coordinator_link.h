@@ -32,6 +32,9 @@ class CoordinatorLink {
     absl::Duration rpc_timeout = absl::Seconds(10);
     // Called from the heartbeat thread whenever the membership epoch changes.
     std::function<void(const v1::Membership&)> on_membership;
+    // Called from the heartbeat thread whenever the shard map changes (a
+    // server's backup took over its keys).
+    std::function<void(const v1::ShardMap&)> on_shard_map;
   };
   struct JobEnd {
     v1::JobState state = v1::JOB_RUNNING;

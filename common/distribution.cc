@@ -327,6 +327,12 @@ const std::vector<KeySpec>& ParameterServerKeys() {
        [](const Json& v, PsOptions* o) {
          return SetInt(v, "restart_workers", 0, kIntMax, &o->restart_workers);
        }},
+      {"replicas", "int", "0",
+       "1: every key also lives on a backup server, which serves it when its "
+       "server is lost (sync: no step lost)",
+       [](const Json& v, PsOptions* o) {
+         return SetInt(v, "replicas", 0, 1, &o->replicas);
+       }},
       {"nonfinite", "string", "\"skip\"",
        "an update whose gradient holds NaN or Inf: skip it (as AMP's "
        "GradScaler) or fail (the key stops and its pushes and pulls say why)",
@@ -539,12 +545,12 @@ absl::Status ValidateCombination(const Json& ps, const PsOptions& o) {
         "'checkpoint.uri' is empty; set checkpoint.uri to where checkpoints "
         "should be written");
   }
-  if (o.on_failure == "recover" && c.uri.empty()) {
+  if (o.on_failure == "recover" && c.uri.empty() && o.replicas == 0) {
     return absl::InvalidArgumentError(
         "'on_failure' is 'recover', which rolls back to the last committed "
-        "checkpoint, but 'checkpoint.uri' is empty; set checkpoint.uri (and "
-        "checkpoint.every_steps or every_seconds) or use \"on_failure\": "
-        "\"fail\"");
+        "checkpoint, but 'checkpoint.uri' is empty and 'replicas' is 0; set "
+        "checkpoint.uri (and checkpoint.every_steps or every_seconds), or "
+        "\"replicas\": 1, or use \"on_failure\": \"fail\"");
   }
   if ((ps.contains("max_recoveries") || ps.contains("host_wait_s")) &&
       o.on_failure != "recover") {

@@ -49,6 +49,7 @@ struct PsOptions {
   std::string on_worker_failure = "fail";     // "fail" | "continue"
   int restart_workers = 0;
   std::string nonfinite = "skip";       // "skip" | "fail"
+  int replicas = 0;                     // 0 | 1: a backup copy of every key
   std::string on_failure = "fail";      // "fail" | "recover"
   int max_recoveries = 3;               // recover only, >= 0
   double host_wait_s = 60;              // recover only, > 0

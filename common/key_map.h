@@ -34,6 +34,13 @@ uint64_t StableHash(absl::string_view s);
 // The name of a key in messages and errors: "variable#partition".
 std::string KeyName(absl::string_view variable, uint32_t partition);
 
+// "replicas": 1: the server that keeps copies of server `server`'s keys, on
+// the next host where there is one (same slot), else the next server.
+inline int BackupServer(int server, int num_servers, int servers_per_host) {
+  const int step = servers_per_host < num_servers ? servers_per_host : 1;
+  return (server + step) % num_servers;
+}
+
 }  // namespace psrt
 
 #endif  // PSRT_COMMON_KEY_MAP_H_

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "common/key_map.h"
 #include "common/logging.h"
 #include "psrt/v1/ps.grpc.pb.h"
 
@@ -40,6 +41,7 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
       epoch_gauge_(metrics->GetGauge("membership_epoch", "Membership epoch: changes when a worker is lost or rejoins")),
       active_workers_(metrics->GetGauge("active_workers", "Training processes taking part")),
       recoveries_(metrics->GetCounter("recoveries_total", "Recoveries: rollbacks to the last checkpoint after a failure")),
+      failovers_(metrics->GetCounter("failovers_total", "Servers lost whose keys their backups serve since (replicas: 1)")),
       steps_lost_(metrics->GetCounter("recovery_steps_lost_total", "Training steps done again because a recovery rolled them back")) {
   const PsOptions& ps = options_.ps;
   config_.set_mode(ps.mode);
@@ -62,6 +64,7 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
   config_.set_generation(options_.generation);
   config_.set_min_workers(ps.elastic_min_workers);
   config_.set_nonfinite(ps.nonfinite);
+  config_.set_replicas(ps.replicas);
   v1::Limits* limits = config_.mutable_limits();
   limits->set_max_server_bytes(ps.limits.max_server_bytes);
   limits->set_max_variables(ps.limits.max_variables);
@@ -125,6 +128,58 @@ void CoordinatorService::LayOutLocked() {
     add(v1::ROLE_WORKER, rank, hosts_[rank / ps.workers_per_host]);
   }
   active_workers_->Set(config_.num_workers());
+  served_by_.resize(config_.num_servers());
+  for (int i = 0; i < config_.num_servers(); ++i) served_by_[i] = i;
+  ++shard_epoch_;
+}
+
+v1::ShardMap CoordinatorService::ShardMapLocked() const {
+  v1::ShardMap m;
+  for (const std::string& a : ServerAddressesLocked()) m.add_server_addresses(a);
+  m.set_epoch(shard_epoch_);
+  for (int s : served_by_) m.add_served_by(s);
+  return m;
+}
+
+void CoordinatorService::ServerLostLocked(Process* p, const std::string& reason) {
+  if (state_ != v1::JOB_RUNNING || p->lost) return;
+  const int i = p->id.index();
+  const int n = config_.num_servers();
+  const int b = BackupServer(i, n, options_.ps.servers_per_host);
+  Process* backup = FindLocked([&] {
+    v1::ProcessId id;
+    id.set_role(v1::ROLE_SERVER);
+    id.set_index(b);
+    return id;
+  }());
+  // The backup takes over when it is there and whole, and the lost server
+  // served only its own keys (copies of others' have no second copy).
+  const bool can = config_.replicas() > 0 && !recovering_ && b != i && backup != nullptr &&
+                   backup->registered && !backup->exited && !backup->lost && served_by_[b] == b &&
+                   std::count(served_by_.begin(), served_by_.end(), i) == 1;
+  if (!can) {
+    LostLocked(reason);
+    return;
+  }
+  p->lost = true;
+  served_by_[i] = b;
+  ++shard_epoch_;
+  failovers_->Add();
+  LogWarning(reason, "; server ", b, " serves its keys from their replicas, no step lost (failover)");
+  // The checkpoints go on with the servers left.
+  std::vector<std::string> live;
+  for (const Process& q : processes_) {
+    if (q.id.role() == v1::ROLE_SERVER && !q.lost) live.push_back(q.address);
+  }
+  if (options_.checkpointer != nullptr && checkpoints_started_) {
+    if (failover_.joinable()) failover_.join();
+    const int64_t restored = config_.restored_step();
+    failover_ = std::thread([this, live, restored] {
+      options_.checkpointer->Abort(absl::Seconds(2));
+      std::optional<v1::CheckpointResponse> last = options_.checkpointer->LastCommitted();
+      options_.checkpointer->Start(live, last ? last->step() : restored);
+    });
+  }
 }
 
 CoordinatorService::~CoordinatorService() {
@@ -135,6 +190,7 @@ CoordinatorService::~CoordinatorService() {
   monitor_.join();
   if (finisher_.joinable()) finisher_.join();
   if (recoverer_.joinable()) recoverer_.join();
+  if (failover_.joinable()) failover_.join();
 }
 
 std::vector<std::string> CoordinatorService::ServerAddressesLocked() const {
@@ -384,9 +440,14 @@ bool CoordinatorService::ReadyLocked() const {
   return workers >= config_.min_workers();
 }
 
+bool CoordinatorService::AllServersRegisteredLocked() const {
+  return std::all_of(processes_.begin(), processes_.end(),
+                     [](const Process& p) { return p.id.role() != v1::ROLE_SERVER || p.registered; });
+}
+
 bool CoordinatorService::ServersApplyLocked(int64_t epoch) const {
   return std::all_of(processes_.begin(), processes_.end(), [&](const Process& p) {
-    return p.id.role() != v1::ROLE_SERVER || p.applied_epoch >= epoch;
+    return p.id.role() != v1::ROLE_SERVER || p.lost || p.applied_epoch >= epoch;
   });
 }
 
@@ -479,8 +540,7 @@ grpc::Status CoordinatorService::Barrier(grpc::ServerContext* ctx, const v1::Bar
     return grpc::Status(grpc::StatusCode::ABORTED,
                         absl::StrCat("the job has ended (", StateName(state_), "): ", reason_));
   }
-  for (const std::string& a : ServerAddressesLocked()) resp->mutable_shard_map()->add_server_addresses(a);
-  resp->mutable_shard_map()->set_epoch(1);
+  *resp->mutable_shard_map() = ShardMapLocked();
   *resp->mutable_config() = config_;
   *resp->mutable_membership() = MembershipLocked();
   return grpc::Status::OK;
@@ -519,6 +579,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx, const v1::H
   }
   heartbeats_->Add();
   if (p->id.role() == v1::ROLE_WORKER) progress_step_ = std::max(progress_step_, req->step());
+  if (p->id.role() != v1::ROLE_AGENT && AllServersRegisteredLocked()) *resp->mutable_shard_map() = ShardMapLocked();
   if (p->id.role() == v1::ROLE_SERVER) p->applied_epoch = req->membership_epoch();
   p->last_heartbeat = absl::Now();
   if (state_ != v1::JOB_RUNNING) p->saw_end = true;
@@ -561,12 +622,15 @@ grpc::Status CoordinatorService::ReportExit(grpc::ServerContext* ctx, const v1::
       CheckSuccessLocked();
     }
   } else if (state_ == v1::JOB_RUNNING) {
-    if (p->id.role() == v1::ROLE_AGENT) {
+    const std::string why =
+        req->exit_code() != 0 ? what : absl::StrCat(p->name, " stopped while the job was running");
+    if (p->id.role() == v1::ROLE_SERVER) {
+      ServerLostLocked(p, why);
+    } else {
       p->lost = true;
       p->lost_at = absl::Now();
+      LostLocked(why);
     }
-    LostLocked(req->exit_code() != 0 ? what
-                                     : absl::StrCat(p->name, " stopped while the job was running"));
   }
   return grpc::Status::OK;
 }
@@ -665,7 +729,7 @@ void CoordinatorService::Monitor() {
       if (p.id.role() == v1::ROLE_WORKER) {
         WorkerLostLocked(&p, reason);
       } else {
-        LostLocked(reason);
+        ServerLostLocked(&p, reason);
       }
       if (state_ != v1::JOB_RUNNING || recovering_) break;
     }
@@ -687,7 +751,7 @@ v1::JobState CoordinatorService::WaitForEnd() {
   auto heard = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return std::all_of(processes_.begin(), processes_.end(), [](const Process& p) {
       return p.id.role() == v1::ROLE_WORKER || (p.id.role() == v1::ROLE_AGENT && p.slot < 0) ||
-             !p.registered || p.exited || p.saw_end;
+             !p.registered || p.exited || p.saw_end || (p.id.role() == v1::ROLE_SERVER && p.lost);
     });
   };
   const absl::Duration grace =

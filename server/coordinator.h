@@ -96,6 +96,11 @@ class CoordinatorService final : public v1::Coordinator::Service {
   void AgentBackLocked(Process* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the job record (generation, checkpoint to return to).
   void RecordLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::ShardMap ShardMapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AllServersRegisteredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A server was lost: its backup takes over ("replicas": 1) where it can,
+  // else as LostLocked.
+  void ServerLostLocked(Process* p, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The furthest step (sync) or worker clock any live server reached.
   int64_t ReachedStep(const std::vector<std::string>& servers) const;
   // Whether a request of `generation` (0: the current one) is of the past.
@@ -133,6 +138,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
   std::vector<int> hosts_ ABSL_GUARDED_BY(mu_);       // in the job, by index into options_.hosts
   std::vector<int> drop_hosts_ ABSL_GUARDED_BY(mu_);  // leave at the next recovery
   bool started_ ABSL_GUARDED_BY(mu_) = false;         // elastic: min_workers were there
+  std::vector<int> served_by_ ABSL_GUARDED_BY(mu_);   // per server: who serves its keys
+  int64_t shard_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread failover_;  // restarts the checkpoints with the servers left
+  Counter* failovers_;
   std::thread recoverer_;
   Counter* recoveries_;
   Counter* steps_lost_;

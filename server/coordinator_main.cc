@@ -59,6 +59,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "psrt-coordinator: --hosts names no host\n");
     return 2;
   }
+  const int num_servers = static_cast<int>(options.hosts.size()) * ps->servers_per_host;
+  if (ps->replicas >= num_servers) {
+    std::fprintf(stderr,
+                 "psrt-coordinator: --distribution: 'replicas' is %d but the job has %d server%s; a key's "
+                 "backup lives on another server, so replicas must be less than the number of servers\n",
+                 ps->replicas, num_servers, num_servers == 1 ? "" : "s");
+    return 2;
+  }
   options.ps = *ps;
   options.token = token;
 

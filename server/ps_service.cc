@@ -211,6 +211,12 @@ grpc::Status PsService::Stats(grpc::ServerContext* ctx, const v1::StatsRequest*,
   return grpc::Status::OK;
 }
 
+grpc::Status PsService::Replicate(grpc::ServerContext* ctx, const v1::ReplicateRequest* req,
+                                  v1::ReplicateResponse*) {
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
+  return Finish(store_->Replicate(*req));
+}
+
 grpc::Status PsService::SaveShard(grpc::ServerContext* ctx, const v1::SaveShardRequest* req,
                                   v1::SaveShardResponse* resp) {
   if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;

@@ -47,6 +47,8 @@ class PsService final : public PsServiceBase {
   grpc::Status AttachSharedMemory(grpc::ServerContext* ctx,
                                   const v1::AttachSharedMemoryRequest* req,
                                   v1::AttachSharedMemoryResponse* resp) override;
+  grpc::Status Replicate(grpc::ServerContext* ctx, const v1::ReplicateRequest* req,
+                         v1::ReplicateResponse* resp) override;
 
   ShardSaver* saver() { return &saver_; }
 

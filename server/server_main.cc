@@ -15,7 +15,9 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "server/checkpoint_io.h"
+#include "common/key_map.h"
 #include "server/ps_service.h"
+#include "server/replicator.h"
 #include "server/store.h"
 
 int main(int argc, char** argv) {
@@ -112,6 +114,24 @@ int main(int argc, char** argv) {
     store.SetMembership(m.epoch(), {m.active_workers().begin(), m.active_workers().end()});
     psrt::LogInfo("membership epoch ", m.epoch(), ": ", m.active_workers_size(), " active workers");
   };
+  // "replicas": 1: this server's updates go to their copies on its backup
+  // first, and it keeps the copies of the server it backs up.
+  const int num_servers = config->num_servers();
+  const int servers_per_host = num_servers / std::max(1, config->num_hosts());
+  const int backed_up = (index + num_servers - psrt::BackupServer(0, num_servers, servers_per_host)) % num_servers;
+  std::unique_ptr<psrt::Replicator> replicator;
+  if (config->replicas() > 0) {
+    replicator = std::make_unique<psrt::Replicator>(
+        index, psrt::BackupServer(index, num_servers, servers_per_host), token,
+        absl::Seconds(2 * config->heartbeat_timeout_s() + 5));
+    store.SetForward([r = replicator.get()](const std::string& variable, uint32_t partition, int64_t version,
+                                            const float* grad, int64_t n) {
+      return r->Forward(variable, partition, version, grad, n);
+    });
+    link_options.on_shard_map = [&store, r = replicator.get()](const psrt::v1::ShardMap& map) {
+      r->Update(map, &store);
+    };
+  }
   auto link = psrt::CoordinatorLink::Connect(link_options);
   if (!link.ok()) {
     psrt::LogError(link.status().message());
@@ -127,6 +147,18 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::vector<psrt::Store::RestoredKey>> keys =
         from.ok() ? psrt::LoadServerKeys(*from, index, config->num_servers(), config->partition_bytes())
                   : from.status();
+    if (keys.ok() && replicator != nullptr) {
+      absl::StatusOr<std::vector<psrt::Store::RestoredKey>> copies =
+          psrt::LoadServerKeys(*from, backed_up, num_servers, config->partition_bytes());
+      if (copies.ok()) {
+        for (psrt::Store::RestoredKey& k : *copies) {
+          k.backup_of = backed_up;
+          keys->push_back(std::move(k));
+        }
+      } else {
+        keys = copies.status();
+      }
+    }
     const absl::Status loaded = keys.status();
     const size_t count = keys.ok() ? keys->size() : 0;
     store.FinishRestore(std::move(keys), config->restored_step(), config->restore_uri());

@@ -67,6 +67,11 @@ struct Store::Key {
   // first one stops the key (every push and pull after it gets this error).
   int64_t nonfinite ABSL_GUARDED_BY(mu) = 0;
   absl::Status stopped ABSL_GUARDED_BY(mu);
+  // "replicas": 1. A copy of server backup_of's key (-1: this server's own),
+  // updated by its Replicate calls; served (pushed, pulled, checkpointed)
+  // here once that server is gone.
+  int backup_of ABSL_GUARDED_BY(mu) = -1;
+  bool serving ABSL_GUARDED_BY(mu) = true;
 };
 
 // A pull whose keys are not all ready. It holds no thread: each key's
@@ -333,6 +338,13 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
         return s;  // lost a race with a different registration
       }
       key = slot.get();
+      if (req.replica()) {
+        absl::MutexLock lock(&key->mu);
+        if (key->backup_of < 0 && !key->initialized) {
+          key->backup_of = req.primary();
+          key->serving = false;
+        }
+      }
     }
     Completed completed;
     {
@@ -375,6 +387,62 @@ absl::Status Store::CheckRoomLocked(const v1::KeySpec& spec, const OptimizerConf
         ")"));
   }
   return absl::OkStatus();
+}
+
+absl::Status Store::NotServing(const Key* k) {
+  // UNAVAILABLE: the client tries again, and this server serves the key as
+  // soon as it hears that its primary is gone.
+  return absl::UnavailableError(absl::StrCat("key '", k->name, "' is held here as a replica of server ",
+                                             k->backup_of, "'s, not served yet"));
+}
+
+void Store::SetForward(Forward forward) {
+  absl::MutexLock lock(&forward_mu_);
+  forward_ = std::move(forward);
+}
+
+absl::Status Store::Replicate(const v1::ReplicateRequest& req) {
+  absl::StatusOr<Key*> key = Find(req.variable(), req.partition());
+  if (!key.ok()) return key.status();
+  Key* k = *key;
+  Completed completed;
+  {
+    absl::MutexLock lock(&k->mu);
+    if (k->backup_of < 0 || k->serving) {
+      return absl::FailedPreconditionError(absl::StrCat("key '", k->name, "' is not a replica on this server"));
+    }
+    if (static_cast<int64_t>(req.gradient().size()) != k->n * 4) {
+      return absl::InvalidArgumentError(absl::StrCat("replica update of key '", k->name, "' has ",
+                                                     req.gradient().size(), " bytes; the key holds ", k->n,
+                                                     " float32"));
+    }
+    if (!k->initialized) {
+      return absl::FailedPreconditionError(absl::StrCat("replica of key '", k->name, "' has no value yet"));
+    }
+    if (req.version() < k->version) return absl::OkStatus();  // a retry of an applied update
+    if (req.version() > k->version) {
+      return absl::FailedPreconditionError(absl::StrCat("replica of key '", k->name, "' is at version ",
+                                                        k->version, "; an update for version ", req.version(),
+                                                        " would skip one"));
+    }
+    k->scratch.resize(k->n);
+    std::memcpy(k->scratch.data(), req.gradient().data(), k->n * 4);
+    Apply(k, k->scratch.data());
+    NotifyWaiters(k, &completed);
+  }
+  for (const auto& p : completed) Complete(p.get());
+  return absl::OkStatus();
+}
+
+void Store::Promote(int primary) {
+  int64_t n = 0;
+  for (Key* k : AllKeys()) {
+    absl::MutexLock lock(&k->mu);
+    if (k->backup_of != primary || k->serving) continue;
+    k->serving = true;
+    ++n;
+  }
+  LogWarning("serving the ", n, " keys of server ", primary, " from their replicas here");
 }
 
 void Store::InitKey(Key* key, const OptimizerConfig& optimizer) {
@@ -422,6 +490,19 @@ bool AllFinite(const float* v, int64_t n) {
 }  // namespace
 
 void Store::Apply(Key* key, const float* grad) {
+  if (key->backup_of < 0) {
+    // The backup applies the same update first: once the new version is
+    // served here, it is there too.
+    Forward forward;
+    {
+      absl::MutexLock lock(&forward_mu_);
+      forward = forward_;
+    }
+    if (forward) {
+      absl::Status s = forward(key->spec.variable(), key->spec.partition(), key->version, grad, key->n);
+      if (!s.ok()) LogWarning("key '", key->name, "': its replica was not updated: ", s.message());
+    }
+  }
   if (!AllFinite(grad, key->n)) {
     // As AMP's GradScaler does, the step is skipped: the weights stay
     // finite. Or ("nonfinite": "fail") the key stops, and says why.
@@ -436,14 +517,14 @@ void Store::Apply(Key* key, const float* grad) {
     }
     if (key->nonfinite == 1) LogWarning(what, ": skipped (\"nonfinite\": \"skip\"); later ones are counted only");
     ++key->version;
-    if (key->version == snapshot_step_.load(std::memory_order_relaxed)) CopyForSnapshot(key);
+    if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->serving) CopyForSnapshot(key);
     return;
   }
   const absl::Time start = absl::Now();
   ApplyUpdate(key->optimizer, key->lr, key->version + 1, key->weights.data(), grad,
               key->slot_ptrs.data(), key->n);
   ++key->version;
-  if (key->version == snapshot_step_.load(std::memory_order_relaxed)) CopyForSnapshot(key);
+  if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->serving) CopyForSnapshot(key);
   updates_->Add();
   update_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
 }
@@ -484,6 +565,7 @@ absl::Status Store::Push(const WireMessage& req) {
           "key '", k->name, "' has no value yet: rank 0 has not registered it"));
     }
     if (!k->stopped.ok()) return k->stopped;
+    if (!k->serving) return NotServing(k);
     if (!k->active[w]) {
       return absl::FailedPreconditionError(absl::StrCat(
           "worker ", w, " is not an active worker of this job (it was lost); it must rejoin first"));
@@ -886,6 +968,8 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
     absl::MutexLock lock(&k->mu);
     if (!k->stopped.ok()) {
       bad = k->stopped;
+    } else if (!k->serving) {
+      bad = NotServing(k);
     } else if (min_version < 0) {
       bad = absl::OutOfRangeError(absl::StrCat(
           "pull of key '", k->name, "' asks for version ", min_version, "; versions start at 0"));
@@ -1071,7 +1155,7 @@ absl::Status Store::ArmSnapshot(int64_t step) {
   snapshot_step_ = step >= 0 ? step : kNotArmed;
   for (Key* k : keys) {
     absl::MutexLock lock(&k->mu);
-    if (!k->initialized || k->snap_ready) continue;
+    if (!k->initialized || k->snap_ready || !k->serving) continue;
     if (step < 0 || k->version == step) {
       CopyForSnapshot(k);
     } else if (k->version > step) {
@@ -1091,7 +1175,7 @@ int64_t Store::WaitSnapshot(absl::Time deadline) {
       absl::MutexLock lock(&k->mu);
       // A key still waiting for rank 0's initial value counts: it reaches
       // the step like the others, and a shard without it is not whole.
-      if (!k->snap_ready) ++waiting;
+      if (!k->snap_ready && k->serving) ++waiting;
     }
     if (waiting == 0 || closing_ || absl::Now() >= deadline) return waiting;
     absl::SleepFor(absl::Milliseconds(2));
@@ -1108,7 +1192,7 @@ void Store::EncodeSnapshot(std::string* out, v1::SaveShardResponse* info) {
   absl::flat_hash_set<std::string> variables;
   for (Key* k : keys) {
     absl::MutexLock lock(&k->mu);
-    if (!k->snap_ready) continue;
+    if (!k->snap_ready || !k->serving) continue;
     records.push_back(&k->snap);
     v1::ManifestKey* mk = info->add_keys();
     mk->set_variable(k->snap.variable);
@@ -1164,6 +1248,8 @@ void Store::FinishRestore(absl::StatusOr<std::vector<RestoredKey>> restored, int
         InitKey(key.get(), *opt);
         key->version = r.state.version;
         key->lr = r.state.learning_rate;
+        key->backup_of = r.backup_of;
+        key->serving = r.backup_of < 0;
         std::fill(key->clock.begin(), key->clock.end(), step);
       }
       absl::MutexLock map_lock(&map_mu_);

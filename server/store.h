@@ -64,6 +64,18 @@ class Store {
   ~Store();
 
   absl::Status RegisterKeys(const v1::RegisterKeysRequest& req);
+
+  // ---- Replicas ("replicas": 1) ----
+  // Sends one update of a key this server serves to its copy on the backup
+  // server, before the update is applied here; returns once the backup
+  // applied it (or is known to be gone).
+  using Forward = std::function<absl::Status(const std::string& variable, uint32_t partition,
+                                             int64_t version, const float* grad, int64_t n)>;
+  void SetForward(Forward forward);
+  // Applies a primary's update to this server's copy of the key.
+  absl::Status Replicate(const v1::ReplicateRequest& req);
+  // Server `primary` is gone: this server now serves its keys (the copies).
+  void Promote(int primary);
   // INVALID_ARGUMENT unless `rank` is a worker of this job.
   absl::Status CheckWorker(int32_t rank) const;
   int num_workers() const { return options_.num_workers; }
@@ -133,6 +145,7 @@ class Store {
   struct RestoredKey {
     v1::KeySpec spec;
     KeyRecord state;
+    int backup_of = -1;  // a copy of that server's key ("replicas": 1)
   };
   // Installs the keys of a checkpoint (or, with an error, refuses every
   // registration with it) and lets registrations in. Workers resume at
@@ -146,6 +159,7 @@ class Store {
   struct PendingPull;
   using Completed = std::vector<std::shared_ptr<PendingPull>>;
   absl::StatusOr<Key*> Find(const std::string& variable, uint32_t partition) const;
+  static absl::Status NotServing(const Key* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // What a new key costs in weights, optimizer slots and (sync) accumulator.
   int64_t KeyBytes(int64_t n, const OptimizerConfig& optimizer) const;
   // New keys of one registration so far, against the limits.
@@ -206,6 +220,8 @@ class Store {
 
   BufferPool buffers_;  // pulled values on their way out
   std::unique_ptr<ThreadPool> apply_pool_;
+  absl::Mutex forward_mu_;
+  Forward forward_ ABSL_GUARDED_BY(forward_mu_);
   mutable absl::Mutex pending_mu_;
   std::vector<std::shared_ptr<PendingPull>> pending_ ABSL_GUARDED_BY(pending_mu_);
   absl::Mutex sweeper_mu_;

@@ -172,8 +172,12 @@ class Client::Impl {
   int requests ABSL_GUARDED_BY(calls_mu) = 0;  // data requests not yet finished
   ClientOptions options;
   v1::JobConfig config;
-  // Before `link`, whose heartbeat thread sets it until the link is gone.
+  // Before `link`, whose heartbeat thread sets them until the link is gone.
   std::atomic<int> active_workers{0};
+  // "replicas": 1: the server that serves server s's keys now (s, or its
+  // backup once s was lost), from the coordinator's shard map.
+  std::unique_ptr<std::atomic<int>[]> routes;
+  std::atomic<bool> routes_ready{false};
   std::unique_ptr<CoordinatorLink> link;
   std::vector<std::string> addresses;
   // Control calls (registration, learning rate, stats) on the first
@@ -224,6 +228,19 @@ class Client::Impl {
     };
     std::vector<Item> items;
   };
+
+  int Route(int s) const { return routes[s].load(std::memory_order_acquire); }
+  v1::ParameterServer::Stub* Stub(int s) const { return stubs[Route(s)].get(); }
+
+  void FollowShardMap(const v1::ShardMap& map) {
+    if (!routes_ready.load(std::memory_order_acquire)) return;
+    for (int s = 0; s < map.served_by_size() && s < static_cast<int>(addresses.size()); ++s) {
+      const int to = map.served_by(s);
+      if (to < 0 || to >= static_cast<int>(addresses.size()) || to == Route(s)) continue;
+      LogWarning("server ", s, " was lost: its keys are served by server ", to, " at ", addresses[to], " now");
+      routes[s].store(to, std::memory_order_release);
+    }
+  }
 
   // The data path's connections to server `s`, taken in turn.
   grpc::GenericStub* DataStub(int s) {
@@ -278,15 +295,21 @@ class Client::Impl {
   // Whether a failed call is tried again after `backoff`: only a server that
   // could not be reached, within the retry budget, while the job runs.
   bool Retry(const grpc::Status& st, absl::Time start, absl::Duration backoff) const {
-    return st.error_code() == grpc::StatusCode::UNAVAILABLE &&
-           absl::Now() - start + backoff < options.retry_budget && JobStatus().ok();
+    // With replicas a lost server's keys move to its backup once the
+    // coordinator notices (within its heartbeat timeout): wait that long.
+    const absl::Duration budget =
+        config.replicas() > 0
+            ? std::max(options.retry_budget, absl::Seconds(config.heartbeat_timeout_s()) + absl::Seconds(5))
+            : options.retry_budget;
+    return st.error_code() == grpc::StatusCode::UNAVAILABLE && absl::Now() - start + backoff < budget &&
+           JobStatus().ok();
   }
 
   absl::Status CallError(int s, const char* what, const grpc::Status& st, int attempts,
                          absl::Time start) const {
     return absl::Status(
         static_cast<absl::StatusCode>(st.error_code()),
-        absl::StrCat(what, " to server ", s, " at ", addresses[s], " failed after ", attempts,
+        absl::StrCat(what, " to server ", Route(s), " at ", addresses[Route(s)], " failed after ", attempts,
                      attempts == 1 ? " attempt" : " attempts", " in ",
                      absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
                      ": ", st.error_message(),
@@ -361,7 +384,7 @@ class Client::Impl {
         req.set_name((*region)->name());
         req.set_size(static_cast<int64_t>((*region)->size()));
         st = Call(static_cast<int>(s), "attach-shared-memory", [&](grpc::ClientContext* ctx) {
-          return stubs[s]->AttachSharedMemory(ctx, req, &resp);
+          return Stub(s)->AttachSharedMemory(ctx, req, &resp);
         });
         (*region)->Unlink();  // attached or not, nobody else may open it now
         // Its pages only now: a server on another host cost nothing above.
@@ -551,6 +574,7 @@ class Client::Impl {
     absl::Time start;
     absl::Duration backoff = absl::Milliseconds(50);
     int attempts = 0;
+    int target = 0;  // the server it goes to: Route(shard.server) when encoded
     const char* what() const { return push && pull ? "push-pull" : push ? "push" : "pull"; }
   };
 
@@ -596,7 +620,8 @@ class Client::Impl {
 
   // Encodes the request and makes its first attempt.
   void Send(const std::shared_ptr<Request>& r) {
-    r->lease = Take(r->shard.server);
+    r->target = Route(r->shard.server);
+    r->lease = Take(r->target);
     absl::StatusOr<std::vector<OutKey>> keys = Encode(r->shard, r->version, r->push, r->pull, &r->lease);
     if (!keys.ok()) {
       Give(&r->lease, true);  // nothing was sent
@@ -606,7 +631,7 @@ class Client::Impl {
     r->req = r->push && r->pull ? EncodePushPullRequest(rank, r->push_id, *keys)
              : r->push          ? EncodePushRequest(rank, r->push_id, *keys)
                                 : EncodePullRequest(rank, *keys);
-    r->start = absl::Now();
+    if (r->attempts == 0) r->start = absl::Now();
     Attempt(r);
   }
 
@@ -622,7 +647,7 @@ class Client::Impl {
     }
     const std::string& method = r->push && r->pull ? kPushPullMethod : r->push ? kPushMethod : kPullMethod;
     r->resp.Clear();
-    DataStub(r->shard.server)
+    DataStub(r->target)
         ->UnaryCall(r->ctx.get(), method, grpc::StubOptions(), &r->req, &r->resp,
                     [this, r](grpc::Status st) { Answered(r, std::move(st)); });
   }
@@ -645,7 +670,10 @@ class Client::Impl {
     pool->Schedule([this, r] {
       absl::SleepFor(r->backoff);
       r->backoff = std::min(r->backoff * 2, absl::Seconds(1));
-      Attempt(r);  // the same request again: a push keeps its id
+      if (Route(r->shard.server) == r->target) return Attempt(r);  // the same request again: a push keeps its id
+      // Its keys moved to the backup: encoded again for it (the same push id).
+      Give(&r->lease, false);
+      Send(r);
     });
   }
 
@@ -696,6 +724,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   lo.on_membership = [impl = impl.get()](const v1::Membership& m) {
     impl->active_workers.store(m.active_workers_size(), std::memory_order_relaxed);
   };
+  lo.on_shard_map = [impl = impl.get()](const v1::ShardMap& m) { impl->FollowShardMap(m); };
   absl::StatusOr<std::unique_ptr<CoordinatorLink>> link = CoordinatorLink::Connect(lo);
   if (!link.ok()) return link.status();
   impl->link = std::move(*link);
@@ -715,6 +744,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     }
   }
   if (impl->stubs.empty()) return absl::FailedPreconditionError("the shard map lists no servers");
+  impl->routes = std::make_unique<std::atomic<int>[]>(impl->stubs.size());
+  for (size_t s = 0; s < impl->stubs.size(); ++s) impl->routes[s].store(static_cast<int>(s));
+  impl->routes_ready.store(true, std::memory_order_release);
+  impl->FollowShardMap(barrier->shard_map());
   impl->next_connection = std::make_unique<std::atomic<uint64_t>[]>(impl->stubs.size());
   impl->queues = std::make_unique<Impl::Queue[]>(impl->stubs.size());
   if (impl->config.transport() != "tcp") impl->ShareMemory();
@@ -789,14 +822,27 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
     *spec->mutable_optimizer() = opt;
     if (rank() == 0) spec->set_init(reinterpret_cast<const char*>(data + p.offset), p.num_elements * 4);
   }
-  auto [handle, op] = impl_->NewOp(static_cast<int>(batches.size()));
+  // "replicas": 1: the backup of each server keeps copies of its keys.
+  const int copies = impl_->config.replicas() > 0 ? 2 : 1;
+  auto [handle, op] = impl_->NewOp(static_cast<int>(batches.size()) * copies);
   for (const Batch& b : batches) {
-    impl_->pool->Schedule([this, server = b.server, req = b.req, op = op] {
-      v1::RegisterKeysResponse resp;
-      Impl::Done(op.get(), impl_->Call(server, "register", [&](grpc::ClientContext* ctx) {
-        return impl_->stubs[server]->RegisterKeys(ctx, *req, &resp);
-      }));
-    });
+    for (int c = 0; c < copies; ++c) {
+      int server = b.server;
+      std::shared_ptr<v1::RegisterKeysRequest> req = b.req;
+      if (c == 1) {
+        server = BackupServer(b.server, num_servers(),
+                              num_servers() / std::max(1, impl_->config.num_hosts()));
+        req = std::make_shared<v1::RegisterKeysRequest>(*b.req);
+        req->set_replica(true);
+        req->set_primary(b.server);
+      }
+      impl_->pool->Schedule([this, server, req, op = op] {
+        v1::RegisterKeysResponse resp;
+        Impl::Done(op.get(), impl_->Call(server, "register", [&](grpc::ClientContext* ctx) {
+          return impl_->Stub(server)->RegisterKeys(ctx, *req, &resp);
+        }));
+      });
+    }
   }
   if (absl::Status s = Wait(handle); !s.ok()) return s;
   // The starting weights travel exactly, whatever the pull compression.
@@ -870,7 +916,7 @@ absl::Status Client::SetLearningRate(double lr, const std::string& variable) {
     if (!holds[s]) continue;
     v1::SetLearningRateResponse resp;
     absl::Status st = impl_->Call(s, "set-learning-rate", [&](grpc::ClientContext* ctx) {
-      return impl_->stubs[s]->SetLearningRate(ctx, req, &resp);
+      return impl_->Stub(s)->SetLearningRate(ctx, req, &resp);
     });
     if (!st.ok()) return st;
   }
@@ -882,7 +928,7 @@ absl::StatusOr<std::vector<int64_t>> Client::WorkerClocks() {
   for (int s = 0; s < num_servers(); ++s) {
     v1::StatsResponse resp;
     absl::Status st = impl_->Call(s, "stats", [&](grpc::ClientContext* ctx) {
-      return impl_->stubs[s]->Stats(ctx, v1::StatsRequest(), &resp);
+      return impl_->Stub(s)->Stats(ctx, v1::StatsRequest(), &resp);
     });
     if (!st.ok()) return st;
     for (int w = 0; w < resp.worker_clocks_size() && w < num_workers(); ++w) {
@@ -900,7 +946,7 @@ absl::StatusOr<double> Client::ServerMetric(const std::string& name) {
   for (int s = 0; s < num_servers(); ++s) {
     v1::StatsResponse resp;
     absl::Status st = impl_->Call(s, "stats", [&](grpc::ClientContext* ctx) {
-      return impl_->stubs[s]->Stats(ctx, v1::StatsRequest(), &resp);
+      return impl_->Stub(s)->Stats(ctx, v1::StatsRequest(), &resp);
     });
     if (!st.ok()) return st;
     auto it = resp.metrics().find(name);
