@@ -30,11 +30,17 @@ void Replicator::Update(const v1::ShardMap& map, Store* store) {
 }
 
 absl::Status Replicator::Forward(const std::string& variable, uint32_t partition, int64_t version,
-                                 const float* grad, int64_t n) {
+                                 const float* grad, int64_t n, const Store::Origin& origin) {
   v1::ReplicateRequest req;
   req.set_variable(variable);
   req.set_partition(partition);
   req.set_version(version);
+  if (origin.worker >= 0) {
+    req.set_from_push(true);
+    req.set_worker(origin.worker);
+    req.set_push_id(origin.push_id);
+    req.set_clock(origin.clock);
+  }
   req.set_gradient(reinterpret_cast<const char*>(grad), n * sizeof(float));
   const absl::Time start = absl::Now();
   grpc::Status last;

@@ -26,7 +26,7 @@ class Replicator {
   Replicator(int self, int backup, std::string token, absl::Duration give_up);
 
   absl::Status Forward(const std::string& variable, uint32_t partition, int64_t version,
-                       const float* grad, int64_t n);
+                       const float* grad, int64_t n, const Store::Origin& origin);
   void Update(const v1::ShardMap& map, Store* store);
 
  private:

@@ -125,8 +125,8 @@ int main(int argc, char** argv) {
         index, psrt::BackupServer(index, num_servers, servers_per_host), token,
         absl::Seconds(2 * config->heartbeat_timeout_s() + 5));
     store.SetForward([r = replicator.get()](const std::string& variable, uint32_t partition, int64_t version,
-                                            const float* grad, int64_t n) {
-      return r->Forward(variable, partition, version, grad, n);
+                                            const float* grad, int64_t n, const psrt::Store::Origin& origin) {
+      return r->Forward(variable, partition, version, grad, n, origin);
     });
     link_options.on_shard_map = [&store, r = replicator.get()](const psrt::v1::ShardMap& map) {
       r->Update(map, &store);

@@ -425,9 +425,18 @@ absl::Status Store::Replicate(const v1::ReplicateRequest& req) {
                                                         k->version, "; an update for version ", req.version(),
                                                         " would skip one"));
     }
+    Origin origin;
+    if (req.from_push()) {
+      if (options_.sync || !CheckWorker(req.worker()).ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("replica update of key '", k->name,
+                                                       "' names a push, but not one of an async worker"));
+      }
+      origin = {req.worker(), req.push_id(), req.clock()};
+      RecordPush(k, origin);
+    }
     k->scratch.resize(k->n);
     std::memcpy(k->scratch.data(), req.gradient().data(), k->n * 4);
-    Apply(k, k->scratch.data());
+    Apply(k, k->scratch.data(), origin);
     NotifyWaiters(k, &completed);
   }
   for (const auto& p : completed) Complete(p.get());
@@ -489,7 +498,7 @@ bool AllFinite(const float* v, int64_t n) {
 
 }  // namespace
 
-void Store::Apply(Key* key, const float* grad) {
+void Store::Apply(Key* key, const float* grad, const Origin& origin) {
   if (key->backup_of < 0) {
     // The backup applies the same update first: once the new version is
     // served here, it is there too.
@@ -499,7 +508,7 @@ void Store::Apply(Key* key, const float* grad) {
       forward = forward_;
     }
     if (forward) {
-      absl::Status s = forward(key->spec.variable(), key->spec.partition(), key->version, grad, key->n);
+      absl::Status s = forward(key->spec.variable(), key->spec.partition(), key->version, grad, key->n, origin);
       if (!s.ok()) LogWarning("key '", key->name, "': its replica was not updated: ", s.message());
     }
   }
@@ -619,8 +628,8 @@ void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
       duplicate_pushes_->Add();
       return;
     }
-    recent[k->recent_next[w]] = push_id;
-    k->recent_next[w] = (k->recent_next[w] + 1) % kPushWindow;
+    const Origin origin{w, push_id, kd.version + 1};
+    RecordPush(k, origin);
     // A float32 gradient in one aligned piece is applied where it lies;
     // anything else is decoded once into the key's scratch buffer.
     const std::vector<absl::string_view>& pieces = kd.data.pieces();
@@ -633,8 +642,7 @@ void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
       DecodePayload(kd.data, kd.dtype, kd.scale, k->scratch.data(), false);
       grad = k->scratch.data();
     }
-    Apply(k, grad);
-    k->clock[w] = std::max(k->clock[w], kd.version + 1);
+    Apply(k, grad, origin);
     return;
   }
   // Sync: one push per worker and version; a retry finds its step applied
@@ -654,13 +662,20 @@ void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
   MaybeFinishStep(k);
 }
 
+void Store::RecordPush(Key* k, const Origin& origin) {
+  const int w = origin.worker;
+  k->recent_push_ids[w * kPushWindow + k->recent_next[w]] = origin.push_id;
+  k->recent_next[w] = (k->recent_next[w] + 1) % kPushWindow;
+  k->clock[w] = std::max(k->clock[w], origin.clock);
+}
+
 void Store::MaybeFinishStep(Key* k) {
   if (k->contributions == 0 || k->contributions < k->required) return;
   if (options_.average_gradients && k->contributions > 1) {
     const float scale = 1.0f / k->contributions;
     for (float& v : k->accum) v *= scale;
   }
-  Apply(k, k->accum.data());
+  Apply(k, k->accum.data(), Origin());
   std::fill(k->contributed.begin(), k->contributed.end(), 0);
   k->contributions = 0;
 }

@@ -69,8 +69,15 @@ class Store {
   // Sends one update of a key this server serves to its copy on the backup
   // server, before the update is applied here; returns once the backup
   // applied it (or is known to be gone).
+  // Async and ssp: the push an update came from.
+  struct Origin {
+    int worker = -1;  // -1: a sync step's aggregate
+    uint64_t push_id = 0;
+    int64_t clock = 0;  // the worker's clock after it
+  };
   using Forward = std::function<absl::Status(const std::string& variable, uint32_t partition,
-                                             int64_t version, const float* grad, int64_t n)>;
+                                             int64_t version, const float* grad, int64_t n,
+                                             const Origin& origin)>;
   void SetForward(Forward forward);
   // Applies a primary's update to this server's copy of the key.
   absl::Status Replicate(const v1::ReplicateRequest& req);
@@ -170,7 +177,9 @@ class Store {
   absl::Status CheckRoomLocked(const v1::KeySpec& spec, const OptimizerConfig& optimizer, Room* room)
       ABSL_SHARED_LOCKS_REQUIRED(map_mu_);
   absl::Status CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t rank) const;
-  void Apply(Key* key, const float* grad) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  void Apply(Key* key, const float* grad, const Origin& origin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  // Async: remembers a push as applied (its id, the worker's clock after it).
+  void RecordPush(Key* k, const Origin& origin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // Sync: applies the step when enough pushes for it arrived.
   void MaybeFinishStep(Key* key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   std::vector<Key*> AllKeys() const;

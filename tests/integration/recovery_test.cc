@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "server/checkpoint/catalog.h"
 #include "tests/integration/job_util.h"
 
 namespace psrt {
@@ -217,6 +218,86 @@ TEST(RecoveryTest, ATrainingProcessThatFailsIsRolledBackWithEveryOther) {
   EXPECT_EQ(r[0].step, 100);
   EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights()) << "final weights differ";
   EXPECT_EQ(Leftovers(token), 0);
+}
+
+// "replicas": 1 on two hosts: each server backs up the other's keys.
+std::string ReplicaDistribution(const std::string& more = "") {
+  return absl::StrCat(R"({"parameter_server":{"enabled":true,"heartbeat_timeout_s":2,"partition_bytes":4096,)",
+                      R"("replicas":1)", more, "}}");
+}
+
+pid_t ServerProcess(const std::string& token, int index) {
+  return FindJobProcess(token, [&](pid_t p) {
+    const std::string cmd = CmdLine(p);
+    return cmd.find("psrt-server") != std::string::npos &&
+           cmd.find(absl::StrCat("--index=", index, " ")) != std::string::npos;
+  });
+}
+
+// Seeded (PSRT_CHAOS_SEED) and bounded (PSRT_REPLICA_RUNS, default 20).
+TEST(ReplicaTest, KillingAnyServerAtAnyMomentLosesNoStep) {
+  const char* seed_env = std::getenv("PSRT_CHAOS_SEED");
+  const char* runs_env = std::getenv("PSRT_REPLICA_RUNS");
+  std::mt19937 rng(seed_env ? static_cast<unsigned>(std::atoi(seed_env)) : 1);
+  const int runs = runs_env ? std::atoi(runs_env) : 20;
+  ASSERT_GT(runs, 0) << "PSRT_REPLICA_RUNS must be > 0";
+  int same = 0;
+  for (int i = 0; i < runs; ++i) {
+    const int server = std::uniform_int_distribution<int>(0, 1)(rng);
+    const int kill_step = 10 * std::uniform_int_distribution<int>(1, 25)(rng);
+    const std::string dir = TempDir(), token = RandomToken();
+    Proc run = StartJob(ReplicaDistribution(), token, dir);
+    ASSERT_TRUE(run.WaitForOutput(absl::StrCat("step ", kill_step, " "), absl::Seconds(60))) << run.Output();
+    const pid_t victim = ServerProcess(token, server);
+    ASSERT_NE(victim, 0) << run.Output();
+    kill(victim, SIGKILL);
+    const int code = run.Wait(absl::Seconds(90), "psrt-run after a server was killed");
+    const std::string out = run.Output();
+    const bool equal = ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights();
+    same += code == 0 && equal;
+    std::printf("replica run %d: server %d killed at step %3d: exit %d, %s\n", i, server, kill_step, code,
+                equal ? "weights as uninterrupted" : "WEIGHTS DIFFER");
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_TRUE(std::regex_search(out, std::regex(absl::StrCat("server ", server, " on local", server,
+                                                               " .*; server ", 1 - server,
+                                                               " serves its keys from their replicas, no step lost"))))
+        << out;
+    EXPECT_TRUE(Recoveries(out).empty()) << out;
+    EXPECT_TRUE(equal) << "final weights differ from the uninterrupted run's\n" << out;
+    EXPECT_EQ(Leftovers(token), 0);
+  }
+  std::printf("replicas: %d of %d runs with a server killed ended with the uninterrupted run's weights\n", same,
+              runs);
+}
+
+TEST(ReplicaTest, AsyncLosesNoPushAndAppliesNoneTwice) {
+  // Every push of both workers is applied exactly once: each key's final
+  // version, in the checkpoint written at the end, counts them.
+  const std::string dir = TempDir(), token = RandomToken();
+  Proc run = StartJob(
+      ReplicaDistribution(absl::StrCat(R"(,"mode":"async","checkpoint":{"uri":")", dir, R"(/ckpt"})")), token, dir);
+  ASSERT_TRUE(run.WaitForOutput("step 120 ", absl::Seconds(60))) << run.Output();
+  kill(ServerProcess(token, 1), SIGKILL);
+  ASSERT_EQ(run.Wait(absl::Seconds(90), "psrt-run"), 0) << run.Output();
+  EXPECT_NE(run.Output().find("no step lost (failover)"), std::string::npos) << run.Output();
+  absl::StatusOr<CheckpointRef> final = ResolveCheckpoint("latest", dir + "/ckpt");
+  ASSERT_TRUE(final.ok()) << final.status();
+  ASSERT_GT(final->manifest.keys_size(), 0);
+  for (const v1::ManifestKey& k : final->manifest.keys()) {
+    EXPECT_EQ(k.version(), 2 * kSteps) << k.variable() << "#" << k.partition();
+  }
+  EXPECT_EQ(Leftovers(token), 0);
+}
+
+TEST(ReplicaTest, ABackupNeedsAnotherServer) {
+  const std::string dir = TempDir();
+  Proc run = Proc::Start(absl::StrCat(kBin, "/psrt-run --local=1 --distribution='", ReplicaDistribution(), "' -- ",
+                                      kBin, "/psrt-example-linreg"),
+                         dir + "/log");
+  EXPECT_NE(run.Wait(absl::Seconds(30), "psrt-run"), 0);
+  EXPECT_NE(run.Output().find("'replicas' is 1 but the job has 1 server; a key's backup lives on another server"),
+            std::string::npos)
+      << run.Output();
 }
 
 // Elastic: 4 worker slots on 2 hosts; the job starts with 3, the 4th joins
