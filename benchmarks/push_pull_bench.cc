@@ -159,7 +159,7 @@ class LocalJob {
  public:
   ~LocalJob() { StopChildren(); }
 
-  absl::Status Start(int servers, int64_t partition_bytes, const std::string& transport,
+  absl::Status Start(int servers, int64_t partition_bytes, const std::string& transport, int replicas,
                      const std::string& log_dir, bool verbose) {
     log_dir_ = log_dir;
     token_ = RandomToken();
@@ -168,7 +168,7 @@ class LocalJob {
     const std::string distribution = absl::StrCat(
         R"({"parameter_server": {"enabled": true, "mode": "sync", "servers_per_host": )", servers,
         R"(, "workers_per_host": 1, "transport": ")", transport, R"(", "partition_bytes": )",
-        partition_bytes,
+        partition_bytes, R"(, "replicas": )", replicas,
         // A loaded 2-core machine can stall a heartbeat for a while; the
         // benchmark is about throughput, not failure detection.
         R"(, "heartbeat_timeout_s": 60}})");
@@ -505,7 +505,7 @@ struct Rss {
 };
 
 int Run(int argc, char** argv) {
-  int servers = 2;
+  int servers = 2, replicas = 0;
   int64_t max_bytes = 256ll << 20, partition_bytes = 4 << 20, min_iterations = 3;
   double seconds = 1.0, timeout_s = 600;
   int64_t rss_steps = 1000;
@@ -513,6 +513,7 @@ int Run(int argc, char** argv) {
   bool verbose = false;
   Flags flags(kProgram, "[--servers=2] [--sizes=4K,64K,...] [--max-bytes=N] [--json=PATH]");
   flags.Add("servers", &servers, "psrt-server processes of the local job.");
+  flags.Add("replicas", &replicas, "The job's \"replicas\": 1 keeps a copy of every key on another server.");
   flags.Add("sizes", &sizes_flag, "Comma-separated tensor sizes in bytes (suffixes K, M, G: binary).");
   flags.Add("max-bytes", &max_bytes, "Skip sizes above this many bytes.");
   flags.Add("partition-bytes", &partition_bytes, "The job's partition_bytes (key size).");
@@ -523,9 +524,9 @@ int Run(int argc, char** argv) {
   flags.Add("json", &json_path, "Write the results as JSON here.");
   flags.Add("verbose", &verbose, "Let the job's processes log to this terminal instead of files.");
   flags.ParseOrExit(argc, argv);
-  if (servers < 1 || max_bytes < 4 || seconds <= 0 || min_iterations < 1 || timeout_s <= 0 ||
+  if (servers < 1 || replicas < 0 || replicas >= servers || max_bytes < 4 || seconds <= 0 || min_iterations < 1 || timeout_s <= 0 ||
       rss_steps < 0) {
-    std::fprintf(stderr, "%s: need --servers >= 1, --max-bytes >= 4, --seconds > 0, --min-iterations >= 1, --timeout > 0, --rss-steps >= 0\n",
+    std::fprintf(stderr, "%s: need --servers >= 1, --replicas in 0..servers-1, --max-bytes >= 4, --seconds > 0, --min-iterations >= 1, --timeout > 0, --rss-steps >= 0\n",
                  kProgram);
     return 2;
   }
@@ -597,7 +598,7 @@ int Run(int argc, char** argv) {
       LocalJob& job = jobs[t];
       const std::string dir = absl::StrCat(log_dir, "/", TransportName(kTransports[t]));
       mkdir(dir.c_str(), 0755);
-      if (absl::Status s = job.Start(servers, partition_bytes, kTransports[t], dir, verbose); !s.ok()) {
+      if (absl::Status s = job.Start(servers, partition_bytes, kTransports[t], replicas, dir, verbose); !s.ok()) {
         return fail(s);
       }
       ClientOptions options;
@@ -692,6 +693,7 @@ int Run(int argc, char** argv) {
                     {"loadavg_before", load_before},
                     {"loadavg_after", load_after}};
     j["config"] = {{"servers", servers},
+                   {"replicas", replicas},
                    {"workers", 1},
                    {"mode", "sync"},
                    {"partition_bytes", partition_bytes},

@@ -57,6 +57,11 @@ echo "bench: checkpoint_bench"
   tee "$out/checkpoint.txt"
 reports+=("$out/checkpoint.json" "$out/checkpoint.txt")
 
+# What "replicas": 1 costs: goodput and the trainer's samples/s with and without.
+echo "bench: replica_bench"
+"$root/.venv/bin/python" "$root/benchmarks/replica_bench.py" --build "$build" --out "$out" | tee "$out/replicas.txt"
+reports+=("$out/replicas.json" "$out/replicas.txt")
+
 # PyTorch through psrt (fp32, fp16) against DistributedDataParallel with gloo.
 echo "bench: torch_bench"
 "$root/scripts/setup.sh" frameworks

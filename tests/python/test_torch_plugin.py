@@ -97,7 +97,8 @@ def test_restored_job_resumes_at_the_checkpoint_step():
         assert "demo: test accuracy 0." in log, log
 
 
-def test_the_demo_survives_a_killed_server_losing_less_than_a_checkpoint_interval():
+@pytest.mark.parametrize("replicas", [0, 1])
+def test_the_demo_survives_a_killed_server_losing_less_than_a_checkpoint_interval(replicas):
     # The demo takes 420 steps; a checkpoint every 50; server 1 is killed
     # with SIGKILL at a random logged step (seeded, and printed), 10-30 steps
     # past a checkpoint: one that a kill interrupts while it commits cannot
@@ -106,10 +107,10 @@ def test_the_demo_survives_a_killed_server_losing_less_than_a_checkpoint_interva
     rng = random.Random(seed)
     kill_at = 50 * rng.randrange(1, 8) + rng.choice([10, 20, 30])
     print("killing server 1 at step %d (seed %d)" % (kill_at, seed))
-    token = "recover-%d-%d" % (os.getpid(), seed)
+    token = "recover-%d-%d-%d" % (os.getpid(), seed, replicas)
     digits = os.path.join(EXAMPLES, "torch_digits.py")
     with tempfile.TemporaryDirectory() as d, open(os.path.join(d, "log"), "w+") as log:
-        ps = {"on_failure": "recover", "heartbeat_timeout_s": 2,
+        ps = {"on_failure": "recover", "heartbeat_timeout_s": 2, "replicas": replicas,
               "checkpoint": {"uri": "file://" + d + "/ckpt", "every_steps": 50}}
         run = subprocess.Popen(job_command(digits, ["--log-every", "10"], ps, token=token),
                                stdout=log, stderr=subprocess.STDOUT)
@@ -126,14 +127,19 @@ def test_the_demo_survives_a_killed_server_losing_less_than_a_checkpoint_interva
             if run.poll() is None:
                 run.kill()
         out = open(log.name).read()
+    assert "demo: test accuracy 0." in out, out
+    assert not job_processes(token)
     recoveries = re.findall(r"recovery \d+ of at most \d+: server 1 on local1 .*; rolled back to step (\d+)"
                             r"[^;]*; (\d+) steps lost", out)
+    if replicas:
+        # Server 0 takes over server 1's keys from their replicas: no rollback.
+        assert "server 0 serves its keys from their replicas, no step lost (failover)" in out, out
+        assert not recoveries, out
+        return
     assert len(recoveries) == 1, out
     step, lost = map(int, recoveries[0])
     assert step % 50 == 0 and lost < 50, out
     assert "from step %d" % step in out, out  # the training processes resumed there
-    assert "demo: test accuracy 0." in out, out
-    assert not job_processes(token)
 
 
 def test_elastic_worker_joins_and_the_users_rule_scales_the_learning_rate():

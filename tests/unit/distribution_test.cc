@@ -18,7 +18,7 @@ constexpr char kAllPsKeys[] =
     "enabled, mode, staleness, backup_workers, compression, pull_compression, transport, "
     "servers_per_host, workers_per_host, partition_bytes, "
     "gradient_aggregation, on_worker_failure, restart_workers, "
-    "nonfinite, on_failure, max_recoveries, host_wait_s, heartbeat_timeout_s, barrier_timeout_s, restore, checkpoint, elastic, limits";
+    "replicas, nonfinite, on_failure, max_recoveries, host_wait_s, heartbeat_timeout_s, barrier_timeout_s, restore, checkpoint, elastic, limits";
 
 PsOptions ParseOk(const std::string& json) {
   absl::StatusOr<PsOptions> result = ParseDistribution(json);
@@ -184,6 +184,11 @@ TEST(ParseDistributionTest, RecoverNeedsCheckpointsAndSaysWhatIsAccepted) {
   EXPECT_THAT(ParseError(Ps(R"("on_failure": "recover")")),
               AllOf(HasSubstr("'on_failure' is 'recover'"),
                     HasSubstr("'checkpoint.uri' is empty")));
+  // Replicas alone are enough to recover from (the start, when nothing
+  // else is left).
+  EXPECT_EQ(ParseOk(Ps(R"("on_failure": "recover", "replicas": 1)")).replicas, 1);
+  EXPECT_THAT(ParseError(Ps(R"("replicas": 2)")),
+              AllOf(HasSubstr("'replicas'"), HasSubstr("1")));
   EXPECT_THAT(ParseError(Ps(R"("on_failure": "restart")")),
               AllOf(HasSubstr("'on_failure'"), HasSubstr("fail, recover")));
   EXPECT_THAT(
@@ -495,8 +500,8 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   const std::string help = DistributionHelp();
   std::vector<std::string> lines =
       absl::StrSplit(help, '\n', absl::SkipEmpty());
-  // parameter_server + 23 keys inside it + 4 checkpoint.* keys.
-  ASSERT_EQ(lines.size(), 28u) << help;
+  // parameter_server + 24 keys inside it + 4 checkpoint.* keys.
+  ASSERT_EQ(lines.size(), 29u) << help;
   for (const std::string& line : lines) {
     EXPECT_THAT(line, HasSubstr("default")) << line;
   }
@@ -504,7 +509,7 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
       "parameter_server", "enabled", "mode", "staleness", "backup_workers",
       "compression", "pull_compression", "transport", "servers_per_host",
       "workers_per_host", "partition_bytes", "gradient_aggregation",
-      "on_worker_failure", "restart_workers", "nonfinite", "on_failure", "max_recoveries",
+      "on_worker_failure", "restart_workers", "replicas", "nonfinite", "on_failure", "max_recoveries",
       "host_wait_s", "heartbeat_timeout_s",
       "barrier_timeout_s", "restore", "checkpoint", "elastic", "limits", "checkpoint.uri",
       "checkpoint.every_steps", "checkpoint.every_seconds", "checkpoint.keep"};
@@ -514,7 +519,7 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   EXPECT_THAT(lines[2], AllOf(HasSubstr("string"), HasSubstr("\"sync\""),
                               HasSubstr("ssp")));
   EXPECT_THAT(lines[10], AllOf(HasSubstr("int"), HasSubstr("4194304")));
-  EXPECT_THAT(lines[18], AllOf(HasSubstr("number"), HasSubstr("10")));
+  EXPECT_THAT(lines[19], AllOf(HasSubstr("number"), HasSubstr("10")));
 }
 
 }  // namespace
