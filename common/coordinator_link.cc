@@ -61,6 +61,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorLink>> CoordinatorLink::Connect(Option
       });
   if (!s.ok()) return s;
   link->config_ = resp.config();
+  link->spare_ = resp.spare();
   {
     absl::MutexLock lock(&link->mu_);
     link->generation_ = resp.config().generation();

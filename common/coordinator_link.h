@@ -47,6 +47,9 @@ class CoordinatorLink {
   ~CoordinatorLink();
 
   const v1::JobConfig& config() const { return config_; }
+  // Servers: registered as a spare ("replicas": 1): its keys are served
+  // elsewhere since it was lost; it starts empty and keeps copies only.
+  bool spare() const { return spare_; }
   absl::StatusOr<v1::BarrierResponse> Barrier();
   // `generation`: the exited process's (0: this link's own for its own
   // exit, else the current one).
@@ -79,6 +82,7 @@ class CoordinatorLink {
   const Options options_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   v1::JobConfig config_;
+  bool spare_ = false;
   mutable absl::Mutex mu_;
   JobEnd end_ ABSL_GUARDED_BY(mu_);
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;

@@ -129,7 +129,12 @@ void CoordinatorService::LayOutLocked() {
   }
   active_workers_->Set(config_.num_workers());
   served_by_.resize(config_.num_servers());
-  for (int i = 0; i < config_.num_servers(); ++i) served_by_[i] = i;
+  replica_at_.assign(config_.replicas() > 0 ? config_.num_servers() : 0, -1);
+  replica_since_.assign(replica_at_.size(), 0);
+  for (int i = 0; i < config_.num_servers(); ++i) {
+    served_by_[i] = i;
+    if (config_.replicas() > 0) replica_at_[i] = BackupServer(i, config_.num_servers(), options_.ps.servers_per_host);
+  }
   ++shard_epoch_;
 }
 
@@ -138,34 +143,46 @@ v1::ShardMap CoordinatorService::ShardMapLocked() const {
   for (const std::string& a : ServerAddressesLocked()) m.add_server_addresses(a);
   m.set_epoch(shard_epoch_);
   for (int s : served_by_) m.add_served_by(s);
+  for (int s : replica_at_) m.add_replica_at(s);
+  for (int64_t e : replica_since_) m.add_replica_since(e);
   return m;
 }
 
 void CoordinatorService::ServerLostLocked(Process* p, const std::string& reason) {
   if (state_ != v1::JOB_RUNNING || p->lost) return;
   const int i = p->id.index();
-  const int n = config_.num_servers();
-  const int b = BackupServer(i, n, options_.ps.servers_per_host);
-  Process* backup = FindLocked([&] {
-    v1::ProcessId id;
-    id.set_role(v1::ROLE_SERVER);
-    id.set_index(b);
-    return id;
-  }());
-  // The backup takes over when it is there and whole, and the lost server
-  // served only its own keys (copies of others' have no second copy).
-  const bool can = config_.replicas() > 0 && !recovering_ && b != i && backup != nullptr &&
-                   backup->registered && !backup->exited && !backup->lost && served_by_[b] == b &&
-                   std::count(served_by_.begin(), served_by_.end(), i) == 1;
+  // The keys it served (its own, and those it took over), each to the
+  // server with their copy, when every one has a live copy.
+  std::vector<int> owners;
+  for (int s = 0; s < static_cast<int>(served_by_.size()); ++s) {
+    if (served_by_[s] == i) owners.push_back(s);
+  }
+  bool can = config_.replicas() > 0 && !recovering_;
+  for (int s : owners) {
+    if (!can) break;
+    const int at = replica_at_[s];
+    const Process* q = at >= 0 && at != i ? ServerLocked(at) : nullptr;
+    can = can && q != nullptr && q->registered && !q->exited && !q->lost;
+  }
   if (!can) {
     LostLocked(reason);
     return;
   }
   p->lost = true;
-  served_by_[i] = b;
+  std::vector<std::string> moved;
+  for (int s : owners) {
+    served_by_[s] = replica_at_[s];
+    replica_at_[s] = -1;  // until a new copy is built
+    moved.push_back(absl::StrCat("server ", served_by_[s], " serves server ", s, "'s keys"));
+  }
+  for (int& at : replica_at_) {
+    if (at == i) at = -1;  // the copies it kept
+  }
   ++shard_epoch_;
   failovers_->Add();
-  LogWarning(reason, "; server ", b, " serves its keys from their replicas, no step lost (failover)");
+  LogWarning(reason, moved.empty() ? "; it served no keys, only copies" : absl::StrCat("; ", absl::StrJoin(moved, ", "),
+                                                                                       " from their replicas"),
+             ", no step lost (failover)");
   // The checkpoints go on with the servers left.
   std::vector<std::string> live;
   for (const Process& q : processes_) {
@@ -180,6 +197,13 @@ void CoordinatorService::ServerLostLocked(Process* p, const std::string& reason)
       options_.checkpointer->Start(live, last ? last->step() : restored);
     });
   }
+}
+
+CoordinatorService::Process* CoordinatorService::ServerLocked(int index) {
+  v1::ProcessId id;
+  id.set_role(v1::ROLE_SERVER);
+  id.set_index(index);
+  return FindLocked(id);
 }
 
 CoordinatorService::~CoordinatorService() {
@@ -474,6 +498,30 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
                         absl::StrCat(p->expected_host, " left the job: it was gone for longer than host_wait_s"));
   }
   if (p->id.role() == v1::ROLE_AGENT && p->lost) AgentBackLocked(p);
+  if (p->id.role() == v1::ROLE_SERVER && p->lost && config_.replicas() > 0) {
+    // Back after its keys moved: it keeps the copies that are missing now,
+    // which the servers serving them build in the background.
+    p->lost = false;
+    p->exited = false;
+    p->registered = true;
+    p->host = req->host();
+    p->address = req->address();
+    p->last_heartbeat = absl::Now();
+    std::vector<int> copies;
+    ++shard_epoch_;
+    for (int s = 0; s < static_cast<int>(replica_at_.size()); ++s) {
+      if (replica_at_[s] < 0 && served_by_[s] != p->id.index()) {
+        replica_at_[s] = p->id.index();
+        replica_since_[s] = shard_epoch_;
+        copies.push_back(s);
+      }
+    }
+    LogInfo(p->name, " is back at ", p->address, ": it keeps the copies of the keys of servers ",
+            absl::StrJoin(copies, ", "), " from now on");
+    *resp->mutable_config() = config_;
+    resp->set_spare(true);
+    return grpc::Status::OK;
+  }
   if (p->registered && !p->exited && p->id.role() == v1::ROLE_SERVER &&
       p->address != req->address()) {
     return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,

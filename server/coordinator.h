@@ -98,6 +98,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   void RecordLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::ShardMap ShardMapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AllServersRegisteredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Process* ServerLocked(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A server was lost: its backup takes over ("replicas": 1) where it can,
   // else as LostLocked.
   void ServerLostLocked(Process* p, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -139,6 +140,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   std::vector<int> drop_hosts_ ABSL_GUARDED_BY(mu_);  // leave at the next recovery
   bool started_ ABSL_GUARDED_BY(mu_) = false;         // elastic: min_workers were there
   std::vector<int> served_by_ ABSL_GUARDED_BY(mu_);   // per server: who serves its keys
+  std::vector<int> replica_at_ ABSL_GUARDED_BY(mu_);  // per server: who keeps copies (-1: none)
+  std::vector<int64_t> replica_since_ ABSL_GUARDED_BY(mu_);  // the epoch it was named in
   int64_t shard_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread failover_;  // restarts the checkpoints with the servers left
   Counter* failovers_;

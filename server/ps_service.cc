@@ -217,6 +217,11 @@ grpc::Status PsService::Replicate(grpc::ServerContext* ctx, const v1::ReplicateR
   return Finish(store_->Replicate(*req));
 }
 
+grpc::Status PsService::Seed(grpc::ServerContext* ctx, const v1::SeedRequest* req, v1::SeedResponse*) {
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
+  return Finish(store_->Seed(*req));
+}
+
 grpc::Status PsService::SaveShard(grpc::ServerContext* ctx, const v1::SaveShardRequest* req,
                                   v1::SaveShardResponse* resp) {
   if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;

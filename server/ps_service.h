@@ -49,6 +49,7 @@ class PsService final : public PsServiceBase {
                                   v1::AttachSharedMemoryResponse* resp) override;
   grpc::Status Replicate(grpc::ServerContext* ctx, const v1::ReplicateRequest* req,
                          v1::ReplicateResponse* resp) override;
+  grpc::Status Seed(grpc::ServerContext* ctx, const v1::SeedRequest* req, v1::SeedResponse* resp) override;
 
   ShardSaver* saver() { return &saver_; }
 

@@ -7,30 +7,82 @@
 
 namespace psrt {
 
-Replicator::Replicator(int self, int backup, std::string token, absl::Duration give_up)
-    : self_(self), backup_(backup), token_(std::move(token)), give_up_(give_up) {}
+Replicator::Replicator(int self, std::string token, absl::Duration give_up, Store* store)
+    : self_(self), token_(std::move(token)), give_up_(give_up), store_(store) {}
 
-void Replicator::Update(const v1::ShardMap& map, Store* store) {
-  std::vector<int> promote;
-  {
-    absl::MutexLock lock(&mu_);
-    if (backup_ < map.server_addresses_size() && map.server_addresses(backup_) != address_) {
-      address_ = map.server_addresses(backup_);
-      stub_ = v1::ParameterServer::NewStub(MakeChannel(address_));
-    }
-    for (int i = 0; i < map.served_by_size(); ++i) {
-      if (i == backup_ && map.served_by(i) != backup_ && !gone_) {
-        gone_ = true;
-        LogWarning("server ", backup_, " was lost: the keys served here have no replica any more");
-      }
-      if (i != self_ && map.served_by(i) == self_ && promoted_.insert(i).second) promote.push_back(i);
-    }
-  }
-  for (int i : promote) store->Promote(i);
+Replicator::~Replicator() {
+  for (std::thread& t : seeders_) t.join();
 }
 
-absl::Status Replicator::Forward(const std::string& variable, uint32_t partition, int64_t version,
+std::shared_ptr<v1::ParameterServer::Stub> Replicator::StubLocked(int server) {
+  if (server < 0 || server >= static_cast<int>(stubs_.size())) return nullptr;
+  if (stubs_[server] == nullptr && !addresses_[server].empty()) {
+    stubs_[server] = v1::ParameterServer::NewStub(MakeChannel(addresses_[server]));
+  }
+  return stubs_[server];
+}
+
+void Replicator::Update(const v1::ShardMap& map) {
+  std::vector<int> promote;
+  std::vector<std::pair<int, int>> seed;  // owner, new copy holder
+  {
+    absl::MutexLock lock(&mu_);
+    const int n = map.server_addresses_size();
+    const bool first = replica_at_.empty();
+    addresses_.resize(n);
+    stubs_.resize(n);
+    for (int i = 0; i < n; ++i) {
+      if (map.server_addresses(i) != addresses_[i]) {
+        addresses_[i] = map.server_addresses(i);
+        stubs_[i] = nullptr;  // made again on first use
+      }
+    }
+    replica_at_.resize(n, -1);
+    replica_since_.resize(n, 0);
+    for (int i = 0; i < map.replica_at_size() && i < n; ++i) {
+      const int at = map.replica_at(i);
+      const int64_t since = i < map.replica_since_size() ? map.replica_since(i) : 0;
+      const bool mine = (i < map.served_by_size() ? map.served_by(i) : i) == self_;
+      if (at == replica_at_[i] && since == replica_since_[i]) continue;
+      if (mine && at < 0 && !first) LogWarning("the keys of server ", i, " served here have no copy any more");
+      // A copy holder named anew for keys served here (not the start, where
+      // every worker registers its keys with both): copy them there first.
+      if (mine && at >= 0 && !first) seed.emplace_back(i, at);
+      replica_at_[i] = at;
+      replica_since_[i] = since;
+    }
+    // Keys it serves now from copies: another server's, or (a spare that
+    // took over its old keys back) its own.
+    for (int i = 0; i < map.served_by_size(); ++i) {
+      if (map.served_by(i) == self_ && promoted_.insert(i).second) promote.push_back(i);
+    }
+    for (const auto& [owner, at] : seed) seeding_.insert(owner);
+  }
+  for (int i : promote) store_->Promote(i);
+  for (const auto& [owner, at] : seed) {
+    LogInfo("building the copy of server ", owner, "'s keys on server ", at);
+    seeders_.emplace_back([this, owner = owner, at = at] {
+      store_->SeedCopies(owner == self_ ? -1 : owner, owner, [&](const v1::SeedRequest& req) {
+        std::shared_ptr<v1::ParameterServer::Stub> stub;
+        {
+          absl::MutexLock lock(&mu_);
+          stub = StubLocked(at);
+        }
+        if (stub == nullptr) return absl::UnavailableError(absl::StrCat("server ", at, " has no address"));
+        grpc::ClientContext ctx;
+        PrepareContext(&ctx, token_, absl::Seconds(30));
+        v1::SeedResponse resp;
+        return FromGrpc(stub->Seed(&ctx, req, &resp));
+      });
+      absl::MutexLock lock(&mu_);
+      seeding_.erase(owner);
+    });
+  }
+}
+
+absl::Status Replicator::Forward(int owner, const std::string& variable, uint32_t partition, int64_t version,
                                  const float* grad, int64_t n, const Store::Origin& origin) {
+  const int key_owner = owner < 0 ? self_ : owner;
   v1::ReplicateRequest req;
   req.set_variable(variable);
   req.set_partition(partition);
@@ -45,11 +97,14 @@ absl::Status Replicator::Forward(const std::string& variable, uint32_t partition
   const absl::Time start = absl::Now();
   grpc::Status last;
   while (true) {
-    v1::ParameterServer::Stub* stub;
+    std::shared_ptr<v1::ParameterServer::Stub> stub;
+    bool seeding;
     {
       absl::MutexLock lock(&mu_);
-      if (gone_) return absl::OkStatus();  // the update stays here alone
-      stub = stub_.get();
+      const int at = key_owner < static_cast<int>(replica_at_.size()) ? replica_at_[key_owner] : -2;
+      if (at == -1 || at == self_) return absl::OkStatus();  // no copy: the update stays here alone
+      stub = StubLocked(at);
+      seeding = seeding_.count(key_owner) > 0;
     }
     if (stub != nullptr) {
       grpc::ClientContext ctx;
@@ -57,6 +112,8 @@ absl::Status Replicator::Forward(const std::string& variable, uint32_t partition
       v1::ReplicateResponse resp;
       last = stub->Replicate(&ctx, req, &resp);
       if (last.ok()) return absl::OkStatus();
+      // A key not copied yet gets its state, this update included, when it is.
+      if (seeding && last.error_code() == grpc::StatusCode::NOT_FOUND) return absl::OkStatus();
       if (last.error_code() != grpc::StatusCode::UNAVAILABLE &&
           last.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
         return FromGrpc(last);
@@ -66,10 +123,10 @@ absl::Status Replicator::Forward(const std::string& variable, uint32_t partition
     // for it, or for the coordinator to say it is gone.
     if (absl::Now() - start > give_up_) {
       absl::MutexLock lock(&mu_);
-      gone_ = true;
-      return absl::UnavailableError(absl::StrCat("backup server ", backup_, " did not answer for ",
+      replica_at_[key_owner] = -1;
+      return absl::UnavailableError(absl::StrCat("the copy of server ", key_owner, "'s keys did not answer for ",
                                                  absl::FormatDuration(give_up_), ": ", last.error_message(),
-                                                 "; its replicas are stale from here on"));
+                                                 "; those keys have no copy from here on"));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }

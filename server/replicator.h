@@ -4,6 +4,8 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -14,30 +16,41 @@
 
 namespace psrt {
 
-// "replicas": 1, one server's side: sends each update of the keys it serves
-// to their copies on its backup server (Store's Forward), and follows the
-// coordinator's shard map: the backup's address, the backup's loss (updates
-// then stay here), and the servers whose keys it now serves.
+// "replicas": 1, one server's side. It sends each update of the keys it
+// serves to their copies (Store's Forward) on the server the coordinator's
+// shard map names for their owner, and follows that map: the servers whose
+// keys it now serves (Promote), owners whose copies are gone (updates then
+// stay here), and new copy holders, to which it copies those keys first, in
+// the background (Store::SeedCopies).
 class Replicator {
  public:
-  // `give_up`: how long an update waits for an unreachable backup before
-  // it goes on without it (the coordinator declares a lost server within
-  // its heartbeat timeout).
-  Replicator(int self, int backup, std::string token, absl::Duration give_up);
+  // `give_up`: how long an update waits for an unreachable copy holder
+  // before going on without it (the coordinator declares a lost server
+  // within its heartbeat timeout).
+  Replicator(int self, std::string token, absl::Duration give_up, Store* store);
+  ~Replicator();
 
-  absl::Status Forward(const std::string& variable, uint32_t partition, int64_t version,
+  // `owner`: the server whose key it is (-1: this one).
+  absl::Status Forward(int owner, const std::string& variable, uint32_t partition, int64_t version,
                        const float* grad, int64_t n, const Store::Origin& origin);
-  void Update(const v1::ShardMap& map, Store* store);
+  void Update(const v1::ShardMap& map);
 
  private:
-  const int self_, backup_;
+  std::shared_ptr<v1::ParameterServer::Stub> StubLocked(int server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const int self_;
   const std::string token_;
   const absl::Duration give_up_;
+  Store* const store_;
   absl::Mutex mu_;
-  std::string address_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<v1::ParameterServer::Stub> stub_ ABSL_GUARDED_BY(mu_);
-  bool gone_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);
+  // Shared: a call in flight keeps the stub it started with.
+  std::vector<std::shared_ptr<v1::ParameterServer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> replica_at_ ABSL_GUARDED_BY(mu_);  // per owner; -1: no copy
+  std::vector<int64_t> replica_since_ ABSL_GUARDED_BY(mu_);
   std::set<int> promoted_ ABSL_GUARDED_BY(mu_);
+  std::set<int> seeding_ ABSL_GUARDED_BY(mu_);  // owners whose copies are being built
+  std::vector<std::thread> seeders_;
 };
 
 }  // namespace psrt

@@ -121,16 +121,14 @@ int main(int argc, char** argv) {
   const int backed_up = (index + num_servers - psrt::BackupServer(0, num_servers, servers_per_host)) % num_servers;
   std::unique_ptr<psrt::Replicator> replicator;
   if (config->replicas() > 0) {
-    replicator = std::make_unique<psrt::Replicator>(
-        index, psrt::BackupServer(index, num_servers, servers_per_host), token,
-        absl::Seconds(2 * config->heartbeat_timeout_s() + 5));
-    store.SetForward([r = replicator.get()](const std::string& variable, uint32_t partition, int64_t version,
-                                            const float* grad, int64_t n, const psrt::Store::Origin& origin) {
-      return r->Forward(variable, partition, version, grad, n, origin);
+    replicator = std::make_unique<psrt::Replicator>(index, token, absl::Seconds(2 * config->heartbeat_timeout_s() + 5),
+                                                    &store);
+    store.SetForward([r = replicator.get()](int owner, const std::string& variable, uint32_t partition,
+                                            int64_t version, const float* grad, int64_t n,
+                                            const psrt::Store::Origin& origin) {
+      return r->Forward(owner, variable, partition, version, grad, n, origin);
     });
-    link_options.on_shard_map = [&store, r = replicator.get()](const psrt::v1::ShardMap& map) {
-      r->Update(map, &store);
-    };
+    link_options.on_shard_map = [r = replicator.get()](const psrt::v1::ShardMap& map) { r->Update(map); };
   }
   auto link = psrt::CoordinatorLink::Connect(link_options);
   if (!link.ok()) {
@@ -139,7 +137,10 @@ int main(int argc, char** argv) {
   }
   psrt::LogInfo("serving on ", link_options.address, " (", config->mode(), " mode, ",
                 config->num_workers(), " workers", psrt::TlsEnabled() ? ", mutual TLS" : "", ")");
-  if (store_options.restore_pending) {
+  if (store_options.restore_pending && (*link)->spare()) {
+    // Its keys are served elsewhere: it gets copies from those servers.
+    store.FinishRestore(std::vector<psrt::Store::RestoredKey>{}, config->restored_step(), "");
+  } else if (store_options.restore_pending) {
     // Registrations wait until the keys are in; a checkpoint that cannot be
     // read ends the job, with the reason, before any training step.
     const absl::Time start = absl::Now();

@@ -451,7 +451,69 @@ void Store::Promote(int primary) {
     k->serving = true;
     ++n;
   }
-  LogWarning("serving the ", n, " keys of server ", primary, " from their replicas here");
+  if (n > 0) LogWarning("serving the ", n, " keys of server ", primary, " from their replicas here");
+}
+
+absl::Status Store::Seed(const v1::SeedRequest& req) {
+  absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(req.spec().optimizer());
+  const int64_t n = req.spec().num_elements();
+  if (!opt.ok() || n <= 0 || static_cast<int64_t>(req.weights().size()) != n * 4 ||
+      req.slots_size() != NumSlots(*opt) || req.worker_clocks_size() > options_.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("seed of key '", KeyName(req.spec().variable(), req.spec().partition()),
+                                                   "' does not fit its spec"));
+  }
+  for (const std::string& slot : req.slots()) {
+    if (static_cast<int64_t>(slot.size()) != n * 4) return absl::InvalidArgumentError("seed slot of the wrong size");
+  }
+  const std::string name = KeyName(req.spec().variable(), req.spec().partition());
+  Key* key;
+  {
+    absl::MutexLock lock(&map_mu_);
+    std::unique_ptr<Key>& slot = keys_[name];
+    if (slot == nullptr) {
+      slot = std::make_unique<Key>();
+      slot->name = name;
+      slot->spec = req.spec();
+      slot->n = n;
+    }
+    key = slot.get();
+  }
+  absl::MutexLock lock(&key->mu);
+  if (key->serving && key->initialized) {
+    return absl::FailedPreconditionError(absl::StrCat("key '", name, "' is served here; it takes no copy"));
+  }
+  if (key->n != n) return absl::FailedPreconditionError(absl::StrCat("key '", name, "' has another size here"));
+  key->backup_of = req.primary();
+  key->serving = false;
+  if (!key->initialized) InitKey(key, *opt);
+  std::memcpy(key->weights.data(), req.weights().data(), n * 4);
+  for (int i = 0; i < req.slots_size(); ++i) std::memcpy(key->slots[i].data(), req.slots(i).data(), n * 4);
+  key->version = req.version();
+  key->lr = req.lr();
+  for (int w = 0; w < req.worker_clocks_size(); ++w) key->clock[w] = req.worker_clocks(w);
+  return absl::OkStatus();
+}
+
+void Store::SeedCopies(int owner, int primary, const std::function<absl::Status(const v1::SeedRequest&)>& send) {
+  int64_t sent = 0;
+  for (Key* k : AllKeys()) {
+    absl::MutexLock lock(&k->mu);
+    if (!k->serving || !k->initialized || k->backup_of != owner) continue;
+    v1::SeedRequest req;
+    *req.mutable_spec() = k->spec;
+    req.set_primary(primary);
+    req.set_version(k->version);
+    req.set_lr(k->lr);
+    req.set_weights(reinterpret_cast<const char*>(k->weights.data()), k->n * 4);
+    for (const auto& slot : k->slots) req.add_slots(reinterpret_cast<const char*>(slot.data()), k->n * 4);
+    for (int64_t c : k->clock) req.add_worker_clocks(c);
+    if (absl::Status s = send(req); !s.ok()) {
+      LogWarning("building the copy of key '", k->name, "' failed: ", s.message());
+      return;
+    }
+    ++sent;
+  }
+  LogInfo("copied ", sent, " keys to their new backup");
 }
 
 void Store::InitKey(Key* key, const OptimizerConfig& optimizer) {
@@ -499,7 +561,7 @@ bool AllFinite(const float* v, int64_t n) {
 }  // namespace
 
 void Store::Apply(Key* key, const float* grad, const Origin& origin) {
-  if (key->backup_of < 0) {
+  if (key->serving) {
     // The backup applies the same update first: once the new version is
     // served here, it is there too.
     Forward forward;
@@ -508,7 +570,8 @@ void Store::Apply(Key* key, const float* grad, const Origin& origin) {
       forward = forward_;
     }
     if (forward) {
-      absl::Status s = forward(key->spec.variable(), key->spec.partition(), key->version, grad, key->n, origin);
+      absl::Status s =
+          forward(key->backup_of, key->spec.variable(), key->spec.partition(), key->version, grad, key->n, origin);
       if (!s.ok()) LogWarning("key '", key->name, "': its replica was not updated: ", s.message());
     }
   }

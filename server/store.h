@@ -75,7 +75,8 @@ class Store {
     uint64_t push_id = 0;
     int64_t clock = 0;  // the worker's clock after it
   };
-  using Forward = std::function<absl::Status(const std::string& variable, uint32_t partition,
+  // `owner`: the server whose key it is (-1: this server's own).
+  using Forward = std::function<absl::Status(int owner, const std::string& variable, uint32_t partition,
                                              int64_t version, const float* grad, int64_t n,
                                              const Origin& origin)>;
   void SetForward(Forward forward);
@@ -83,6 +84,12 @@ class Store {
   absl::Status Replicate(const v1::ReplicateRequest& req);
   // Server `primary` is gone: this server now serves its keys (the copies).
   void Promote(int primary);
+  // A whole key from the server that serves it, for a new copy here.
+  absl::Status Seed(const v1::SeedRequest& req);
+  // Sends every key of `owner` (-1: this server's own, which is server
+  // `primary`) that this server serves to `send`, each under its lock, so
+  // that no update falls between the copy and the updates forwarded after it.
+  void SeedCopies(int owner, int primary, const std::function<absl::Status(const v1::SeedRequest&)>& send);
   // INVALID_ARGUMENT unless `rank` is a worker of this job.
   absl::Status CheckWorker(int32_t rank) const;
   int num_workers() const { return options_.num_workers; }

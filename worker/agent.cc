@@ -47,16 +47,20 @@ int RunAgent(const AgentOptions& options) {
   v1::JobConfig config = (*link)->current_config();
   int host_index = (*link)->host_index();
   const int local = config.workers_per_host();
-  const int servers_here = options.servers ? config.num_servers() / std::max(1, config.num_hosts()) : 0;
+  const int servers_here =
+      options.servers ? config.num_servers() / std::max(1, config.num_hosts()) : 0;
   int64_t generation = (*link)->generation();
 
   std::map<pid_t, Child> children;  // running
   std::map<int, int> restarts;      // per rank, restarts made so far
+  std::map<int, int> server_restarts;  // per server index, this generation
+  constexpr int kServerRestarts = 3;
   auto report_exit = [&](const Child& c, int code, const std::string& message, bool restarting) {
     absl::Status s = (*link)->ReportExit(c.id, code, message, restarting, c.generation);
     if (!s.ok()) LogWarning("could not report the exit of ", c.name, ": ", s.message());
   };
-  auto spawn = [&](v1::Role role, int index, const std::string& name, const std::vector<std::string>& argv,
+  auto spawn = [&](v1::Role role, int index, const std::string& name,
+                   const std::vector<std::string>& argv,
                    const std::map<std::string, std::string>& env) {
     Child c;
     c.id.set_role(role);
@@ -70,7 +74,9 @@ int RunAgent(const AgentOptions& options) {
       return false;
     }
     LogInfo("started ", name, " (pid ", *pid, ")",
-            role == v1::ROLE_WORKER && restarts[index] > 0 ? absl::StrCat(", restart ", restarts[index]) : "",
+            role == v1::ROLE_WORKER && restarts[index] > 0
+                ? absl::StrCat(", restart ", restarts[index])
+                : "",
             generation > 1 ? absl::StrCat(", generation ", generation) : "");
     children[*pid] = std::move(c);
     return true;
@@ -138,6 +144,14 @@ int RunAgent(const AgentOptions& options) {
         LogInfo(c.name, " ", e.description);
       }
       report_exit(c, e.code, e.description, false);
+      // "replicas": 1: its keys moved to their copies; started again, it
+      // keeps new copies (the coordinator says which).
+      const int index = c.id.index();
+      if (config.replicas() > 0 && running && e.code != 0 && c.generation == generation &&
+          server_restarts[index] < kServerRestarts) {
+        ++server_restarts[index];
+        start_server(index);
+      }
       return;
     }
     const int rank = c.id.index();
@@ -169,6 +183,7 @@ int RunAgent(const AgentOptions& options) {
       children.clear();
       generation = (*link)->generation();
       config = (*link)->current_config();
+      server_restarts.clear();
       host_index = (*link)->host_index();
       Terminate(pids, options.kill_grace);
       if (host_index < 0) {

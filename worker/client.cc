@@ -163,6 +163,7 @@ class Client::Impl {
     calls_mu.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
     calls_mu.Unlock();
     pool.reset();  // joins its threads while everything they use still exists
+    link.reset();  // its heartbeat thread follows the shard map into the members below
     calls_mu.Lock();
   }
 
@@ -179,11 +180,19 @@ class Client::Impl {
   std::unique_ptr<std::atomic<int>[]> routes;
   std::atomic<bool> routes_ready{false};
   std::unique_ptr<CoordinatorLink> link;
-  std::vector<std::string> addresses;
   // Control calls (registration, learning rate, stats) on the first
   // connection; pushes and pulls spread over `connections_per_server`.
-  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs;
-  std::vector<std::vector<std::unique_ptr<grpc::GenericStub>>> data_stubs;
+  // Replaced when a server comes back at another address ("replicas": 1);
+  // a call holds the stub it started with.
+  mutable absl::Mutex channels_mu;
+  std::vector<std::string> addresses ABSL_GUARDED_BY(channels_mu);
+  std::vector<std::shared_ptr<v1::ParameterServer::Stub>> stubs ABSL_GUARDED_BY(channels_mu);
+  std::vector<std::vector<std::shared_ptr<grpc::GenericStub>>> data_stubs ABSL_GUARDED_BY(channels_mu);
+  int num_servers = 0;
+  // Per server, how often it came back at a new address: a request encoded
+  // for one process (its shared-memory spans) is encoded again for the next.
+  // No shared memory with a server that moved.
+  std::unique_ptr<std::atomic<int>[]> moved;
   std::unique_ptr<std::atomic<uint64_t>[]> next_connection;
   BufferPool buffers;  // compressed gradients on their way out
   // Requests in flight to one server at most; more wait their turn, so a
@@ -230,22 +239,51 @@ class Client::Impl {
   };
 
   int Route(int s) const { return routes[s].load(std::memory_order_acquire); }
-  v1::ParameterServer::Stub* Stub(int s) const { return stubs[Route(s)].get(); }
+  std::shared_ptr<v1::ParameterServer::Stub> Stub(int s) const {
+    absl::MutexLock lock(&channels_mu);
+    return stubs[Route(s)];
+  }
+  std::string Address(int s) const {
+    absl::MutexLock lock(&channels_mu);
+    return addresses[s];
+  }
+
+  // Channels to `address` for server `s`: one for control calls, and
+  // connections_per_server for the data path, each its own TCP connection.
+  void Connect(int s, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(channels_mu) {
+    addresses[s] = address;
+    data_stubs[s].clear();
+    for (int c = 0; c < options.connections_per_server; ++c) {
+      std::shared_ptr<grpc::Channel> channel = MakeChannel(address);
+      if (c == 0) stubs[s] = v1::ParameterServer::NewStub(channel);
+      data_stubs[s].push_back(std::make_shared<grpc::GenericStub>(channel));
+    }
+  }
 
   void FollowShardMap(const v1::ShardMap& map) {
     if (!routes_ready.load(std::memory_order_acquire)) return;
-    for (int s = 0; s < map.served_by_size() && s < static_cast<int>(addresses.size()); ++s) {
+    {
+      // A server started again after its loss listens elsewhere.
+      absl::MutexLock lock(&channels_mu);
+      for (int s = 0; s < map.server_addresses_size() && s < num_servers; ++s) {
+        if (map.server_addresses(s).empty() || map.server_addresses(s) == addresses[s]) continue;
+        Connect(s, map.server_addresses(s));
+        moved[s].fetch_add(1);
+      }
+    }
+    for (int s = 0; s < map.served_by_size() && s < num_servers; ++s) {
       const int to = map.served_by(s);
-      if (to < 0 || to >= static_cast<int>(addresses.size()) || to == Route(s)) continue;
-      LogWarning("server ", s, " was lost: its keys are served by server ", to, " at ", addresses[to], " now");
+      if (to < 0 || to >= num_servers || to == Route(s)) continue;
+      LogWarning("server ", s, " was lost: its keys are served by server ", to, " at ", Address(to), " now");
       routes[s].store(to, std::memory_order_release);
     }
   }
 
   // The data path's connections to server `s`, taken in turn.
-  grpc::GenericStub* DataStub(int s) {
-    const std::vector<std::unique_ptr<grpc::GenericStub>>& pool = data_stubs[s];
-    return pool[next_connection[s].fetch_add(1, std::memory_order_relaxed) % pool.size()].get();
+  std::shared_ptr<grpc::GenericStub> DataStub(int s) {
+    absl::MutexLock lock(&channels_mu);
+    const std::vector<std::shared_ptr<grpc::GenericStub>>& pool = data_stubs[s];
+    return pool[next_connection[s].fetch_add(1, std::memory_order_relaxed) % pool.size()];
   }
 
   absl::StatusOr<Variable> Find(const std::string& name) {
@@ -309,7 +347,7 @@ class Client::Impl {
                          absl::Time start) const {
     return absl::Status(
         static_cast<absl::StatusCode>(st.error_code()),
-        absl::StrCat(what, " to server ", Route(s), " at ", addresses[Route(s)], " failed after ", attempts,
+        absl::StrCat(what, " to server ", Route(s), " at ", Address(Route(s)), " failed after ", attempts,
                      attempts == 1 ? " attempt" : " attempts", " in ",
                      absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
                      ": ", st.error_message(),
@@ -346,6 +384,7 @@ class Client::Impl {
   // A free slot for a request to `server`, if it shares memory with it.
   Lease Take(int server) {
     Lease l;
+    if (moved[server].load() > 0) return l;  // not the process the region was given to
     SharedLink* link = shared.empty() ? nullptr : shared[server].get();
     if (link == nullptr) return l;
     absl::MutexLock lock(&link->mu);
@@ -370,10 +409,10 @@ class Client::Impl {
   // Offers each server on this host a shared region (servers elsewhere
   // cannot open it) and says in one line which servers it is used with.
   void ShareMemory() {
-    shared.resize(stubs.size());
+    shared.resize(num_servers);
     std::vector<int> with;
     std::string why_not;
-    for (size_t s = 0; s < stubs.size(); ++s) {
+    for (int s = 0; s < num_servers; ++s) {
       absl::StatusOr<std::unique_ptr<SharedRegion>> region =
           SharedRegion::Create(kSharedSlots * kRequestBytes);
       absl::Status st = region.status();
@@ -401,7 +440,7 @@ class Client::Impl {
       shared[s] = std::move(link);
       with.push_back(static_cast<int>(s));
     }
-    if (with.size() == stubs.size()) {
+    if (static_cast<int>(with.size()) == num_servers) {
       LogInfo("worker ", options.rank, ": tensors travel through shared memory with every server");
     } else {
       LogInfo("worker ", options.rank, ": ",
@@ -575,6 +614,8 @@ class Client::Impl {
     absl::Duration backoff = absl::Milliseconds(50);
     int attempts = 0;
     int target = 0;  // the server it goes to: Route(shard.server) when encoded
+    int target_moves = 0;  // moved[target] then
+    std::shared_ptr<grpc::GenericStub> stub;  // of the attempt in flight
     const char* what() const { return push && pull ? "push-pull" : push ? "push" : "pull"; }
   };
 
@@ -621,6 +662,7 @@ class Client::Impl {
   // Encodes the request and makes its first attempt.
   void Send(const std::shared_ptr<Request>& r) {
     r->target = Route(r->shard.server);
+    r->target_moves = moved[r->target].load();
     r->lease = Take(r->target);
     absl::StatusOr<std::vector<OutKey>> keys = Encode(r->shard, r->version, r->push, r->pull, &r->lease);
     if (!keys.ok()) {
@@ -647,8 +689,8 @@ class Client::Impl {
     }
     const std::string& method = r->push && r->pull ? kPushPullMethod : r->push ? kPushMethod : kPullMethod;
     r->resp.Clear();
-    DataStub(r->target)
-        ->UnaryCall(r->ctx.get(), method, grpc::StubOptions(), &r->req, &r->resp,
+    r->stub = DataStub(r->target);
+    r->stub->UnaryCall(r->ctx.get(), method, grpc::StubOptions(), &r->req, &r->resp,
                     [this, r](grpc::Status st) { Answered(r, std::move(st)); });
   }
 
@@ -670,8 +712,11 @@ class Client::Impl {
     pool->Schedule([this, r] {
       absl::SleepFor(r->backoff);
       r->backoff = std::min(r->backoff * 2, absl::Seconds(1));
-      if (Route(r->shard.server) == r->target) return Attempt(r);  // the same request again: a push keeps its id
-      // Its keys moved to the backup: encoded again for it (the same push id).
+      if (Route(r->shard.server) == r->target && moved[r->target].load() == r->target_moves) {
+        return Attempt(r);  // the same request again: a push keeps its id
+      }
+      // Its keys moved to the backup, or its server to a new process:
+      // encoded again for where it goes (the same push id).
       Give(&r->lease, false);
       Send(r);
     });
@@ -732,35 +777,34 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (!barrier.ok()) return barrier.status();
   impl->config = barrier->config();
   impl->active_workers.store(barrier->membership().active_workers_size(), std::memory_order_relaxed);
-  for (const std::string& addr : barrier->shard_map().server_addresses()) {
-    impl->addresses.push_back(addr);
-    auto& data = impl->data_stubs.emplace_back();
-    for (int c = 0; c < options.connections_per_server; ++c) {
-      // Each channel has its own subchannel pool (MakeChannel): its own TCP
-      // connection.
-      std::shared_ptr<grpc::Channel> channel = MakeChannel(addr);
-      if (c == 0) impl->stubs.push_back(v1::ParameterServer::NewStub(channel));
-      data.push_back(std::make_unique<grpc::GenericStub>(channel));
-    }
+  const int n = barrier->shard_map().server_addresses_size();
+  if (n == 0) return absl::FailedPreconditionError("the shard map lists no servers");
+  {
+    absl::MutexLock lock(&impl->channels_mu);
+    impl->num_servers = n;
+    impl->addresses.resize(n);
+    impl->stubs.resize(n);
+    impl->data_stubs.resize(n);
+    for (int s = 0; s < n; ++s) impl->Connect(s, barrier->shard_map().server_addresses(s));
   }
-  if (impl->stubs.empty()) return absl::FailedPreconditionError("the shard map lists no servers");
-  impl->routes = std::make_unique<std::atomic<int>[]>(impl->stubs.size());
-  for (size_t s = 0; s < impl->stubs.size(); ++s) impl->routes[s].store(static_cast<int>(s));
+  impl->moved = std::make_unique<std::atomic<int>[]>(n);
+  impl->routes = std::make_unique<std::atomic<int>[]>(n);
+  for (int s = 0; s < n; ++s) impl->routes[s].store(s);
   impl->routes_ready.store(true, std::memory_order_release);
   impl->FollowShardMap(barrier->shard_map());
-  impl->next_connection = std::make_unique<std::atomic<uint64_t>[]>(impl->stubs.size());
-  impl->queues = std::make_unique<Impl::Queue[]>(impl->stubs.size());
+  impl->next_connection = std::make_unique<std::atomic<uint64_t>[]>(n);
+  impl->queues = std::make_unique<Impl::Queue[]>(n);
   if (impl->config.transport() != "tcp") impl->ShareMemory();
   // Enough threads for a request in flight on every connection.
   impl->pool = std::make_unique<ThreadPool>(
-      std::max<int>(4, 2 * options.connections_per_server * impl->stubs.size()));
+      std::max<int>(4, 2 * options.connections_per_server * n));
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
 int Client::rank() const { return impl_->options.rank; }
 int Client::num_workers() const { return impl_->config.num_workers(); }
 int Client::active_workers() const { return impl_->active_workers.load(std::memory_order_relaxed); }
-int Client::num_servers() const { return static_cast<int>(impl_->stubs.size()); }
+int Client::num_servers() const { return impl_->num_servers; }
 bool Client::sync() const { return impl_->config.mode() == "sync"; }
 int64_t Client::restored_step() const { return impl_->config.restored_step(); }
 

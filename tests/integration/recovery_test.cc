@@ -1,6 +1,7 @@
 // In-job recovery on whole jobs: psrt-run, its agents, servers and the
 // example trainer as real processes on loopback, failures made with SIGKILL,
 // and a seeded chaos suite over every process kind and both policies.
+#include <gtest/gtest.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -9,8 +10,6 @@
 #include <regex>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -27,17 +26,19 @@ constexpr char kTrainer[] = "--dim=2048 --batch=64 --log-every=10";
 constexpr int kSteps = 300;
 constexpr int kEvery = 50;  // checkpoint interval, steps
 
-std::string Distribution(const std::string& policy, const std::string& root, const std::string& more = "") {
-  return absl::StrCat(R"({"parameter_server":{"enabled":true,"heartbeat_timeout_s":2,"partition_bytes":4096,)",
-                      R"("on_failure":")", policy, R"(","checkpoint":{"uri":")", root,
-                      R"(","every_steps":)", kEvery, "}", more, "}}");
+std::string Distribution(const std::string& policy, const std::string& root,
+                         const std::string& more = "") {
+  return absl::StrCat(
+      R"({"parameter_server":{"enabled":true,"heartbeat_timeout_s":2,"partition_bytes":4096,)",
+      R"("on_failure":")", policy, R"(","checkpoint":{"uri":")", root, R"(","every_steps":)",
+      kEvery, "}", more, "}}");
 }
 
 Proc StartJob(const std::string& dist, const std::string& token, const std::string& dir,
               const std::string& trainer_args = "") {
-  return Proc::Start(absl::StrCat(kBin, "/psrt-run --local=2 --token=", token, " --distribution='", dist,
-                                  "' -- ", kBin, "/psrt-example-linreg ", kTrainer, " --steps=", kSteps,
-                                  " --result=", dir, "/r ", trainer_args),
+  return Proc::Start(absl::StrCat(kBin, "/psrt-run --local=2 --token=", token, " --distribution='",
+                                  dist, "' -- ", kBin, "/psrt-example-linreg ", kTrainer,
+                                  " --steps=", kSteps, " --result=", dir, "/r ", trainer_args),
                      dir + "/log");
 }
 
@@ -45,7 +46,8 @@ Proc StartJob(const std::string& dist, const std::string& token, const std::stri
 const std::string& UninterruptedWeights() {
   static const std::string* weights = [] {
     const std::string dir = TempDir();
-    Proc run = StartJob(R"({"parameter_server":{"enabled":true,"partition_bytes":4096}})", RandomToken(), dir);
+    Proc run = StartJob(R"({"parameter_server":{"enabled":true,"partition_bytes":4096}})",
+                        RandomToken(), dir);
     EXPECT_EQ(run.Wait(absl::Seconds(120), "the uninterrupted job"), 0) << run.Output();
     return new std::string(ReadFile(dir + "/r.rank0.weights"));
   }();
@@ -59,9 +61,11 @@ struct Recovery {
 
 std::vector<Recovery> Recoveries(const std::string& out) {
   static const std::regex re(
-      "recovery [0-9]+ of at most [0-9]+: .*; rolled back to step ([0-9]+)[^;]*;( ([0-9]+) steps lost)?");
+      "recovery [0-9]+ of at most [0-9]+: .*; rolled back to step ([0-9]+)[^;]*;( ([0-9]+) steps "
+      "lost)?");
   std::vector<Recovery> r;
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it) {
     r.push_back({std::stoll((*it)[1]), (*it)[3].matched ? std::stoll((*it)[3]) : -1});
   }
   return r;
@@ -72,21 +76,28 @@ std::vector<Recovery> Recoveries(const std::string& out) {
 int Leftovers(const std::string& token) {
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   std::vector<pid_t> left;
-  while (!(left = JobProcesses(token)).empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(100));
+  while (!(left = JobProcesses(token)).empty() && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(100));
   for (pid_t p : left) kill(p, SIGKILL);
   return static_cast<int>(left.size());
 }
 
 enum class Kind { kServer, kWorker, kAgent, kCoordinator, kLauncher };
-constexpr Kind kKinds[] = {Kind::kServer, Kind::kWorker, Kind::kAgent, Kind::kCoordinator, Kind::kLauncher};
+constexpr Kind kKinds[] = {Kind::kServer, Kind::kWorker, Kind::kAgent, Kind::kCoordinator,
+                           Kind::kLauncher};
 
 const char* KindName(Kind k) {
   switch (k) {
-    case Kind::kServer: return "server";
-    case Kind::kWorker: return "training process";
-    case Kind::kAgent: return "agent";
-    case Kind::kCoordinator: return "coordinator";
-    case Kind::kLauncher: return "launcher";
+    case Kind::kServer:
+      return "server";
+    case Kind::kWorker:
+      return "training process";
+    case Kind::kAgent:
+      return "agent";
+    case Kind::kCoordinator:
+      return "coordinator";
+    case Kind::kLauncher:
+      return "launcher";
   }
   return "?";
 }
@@ -98,14 +109,18 @@ pid_t Victim(Kind kind, const std::string& token, const Proc& run) {
     const std::string cmd = CmdLine(p);
     auto has = [&](const char* s) { return cmd.find(s) != std::string::npos; };
     switch (kind) {
-      case Kind::kServer: return has("psrt-server") && has("--index=1");
+      case Kind::kServer:
+        return has("psrt-server") && has("--index=1");
       case Kind::kWorker:
         return has("psrt-example-linreg") &&
-               ReadFile(absl::StrCat("/proc/", p, "/environ")).find(std::string("PSRT_RANK=1\0", 12)) !=
-                   std::string::npos;
-      case Kind::kAgent: return has("psrt-worker") && has("--host-index=1");
-      case Kind::kCoordinator: return has("psrt-coordinator");
-      default: return false;
+               ReadFile(absl::StrCat("/proc/", p, "/environ"))
+                       .find(std::string("PSRT_RANK=1\0", 12)) != std::string::npos;
+      case Kind::kAgent:
+        return has("psrt-worker") && has("--host-index=1");
+      case Kind::kCoordinator:
+        return has("psrt-coordinator");
+      default:
+        return false;
     }
   });
 }
@@ -137,7 +152,8 @@ Outcome KillOnce(const std::string& policy, Kind kind, int kill_step) {
   // Detection takes a heartbeat timeout (2 s) at most; a recovery restarts
   // every process and replays at most a checkpoint interval. A killed
   // launcher ends at once; then its processes must go by themselves.
-  r.code = run.Wait(absl::Seconds(90), absl::StrCat("psrt-run after its ", KindName(kind), " was killed"));
+  r.code = run.Wait(absl::Seconds(90),
+                    absl::StrCat("psrt-run after its ", KindName(kind), " was killed"));
   r.hung = r.code == -1;
   r.leftovers = Leftovers(token);
   r.output = run.Output();
@@ -153,7 +169,8 @@ TEST(RecoveryTest, AKilledServerCostsLessThanACheckpointIntervalAndNoWeightChang
   EXPECT_EQ(r.recoveries[0].step, 100) << r.output;
   EXPECT_LT(r.recoveries[0].lost, kEvery) << r.output;
   EXPECT_GE(r.recoveries[0].lost, 20) << r.output;  // it was killed at step 120 or later
-  EXPECT_TRUE(std::regex_search(r.output, std::regex("recovery 1 of at most 3: server 1 on local1 exited with code 137")))
+  EXPECT_TRUE(std::regex_search(
+      r.output, std::regex("recovery 1 of at most 3: server 1 on local1 exited with code 137")))
       << r.output;
   EXPECT_TRUE(r.same_weights) << "final weights differ from the uninterrupted run's\n" << r.output;
   EXPECT_EQ(r.leftovers, 0);
@@ -165,13 +182,15 @@ TEST(RecoveryTest, AFailureDuringARecoveryIsRecoveredToo) {
   ASSERT_TRUE(run.WaitForOutput("step 120 ", absl::Seconds(60))) << run.Output();
   kill(Victim(Kind::kServer, token, run), SIGKILL);
   // The next generation's server 1, killed as soon as it starts.
-  ASSERT_TRUE(run.WaitForOutput("the job is recovering (generation 2)", absl::Seconds(30))) << run.Output();
+  ASSERT_TRUE(run.WaitForOutput("the job is recovering (generation 2)", absl::Seconds(30)))
+      << run.Output();
   pid_t second = 0;
   for (absl::Time end = absl::Now() + absl::Seconds(10); second == 0 && absl::Now() < end;
        absl::SleepFor(absl::Milliseconds(5))) {
     second = FindJobProcess(token, [](pid_t p) {
       const std::string cmd = CmdLine(p);
-      return cmd.find("psrt-server") != std::string::npos && cmd.find("--index=1") != std::string::npos &&
+      return cmd.find("psrt-server") != std::string::npos &&
+             cmd.find("--index=1") != std::string::npos &&
              cmd.find("--generation=2") != std::string::npos;
     });
   }
@@ -181,17 +200,21 @@ TEST(RecoveryTest, AFailureDuringARecoveryIsRecoveredToo) {
   const std::vector<Recovery> r = Recoveries(run.Output());
   ASSERT_EQ(r.size(), 2u) << run.Output();
   EXPECT_EQ(r[1].step, r[0].step) << run.Output();  // nothing was checkpointed in between
-  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights()) << "final weights differ";
+  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights())
+      << "final weights differ";
   EXPECT_EQ(Leftovers(token), 0);
 }
 
 TEST(RecoveryTest, AKilledCoordinatorIsRestartedAndGoesOnFromTheJobRecord) {
   const Outcome r = KillOnce("recover", Kind::kCoordinator, 120);
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("starting psrt-coordinator again (1 of at most 3)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("starting psrt-coordinator again (1 of at most 3)"), std::string::npos)
+      << r.output;
   ASSERT_EQ(r.recoveries.size(), 1u) << r.output;
   EXPECT_EQ(r.recoveries[0].step, 100) << r.output;
-  EXPECT_TRUE(std::regex_search(r.output, std::regex("registered agent on local1 by its heartbeat"))) << r.output;
+  EXPECT_TRUE(
+      std::regex_search(r.output, std::regex("registered agent on local1 by its heartbeat")))
+      << r.output;
   EXPECT_TRUE(r.same_weights) << "final weights differ from the uninterrupted run's\n" << r.output;
   EXPECT_EQ(r.leftovers, 0);
 }
@@ -202,8 +225,8 @@ TEST(RecoveryTest, AFailureWithNoRecoveryLeftEndsTheJobNamingTheLimit) {
                       "--exit-at-step=30 --exit-rank=1");
   EXPECT_EQ(run.Wait(absl::Seconds(60), "psrt-run"), 1);
   const std::string out = run.Output();
-  EXPECT_TRUE(std::regex_search(
-      out, std::regex("job failed: worker 1 on local1 exited with code 3.*; no recovery left \\(max_recoveries is 0\\)")))
+  EXPECT_TRUE(std::regex_search(out, std::regex("job failed: worker 1 on local1 exited with code "
+                                                "3.*; no recovery left \\(max_recoveries is 0\\)")))
       << out;
   EXPECT_TRUE(Recoveries(out).empty()) << out;
   EXPECT_EQ(Leftovers(token), 0);
@@ -211,19 +234,22 @@ TEST(RecoveryTest, AFailureWithNoRecoveryLeftEndsTheJobNamingTheLimit) {
 
 TEST(RecoveryTest, ATrainingProcessThatFailsIsRolledBackWithEveryOther) {
   const std::string dir = TempDir(), token = RandomToken();
-  Proc run = StartJob(Distribution("recover", dir + "/ckpt"), token, dir, "--exit-at-step=130 --exit-rank=1");
+  Proc run = StartJob(Distribution("recover", dir + "/ckpt"), token, dir,
+                      "--exit-at-step=130 --exit-rank=1");
   ASSERT_EQ(run.Wait(absl::Seconds(90), "psrt-run"), 0) << run.Output();
   const std::vector<Recovery> r = Recoveries(run.Output());
   ASSERT_EQ(r.size(), 1u) << run.Output();
   EXPECT_EQ(r[0].step, 100);
-  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights()) << "final weights differ";
+  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights())
+      << "final weights differ";
   EXPECT_EQ(Leftovers(token), 0);
 }
 
 // "replicas": 1 on two hosts: each server backs up the other's keys.
 std::string ReplicaDistribution(const std::string& more = "") {
-  return absl::StrCat(R"({"parameter_server":{"enabled":true,"heartbeat_timeout_s":2,"partition_bytes":4096,)",
-                      R"("replicas":1)", more, "}}");
+  return absl::StrCat(
+      R"({"parameter_server":{"enabled":true,"heartbeat_timeout_s":2,"partition_bytes":4096,)",
+      R"("replicas":1)", more, "}}");
 }
 
 pid_t ServerProcess(const std::string& token, int index) {
@@ -247,7 +273,8 @@ TEST(ReplicaTest, KillingAnyServerAtAnyMomentLosesNoStep) {
     const int kill_step = 10 * std::uniform_int_distribution<int>(1, 25)(rng);
     const std::string dir = TempDir(), token = RandomToken();
     Proc run = StartJob(ReplicaDistribution(), token, dir);
-    ASSERT_TRUE(run.WaitForOutput(absl::StrCat("step ", kill_step, " "), absl::Seconds(60))) << run.Output();
+    ASSERT_TRUE(run.WaitForOutput(absl::StrCat("step ", kill_step, " "), absl::Seconds(60)))
+        << run.Output();
     const pid_t victim = ServerProcess(token, server);
     ASSERT_NE(victim, 0) << run.Output();
     kill(victim, SIGKILL);
@@ -255,27 +282,66 @@ TEST(ReplicaTest, KillingAnyServerAtAnyMomentLosesNoStep) {
     const std::string out = run.Output();
     const bool equal = ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights();
     same += code == 0 && equal;
-    std::printf("replica run %d: server %d killed at step %3d: exit %d, %s\n", i, server, kill_step, code,
-                equal ? "weights as uninterrupted" : "WEIGHTS DIFFER");
+    std::printf("replica run %d: server %d killed at step %3d: exit %d, %s\n", i, server, kill_step,
+                code, equal ? "weights as uninterrupted" : "WEIGHTS DIFFER");
     EXPECT_EQ(code, 0) << out;
-    EXPECT_TRUE(std::regex_search(out, std::regex(absl::StrCat("server ", server, " on local", server,
-                                                               " .*; server ", 1 - server,
-                                                               " serves its keys from their replicas, no step lost"))))
+    EXPECT_TRUE(std::regex_search(
+        out,
+        std::regex(absl::StrCat("server ", server, " on local", server, " .*; server ", 1 - server,
+                                " serves server ", server, "'s keys from their replicas, no step lost"))))
         << out;
     EXPECT_TRUE(Recoveries(out).empty()) << out;
     EXPECT_TRUE(equal) << "final weights differ from the uninterrupted run's\n" << out;
     EXPECT_EQ(Leftovers(token), 0);
   }
-  std::printf("replicas: %d of %d runs with a server killed ended with the uninterrupted run's weights\n", same,
-              runs);
+  std::printf(
+      "replicas: %d of %d runs with a server killed ended with the uninterrupted run's weights\n",
+      same, runs);
+}
+
+TEST(ReplicaTest, ALostServerComesBackAsTheNewBackupAndCanTakeOverInTurn) {
+  // Server 1 is killed: server 0 serves its keys; server 1's agent starts
+  // it again and server 0 copies every key to it in the background. Then
+  // server 0 is killed: server 1 serves everything from those copies.
+  const std::string dir = TempDir(), token = RandomToken();
+  Proc run = StartJob(ReplicaDistribution(), token, dir);
+  ASSERT_TRUE(run.WaitForOutput("step 30 ", absl::Seconds(60))) << run.Output();
+  kill(ServerProcess(token, 1), SIGKILL);
+  // Both servers' keys (served by server 0 now) are copied, one owner at a time.
+  auto copies = [&] {
+    const std::string out = run.Output();
+    int n = 0;
+    for (size_t at = out.find("keys to their new backup"); at != std::string::npos;
+         at = out.find("keys to their new backup", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  for (absl::Time end = absl::Now() + absl::Seconds(30); copies() < 2 && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(copies(), 2) << run.Output();
+  kill(ServerProcess(token, 0), SIGKILL);
+  ASSERT_EQ(run.Wait(absl::Seconds(90), "psrt-run"), 0) << run.Output();
+  const std::string out = run.Output();
+  EXPECT_TRUE(std::regex_search(out, std::regex("server 1 on local1 is back at .*: it keeps the copies of the keys of "
+                                                "servers 0, 1 from now on")))
+      << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("server 0 on local0 .*; server 1 serves server 0's keys, server 1 "
+                                                "serves server 1's keys from their replicas, no step lost")))
+      << out;
+  EXPECT_TRUE(Recoveries(out).empty()) << out;
+  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights()) << "final weights differ\n" << out;
+  EXPECT_EQ(Leftovers(token), 0);
 }
 
 TEST(ReplicaTest, AsyncLosesNoPushAndAppliesNoneTwice) {
   // Every push of both workers is applied exactly once: each key's final
   // version, in the checkpoint written at the end, counts them.
   const std::string dir = TempDir(), token = RandomToken();
-  Proc run = StartJob(
-      ReplicaDistribution(absl::StrCat(R"(,"mode":"async","checkpoint":{"uri":")", dir, R"(/ckpt"})")), token, dir);
+  Proc run = StartJob(ReplicaDistribution(absl::StrCat(R"(,"mode":"async","checkpoint":{"uri":")",
+                                                       dir, R"(/ckpt"})")),
+                      token, dir);
   ASSERT_TRUE(run.WaitForOutput("step 120 ", absl::Seconds(60))) << run.Output();
   kill(ServerProcess(token, 1), SIGKILL);
   ASSERT_EQ(run.Wait(absl::Seconds(90), "psrt-run"), 0) << run.Output();
@@ -291,11 +357,12 @@ TEST(ReplicaTest, AsyncLosesNoPushAndAppliesNoneTwice) {
 
 TEST(ReplicaTest, ABackupNeedsAnotherServer) {
   const std::string dir = TempDir();
-  Proc run = Proc::Start(absl::StrCat(kBin, "/psrt-run --local=1 --distribution='", ReplicaDistribution(), "' -- ",
-                                      kBin, "/psrt-example-linreg"),
+  Proc run = Proc::Start(absl::StrCat(kBin, "/psrt-run --local=1 --distribution='",
+                                      ReplicaDistribution(), "' -- ", kBin, "/psrt-example-linreg"),
                          dir + "/log");
   EXPECT_NE(run.Wait(absl::Seconds(30), "psrt-run"), 0);
-  EXPECT_NE(run.Output().find("'replicas' is 1 but the job has 1 server; a key's backup lives on another server"),
+  EXPECT_NE(run.Output().find(
+                "'replicas' is 1 but the job has 1 server; a key's backup lives on another server"),
             std::string::npos)
       << run.Output();
 }
@@ -303,12 +370,13 @@ TEST(ReplicaTest, ABackupNeedsAnotherServer) {
 // Elastic: 4 worker slots on 2 hosts; the job starts with 3, the 4th joins
 // a second later, and one leaves (exits 3) near the end.
 std::string ElasticJob(int min_workers, const std::string& dir, const std::string& token) {
-  return absl::StrCat(kBin, "/psrt-run --local=2 --token=", token,
-                      R"( --distribution='{"parameter_server":{"enabled":true,"workers_per_host":2,)",
-                      R"("partition_bytes":4096,"elastic":{"min_workers":)", min_workers,
-                      R"(,"max_workers":4}}}' -- )", kBin, "/psrt-example-linreg ", kTrainer,
-                      " --steps=1500 --late-rank=3 --late-seconds=1 --exit-at-step=1200 --exit-rank=1 --result=",
-                      dir, "/r");
+  return absl::StrCat(
+      kBin, "/psrt-run --local=2 --token=", token,
+      R"( --distribution='{"parameter_server":{"enabled":true,"workers_per_host":2,)",
+      R"("partition_bytes":4096,"elastic":{"min_workers":)", min_workers,
+      R"(,"max_workers":4}}}' -- )", kBin, "/psrt-example-linreg ", kTrainer,
+      " --steps=1500 --late-rank=3 --late-seconds=1 --exit-at-step=1200 --exit-rank=1 --result=",
+      dir, "/r");
 }
 
 TEST(ElasticTest, WorkersJoinAndLeaveARunningSyncJob) {
@@ -316,15 +384,19 @@ TEST(ElasticTest, WorkersJoinAndLeaveARunningSyncJob) {
   Proc run = Proc::Start(ElasticJob(3, dir, token), dir + "/log");
   ASSERT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
   const std::string out = run.Output();
-  EXPECT_TRUE(std::regex_search(out, std::regex("starting with 3 of 4 workers \\(elastic.min_workers 3"))) << out;
+  EXPECT_TRUE(
+      std::regex_search(out, std::regex("starting with 3 of 4 workers \\(elastic.min_workers 3")))
+      << out;
   EXPECT_TRUE(std::regex_search(out, std::regex("worker 3 on local1 joined the job"))) << out;
-  EXPECT_TRUE(std::regex_search(out, std::regex("worker 1 on local0 exited with code 3.*; continuing with 3 workers")))
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("worker 1 on local0 exited with code 3.*; continuing with 3 workers")))
       << out;
   // Every finishing rank converged, the late one included.
   for (int rank : {0, 2, 3}) {
     const std::string r = ReadFile(absl::StrCat(dir, "/r.rank", rank, ".json"));
     std::smatch m;
-    ASSERT_TRUE(std::regex_search(r, m, std::regex("\"relative_error\": ([-0-9.eE+]+)"))) << rank << ": " << r;
+    ASSERT_TRUE(std::regex_search(r, m, std::regex("\"relative_error\": ([-0-9.eE+]+)")))
+        << rank << ": " << r;
     EXPECT_LT(std::stod(m[1]), 1e-3) << r;
   }
   EXPECT_EQ(Leftovers(token), 0);
@@ -335,8 +407,9 @@ TEST(ElasticTest, FewerThanMinWorkersEndsTheJobSayingSo) {
   Proc run = Proc::Start(ElasticJob(4, dir, token), dir + "/log");
   EXPECT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 1);
   const std::string out = run.Output();
-  EXPECT_TRUE(std::regex_search(out, std::regex("job failed: worker 1 on local0 exited with code 3.*; 3 workers are "
-                                                "left, fewer than elastic.min_workers \\(4\\)")))
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("job failed: worker 1 on local0 exited with code 3.*; 3 workers are "
+                      "left, fewer than elastic.min_workers \\(4\\)")))
       << out;
   EXPECT_EQ(Leftovers(token), 0);
 }
@@ -365,9 +438,11 @@ TEST(ChaosTest, SigkillAnyProcessAtRandomNeverHangsNorLeavesProcesses) {
     for (const Recovery& x : r.recoveries) {
       if (x.lost >= 0) lost.push_back(x.lost);
     }
-    std::printf("run %d: %-7s %-16s killed at step %3d: exit %d%s, %d left behind, %zu recoveries%s\n", i,
-                policy.c_str(), KindName(kind), kill_step, r.code, r.hung ? " (hung)" : "", r.leftovers,
-                r.recoveries.size(), r.code == 0 ? (r.same_weights ? ", weights as uninterrupted" : ", WEIGHTS DIFFER") : "");
+    std::printf(
+        "run %d: %-7s %-16s killed at step %3d: exit %d%s, %d left behind, %zu recoveries%s\n", i,
+        policy.c_str(), KindName(kind), kill_step, r.code, r.hung ? " (hung)" : "", r.leftovers,
+        r.recoveries.size(),
+        r.code == 0 ? (r.same_weights ? ", weights as uninterrupted" : ", WEIGHTS DIFFER") : "");
     EXPECT_FALSE(r.hung) << r.output;
     EXPECT_EQ(r.leftovers, 0) << r.output;
     const bool survivable = kind != Kind::kLauncher;
@@ -375,7 +450,8 @@ TEST(ChaosTest, SigkillAnyProcessAtRandomNeverHangsNorLeavesProcesses) {
       ++recover_runs;
       EXPECT_EQ(r.code, 0) << r.output;
       EXPECT_GE(r.recoveries.size(), 1u) << r.output;
-      EXPECT_TRUE(r.same_weights) << "final weights differ from the uninterrupted run's\n" << r.output;
+      EXPECT_TRUE(r.same_weights) << "final weights differ from the uninterrupted run's\n"
+                                  << r.output;
       for (const Recovery& x : r.recoveries) EXPECT_LT(x.lost, 2 * kEvery) << r.output;
       recovered += r.code == 0 && r.same_weights;
     } else if (kind != Kind::kLauncher) {
@@ -387,9 +463,10 @@ TEST(ChaosTest, SigkillAnyProcessAtRandomNeverHangsNorLeavesProcesses) {
   }
   std::string lost_text;
   for (int64_t l : lost) absl::StrAppend(&lost_text, lost_text.empty() ? "" : " ", l);
-  std::printf("chaos: %d runs, %d hangs, %d processes left behind, %d of %d survivable failures recovered "
-              "and finished with the uninterrupted run's weights; steps lost per recovery: %s\n",
-              runs, hangs, leftovers, recovered, recover_runs, lost_text.c_str());
+  std::printf(
+      "chaos: %d runs, %d hangs, %d processes left behind, %d of %d survivable failures recovered "
+      "and finished with the uninterrupted run's weights; steps lost per recovery: %s\n",
+      runs, hangs, leftovers, recovered, recover_runs, lost_text.c_str());
 }
 
 }  // namespace

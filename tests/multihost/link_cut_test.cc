@@ -5,6 +5,7 @@
 // host cut off for longer leaves the job while the others train on; under
 // "fail" a cut ends the job naming the host. Every process on every host
 // exits.
+#include <gtest/gtest.h>
 #include <signal.h>
 
 #include <cstring>
@@ -12,8 +13,6 @@
 #include <regex>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -29,9 +28,10 @@ constexpr int kHosts = 3;
 constexpr char kTrainer[] = "--dim=2048 --batch=64 --log-every=10 --steps=400";
 
 std::string Distribution(const std::string& policy, const std::string& more = "") {
-  return absl::StrCat(R"({"parameter_server":{"enabled":true,"heartbeat_timeout_s":2,"partition_bytes":4096,)",
-                      R"("on_failure":")", policy, R"(","checkpoint":{"uri":"/tmp/psrt-multihost-)", getpid(),
-                      R"(","every_steps":50})", more, "}}");
+  return absl::StrCat(
+      R"({"parameter_server":{"enabled":true,"heartbeat_timeout_s":2,"partition_bytes":4096,)",
+      R"("on_failure":")", policy, R"(","checkpoint":{"uri":"/tmp/psrt-multihost-)", getpid(),
+      R"(","every_steps":50})", more, "}}");
 }
 
 class LinkCutTest : public ::testing::Test {
@@ -56,15 +56,16 @@ class LinkCutTest : public ::testing::Test {
     for (int h = 0; h < kHosts; ++h) {
       runs_.push_back(Proc::Start(
           absl::StrCat(hosts_->Exec(h), kBin, "/psrt-run --hosts=", absl::StrJoin(addresses, ","),
-                       " --current-host=", h, " --token=", token_, " --distribution='", dist, "' -- ", kBin,
-                       "/psrt-example-linreg ", kTrainer, " --result=", dir_, "/r"),
+                       " --current-host=", h, " --token=", token_, " --distribution='", dist,
+                       "' -- ", kBin, "/psrt-example-linreg ", kTrainer, " --result=", dir_, "/r"),
           absl::StrCat(dir_, "/host", h, ".log")));
     }
   }
   // Waits (bounded) for every host's psrt-run; their exit codes.
   std::vector<int> WaitAll(absl::Duration timeout) {
     std::vector<int> codes;
-    for (int h = 0; h < kHosts; ++h) codes.push_back(runs_[h].Wait(timeout, absl::StrCat("psrt-run on host ", h)));
+    for (int h = 0; h < kHosts; ++h)
+      codes.push_back(runs_[h].Wait(timeout, absl::StrCat("psrt-run on host ", h)));
     return codes;
   }
   std::string Output() const {
@@ -80,7 +81,8 @@ class LinkCutTest : public ::testing::Test {
   // Every process of the job, on every host, has exited.
   void ExpectNothingLeft() {
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (!JobProcesses(token_).empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(100));
+    while (!JobProcesses(token_).empty() && absl::Now() < deadline)
+      absl::SleepFor(absl::Milliseconds(100));
     EXPECT_TRUE(JobProcesses(token_).empty()) << "processes of the job outlived it";
   }
 
@@ -92,10 +94,12 @@ class LinkCutTest : public ::testing::Test {
 // The weights of the same job on three loopback hosts, never interrupted.
 std::string UninterruptedWeights() {
   const std::string dir = TempDir();
-  Proc run = Proc::Start(absl::StrCat(kBin, "/psrt-run --local=", kHosts,
-                                      R"( --distribution='{"parameter_server":{"enabled":true,"partition_bytes":4096}}' -- )",
-                                      kBin, "/psrt-example-linreg ", kTrainer, " --result=", dir, "/r"),
-                         dir + "/log");
+  Proc run = Proc::Start(
+      absl::StrCat(
+          kBin, "/psrt-run --local=", kHosts,
+          R"( --distribution='{"parameter_server":{"enabled":true,"partition_bytes":4096}}' -- )",
+          kBin, "/psrt-example-linreg ", kTrainer, " --result=", dir, "/r"),
+      dir + "/log");
   EXPECT_EQ(run.Wait(absl::Seconds(120), "the uninterrupted job"), 0) << run.Output();
   return ReadFile(dir + "/r.rank0.weights");
 }
@@ -114,15 +118,18 @@ TEST_F(LinkCutTest, ABlipLongerThanTheHeartbeatTimeoutIsRecoveredAndTrainsAsUnin
   const std::vector<int> codes = WaitAll(absl::Seconds(120));
   const std::string out = Output();
   EXPECT_EQ(codes, std::vector<int>(kHosts, 0)) << out;
-  EXPECT_TRUE(std::regex_search(out, std::regex("recovery 1 of at most 3: .*10\\.213\\.0\\.3.*; rolled back to step")))
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("recovery 1 of at most 3: .*10\\.213\\.0\\.3.*; rolled back to step")))
       << out;
-  EXPECT_TRUE(std::regex_search(out, std::regex("agent on 10\\.213\\.0\\.3 came back after"))) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("agent on 10\\.213\\.0\\.3 came back after")))
+      << out;
   // Three workers' gradients are summed in the order they arrive, so two
   // runs agree to rounding, not bit for bit.
   const std::vector<float> got = Floats(ReadFile(dir_ + "/r.rank0.weights"));
   const std::vector<float> want = Floats(UninterruptedWeights());
   ASSERT_EQ(got.size(), want.size()) << out;
-  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4) << "weight " << i << "\n" << out;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-4) << "weight " << i << "\n" << out;
   ExpectNothingLeft();
 }
 
@@ -134,9 +141,13 @@ TEST_F(LinkCutTest, ALastingCutFailsTheJobNamingTheHostUnderFail) {
   const std::string out = Output();
   for (int c : codes) EXPECT_EQ(c, 1) << out;
   EXPECT_LT(absl::Now() - cut, absl::Seconds(30)) << out;
-  EXPECT_TRUE(std::regex_search(out, std::regex("job failed: .* on 10\\.213\\.0\\.3 was lost: no heartbeat"))) << out;
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("job failed: .* on 10\\.213\\.0\\.3 was lost: no heartbeat")))
+      << out;
   // Host 2 learns it lost the coordinator.
-  EXPECT_TRUE(std::regex_search(runs_[2].Output(), std::regex("lost the coordinator at 10\\.213\\.0\\.1"))) << out;
+  EXPECT_TRUE(
+      std::regex_search(runs_[2].Output(), std::regex("lost the coordinator at 10\\.213\\.0\\.1")))
+      << out;
   ExpectNothingLeft();
 }
 
@@ -148,16 +159,22 @@ TEST_F(LinkCutTest, AHostGoneLongerThanHostWaitLeavesAndTheOthersTrainOn) {
   EXPECT_EQ(codes, (std::vector<int>{0, 0, 1})) << out;
   // First the usual recovery, then the host leaves: its keys are restored
   // onto the two servers left and two training processes finish the job.
-  EXPECT_TRUE(std::regex_search(out, std::regex("recovery 1 of at most 3: agent on 10\\.213\\.0\\.3 was lost"))) << out;
   EXPECT_TRUE(std::regex_search(
-      out, std::regex("recovery 2 of at most 3: agent on 10\\.213\\.0\\.3 did not come back within 4s \\(host_wait_s\\)"
-                      ".*; 10\\.213\\.0\\.3 leaves the job: its keys move to the servers of the 2 hosts left")))
+      out, std::regex("recovery 1 of at most 3: agent on 10\\.213\\.0\\.3 was lost")))
+      << out;
+  EXPECT_TRUE(std::regex_search(
+      out,
+      std::regex(
+          "recovery 2 of at most 3: agent on 10\\.213\\.0\\.3 did not come back within 4s "
+          "\\(host_wait_s\\)"
+          ".*; 10\\.213\\.0\\.3 leaves the job: its keys move to the servers of the 2 hosts left")))
       << out;
   EXPECT_TRUE(std::regex_search(out, std::regex("as host 1 of 2"))) << out;
   EXPECT_TRUE(std::regex_search(out, std::regex("job succeeded"))) << out;
   const std::string result = ReadFile(dir_ + "/r.rank0.json");
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(result, m, std::regex("\"relative_error\": ([-0-9.eE+]+)"))) << result;
+  ASSERT_TRUE(std::regex_search(result, m, std::regex("\"relative_error\": ([-0-9.eE+]+)")))
+      << result;
   EXPECT_LT(std::stod(m[1]), 0.05) << result;
   ExpectNothingLeft();
 }

@@ -27,11 +27,13 @@ std::string NetnsHosts::Exec(int host) const { return "ip netns exec " + Namespa
 
 absl::StatusOr<std::unique_ptr<NetnsHosts>> NetnsHosts::Create(int num_hosts) {
   if (geteuid() != 0) {
-    return absl::UnavailableError("multi-host tests need root (CAP_NET_ADMIN) to make network namespaces");
+    return absl::UnavailableError(
+        "multi-host tests need root (CAP_NET_ADMIN) to make network namespaces");
   }
   if (!Sh("ip -V").ok()) return absl::UnavailableError("multi-host tests need `ip` (iproute2)");
   // Names of at most 15 bytes, unique to this process.
-  std::unique_ptr<NetnsHosts> hosts(new NetnsHosts(absl::StrCat("p", getpid() % 1000000), num_hosts));
+  std::unique_ptr<NetnsHosts> hosts(
+      new NetnsHosts(absl::StrCat("p", getpid() % 1000000), num_hosts));
   const std::string br = hosts->Namespace(-1);
   const std::string in_br = "ip netns exec " + br + " ";
   absl::Status s = Sh("ip netns add " + br);
@@ -42,13 +44,16 @@ absl::StatusOr<std::unique_ptr<NetnsHosts>> NetnsHosts::Create(int num_hosts) {
     const std::string bridge_end = absl::StrCat("b", h), host_end = absl::StrCat("eth", h);
     s = Sh("ip netns add " + ns);
     if (s.ok()) s = Sh(in_host + "ip link set lo up");
-    if (s.ok()) s = Sh(in_br + "ip link add " + bridge_end + " type veth peer name " + host_end + " netns " + ns);
+    if (s.ok())
+      s = Sh(in_br + "ip link add " + bridge_end + " type veth peer name " + host_end + " netns " +
+             ns);
     if (s.ok()) s = Sh(in_br + "ip link set " + bridge_end + " master br0");
     if (s.ok()) s = Sh(in_br + "ip link set " + bridge_end + " up");
     if (s.ok()) s = Sh(in_host + "ip addr add " + hosts->address(h) + "/24 dev " + host_end);
     if (s.ok()) s = Sh(in_host + "ip link set " + host_end + " up");
   }
-  if (!s.ok()) return absl::UnavailableError(absl::StrCat("cannot make network namespaces: ", s.message()));
+  if (!s.ok())
+    return absl::UnavailableError(absl::StrCat("cannot make network namespaces: ", s.message()));
   return hosts;
 }
 

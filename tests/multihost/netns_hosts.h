@@ -34,7 +34,8 @@ class NetnsHosts {
   absl::Status Restore(int host);
 
  private:
-  NetnsHosts(std::string prefix, int num_hosts) : prefix_(std::move(prefix)), num_hosts_(num_hosts) {}
+  NetnsHosts(std::string prefix, int num_hosts)
+      : prefix_(std::move(prefix)), num_hosts_(num_hosts) {}
   std::string Namespace(int host) const;  // host -1: the bridge's
 
   const std::string prefix_;

@@ -133,7 +133,7 @@ def test_the_demo_survives_a_killed_server_losing_less_than_a_checkpoint_interva
                             r"[^;]*; (\d+) steps lost", out)
     if replicas:
         # Server 0 takes over server 1's keys from their replicas: no rollback.
-        assert "server 0 serves its keys from their replicas, no step lost (failover)" in out, out
+        assert "server 0 serves server 1's keys from their replicas, no step lost (failover)" in out, out
         assert not recoveries, out
         return
     assert len(recoveries) == 1, out
@@ -143,12 +143,12 @@ def test_the_demo_survives_a_killed_server_losing_less_than_a_checkpoint_interva
 
 
 def test_elastic_worker_joins_and_the_users_rule_scales_the_learning_rate():
-    # Rank 1 of an elastic job (min 1, max 2) joins 3 s after rank 0 began;
-    # rank 0's optimizer hears the second worker arrive and its callback
+    # Rank 1 of an elastic job (min 1, max 2) joins once rank 0 made its first
+    # step; rank 0's optimizer hears the second worker arrive and its callback
     # doubles the learning rate, which the servers then apply.
     with tempfile.TemporaryDirectory() as d:
-        code, log = run_job(["--optimizer", "adam", "--steps", "150", "--step-sleep", "0.05", "--late", "3",
-                             "--out", os.path.join(d, "final.pt")],
+        code, log = run_job(["--optimizer", "adam", "--steps", "150", "--step-sleep", "0.05",
+                             "--late", os.path.join(d, "first-step"), "--out", os.path.join(d, "final.pt")],
                             ps={"elastic": {"min_workers": 1, "max_workers": 2}})
     assert code == 0, log
     assert "starting with 1 of 2 workers" in log, log

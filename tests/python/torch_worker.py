@@ -65,13 +65,14 @@ def main():
                    help="name parameters that are not the optimizer's (a test of the error)")
     p.add_argument("--check-overlap", action="store_true",
                    help="after each step, check that each layer gets its new weights at its own forward")
-    p.add_argument("--late", type=float, default=0,
-                   help="the last rank joins this many seconds late (elastic jobs)")
+    p.add_argument("--late", help="elastic jobs: the last rank joins once rank 0 made its first step "
+                   "and wrote this file")
     p.add_argument("--step-sleep", type=float, default=0, help="seconds each step takes longer")
     args = p.parse_args()
     rank = int(__import__("os").environ["PSRT_RANK"])
-    if rank == int(__import__("os").environ["PSRT_WORLD_SIZE"]) - 1:
-        time.sleep(args.late)
+    if args.late and rank == int(__import__("os").environ["PSRT_WORLD_SIZE"]) - 1:
+        while not __import__("os").path.exists(args.late):
+            time.sleep(0.05)
     if not args.skip_init:
         psrt.init()
     torch.manual_seed(rank)  # rank 0's initial values must win
@@ -93,6 +94,8 @@ def main():
             x, y = batch(step * args.passes + k, rank)
             torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+        if args.late and rank == 0 and not __import__("os").path.exists(args.late):
+            open(args.late, "w").close()  # the first step is made
         time.sleep(args.step_sleep)
         if args.check_overlap:
             check_overlap(model, opt)
