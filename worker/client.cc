@@ -262,26 +262,29 @@ class Client::Impl {
 
   void FollowShardMap(const v1::ShardMap& map) {
     if (!routes_ready.load(std::memory_order_acquire)) return;
-    {
-      // A server started again after its loss listens elsewhere.
-      absl::MutexLock lock(&channels_mu);
-      for (int s = 0; s < map.server_addresses_size() && s < num_servers; ++s) {
-        if (map.server_addresses(s).empty() || map.server_addresses(s) == addresses[s]) continue;
-        Connect(s, map.server_addresses(s));
-        moved[s].fetch_add(1);
-      }
-    }
+    // Routes first: nothing goes to a server's new process (which serves
+    // none of its old keys) by its old route.
     for (int s = 0; s < map.served_by_size() && s < num_servers; ++s) {
       const int to = map.served_by(s);
       if (to < 0 || to >= num_servers || to == Route(s)) continue;
       LogWarning("server ", s, " was lost: its keys are served by server ", to, " at ", Address(to), " now");
       routes[s].store(to, std::memory_order_release);
     }
+    // A server started again after its loss listens elsewhere.
+    absl::MutexLock lock(&channels_mu);
+    for (int s = 0; s < map.server_addresses_size() && s < num_servers; ++s) {
+      if (map.server_addresses(s).empty() || map.server_addresses(s) == addresses[s]) continue;
+      moved[s].fetch_add(1);
+      Connect(s, map.server_addresses(s));
+    }
   }
 
   // The data path's connections to server `s`, taken in turn.
-  std::shared_ptr<grpc::GenericStub> DataStub(int s) {
+  // Null when the server moved to a new process since `moves` was read
+  // (a request encoded for the old one is encoded again).
+  std::shared_ptr<grpc::GenericStub> DataStub(int s, int moves) {
     absl::MutexLock lock(&channels_mu);
+    if (moved[s].load() != moves) return nullptr;
     const std::vector<std::shared_ptr<grpc::GenericStub>>& pool = data_stubs[s];
     return pool[next_connection[s].fetch_add(1, std::memory_order_relaxed) % pool.size()];
   }
@@ -689,7 +692,15 @@ class Client::Impl {
     }
     const std::string& method = r->push && r->pull ? kPushPullMethod : r->push ? kPushMethod : kPullMethod;
     r->resp.Clear();
-    r->stub = DataStub(r->target);
+    r->stub = DataStub(r->target, r->target_moves);
+    if (r->stub == nullptr) {
+      {
+        absl::MutexLock lock(&calls_mu);
+        live_calls.erase(r->ctx.get());
+      }
+      Give(&r->lease, false);
+      return Send(r);
+    }
     r->stub->UnaryCall(r->ctx.get(), method, grpc::StubOptions(), &r->req, &r->resp,
                     [this, r](grpc::Status st) { Answered(r, std::move(st)); });
   }
@@ -712,11 +723,10 @@ class Client::Impl {
     pool->Schedule([this, r] {
       absl::SleepFor(r->backoff);
       r->backoff = std::min(r->backoff * 2, absl::Seconds(1));
-      if (Route(r->shard.server) == r->target && moved[r->target].load() == r->target_moves) {
-        return Attempt(r);  // the same request again: a push keeps its id
-      }
-      // Its keys moved to the backup, or its server to a new process:
-      // encoded again for where it goes (the same push id).
+      // The same request again (a push keeps its id), unless its keys moved
+      // to the backup: then encoded again for it (Attempt does the same when
+      // the server moved to a new process).
+      if (Route(r->shard.server) == r->target) return Attempt(r);
       Give(&r->lease, false);
       Send(r);
     });
