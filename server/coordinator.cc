@@ -94,7 +94,7 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
     processes_.push_back(std::move(p));
   }
   LayOutLocked();
-  RecordLocked();
+  Record(generation_, config_.restore_uri(), config_.restored_step(), hosts_);  // nothing runs yet
   monitor_ = std::thread([this] { Monitor(); });
 }
 
@@ -330,7 +330,7 @@ void CoordinatorService::Recover(std::string reason) {
       step = last->step();
     }
   }
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   recovering_ = false;
   if (state_ != v1::JOB_RUNNING || stop_) return;
   ++generation_;
@@ -348,7 +348,6 @@ void CoordinatorService::Recover(std::string reason) {
                     hosts_.size() * options_.ps.workers_per_host, " training processes go on");
   }
   LayOutLocked();  // every server and worker of the new generation yet to register
-  RecordLocked();
   ++epoch_;
   epoch_gauge_->Set(epoch_);
   active_workers_->Set(MembershipLocked().active_workers_size());
@@ -363,6 +362,10 @@ void CoordinatorService::Recover(std::string reason) {
              uri.empty() ? " (the start: nothing was checkpointed yet)" : absl::StrCat(" (", uri, ")"),
              "; ", lost, " steps lost", moved, "; restarting every server and training process (generation ",
              generation_, ")");
+  const int64_t generation = generation_;
+  const std::vector<int> hosts = hosts_;
+  lock.Release();  // the record is written to storage (S3 too): not under the lock heartbeats need
+  Record(generation, uri, step, hosts);
 }
 
 void CoordinatorService::AgentBackLocked(Process* p) {
@@ -371,12 +374,12 @@ void CoordinatorService::AgentBackLocked(Process* p) {
           absl::FormatDuration(absl::Trunc(absl::Now() - p->lost_at, absl::Milliseconds(100))));
 }
 
-void CoordinatorService::RecordLocked() {
+void CoordinatorService::Record(int64_t generation, const std::string& uri, int64_t step,
+                                const std::vector<int>& hosts) {
   if (options_.checkpointer == nullptr) return;
   // A restarted coordinator goes on from here: the next generation, this
   // checkpoint (until a newer one commits).
-  absl::Status s =
-      options_.checkpointer->WriteRecord(generation_, config_.restore_uri(), config_.restored_step(), hosts_);
+  absl::Status s = options_.checkpointer->WriteRecord(generation, uri, step, hosts);
   if (!s.ok()) LogWarning("could not write the job record next to the checkpoints: ", s.message());
 }
 
@@ -498,15 +501,27 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
                         absl::StrCat(p->expected_host, " left the job: it was gone for longer than host_wait_s"));
   }
   if (p->id.role() == v1::ROLE_AGENT && p->lost) AgentBackLocked(p);
-  if (p->id.role() == v1::ROLE_SERVER && p->lost && config_.replicas() > 0) {
-    // Back after its keys moved: it keeps the copies that are missing now,
-    // which the servers serving them build in the background.
+  // A server back after its keys moved ("replicas": 1) is a spare.
+  const bool spare = p->id.role() == v1::ROLE_SERVER && p->lost && config_.replicas() > 0;
+  if (!spare && p->registered && !p->exited && p->id.role() == v1::ROLE_SERVER &&
+      p->address != req->address()) {
+    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                        absl::StrCat(p->name, " is already registered at ", p->address));
+  }
+  const bool again = p->registered;
+  if (p->id.role() == v1::ROLE_WORKER && (p->lost || p->exited || (!again && started_))) {
+    // A lost worker that comes back, or (elastic) a new one, takes part
+    // from the next step.
+    const bool rejoins = p->lost || p->exited;
     p->lost = false;
-    p->exited = false;
-    p->registered = true;
-    p->host = req->host();
-    p->address = req->address();
-    p->last_heartbeat = absl::Now();
+    ++epoch_;
+    epoch_gauge_->Set(epoch_);
+    LogInfo(p->name, rejoins ? " rejoined" : " joined the job", " (epoch ", epoch_, ")");
+  }
+  if (spare) {
+    // It keeps the copies that are missing now, which the servers serving
+    // them build in the background.
+    p->lost = false;
     std::vector<int> copies;
     ++shard_epoch_;
     for (int s = 0; s < static_cast<int>(replica_at_.size()); ++s) {
@@ -516,29 +531,10 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
         copies.push_back(s);
       }
     }
-    LogInfo(p->name, " is back at ", p->address, ": it keeps the copies of the keys of servers ",
+    LogInfo(p->name, " is back at ", req->address(), ": it keeps the copies of the keys of servers ",
             absl::StrJoin(copies, ", "), " from now on");
-    *resp->mutable_config() = config_;
-    resp->set_spare(true);
-    return grpc::Status::OK;
   }
-  if (p->registered && !p->exited && p->id.role() == v1::ROLE_SERVER &&
-      p->address != req->address()) {
-    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                        absl::StrCat(p->name, " is already registered at ", p->address));
-  }
-  const bool again = p->registered;
-  if (p->id.role() == v1::ROLE_WORKER && (p->lost || p->exited)) {
-    // A lost worker that comes back takes part again from the next step.
-    p->lost = false;
-    ++epoch_;
-    epoch_gauge_->Set(epoch_);
-    LogInfo(p->name, " rejoined (epoch ", epoch_, ")");
-  } else if (p->id.role() == v1::ROLE_WORKER && !again && started_) {
-    ++epoch_;  // elastic: it joins a running job
-    epoch_gauge_->Set(epoch_);
-    LogInfo(p->name, " joined the job (epoch ", epoch_, ")");
-  }
+  resp->set_spare(spare);
   p->registered = true;
   p->exited = false;
   p->restarting = false;

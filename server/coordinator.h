@@ -94,8 +94,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   void LayOutLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A lost agent registered or sent a heartbeat again.
   void AgentBackLocked(Process* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the job record (generation, checkpoint to return to).
-  void RecordLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the job record (generation, checkpoint to return to, hosts).
+  void Record(int64_t generation, const std::string& uri, int64_t step, const std::vector<int>& hosts);
   v1::ShardMap ShardMapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AllServersRegisteredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Process* ServerLocked(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

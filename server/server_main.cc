@@ -75,6 +75,21 @@ int main(int argc, char** argv) {
   if (limits.max_pull_wait_s() > 0) store_options.max_pull_wait = absl::Seconds(limits.max_pull_wait_s());
   psrt::Store store(store_options, &metrics);
   psrt::PsService service(&store, &metrics, token, limits.max_calls_per_worker());
+  // "replicas": 1: this server's updates go to their copies on another
+  // server first, and it keeps the copies of the server it backs up.
+  const int num_servers = config->num_servers();
+  const int servers_per_host = num_servers / std::max(1, config->num_hosts());
+  const int backed_up = (index + num_servers - psrt::BackupServer(0, num_servers, servers_per_host)) % num_servers;
+  std::unique_ptr<psrt::Replicator> replicator;
+  if (config->replicas() > 0) {
+    replicator = std::make_unique<psrt::Replicator>(index, token, absl::Seconds(2 * config->heartbeat_timeout_s() + 5),
+                                                    &store);
+    store.SetForward([r = replicator.get()](int owner, const std::string& variable, uint32_t partition,
+                                            int64_t version, const float* grad, int64_t n,
+                                            const psrt::Store::Origin& origin) {
+      return r->Forward(owner, variable, partition, version, grad, n, origin);
+    });
+  }
 
   if (!config->checkpoint().uri().empty()) {
     // Named exactly as the coordinator names it (its Storage::uri()).
@@ -114,20 +129,7 @@ int main(int argc, char** argv) {
     store.SetMembership(m.epoch(), {m.active_workers().begin(), m.active_workers().end()});
     psrt::LogInfo("membership epoch ", m.epoch(), ": ", m.active_workers_size(), " active workers");
   };
-  // "replicas": 1: this server's updates go to their copies on its backup
-  // first, and it keeps the copies of the server it backs up.
-  const int num_servers = config->num_servers();
-  const int servers_per_host = num_servers / std::max(1, config->num_hosts());
-  const int backed_up = (index + num_servers - psrt::BackupServer(0, num_servers, servers_per_host)) % num_servers;
-  std::unique_ptr<psrt::Replicator> replicator;
-  if (config->replicas() > 0) {
-    replicator = std::make_unique<psrt::Replicator>(index, token, absl::Seconds(2 * config->heartbeat_timeout_s() + 5),
-                                                    &store);
-    store.SetForward([r = replicator.get()](int owner, const std::string& variable, uint32_t partition,
-                                            int64_t version, const float* grad, int64_t n,
-                                            const psrt::Store::Origin& origin) {
-      return r->Forward(owner, variable, partition, version, grad, n, origin);
-    });
+  if (replicator != nullptr) {
     link_options.on_shard_map = [r = replicator.get()](const psrt::v1::ShardMap& map) { r->Update(map); };
   }
   auto link = psrt::CoordinatorLink::Connect(link_options);

@@ -323,21 +323,16 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
   }
   for (int i = 0; i < req.keys_size(); ++i) {
     const v1::KeySpec& spec = req.keys(i);
-    const std::string name = KeyName(spec.variable(), spec.partition());
     Key* key;
     {
       absl::MutexLock lock(&map_mu_);
-      std::unique_ptr<Key>& slot = keys_[name];
-      if (slot == nullptr) {
-        slot = std::make_unique<Key>();
-        slot->name = name;
-        slot->spec = spec;
-        slot->spec.clear_init();
-        slot->n = spec.num_elements();
-      } else if (absl::Status s = CheckSpec(*slot, spec, req.worker_rank()); !s.ok()) {
-        return s;  // lost a race with a different registration
+      bool added = false;
+      key = FindOrAddLocked(spec, &added);
+      if (!added) {
+        if (absl::Status s = CheckSpec(*key, spec, req.worker_rank()); !s.ok()) {
+          return s;  // lost a race with a different registration
+        }
       }
-      key = slot.get();
       if (req.replica()) {
         absl::MutexLock lock(&key->mu);
         if (key->backup_of < 0 && !key->initialized) {
@@ -396,10 +391,7 @@ absl::Status Store::NotServing(const Key* k) {
                                              k->backup_of, "'s, not served yet"));
 }
 
-void Store::SetForward(Forward forward) {
-  absl::MutexLock lock(&forward_mu_);
-  forward_ = std::move(forward);
-}
+void Store::SetForward(Forward forward) { forward_ = std::move(forward); }
 
 absl::Status Store::Replicate(const v1::ReplicateRequest& req) {
   absl::StatusOr<Key*> key = Find(req.variable(), req.partition());
@@ -454,6 +446,20 @@ void Store::Promote(int primary) {
   if (n > 0) LogWarning("serving the ", n, " keys of server ", primary, " from their replicas here");
 }
 
+Store::Key* Store::FindOrAddLocked(const v1::KeySpec& spec, bool* added) {
+  const std::string name = KeyName(spec.variable(), spec.partition());
+  std::unique_ptr<Key>& slot = keys_[name];
+  *added = slot == nullptr;
+  if (*added) {
+    slot = std::make_unique<Key>();
+    slot->name = name;
+    slot->spec = spec;
+    slot->spec.clear_init();
+    slot->n = spec.num_elements();
+  }
+  return slot.get();
+}
+
 absl::Status Store::Seed(const v1::SeedRequest& req) {
   absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(req.spec().optimizer());
   const int64_t n = req.spec().num_elements();
@@ -469,14 +475,8 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
   Key* key;
   {
     absl::MutexLock lock(&map_mu_);
-    std::unique_ptr<Key>& slot = keys_[name];
-    if (slot == nullptr) {
-      slot = std::make_unique<Key>();
-      slot->name = name;
-      slot->spec = req.spec();
-      slot->n = n;
-    }
-    key = slot.get();
+    bool added = false;
+    key = FindOrAddLocked(req.spec(), &added);
   }
   absl::MutexLock lock(&key->mu);
   if (key->serving && key->initialized) {
@@ -564,14 +564,9 @@ void Store::Apply(Key* key, const float* grad, const Origin& origin) {
   if (key->serving) {
     // The backup applies the same update first: once the new version is
     // served here, it is there too.
-    Forward forward;
-    {
-      absl::MutexLock lock(&forward_mu_);
-      forward = forward_;
-    }
-    if (forward) {
+    if (forward_) {
       absl::Status s =
-          forward(key->backup_of, key->spec.variable(), key->spec.partition(), key->version, grad, key->n, origin);
+          forward_(key->backup_of, key->spec.variable(), key->spec.partition(), key->version, grad, key->n, origin);
       if (!s.ok()) LogWarning("key '", key->name, "': its replica was not updated: ", s.message());
     }
   }

@@ -68,7 +68,8 @@ class Store {
   // ---- Replicas ("replicas": 1) ----
   // Sends one update of a key this server serves to its copy on the backup
   // server, before the update is applied here; returns once the backup
-  // applied it (or is known to be gone).
+  // applied it (or is known to be gone). Set before the store serves: the
+  // update path reads it without a lock.
   // Async and ssp: the push an update came from.
   struct Origin {
     int worker = -1;  // -1: a sync step's aggregate
@@ -173,6 +174,8 @@ class Store {
   struct PendingPull;
   using Completed = std::vector<std::shared_ptr<PendingPull>>;
   absl::StatusOr<Key*> Find(const std::string& variable, uint32_t partition) const;
+  // The key `spec` names, made (without a value) if it is new.
+  Key* FindOrAddLocked(const v1::KeySpec& spec, bool* added) ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_);
   static absl::Status NotServing(const Key* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // What a new key costs in weights, optimizer slots and (sync) accumulator.
   int64_t KeyBytes(int64_t n, const OptimizerConfig& optimizer) const;
@@ -236,8 +239,7 @@ class Store {
 
   BufferPool buffers_;  // pulled values on their way out
   std::unique_ptr<ThreadPool> apply_pool_;
-  absl::Mutex forward_mu_;
-  Forward forward_ ABSL_GUARDED_BY(forward_mu_);
+  Forward forward_;  // set before serving, then read only
   mutable absl::Mutex pending_mu_;
   std::vector<std::shared_ptr<PendingPull>> pending_ ABSL_GUARDED_BY(pending_mu_);
   absl::Mutex sweeper_mu_;

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 
@@ -122,13 +123,6 @@ int RunAgent(const AgentOptions& options) {
       if (!start_worker(host_index * local + i)) return;
     }
   };
-  auto pids_of = [&](v1::Role role) {
-    std::vector<pid_t> pids;
-    for (const auto& [pid, c] : children) {
-      if (c.id.role() == role) pids.push_back(pid);
-    }
-    return pids;
-  };
   start_all();
 
   auto report = [&](const Exit& e) {
@@ -209,8 +203,10 @@ int RunAgent(const AgentOptions& options) {
     // Training processes (on failure) and servers hear of the end through
     // their own heartbeats and exit by themselves; give them a moment to.
     const absl::Time deadline = absl::Now() + absl::Seconds(2 * config.heartbeat_interval_s() + 1);
-    auto waited_for = [&] {
-      return end.state == v1::JOB_FAILED ? children.size() : pids_of(v1::ROLE_SERVER).size();
+    auto waited_for = [&]() -> size_t {
+      if (end.state == v1::JOB_FAILED) return children.size();
+      return std::count_if(children.begin(), children.end(),
+                           [](const auto& c) { return c.second.id.role() == v1::ROLE_SERVER; });
     };
     while (waited_for() > 0 && absl::Now() < deadline) {
       for (const Exit& e : ReapExited()) report(e);

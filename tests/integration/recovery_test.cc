@@ -103,14 +103,21 @@ const char* KindName(Kind k) {
 }
 
 // The process of `kind` on host 1 (the coordinator is host 0's).
+pid_t ServerProcess(const std::string& token, int index) {
+  return FindJobProcess(token, [&](pid_t p) {
+    const std::string cmd = CmdLine(p);
+    return cmd.find("psrt-server") != std::string::npos &&
+           cmd.find(absl::StrCat("--index=", index, " ")) != std::string::npos;
+  });
+}
+
 pid_t Victim(Kind kind, const std::string& token, const Proc& run) {
   if (kind == Kind::kLauncher) return run.pid;
+  if (kind == Kind::kServer) return ServerProcess(token, 1);
   return FindJobProcess(token, [&](pid_t p) {
     const std::string cmd = CmdLine(p);
     auto has = [&](const char* s) { return cmd.find(s) != std::string::npos; };
     switch (kind) {
-      case Kind::kServer:
-        return has("psrt-server") && has("--index=1");
       case Kind::kWorker:
         return has("psrt-example-linreg") &&
                ReadFile(absl::StrCat("/proc/", p, "/environ"))
@@ -250,14 +257,6 @@ std::string ReplicaDistribution(const std::string& more = "") {
   return absl::StrCat(
       R"({"parameter_server":{"enabled":true,"heartbeat_timeout_s":2,"partition_bytes":4096,)",
       R"("replicas":1)", more, "}}");
-}
-
-pid_t ServerProcess(const std::string& token, int index) {
-  return FindJobProcess(token, [&](pid_t p) {
-    const std::string cmd = CmdLine(p);
-    return cmd.find("psrt-server") != std::string::npos &&
-           cmd.find(absl::StrCat("--index=", index, " ")) != std::string::npos;
-  });
 }
 
 // Seeded (PSRT_CHAOS_SEED) and bounded (PSRT_REPLICA_RUNS, default 20).
