@@ -44,7 +44,8 @@ void Replicator::Update(const v1::ShardMap& map) {
       const int64_t since = i < map.replica_since_size() ? map.replica_since(i) : 0;
       const bool mine = (i < map.served_by_size() ? map.served_by(i) : i) == self_;
       if (at == replica_at_[i] && since == replica_since_[i]) continue;
-      if (mine && at < 0 && !first) LogWarning("the keys of server ", i, " served here have no copy any more");
+      if (mine && at < 0 && !first)
+        LogWarning("the keys of server ", i, " served here have no copy any more");
       // A copy holder named anew for keys served here (not the start, where
       // every worker registers its keys with both): copy them there first.
       if (mine && at >= 0 && !first) seed.emplace_back(i, at);
@@ -68,7 +69,8 @@ void Replicator::Update(const v1::ShardMap& map) {
           absl::MutexLock lock(&mu_);
           stub = StubLocked(at);
         }
-        if (stub == nullptr) return absl::UnavailableError(absl::StrCat("server ", at, " has no address"));
+        if (stub == nullptr)
+          return absl::UnavailableError(absl::StrCat("server ", at, " has no address"));
         grpc::ClientContext ctx;
         PrepareContext(&ctx, token_, absl::Seconds(30));
         v1::SeedResponse resp;
@@ -80,8 +82,9 @@ void Replicator::Update(const v1::ShardMap& map) {
   }
 }
 
-absl::Status Replicator::Forward(int owner, const std::string& variable, uint32_t partition, int64_t version,
-                                 const float* grad, int64_t n, const Store::Origin& origin) {
+absl::Status Replicator::Forward(int owner, const std::string& variable, uint32_t partition,
+                                 int64_t version, const float* grad, int64_t n,
+                                 const Store::Origin& origin) {
   const int key_owner = owner < 0 ? self_ : owner;
   v1::ReplicateRequest req;
   req.set_variable(variable);
@@ -124,9 +127,10 @@ absl::Status Replicator::Forward(int owner, const std::string& variable, uint32_
     if (absl::Now() - start > give_up_) {
       absl::MutexLock lock(&mu_);
       replica_at_[key_owner] = -1;
-      return absl::UnavailableError(absl::StrCat("the copy of server ", key_owner, "'s keys did not answer for ",
-                                                 absl::FormatDuration(give_up_), ": ", last.error_message(),
-                                                 "; those keys have no copy from here on"));
+      return absl::UnavailableError(
+          absl::StrCat("the copy of server ", key_owner, "'s keys did not answer for ",
+                       absl::FormatDuration(give_up_), ": ", last.error_message(),
+                       "; those keys have no copy from here on"));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }

@@ -52,8 +52,8 @@ int RunAgent(const AgentOptions& options) {
       options.servers ? config.num_servers() / std::max(1, config.num_hosts()) : 0;
   int64_t generation = (*link)->generation();
 
-  std::map<pid_t, Child> children;  // running
-  std::map<int, int> restarts;      // per rank, restarts made so far
+  std::map<pid_t, Child> children;     // running
+  std::map<int, int> restarts;         // per rank, restarts made so far
   std::map<int, int> server_restarts;  // per server index, this generation
   constexpr int kServerRestarts = 3;
   auto report_exit = [&](const Child& c, int code, const std::string& message, bool restarting) {

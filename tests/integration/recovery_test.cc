@@ -285,9 +285,9 @@ TEST(ReplicaTest, KillingAnyServerAtAnyMomentLosesNoStep) {
                 code, equal ? "weights as uninterrupted" : "WEIGHTS DIFFER");
     EXPECT_EQ(code, 0) << out;
     EXPECT_TRUE(std::regex_search(
-        out,
-        std::regex(absl::StrCat("server ", server, " on local", server, " .*; server ", 1 - server,
-                                " serves server ", server, "'s keys from their replicas, no step lost"))))
+        out, std::regex(absl::StrCat("server ", server, " on local", server, " .*; server ",
+                                     1 - server, " serves server ", server,
+                                     "'s keys from their replicas, no step lost"))))
         << out;
     EXPECT_TRUE(Recoveries(out).empty()) << out;
     EXPECT_TRUE(equal) << "final weights differ from the uninterrupted run's\n" << out;
@@ -323,14 +323,18 @@ TEST(ReplicaTest, ALostServerComesBackAsTheNewBackupAndCanTakeOverInTurn) {
   kill(ServerProcess(token, 0), SIGKILL);
   ASSERT_EQ(run.Wait(absl::Seconds(90), "psrt-run"), 0) << run.Output();
   const std::string out = run.Output();
-  EXPECT_TRUE(std::regex_search(out, std::regex("server 1 on local1 is back at .*: it keeps the copies of the keys of "
-                                                "servers 0, 1 from now on")))
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("server 1 on local1 is back at .*: it keeps the copies of the keys of "
+                      "servers 0, 1 from now on")))
       << out;
-  EXPECT_TRUE(std::regex_search(out, std::regex("server 0 on local0 .*; server 1 serves server 0's keys, server 1 "
-                                                "serves server 1's keys from their replicas, no step lost")))
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("server 0 on local0 .*; server 1 serves server 0's keys, server 1 "
+                      "serves server 1's keys from their replicas, no step lost")))
       << out;
   EXPECT_TRUE(Recoveries(out).empty()) << out;
-  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights()) << "final weights differ\n" << out;
+  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights())
+      << "final weights differ\n"
+      << out;
   EXPECT_EQ(Leftovers(token), 0);
 }
 
