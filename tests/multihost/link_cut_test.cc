@@ -121,7 +121,12 @@ TEST_F(LinkCutTest, ABlipLongerThanTheHeartbeatTimeoutIsRecoveredAndTrainsAsUnin
   EXPECT_TRUE(std::regex_search(
       out, std::regex("recovery 1 of at most 3: .*10\\.213\\.0\\.3.*; rolled back to step")))
       << out;
-  EXPECT_TRUE(std::regex_search(out, std::regex("agent on 10\\.213\\.0\\.3 came back after")))
+  // Host 2 took part again: its agent restarted its processes for the next
+  // generation (whether the coordinator had declared the agent itself lost
+  // depends on which of the host's heartbeats it missed first).
+  EXPECT_TRUE(std::regex_search(
+      runs_[2].Output(),
+      std::regex("psrt-worker\\[2\\] W the job is recovering \\(generation [0-9]+\\)")))
       << out;
   // Three workers' gradients are summed in the order they arrive, so two
   // runs agree to rounding, not bit for bit.
