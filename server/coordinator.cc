@@ -794,8 +794,10 @@ v1::JobState CoordinatorService::WaitForEnd() {
   // they exit with the right code, but never wait for a dead one.
   auto heard = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return std::all_of(processes_.begin(), processes_.end(), [](const Process& p) {
-      return p.id.role() == v1::ROLE_WORKER || (p.id.role() == v1::ROLE_AGENT && p.slot < 0) ||
-             !p.registered || p.exited || p.saw_end || (p.id.role() == v1::ROLE_SERVER && p.lost);
+      // Training processes too: they end with the job's reason, not with
+      // "lost the coordinator", when they heard it first.
+      return (p.id.role() == v1::ROLE_AGENT && p.slot < 0) || !p.registered || p.exited || p.saw_end || p.lost ||
+             p.restarting;
     });
   };
   const absl::Duration grace =
