@@ -146,12 +146,26 @@ bool Checkpointer::stopping() {
   return stopping_;
 }
 
+bool Checkpointer::Track(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return false;
+  calls_.push_back(ctx);
+  return true;
+}
+
+void Checkpointer::Untrack(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  calls_.erase(std::find(calls_.begin(), calls_.end(), ctx));
+}
+
 absl::StatusOr<std::vector<v1::StatsResponse>> Checkpointer::AllStats() {
   std::vector<v1::StatsResponse> out(servers_.size());
   for (size_t i = 0; i < servers_.size(); ++i) {
     grpc::ClientContext ctx;
     PrepareContext(&ctx, options_.token, kRpcTimeout);
+    if (!Track(&ctx)) return absl::CancelledError("the checkpoint was cancelled");
     grpc::Status s = servers_[i]->Stats(&ctx, v1::StatsRequest(), &out[i]);
+    Untrack(&ctx);
     if (!s.ok()) {
       return absl::UnavailableError(absl::StrCat("server ", i, " did not answer Stats: ", s.error_message()));
     }
@@ -205,20 +219,13 @@ absl::Status Checkpointer::Round(const std::string& name, int64_t step, absl::Du
       req.set_allow_empty(allow_empty);
       grpc::ClientContext ctx;
       PrepareContext(&ctx, options_.token, wait + options_.save_timeout);
-      {
-        absl::MutexLock lock(&mu_);
-        if (cancelled_) {
-          status[i] = grpc::Status(grpc::StatusCode::CANCELLED, "the checkpoint was cancelled");
-          return;
-        }
-        calls_.push_back(&ctx);
+      if (!Track(&ctx)) {
+        status[i] = grpc::Status(grpc::StatusCode::CANCELLED, "the checkpoint was cancelled");
+        return;
       }
       v1::SaveShardResponse resp;
       status[i] = servers_[i]->SaveShard(&ctx, req, &resp);
-      {
-        absl::MutexLock lock(&mu_);
-        calls_.erase(std::find(calls_.begin(), calls_.end(), &ctx));
-      }
+      Untrack(&ctx);
       if (status[i].ok()) (*responses)[i] = std::move(resp);
     });
   }

@@ -71,6 +71,9 @@ class Checkpointer {
   bool sync() const { return options_.mode == "sync"; }
   // Per server, its Stats; or the first error.
   absl::StatusOr<std::vector<v1::StatsResponse>> AllStats();
+  // Registers a server call so that Abort can cancel it; false once cancelled.
+  bool Track(grpc::ClientContext* ctx);
+  void Untrack(grpc::ClientContext* ctx);
   // The checkpoint SaveNow writes: sync, the version of the fastest key;
   // otherwise the least worker clock (keys are copied as they are).
   absl::StatusOr<int64_t> CurrentStep();
@@ -98,7 +101,7 @@ class Checkpointer {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool looping_ ABSL_GUARDED_BY(mu_) = false;  // the triggers' thread runs
-  std::vector<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);  // SaveShard in flight
+  std::vector<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);  // server calls in flight
   std::optional<v1::CheckpointResponse> last_committed_ ABSL_GUARDED_BY(mu_);
   absl::Mutex record_mu_;
   v1::JobRecord record_ ABSL_GUARDED_BY(record_mu_);

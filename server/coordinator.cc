@@ -89,6 +89,7 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
     Process p;
     p.id.set_role(v1::ROLE_AGENT);
     p.id.set_index(h);
+    p.host_index = h;
     p.expected_host = options_.hosts[h];
     p.name = absl::StrCat("agent on ", p.expected_host);
     processes_.push_back(std::move(p));
@@ -117,6 +118,7 @@ void CoordinatorService::LayOutLocked() {
     Process p;
     p.id.set_role(role);
     p.id.set_index(index);
+    p.host_index = host;
     p.expected_host = options_.hosts[host];
     p.name = absl::StrCat(RoleName(role), " ", index, " on ", p.expected_host);
     processes_.push_back(std::move(p));
@@ -726,6 +728,19 @@ grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext* ctx, const v1::
   return grpc::Status::OK;
 }
 
+CoordinatorService::Process* CoordinatorService::SilentAgentLocked(const Process& p, absl::Time now) {
+  if (p.id.role() == v1::ROLE_AGENT || p.restarting) return nullptr;
+  // A live agent is never more than one interval (plus scheduling) late.
+  const absl::Duration late = 2 * absl::Seconds(config_.heartbeat_interval_s());
+  for (Process& a : processes_) {
+    if (a.id.role() == v1::ROLE_AGENT && a.slot >= 0 && a.registered && !a.lost && a.host_index == p.host_index &&
+        now - a.last_heartbeat > late) {
+      return &a;
+    }
+  }
+  return nullptr;
+}
+
 void CoordinatorService::Monitor() {
   const absl::Duration timeout = absl::Seconds(config_.heartbeat_timeout_s());
   const absl::Duration barrier = absl::Seconds(config_.barrier_timeout_s());
@@ -764,6 +779,16 @@ void CoordinatorService::Monitor() {
       if (!p.registered || p.exited || p.lost) continue;
       const absl::Duration silent = now - p.last_heartbeat;
       if (silent <= (p.restarting ? barrier : timeout)) continue;
+      if (Process* agent = SilentAgentLocked(p, now); agent != nullptr) {
+        // Its host went silent as a whole, and the agent's heartbeat was just
+        // not due yet: one loss, the host's.
+        agent->lost = true;
+        agent->lost_at = now;
+        LostLocked(absl::StrCat(agent->name, " was lost: no heartbeat for ",
+                                absl::FormatDuration(absl::Trunc(now - agent->last_heartbeat, absl::Milliseconds(100))),
+                                " (nor from ", p.name, ")"));
+        break;
+      }
       const std::string reason =
           p.restarting
               ? absl::StrCat(p.name, " did not come back within ", absl::FormatDuration(barrier),

@@ -63,6 +63,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
     v1::ProcessId id;
     std::string name;  // "server 1 on host-b"
     std::string expected_host;
+    int host_index = -1;  // into options_.hosts
     std::string host;
     std::string address;
     bool registered = false;
@@ -86,6 +87,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // A process the job cannot go on without was lost: it fails, or (with
   // on_failure "recover") rolls back to its last checkpoint.
   void LostLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // p's host's agent, when it too has missed heartbeats; else null.
+  Process* SilentAgentLocked(const Process& p, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stops the checkpoints, finds the checkpoint to return to, then starts
   // the next generation (on a thread of its own: it waits on servers).
   void Recover(std::string reason);
