@@ -15,6 +15,9 @@ v1::OptimizerConfig OptimizerToProto(const OptimizerConfig& c) {
   p.set_eps(c.eps);
   p.set_lr_decay(c.lr_decay);
   p.set_initial_accumulator_value(c.initial_accumulator_value);
+  p.set_l1(c.l1);
+  p.set_l2(c.l2);
+  p.set_ftrl_beta(c.ftrl_beta);
   return p;
 }
 
@@ -33,6 +36,9 @@ absl::StatusOr<OptimizerConfig> OptimizerFromProto(const v1::OptimizerConfig& p)
   c.eps = p.eps();
   c.lr_decay = p.lr_decay();
   c.initial_accumulator_value = p.initial_accumulator_value();
+  c.l1 = p.l1();
+  c.l2 = p.l2();
+  c.ftrl_beta = p.ftrl_beta();
   if (absl::Status s = ValidateOptimizerConfig(c); !s.ok()) return s;
   return c;
 }

@@ -27,6 +27,7 @@ enum KeyField {
   kNonfinite = 7,
   kPullDType = 8,
   kShared = 9,
+  kIds = 10,
 };
 
 // ---- Writing --------------------------------------------------------------
@@ -108,6 +109,14 @@ class SliceWriter {
     size_ += k.size;
   }
 
+  // Borrowed bytes as a slice of their own (the caller keeps them alive).
+  void AddBorrowed(const void* data, int64_t size) {
+    if (size == 0) return;
+    Flush();
+    slices_.emplace_back(const_cast<void*>(data), static_cast<size_t>(size), grpc::Slice::STATIC_SLICE);
+    size_ += size;
+  }
+
   void Flush() {
     if (pending_.empty()) return;
     size_ += static_cast<int64_t>(pending_.size());
@@ -122,8 +131,10 @@ class SliceWriter {
       meta.clear();
       PutKeyHeader(&meta, k);
       const bool inline_data = k.size > 0 && !k.has_shared;
+      const int64_t id_bytes = k.num_ids * 8;
       int64_t len = static_cast<int64_t>(meta.size());
       if (inline_data) len += 1 + VarintSize(k.size) + k.size;
+      if (id_bytes > 0) len += 1 + VarintSize(id_bytes) + id_bytes;
       PutTag(&pending_, field, kLen);
       PutVarint(&pending_, len);
       pending_ += meta;
@@ -131,6 +142,12 @@ class SliceWriter {
         PutTag(&pending_, kData, kLen);
         PutVarint(&pending_, k.size);
         AddData(k);
+      }
+      if (id_bytes > 0) {
+        // Packed sfixed64: little-endian int64s, as they lie in memory.
+        PutTag(&pending_, kIds, kLen);
+        PutVarint(&pending_, id_bytes);
+        AddBorrowed(k.ids, id_bytes);
       }
     }
   }
@@ -299,6 +316,8 @@ std::string ReadKey(SliceReader* r, int64_t len, WireKey* k) {
             default:
               break;
           }
+        } else if (wire_type == kFixed64 && field == kIds) {
+          k->ids.push_back(static_cast<int64_t>(v));  // unpacked, as protobuf also accepts
         }
       },
       [r, k](int field, int64_t n) -> std::string {
@@ -319,6 +338,17 @@ std::string ReadKey(SliceReader* r, int64_t len, WireKey* k) {
                 r->Skip(len);
                 return "";
               });
+        }
+        if (field == kIds) {
+          if (n % 8 != 0) return absl::StrCat("ids field of ", n, " bytes is not whole int64s");
+          const size_t at = k->ids.size();  // packed runs add up, as in protobuf
+          k->ids.resize(at + n / 8);
+          char* to = reinterpret_cast<char*>(k->ids.data() + at);
+          r->Take(n, [&to](absl::string_view piece) {
+            std::memcpy(to, piece.data(), piece.size());
+            to += piece.size();
+          });
+          return "";
         }
         if (field == kData) {
           k->data.Clear();  // the last occurrence wins, as in protobuf

@@ -80,6 +80,9 @@ struct WireKey {
   v1::DType pull_dtype = v1::DTYPE_UNSPECIFIED;
   bool has_shared = false;
   SharedSpan shared;
+  // Sparse tables: the rows' ids (psrt.v1.KeyData.ids), copied out of the
+  // message (they are small next to the rows).
+  std::vector<int64_t> ids;
   // Where shared.offset lies in this process's mapping of the region, once
   // the receiver has checked the span (the server for requests: a push's
   // values, a pull's room for its answer).
@@ -89,6 +92,7 @@ struct WireKey {
   void Reset() {
     variable.clear();
     data.Clear();
+    ids.clear();
     partition = 0;
     version = 0;
     dtype = pull_dtype = v1::DTYPE_UNSPECIFIED;
@@ -135,6 +139,9 @@ struct OutKey {
   // size bytes at offset, or room for an answer).
   bool has_shared = false;
   SharedSpan shared;
+  // Sparse tables: the rows' ids, borrowed like `data`.
+  const int64_t* ids = nullptr;
+  int64_t num_ids = 0;
 };
 
 grpc::ByteBuffer EncodePushRequest(int32_t worker_rank, uint64_t push_id,

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/isa.h"
 #include "kernels/optimizer_internal.h"
+#include "kernels/row_optimizer.h"
 
 namespace psrt {
 namespace {
@@ -37,6 +38,14 @@ absl::Status CheckAtLeast(const char* field, double value, double lo) {
   if (!(value >= lo)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Invalid ", field, " value: ", value, " (must be >= ", lo, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckGreater(const char* field, double value, double lo) {
+  if (!(value > lo)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Invalid ", field, " value: ", value, " (must be > ", lo, ")"));
   }
   return absl::OkStatus();
 }
@@ -160,6 +169,15 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
                             c.initial_accumulator_value, 0.0));
       s.Update(CheckAtLeast("eps", c.eps, 0.0));
       return s;
+    case OptimizerKind::kFtrl:
+      // Keras's Ftrl checks; lr > 0 because the update divides by it.
+      s.Update(CheckGreater("lr", c.lr, 0.0));
+      s.Update(CheckAtLeast("initial_accumulator_value",
+                            c.initial_accumulator_value, 0.0));
+      s.Update(CheckAtLeast("l1", c.l1, 0.0));
+      s.Update(CheckAtLeast("l2", c.l2, 0.0));
+      s.Update(CheckAtLeast("ftrl_beta", c.ftrl_beta, 0.0));
+      return s;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("Invalid optimizer kind: ", static_cast<int>(c.kind)));
@@ -174,16 +192,24 @@ int NumSlots(const OptimizerConfig& c) {
       return 2;
     case OptimizerKind::kAdaGrad:
       return 1;
+    case OptimizerKind::kFtrl:
+      return 2;
   }
   return 0;
 }
 
 void InitSlots(const OptimizerConfig& c, float* const* slots, size_t n) {
-  const float fill = c.kind == OptimizerKind::kAdaGrad
-                         ? static_cast<float>(c.initial_accumulator_value)
-                         : 0.0f;
+  // Slot 0 of AdaGrad (sum) and FTRL (n) starts at initial_accumulator_value;
+  // every other slot, FTRL's z included, at 0.
+  const bool accumulates =
+      c.kind == OptimizerKind::kAdaGrad || c.kind == OptimizerKind::kFtrl;
   const int num_slots = NumSlots(c);
-  for (int s = 0; s < num_slots; ++s) std::fill(slots[s], slots[s] + n, fill);
+  for (int s = 0; s < num_slots; ++s) {
+    const float fill = accumulates && s == 0
+                           ? static_cast<float>(c.initial_accumulator_value)
+                           : 0.0f;
+    std::fill(slots[s], slots[s] + n, fill);
+  }
 }
 
 namespace kernels_internal {
@@ -263,6 +289,11 @@ void ApplyUpdateWithIsa(Isa isa, const OptimizerConfig& c, double lr,
     case OptimizerKind::kAdaGrad:
       k.adagrad(MakeAdaGradParams(c, lr, step), param, grad, slots[0], n);
       return;
+    case OptimizerKind::kFtrl:
+      // No SIMD variant: the row kernel is elementwise, so one "row" of n
+      // elements is the dense update, the same bits on every ISA.
+      ApplyRowUpdate(c, lr, step, param, grad, slots, static_cast<int64_t>(n));
+      return;
   }
 }
 
@@ -286,17 +317,21 @@ const char* OptimizerName(OptimizerKind k) {
       return "adamw";
     case OptimizerKind::kAdaGrad:
       return "adagrad";
+    case OptimizerKind::kFtrl:
+      return "ftrl";
   }
   return "unknown";
 }
 
 absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name) {
-  for (OptimizerKind k : {OptimizerKind::kSgd, OptimizerKind::kAdam,
-                          OptimizerKind::kAdamW, OptimizerKind::kAdaGrad}) {
+  for (OptimizerKind k :
+       {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW,
+        OptimizerKind::kAdaGrad, OptimizerKind::kFtrl}) {
     if (name == OptimizerName(k)) return k;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown optimizer '", name, "'; accepted: sgd, adam, adamw, adagrad"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown optimizer '", name,
+                   "'; accepted: sgd, adam, adamw, adagrad, ftrl"));
 }
 
 }  // namespace psrt

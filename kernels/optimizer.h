@@ -16,7 +16,13 @@
 
 namespace psrt {
 
-enum class OptimizerKind { kSgd = 0, kAdam = 1, kAdamW = 2, kAdaGrad = 3 };
+enum class OptimizerKind {
+  kSgd = 0,
+  kAdam = 1,
+  kAdamW = 2,
+  kAdaGrad = 3,
+  kFtrl = 4,
+};
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kSgd;
@@ -29,7 +35,10 @@ struct OptimizerConfig {
   // the caller sets it explicitly.
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double lr_decay = 0.0;                   // AdaGrad
-  double initial_accumulator_value = 0.0;  // AdaGrad
+  double initial_accumulator_value = 0.0;  // AdaGrad, FTRL
+  // FTRL-Proximal as tf.keras.optimizers.Ftrl with learning_rate_power = -0.5
+  // and no l2_shrinkage; ftrl_beta is Keras's `beta`.
+  double l1 = 0.0, l2 = 0.0, ftrl_beta = 0.0;
 };
 
 // Checks the fields used by `c.kind` the way torch.optim's constructors do
@@ -39,11 +48,13 @@ struct OptimizerConfig {
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& c);
 
 // Number of per-element float slots this optimizer keeps: SGD 1 if
-// momentum > 0 else 0; Adam/AdamW 2 (exp_avg, exp_avg_sq); AdaGrad 1 (sum).
+// momentum > 0 else 0; Adam/AdamW 2 (exp_avg, exp_avg_sq); AdaGrad 1 (sum);
+// FTRL 2 (accumulator n, linear z).
 int NumSlots(const OptimizerConfig& c);
 
-// Fills fresh slots: AdaGrad's sum with initial_accumulator_value, everything
-// else with 0. `slots` holds NumSlots(c) arrays of `n` floats.
+// Fills fresh slots: AdaGrad's sum and FTRL's accumulator with
+// initial_accumulator_value, everything else with 0. `slots` holds
+// NumSlots(c) arrays of `n` floats.
 void InitSlots(const OptimizerConfig& c, float* const* slots, size_t n);
 
 // Applies one update to `param` in place.
@@ -56,11 +67,14 @@ void InitSlots(const OptimizerConfig& c, float* const* slots, size_t n);
 //
 // Runs the kernel for DetectIsa() (kernels/isa.h): AVX-512, AVX2 or the Eigen
 // baseline, whose results are bit-identical (kernels/optimizer_internal.h).
+// FTRL has one scalar kernel for every ISA: ApplyRowUpdate
+// (kernels/row_optimizer.h) over all `n` elements. FTRL needs lr > 0.
 void ApplyUpdate(const OptimizerConfig& c, double lr, int64_t step,
                  float* param, const float* grad, float* const* slots,
                  size_t n);
 
-// "sgd", "adam", "adamw" or "adagrad" ("unknown" for out-of-range values).
+// "sgd", "adam", "adamw", "adagrad" or "ftrl" ("unknown" for out-of-range
+// values).
 const char* OptimizerName(OptimizerKind k);
 // The inverse of OptimizerName; INVALID_ARGUMENT lists the accepted names.
 absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name);

@@ -10,6 +10,7 @@
 #include "common/failpoint.h"
 #include "common/key_map.h"
 #include "common/optimizer_proto.h"
+#include "kernels/row_optimizer.h"
 #include "server/checkpoint/crc32c.h"
 
 namespace psrt {
@@ -81,6 +82,36 @@ void ShardSaver::ArmNextPeriodic(int64_t after) {
   if (store_->ArmSnapshot(next).ok()) armed_ = absl::StrCat(periodic_root_, "\n", CheckpointName(next));
 }
 
+namespace {
+
+// Appends the rows of `rec` (a table's part as some server saved it) whose
+// ids map to server `index` of `num_servers` to `dst`.
+absl::Status TakeRows(const KeyRecord& rec, int index, int num_servers, KeyRecord* dst) {
+  dst->version = std::max(dst->version, rec.version);
+  dst->learning_rate = rec.learning_rate;
+  const size_t rows = rec.row_ids.size();
+  if (rows == 0) return absl::OkStatus();
+  const size_t dim = rec.weights.size() / rows;
+  if (dim * rows != rec.weights.size() || rec.slots.size() != dst->slots.size()) {
+    return absl::DataLossError(absl::StrCat("table '", rec.variable, "' part ", rec.partition, ": ", rows,
+                                            " rows do not fit its ", rec.weights.size(), " values and ",
+                                            rec.slots.size(), " slots"));
+  }
+  for (size_t r = 0; r < rows; ++r) {
+    if (RowShard(rec.row_ids[r], num_servers) != index) continue;
+    dst->row_ids.push_back(rec.row_ids[r]);
+    dst->row_stats.insert(dst->row_stats.end(), rec.row_stats.begin() + 3 * r, rec.row_stats.begin() + 3 * r + 3);
+    dst->weights.insert(dst->weights.end(), rec.weights.begin() + r * dim, rec.weights.begin() + (r + 1) * dim);
+    for (size_t s = 0; s < rec.slots.size(); ++s) {
+      dst->slots[s].insert(dst->slots[s].end(), rec.slots[s].begin() + r * dim, rec.slots[s].begin() + (r + 1) * dim);
+    }
+  }
+  dst->num_elements = static_cast<int64_t>(dst->weights.size());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<Store::RestoredKey>> LoadServerKeys(const CheckpointRef& ckpt, int index,
                                                                int num_servers,
                                                                int64_t partition_bytes) {
@@ -88,7 +119,32 @@ absl::StatusOr<std::vector<Store::RestoredKey>> LoadServerKeys(const CheckpointR
   std::vector<Store::RestoredKey> out;
   // Per variable, this server's keys (indices into `out`) in offset order.
   std::map<std::string, std::vector<size_t>> mine;
+  // Per sparse table, this server's part (index into `out`): its rows are
+  // those of every shard whose ids map here now.
+  std::map<std::string, size_t> tables;
   for (const v1::ManifestVariable& v : m.variables()) {
+    if (v.has_table()) {
+      absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(v.optimizer());
+      if (!opt.ok()) {
+        return absl::DataLossError(absl::StrCat("checkpoint ", ckpt.uri(), ": table '", v.name(),
+                                                "': ", opt.status().message()));
+      }
+      Store::RestoredKey rk;
+      rk.spec.set_variable(v.name());
+      rk.spec.set_partition(index);
+      rk.spec.set_dtype(v.dtype());
+      *rk.spec.mutable_shape() = v.shape();
+      *rk.spec.mutable_optimizer() = v.optimizer();
+      *rk.spec.mutable_table() = v.table();
+      rk.spec.mutable_table()->set_num_shards(num_servers);
+      rk.state.variable = v.name();
+      rk.state.partition = index;
+      rk.state.learning_rate = v.optimizer().lr();
+      rk.state.slots.resize(RowSlots(*opt));
+      tables[v.name()] = out.size();
+      out.push_back(std::move(rk));
+      continue;
+    }
     int64_t n = 1;
     for (int64_t d : v.shape()) n *= d;
     absl::StatusOr<std::vector<Partition>> parts = PartitionVariable(v.name(), n, 4, partition_bytes, num_servers);
@@ -126,6 +182,7 @@ absl::StatusOr<std::vector<Store::RestoredKey>> LoadServerKeys(const CheckpointR
   // Only the shards holding a slice of this server's keys are read.
   std::set<int> shards;
   for (const v1::ManifestKey& k : m.keys()) {
+    if (tables.count(k.variable())) shards.insert(k.shard());  // its version, rows or not
     for (size_t i : mine[k.variable()]) {
       const KeyRecord& r = out[i].state;
       if (overlap(r.offset, r.num_elements, k.offset(), k.num_elements()) > 0) shards.insert(k.shard());
@@ -139,6 +196,12 @@ absl::StatusOr<std::vector<Store::RestoredKey>> LoadServerKeys(const CheckpointR
         DecodeShard(*bytes, absl::StrCat(ckpt.root->uri(), "/", m.shards(shard).path()));
     if (!records.ok()) return records.status();
     for (KeyRecord& rec : *records) {
+      if (auto t = tables.find(rec.variable); t != tables.end()) {
+        if (absl::Status s = TakeRows(rec, index, num_servers, &out[t->second].state); !s.ok()) {
+          return absl::DataLossError(absl::StrCat("checkpoint ", ckpt.uri(), ": ", s.message()));
+        }
+        continue;
+      }
       for (size_t i : mine[rec.variable]) {
         KeyRecord& dst = out[i].state;
         const int64_t len = overlap(dst.offset, dst.num_elements, rec.offset, rec.num_elements);
@@ -168,6 +231,7 @@ absl::StatusOr<std::vector<Store::RestoredKey>> LoadServerKeys(const CheckpointR
     }
   }
   for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i].spec.has_table()) continue;  // any number of rows is whole
     if (filled[i] != out[i].state.num_elements) {
       return absl::DataLossError(absl::StrCat(
           "checkpoint ", ckpt.uri(), ": the shards hold ", filled[i], " of the ", out[i].state.num_elements,

@@ -15,6 +15,7 @@
 #include "common/compression.h"
 #include "common/key_map.h"
 #include "common/optimizer_proto.h"
+#include "server/table.h"
 
 namespace psrt {
 
@@ -31,6 +32,7 @@ struct Store::Key {
   absl::Mutex mu;
   std::string name;  // "variable#partition"
   v1::KeySpec spec;  // as first registered, without the initial value
+  bool is_table = false;  // spec.has_table()
   OptimizerConfig optimizer ABSL_GUARDED_BY(mu);  // rank 0's, once it registered
   int64_t n = 0;
   bool initialized ABSL_GUARDED_BY(mu) = false;
@@ -72,6 +74,9 @@ struct Store::Key {
   // here once that server is gone.
   int backup_of ABSL_GUARDED_BY(mu) = -1;
   bool serving ABSL_GUARDED_BY(mu) = true;
+  // A sparse table's part (spec.has_table()): its rows, in place of
+  // weights, slots and accum.
+  std::unique_ptr<Table> table ABSL_GUARDED_BY(mu);
 };
 
 // A pull whose keys are not all ready. It holds no thread: each key's
@@ -79,6 +84,7 @@ struct Store::Key {
 // deadline. Fields above `mu` are set once, before it is shared.
 struct Store::PendingPull {
   std::vector<Key*> keys;
+  std::vector<std::vector<int64_t>> ids;  // per key: a table's rows to send
   std::vector<int64_t> min_version;
   std::vector<v1::DType> dtypes;
   // Room for each answer in the worker's shared memory (null: none).
@@ -146,6 +152,7 @@ Store::Store(StoreOptions options, Metrics* metrics)
       pulls_(metrics->GetCounter("key_pulls_total", "Keys sent in pulls")),
       updates_(metrics->GetCounter("updates_total", "Optimizer updates applied")),
       nonfinite_updates_(metrics->GetCounter("nonfinite_updates_total", "Updates whose gradient held NaN or Inf: skipped, or (nonfinite: fail) refused")),
+      evicted_rows_(metrics->GetCounter("evicted_rows_total", "Sparse table rows dropped by eviction")),
       update_seconds_(metrics->GetHistogram("update_seconds", "Time to apply one optimizer update to a key", TimeBuckets())),
       pull_wait_seconds_(metrics->GetHistogram("pull_wait_seconds", "Time a pulled key waited for its version", TimeBuckets())),
       dropped_pushes_(metrics->GetCounter("dropped_pushes_total", "Sync pushes dropped because their step was applied without them (backup workers)")),
@@ -230,6 +237,51 @@ absl::Status Store::CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t r
   if (have.optimizer().name() != spec.optimizer().name()) {
     return mismatch("optimizer", have.optimizer().name(), spec.optimizer().name());
   }
+  if (have.table().SerializeAsString() != spec.table().SerializeAsString()) {
+    return mismatch("table settings", have.table().ShortDebugString(), spec.table().ShortDebugString());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::CheckDenseSpec(const v1::KeySpec& spec, int32_t rank) const {
+  const std::string name = KeyName(spec.variable(), spec.partition());
+  int64_t total = 1;
+  for (int64_t d : spec.shape()) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key '", name, "': shape ", ShapeText(spec.shape()), " has a negative dimension"));
+    }
+    if (d != 0 && total > INT64_MAX / d) {
+      return absl::InvalidArgumentError(absl::StrCat("key '", name, "': shape ", ShapeText(spec.shape()), " overflows 64 bits"));
+    }
+    total *= d;
+  }
+  if (spec.num_elements() > options_.max_key_bytes / 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key '", name, "' has ", spec.num_elements(), " elements; a key holds at most ",
+        options_.max_key_bytes / 4, " float32 (the job's partition size, ", options_.max_key_bytes,
+        " bytes)"));
+  }
+  if (spec.num_elements() <= 0 || spec.offset() < 0 ||
+      spec.offset() > total - spec.num_elements()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key '", name, "': slice [", spec.offset(), ", +", spec.num_elements(),
+        ") does not fit shape ", ShapeText(spec.shape()), " of ", total, " elements"));
+  }
+  if (!spec.init().empty()) {
+    if (rank != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key '", name, "': only rank 0 sends initial values; worker ", rank, " sent one"));
+    }
+    if (static_cast<int64_t>(spec.init().size()) != spec.num_elements() * 4) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key '", name, "': initial value has ", spec.init().size(), " bytes; expected ",
+          spec.num_elements() * 4, " (", spec.num_elements(), " float32)"));
+    }
+  } else if (rank == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key '", name, "': rank 0 must send the initial value"));
+  }
   return absl::OkStatus();
 }
 
@@ -257,42 +309,14 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
           "key '", name, "': variables of dtype ", DTypeName(spec.dtype()),
           " are not supported; register float32 variables"));
     }
-    int64_t total = 1;
-    for (int64_t d : spec.shape()) {
-      if (d < 0) {
+    if (spec.has_table()) {
+      if (absl::Status s = ValidateTableSpec(spec); !s.ok()) return s;
+      if (req.replica()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "key '", name, "': shape ", ShapeText(spec.shape()), " has a negative dimension"));
+            "table '", spec.variable(), "': tables are not replicated (\"replicas\" holds dense variables)"));
       }
-      if (d != 0 && total > INT64_MAX / d) {
-        return absl::InvalidArgumentError(absl::StrCat("key '", name, "': shape ", ShapeText(spec.shape()), " overflows 64 bits"));
-      }
-      total *= d;
-    }
-    if (spec.num_elements() > options_.max_key_bytes / 4) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "key '", name, "' has ", spec.num_elements(), " elements; a key holds at most ",
-          options_.max_key_bytes / 4, " float32 (the job's partition size, ", options_.max_key_bytes,
-          " bytes)"));
-    }
-    if (spec.num_elements() <= 0 || spec.offset() < 0 ||
-        spec.offset() > total - spec.num_elements()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "key '", name, "': slice [", spec.offset(), ", +", spec.num_elements(),
-          ") does not fit shape ", ShapeText(spec.shape()), " of ", total, " elements"));
-    }
-    if (!spec.init().empty()) {
-      if (req.worker_rank() != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "key '", name, "': only rank 0 sends initial values; worker ", req.worker_rank(), " sent one"));
-      }
-      if (static_cast<int64_t>(spec.init().size()) != spec.num_elements() * 4) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "key '", name, "': initial value has ", spec.init().size(), " bytes; expected ",
-            spec.num_elements() * 4, " (", spec.num_elements(), " float32)"));
-      }
-    } else if (req.worker_rank() == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "key '", name, "': rank 0 must send the initial value"));
+    } else if (absl::Status s = CheckDenseSpec(spec, req.worker_rank()); !s.ok()) {
+      return s;
     }
     absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(spec.optimizer());
     if (!opt.ok()) {
@@ -347,10 +371,15 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
       bytes_in_->Add(spec.init().size());
       // Rank 0's value and optimizer settings win, once; a restarted rank 0
       // keeps the trained weights.
-      if (key->initialized || spec.init().empty()) continue;
+      // A table needs no initial value: its rows start from its seed.
+      if (key->initialized || (spec.init().empty() && !spec.has_table())) continue;
       InitKey(key, optimizers[i]);
-      std::memcpy(key->weights.data(), spec.init().data(), key->n * 4);
-      InitSlots(key->optimizer, key->slot_ptrs.data(), key->n);
+      if (spec.has_table()) {
+        key->table = std::make_unique<Table>(key->name, spec.table(), key->optimizer, spec.partition());
+      } else {
+        std::memcpy(key->weights.data(), spec.init().data(), key->n * 4);
+        InitSlots(key->optimizer, key->slot_ptrs.data(), key->n);
+      }
       if (!key->lr_set) key->lr = key->optimizer.lr;
       NotifyWaiters(key, &completed);  // pulls that waited for rank 0
     }
@@ -455,6 +484,7 @@ Store::Key* Store::FindOrAddLocked(const v1::KeySpec& spec, bool* added) {
     slot->name = name;
     slot->spec = spec;
     slot->spec.clear_init();
+    slot->is_table = spec.has_table();
     slot->n = spec.num_elements();
   }
   return slot.get();
@@ -570,7 +600,33 @@ void Store::Apply(Key* key, const float* grad, const Origin& origin) {
       if (!s.ok()) LogWarning("key '", key->name, "': its replica was not updated: ", s.message());
     }
   }
-  if (!AllFinite(grad, key->n)) {
+  if (SkipNonfinite(key, grad, key->n)) return;
+  const absl::Time start = absl::Now();
+  ApplyUpdate(key->optimizer, key->lr, key->version + 1, key->weights.data(), grad,
+              key->slot_ptrs.data(), key->n);
+  Applied(key, start);
+}
+
+void Store::ApplyRows(Key* key, absl::Span<const int64_t> ids, const float* grads, float scale) {
+  if (SkipNonfinite(key, grads, static_cast<int64_t>(ids.size()) * key->table->dim())) return;
+  const absl::Time start = absl::Now();
+  const int64_t rows = key->table->rows();
+  key->table->Apply(ids, grads, scale, key->lr, key->version + 1);
+  const int64_t evicted = key->table->MaybeEvict(key->version + 1);
+  evicted_rows_->Add(static_cast<double>(evicted));
+  bytes_stored_ += (key->table->rows() - rows) * key->table->row_bytes();
+  Applied(key, start);
+}
+
+void Store::Applied(Key* key, absl::Time start) {
+  ++key->version;
+  if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->serving) CopyForSnapshot(key);
+  updates_->Add();
+  update_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+}
+
+bool Store::SkipNonfinite(Key* key, const float* grad, int64_t n) {
+  if (!AllFinite(grad, n)) {
     // As AMP's GradScaler does, the step is skipped: the weights stay
     // finite. Or ("nonfinite": "fail") the key stops, and says why.
     nonfinite_updates_->Add();
@@ -580,20 +636,14 @@ void Store::Apply(Key* key, const float* grad, const Origin& origin) {
       key->stopped = absl::FailedPreconditionError(absl::StrCat(
           what, "; the job's \"nonfinite\" setting is \"fail\": this key takes no more pushes or pulls"));
       LogError(key->stopped.message());
-      return;
+      return true;
     }
     if (key->nonfinite == 1) LogWarning(what, ": skipped (\"nonfinite\": \"skip\"); later ones are counted only");
     ++key->version;
     if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->serving) CopyForSnapshot(key);
-    return;
+    return true;
   }
-  const absl::Time start = absl::Now();
-  ApplyUpdate(key->optimizer, key->lr, key->version + 1, key->weights.data(), grad,
-              key->slot_ptrs.data(), key->n);
-  ++key->version;
-  if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->serving) CopyForSnapshot(key);
-  updates_->Add();
-  update_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  return false;
 }
 
 absl::Status Store::Push(const WireMessage& req) {
@@ -617,7 +667,17 @@ absl::Status Store::Push(const WireMessage& req) {
           "push to key '", k->name, "' has dtype ", DTypeName(kd.dtype),
           "; gradients are float32, float16 or bfloat16"));
     }
-    if (kd.data.size() != k->n * bpv) {
+    if (k->is_table) {
+      const int64_t dim = k->spec.table().dim();
+      if (kd.data.size() != static_cast<int64_t>(kd.ids.size()) * dim * bpv) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "push to table '", k->spec.variable(), "' has ", kd.data.size(), " bytes for ", kd.ids.size(),
+            " ids; rows of dim ", dim, " in ", DTypeName(kd.dtype), " take ", kd.ids.size() * dim * bpv));
+      }
+    } else if (!kd.ids.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push to key '", k->name, "' names ids, but the variable is not a table"));
+    } else if (kd.data.size() != k->n * bpv) {
       return absl::InvalidArgumentError(absl::StrCat(
           "push to key '", k->name, "' has ", kd.data.size(), " bytes; the key holds ", k->n, " ",
           DTypeName(kd.dtype), " (", k->n * bpv, " bytes)"));
@@ -648,6 +708,9 @@ absl::Status Store::Push(const WireMessage& req) {
       return absl::OutOfRangeError(absl::StrCat(
           "push to key '", k->name, "' is for clock ", kd.version, " but worker ", w,
           "'s clock there is ", k->clock[w], "; a worker's clock advances one push at a time"));
+    }
+    if (k->table) {
+      if (absl::Status s = CheckRowsLocked(k, kd.ids); !s.ok()) return s;
     }
     keys.push_back(k);
     bytes += kd.data.size();
@@ -690,17 +753,12 @@ void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
     RecordPush(k, origin);
     // A float32 gradient in one aligned piece is applied where it lies;
     // anything else is decoded once into the key's scratch buffer.
-    const std::vector<absl::string_view>& pieces = kd.data.pieces();
-    const float* grad = nullptr;
-    if (kd.dtype == v1::DTYPE_FLOAT32 && pieces.size() == 1 &&
-        reinterpret_cast<uintptr_t>(pieces[0].data()) % alignof(float) == 0) {
-      grad = reinterpret_cast<const float*>(pieces[0].data());
+    const float* grad = Gradient(k, kd);
+    if (k->table) {
+      ApplyRows(k, kd.ids, grad, 1);
     } else {
-      k->scratch.resize(k->n);
-      DecodePayload(kd.data, kd.dtype, kd.scale, k->scratch.data(), false);
-      grad = k->scratch.data();
+      Apply(k, grad, origin);
     }
-    Apply(k, grad, origin);
     return;
   }
   // Sync: one push per worker and version; a retry finds its step applied
@@ -713,11 +771,39 @@ void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
     duplicate_pushes_->Add();
     return;
   }
-  DecodePayload(kd.data, kd.dtype, kd.scale, k->accum.data(), k->contributions > 0);
+  if (k->table) {
+    k->table->Accumulate(kd.ids, Gradient(k, kd));
+  } else {
+    DecodePayload(kd.data, kd.dtype, kd.scale, k->accum.data(), k->contributions > 0);
+  }
   k->contributed[w] = 1;
   k->last_step[w] = kd.version;
   ++k->contributions;
   MaybeFinishStep(k);
+}
+
+const float* Store::Gradient(Key* k, const WireKey& kd) {
+  const std::vector<absl::string_view>& pieces = kd.data.pieces();
+  if (kd.dtype == v1::DTYPE_FLOAT32 && pieces.size() == 1 &&
+      reinterpret_cast<uintptr_t>(pieces[0].data()) % alignof(float) == 0) {
+    return reinterpret_cast<const float*>(pieces[0].data());
+  }
+  k->scratch.resize(kd.data.size() / BytesPerValue(kd.dtype));
+  DecodePayload(kd.data, kd.dtype, kd.scale, k->scratch.data(), false);
+  return k->scratch.data();
+}
+
+absl::Status Store::CheckRowsLocked(Key* k, absl::Span<const int64_t> ids) {
+  if (absl::Status s = k->table->CheckIds(ids); !s.ok()) return s;
+  if (options_.max_bytes > 0) {
+    const int64_t more = k->table->Missing(ids) * k->table->row_bytes();
+    if (more > 0 && bytes_stored_.load() + more > options_.max_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "table '", k->spec.variable(), "': ", more / k->table->row_bytes(), " new rows would make this server hold ",
+          bytes_stored_.load() + more, " bytes, more than limits.max_server_bytes (", options_.max_bytes, ")"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void Store::RecordPush(Key* k, const Origin& origin) {
@@ -729,6 +815,14 @@ void Store::RecordPush(Key* k, const Origin& origin) {
 
 void Store::MaybeFinishStep(Key* k) {
   if (k->contributions == 0 || k->contributions < k->required) return;
+  if (k->table) {
+    const float scale = options_.average_gradients && k->contributions > 1 ? 1.0f / k->contributions : 1.0f;
+    ApplyRows(k, k->table->accumulated_ids(), k->table->accumulated(), scale);
+    k->table->ClearAccumulated();
+    std::fill(k->contributed.begin(), k->contributed.end(), 0);
+    k->contributions = 0;
+    return;
+  }
   if (options_.average_gradients && k->contributions > 1) {
     const float scale = 1.0f / k->contributions;
     for (float& v : k->accum) v *= scale;
@@ -812,7 +906,19 @@ int64_t Store::SlowestClock(Key* k) const {
 
 bool Store::Serve(Key* k, PendingPull* p, int i) {
   const v1::DType dtype = p->dtypes[i];
-  const int64_t bytes = k->n * BytesPerValue(dtype);
+  int64_t n = k->n;
+  const float* values = k->weights.data();
+  if (k->table) {
+    // The rows asked for, gathered (and made, if new) in the request's order.
+    thread_local std::vector<float> rows;
+    n = static_cast<int64_t>(p->ids[i].size()) * k->table->dim();
+    rows.resize(n);
+    const int64_t before = k->table->rows();
+    k->table->Gather(p->ids[i], k->version, rows.data());
+    bytes_stored_ += (k->table->rows() - before) * k->table->row_bytes();
+    values = rows.data();
+  }
+  const int64_t bytes = n * BytesPerValue(dtype);
   OutKey out;
   out.variable = k->spec.variable();
   out.partition = k->spec.partition();
@@ -824,7 +930,7 @@ bool Store::Serve(Key* k, PendingPull* p, int i) {
   const bool to_shared = p->shared_at[i] != nullptr && bytes <= p->spans[i].capacity;
   if (!to_shared) {
     BufferRef buf = buffers_.Get(bytes);
-    out.scale = EncodeValues(k->weights.data(), k->n, dtype, buf.data()).scale;
+    out.scale = EncodeValues(values, n, dtype, buf.data()).scale;
     out.data = buf.data();
     out.owner = std::move(buf);
   }
@@ -835,7 +941,7 @@ bool Store::Serve(Key* k, PendingPull* p, int i) {
   if (to_shared) {
     // Written only while the pull is live: once it has ended the worker
     // may use that memory for something else.
-    out.scale = EncodeValues(k->weights.data(), k->n, dtype, p->shared_at[i]).scale;
+    out.scale = EncodeValues(values, n, dtype, p->shared_at[i]).scale;
     out.has_shared = true;
     out.shared = p->spans[i];
     out.shared.size = bytes;
@@ -1016,7 +1122,13 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
                       "; weights are sent as float32, float16 or bfloat16")),
                   {});
     }
+    if (!(*key)->is_table && !kd.ids.empty()) {
+      return done(absl::InvalidArgumentError(absl::StrCat("pull of key '", (*key)->name,
+                                                          "' names ids, but the variable is not a table")),
+                  {});
+    }
     p->keys.push_back(*key);
+    p->ids.push_back(kd.ids);
     p->min_version.push_back(kd.version);
     p->dtypes.push_back(kd.dtype == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_FLOAT32 : kd.dtype);
     p->shared_at.push_back(kd.shared_at);
@@ -1043,6 +1155,7 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
       bad = k->stopped;
     } else if (!k->serving) {
       bad = NotServing(k);
+    } else if (k->table && !(bad = CheckRowsLocked(k, p->ids[i])).ok()) {
     } else if (min_version < 0) {
       bad = absl::OutOfRangeError(absl::StrCat(
           "pull of key '", k->name, "' asks for version ", min_version, "; versions start at 0"));
@@ -1078,6 +1191,7 @@ void Store::PushPullAsync(const WireMessage& req, absl::Time deadline, Cancelled
     pull.keys[i].has_shared = req.keys[i].has_shared;
     pull.keys[i].shared = req.keys[i].shared;
     pull.keys[i].shared_at = req.keys[i].shared_at;
+    pull.keys[i].ids = req.keys[i].ids;
   }
   PullAsync(pull, deadline, std::move(cancelled), std::move(done));
 }
@@ -1095,6 +1209,7 @@ WireKey ToWire(const v1::KeyData& kd) {
   k.scale = kd.scale();
   k.nonfinite = kd.nonfinite();
   k.pull_dtype = kd.pull_dtype();
+  k.ids.assign(kd.ids().begin(), kd.ids().end());
   return k;
 }
 
@@ -1200,13 +1315,17 @@ void Store::CopyForSnapshot(Key* k) {
   r.variable = k->spec.variable();
   r.partition = k->spec.partition();
   r.offset = k->spec.offset();
-  r.num_elements = k->n;
   r.version = k->version;
   r.learning_rate = k->lr;
   r.optimizer = OptimizerToProto(k->optimizer).name();
-  r.weights.assign(k->weights.begin(), k->weights.end());
-  r.slots.resize(k->slots.size());
-  for (size_t i = 0; i < k->slots.size(); ++i) r.slots[i].assign(k->slots[i].begin(), k->slots[i].end());
+  if (k->table) {
+    k->table->Save(&r);
+  } else {
+    r.num_elements = k->n;
+    r.weights.assign(k->weights.begin(), k->weights.end());
+    r.slots.resize(k->slots.size());
+    for (size_t i = 0; i < k->slots.size(); ++i) r.slots[i].assign(k->slots[i].begin(), k->slots[i].end());
+  }
   k->snap_ready = true;
   const double pause = absl::ToDoubleSeconds(absl::Now() - start);
   snapshot_pause_seconds_->Observe(pause);
@@ -1273,12 +1392,14 @@ void Store::EncodeSnapshot(std::string* out, v1::SaveShardResponse* info) {
     mk->set_offset(k->snap.offset);
     mk->set_num_elements(k->snap.num_elements);
     mk->set_version(k->snap.version);
+    mk->set_rows(static_cast<int64_t>(k->snap.row_ids.size()));
     if (variables.insert(k->spec.variable()).second) {
       v1::ManifestVariable* v = info->add_variables();
       v->set_name(k->spec.variable());
       *v->mutable_shape() = k->spec.shape();
       v->set_dtype(k->spec.dtype());
       *v->mutable_optimizer() = OptimizerToProto(k->optimizer);
+      if (k->spec.has_table()) *v->mutable_table() = k->spec.table();
     }
   }
   EncodeShardTo(records, out);
@@ -1304,9 +1425,22 @@ void Store::FinishRestore(absl::StatusOr<std::vector<RestoredKey>> restored, int
       auto key = std::make_unique<Key>();
       key->name = name;
       key->spec = r.spec;
+      key->is_table = r.spec.has_table();
       key->n = r.spec.num_elements();
       absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(r.spec.optimizer());
-      if (!opt.ok() || NumSlots(*opt) != static_cast<int>(r.state.slots.size()) ||
+      if (opt.ok() && r.spec.has_table()) {
+        absl::MutexLock lock(&key->mu);
+        InitKey(key.get(), *opt);
+        key->table = std::make_unique<Table>(name, r.spec.table(), *opt, r.spec.partition());
+        if (absl::Status s = key->table->Load(r.state); !s.ok()) {
+          restored = absl::DataLossError(absl::StrCat("checkpoint ", from, ": ", s.message()));
+          break;
+        }
+        bytes_stored_ += key->table->rows() * key->table->row_bytes();
+        key->version = r.state.version;
+        key->lr = r.state.learning_rate;
+        std::fill(key->clock.begin(), key->clock.end(), step);
+      } else if (!opt.ok() || NumSlots(*opt) != static_cast<int>(r.state.slots.size()) ||
           static_cast<int64_t>(r.state.weights.size()) != key->n) {
         restored = absl::DataLossError(absl::StrCat(
             "checkpoint ", from, ": key '", name, "' does not fit its optimizer ",
@@ -1314,7 +1448,7 @@ void Store::FinishRestore(absl::StatusOr<std::vector<RestoredKey>> restored, int
             " weights for ", key->n, " elements)", opt.ok() ? "" : absl::StrCat(": ", opt.status().message())));
         break;
       }
-      {
+      if (!r.spec.has_table()) {
         absl::MutexLock lock(&key->mu);
         key->weights = std::move(r.state.weights);
         key->slots = std::move(r.state.slots);

@@ -187,7 +187,21 @@ class Store {
   absl::Status CheckRoomLocked(const v1::KeySpec& spec, const OptimizerConfig& optimizer, Room* room)
       ABSL_SHARED_LOCKS_REQUIRED(map_mu_);
   absl::Status CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t rank) const;
+  // A dense key's shape, slice and initial value.
+  absl::Status CheckDenseSpec(const v1::KeySpec& spec, int32_t rank) const;
   void Apply(Key* key, const float* grad, const Origin& origin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  // A table's update: `scale` * grads to the rows of `ids`.
+  void ApplyRows(Key* key, absl::Span<const int64_t> ids, const float* grads, float scale)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  // After an update: the version moves on (and a checkpoint may copy it).
+  void Applied(Key* key, absl::Time start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  // A gradient with NaN or Inf is not applied: true, and the key skips the
+  // version or stops ("nonfinite").
+  bool SkipNonfinite(Key* key, const float* grad, int64_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  // A push's gradient as float32: where it lies, or decoded into scratch.
+  const float* Gradient(Key* k, const WireKey& kd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  // A table request's ids, and room for its new rows.
+  absl::Status CheckRowsLocked(Key* k, absl::Span<const int64_t> ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // Async: remembers a push as applied (its id, the worker's clock after it).
   void RecordPush(Key* k, const Origin& origin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // Sync: applies the step when enough pushes for it arrived.
@@ -254,6 +268,7 @@ class Store {
   Counter* pulls_;
   Counter* updates_;
   Counter* nonfinite_updates_;
+  Counter* evicted_rows_;
   Histogram* update_seconds_;
   Histogram* pull_wait_seconds_;
   Counter* dropped_pushes_;

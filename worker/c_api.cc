@@ -46,6 +46,45 @@ std::vector<psrt::TensorRef> Refs(int n, const char* const* names, const float* 
   return refs;
 }
 
+absl::StatusOr<psrt::OptimizerConfig> ToConfig(const psrt_optimizer& o) {
+  absl::StatusOr<psrt::OptimizerKind> kind = psrt::ParseOptimizerKind(o.name);
+  if (!kind.ok()) return kind.status();
+  psrt::OptimizerConfig cfg;
+  cfg.kind = *kind;
+  cfg.lr = o.lr;
+  cfg.momentum = o.momentum;
+  cfg.dampening = o.dampening;
+  cfg.nesterov = o.nesterov != 0;
+  cfg.weight_decay = o.weight_decay;
+  cfg.beta1 = o.beta1;
+  cfg.beta2 = o.beta2;
+  cfg.eps = o.eps;
+  cfg.lr_decay = o.lr_decay;
+  cfg.initial_accumulator_value = o.initial_accumulator_value;
+  cfg.l1 = o.l1;
+  cfg.l2 = o.l2;
+  cfg.ftrl_beta = o.ftrl_beta;
+  return cfg;
+}
+
+absl::Status ToCompression(int push_compression, int pull_compression, psrt::Compression* push,
+                           psrt::Compression* pull) {
+  auto compression = [](int v, psrt::Compression* out) {
+    switch (v) {
+      case PSRT_COMPRESSION_JOB_DEFAULT: *out = psrt::Compression::kJobDefault; return true;
+      case PSRT_COMPRESSION_NONE: *out = psrt::Compression::kNone; return true;
+      case PSRT_COMPRESSION_FP16: *out = psrt::Compression::kFp16; return true;
+      case PSRT_COMPRESSION_BF16: *out = psrt::Compression::kBf16; return true;
+      default: return false;
+    }
+  };
+  if (!compression(push_compression, push) || !compression(pull_compression, pull)) {
+    return absl::InvalidArgumentError(absl::StrCat("compression must be one of PSRT_COMPRESSION_*; got ",
+                                                   push_compression, " and ", pull_compression));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 extern "C" {
@@ -56,7 +95,8 @@ int psrt_optimizer_defaults(const char* name, double lr, psrt_optimizer* out) {
   if (!kind.ok()) return Fail(kind.status());
   psrt::OptimizerConfig c = psrt::DefaultOptimizer(*kind, lr);
   *out = {psrt::OptimizerName(*kind), c.lr, c.momentum, c.dampening, c.nesterov ? 1 : 0,
-          c.weight_decay, c.beta1, c.beta2, c.eps, c.lr_decay, c.initial_accumulator_value};
+          c.weight_decay, c.beta1, c.beta2, c.eps, c.lr_decay, c.initial_accumulator_value,
+          c.l1, c.l2, c.ftrl_beta};
   return Result(absl::OkStatus());
 }
 
@@ -90,37 +130,46 @@ int psrt_register(psrt_client* c, const char* name, const int64_t* shape, int nd
       (ndim > 0 && shape == nullptr)) {
     return Fail(absl::InvalidArgumentError("psrt_register: NULL or negative argument"));
   }
-  absl::StatusOr<psrt::OptimizerKind> kind = psrt::ParseOptimizerKind(o->name);
-  if (!kind.ok()) return Fail(kind.status());
-  psrt::OptimizerConfig cfg;
-  cfg.kind = *kind;
-  cfg.lr = o->lr;
-  cfg.momentum = o->momentum;
-  cfg.dampening = o->dampening;
-  cfg.nesterov = o->nesterov != 0;
-  cfg.weight_decay = o->weight_decay;
-  cfg.beta1 = o->beta1;
-  cfg.beta2 = o->beta2;
-  cfg.eps = o->eps;
-  cfg.lr_decay = o->lr_decay;
-  cfg.initial_accumulator_value = o->initial_accumulator_value;
-  auto compression = [](int v, psrt::Compression* out) {
-    switch (v) {
-      case PSRT_COMPRESSION_JOB_DEFAULT: *out = psrt::Compression::kJobDefault; return true;
-      case PSRT_COMPRESSION_NONE: *out = psrt::Compression::kNone; return true;
-      case PSRT_COMPRESSION_FP16: *out = psrt::Compression::kFp16; return true;
-      case PSRT_COMPRESSION_BF16: *out = psrt::Compression::kBf16; return true;
-      default: return false;
-    }
-  };
+  absl::StatusOr<psrt::OptimizerConfig> cfg = ToConfig(*o);
+  if (!cfg.ok()) return Fail(cfg.status());
   psrt::Compression push, pull;
-  if (!compression(push_compression, &push) || !compression(pull_compression, &pull)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "psrt_register: compression must be one of PSRT_COMPRESSION_*; got ", push_compression, " and ",
-        pull_compression)));
-  }
+  if (absl::Status s = ToCompression(push_compression, pull_compression, &push, &pull); !s.ok()) return Fail(s);
   return static_cast<int>(Result(c->client->RegisterVariable(
-      name, std::vector<int64_t>(shape, shape + ndim), data, cfg, push, pull)));
+      name, std::vector<int64_t>(shape, shape + ndim), data, *cfg, push, pull)));
+}
+
+int psrt_register_table(psrt_client* c, const char* name, const psrt_table* t, const psrt_optimizer* o) {
+  if (c == nullptr || name == nullptr || t == nullptr || o == nullptr || o->name == nullptr) {
+    return Fail(absl::InvalidArgumentError("psrt_register_table: NULL argument"));
+  }
+  absl::StatusOr<psrt::OptimizerConfig> cfg = ToConfig(*o);
+  if (!cfg.ok()) return Fail(cfg.status());
+  psrt::TableOptions options;
+  if (absl::Status s = ToCompression(t->push_compression, t->pull_compression, &options.push, &options.pull);
+      !s.ok()) {
+    return Fail(s);
+  }
+  options.dim = t->dim;
+  options.vocab = t->vocab;
+  options.seed = t->seed;
+  options.init_std = t->init_std;
+  options.max_rows = t->max_rows;
+  options.evict_after_steps = t->evict_after_steps;
+  options.evict_min_count = t->evict_min_count;
+  options.optimizer = *cfg;
+  return static_cast<int>(Result(c->client->RegisterTable(name, options)));
+}
+
+int64_t psrt_pull_rows(psrt_client* c, const char* table, const int64_t* ids, int64_t n, float* out,
+                       int64_t min_version) {
+  if (c == nullptr || table == nullptr) return Fail(absl::InvalidArgumentError("psrt_pull_rows: NULL argument"));
+  return static_cast<int64_t>(c->client->PullRows(table, ids, n, out, min_version));
+}
+
+int64_t psrt_push_rows(psrt_client* c, const char* table, const int64_t* ids, int64_t n, const float* grads,
+                       int64_t version) {
+  if (c == nullptr || table == nullptr) return Fail(absl::InvalidArgumentError("psrt_push_rows: NULL argument"));
+  return static_cast<int64_t>(c->client->PushRows(table, ids, n, grads, version));
 }
 
 int64_t psrt_push(psrt_client* c, int n, const char* const* names, const float* const* grads,

@@ -16,10 +16,11 @@ typedef struct psrt_client psrt_client;
 
 /* Server-side optimizer settings with PyTorch's names. */
 typedef struct {
-  const char* name; /* "sgd", "adam", "adamw", "adagrad" */
+  const char* name; /* "sgd", "adam", "adamw", "adagrad", "ftrl" */
   double lr, momentum, dampening;
   int nesterov;
   double weight_decay, beta1, beta2, eps, lr_decay, initial_accumulator_value;
+  double l1, l2, ftrl_beta; /* ftrl */
 } psrt_optimizer;
 
 /* Fills `out` with PyTorch's defaults for optimizer `name`. */
@@ -54,6 +55,33 @@ enum {
 int psrt_register(psrt_client* client, const char* name, const int64_t* shape, int ndim,
                   float* data, const psrt_optimizer* optimizer, int push_compression,
                   int pull_compression);
+
+/* A sparse table: rows of `dim` floats keyed by int64 ids (docs/sparse.md).
+ * vocab > 0: ids in [0, vocab); 0: an open hash table. New rows are
+ * N(0, init_std^2) drawn from (seed, id). max_rows caps rows per server;
+ * evict_after_steps and evict_min_count (open hash tables) drop unused rows;
+ * 0 turns each off. */
+typedef struct {
+  int64_t dim, vocab;
+  uint64_t seed;
+  double init_std;
+  int64_t max_rows, evict_after_steps, evict_min_count;
+  int push_compression, pull_compression; /* PSRT_COMPRESSION_* */
+} psrt_table;
+
+/* Registers a table on every server (every rank, with the same settings).
+ * The optimizer is row-wise: sgd, adagrad, adam (lazy, as torch's
+ * SparseAdam) or ftrl. */
+int psrt_register_table(psrt_client* client, const char* name, const psrt_table* table,
+                        const psrt_optimizer* optimizer);
+/* Pulls the rows of n distinct ids into out (n * dim floats, host memory),
+ * at least at min_version (sync: the step). */
+int64_t psrt_pull_rows(psrt_client* client, const char* table, const int64_t* ids, int64_t n,
+                       float* out, int64_t min_version);
+/* Pushes the gradients (n * dim floats) of n distinct ids' rows, computed
+ * at `version`. Sync: every worker pushes once per step, n may be 0. */
+int64_t psrt_push_rows(psrt_client* client, const char* table, const int64_t* ids, int64_t n,
+                       const float* grads, int64_t version);
 
 /* Asynchronous operations over n variables; buffers must live until
  * psrt_wait returns. */

@@ -28,6 +28,7 @@
 #include "common/shared_memory.h"
 #include "common/tensor_coding.h"
 #include "common/thread_pool.h"
+#include "kernels/row_optimizer.h"
 #ifdef PSRT_HAVE_CUDA
 #include "kernels/cuda_kernels.h"
 #endif
@@ -127,16 +128,36 @@ absl::Status DecodeWeights(const WireKey& kd, float* out, int64_t n) {
   return absl::OkStatus();
 }
 
+// The dtype values travel in: the variable's choice, or the job's.
+absl::Status WireDType(Compression c, const std::string& job_default, v1::DType* dtype) {
+  switch (c) {
+    case Compression::kNone: *dtype = v1::DTYPE_FLOAT32; return absl::OkStatus();
+    case Compression::kFp16: *dtype = v1::DTYPE_FLOAT16; return absl::OkStatus();
+    case Compression::kBf16: *dtype = v1::DTYPE_BFLOAT16; return absl::OkStatus();
+    default: return ParseCompression(job_default.empty() ? "none" : job_default, dtype);
+  }
+}
+
 const std::string kPushMethod = "/psrt.v1.ParameterServer/Push";
 const std::string kPullMethod = "/psrt.v1.ParameterServer/Pull";
 const std::string kPushPullMethod = "/psrt.v1.ParameterServer/PushPull";
 
 struct Variable {
   int64_t num_elements = 0;
+  int64_t dim = 0;  // > 0: a sparse table with rows of dim
   std::vector<Partition> parts;
   std::vector<int64_t> pulled_versions;  // per partition, from the latest pull
   v1::DType push_dtype = v1::DTYPE_FLOAT32;
   v1::DType pull_dtype = v1::DTYPE_FLOAT32;
+};
+
+// One server's share of a table push or pull: its ids in the caller's
+// order, where they were in the caller's list, and (push) their gradients
+// gathered row after row.
+struct RowSet {
+  std::vector<int64_t> ids;
+  std::vector<int64_t> at;
+  std::vector<float> grads;
 };
 
 // Progress of one asynchronous operation fanned out over servers.
@@ -234,6 +255,10 @@ class Client::Impl {
       float* out = nullptr;         // the whole variable's, filled
       v1::DType push_dtype = v1::DTYPE_FLOAT32;
       v1::DType pull_dtype = v1::DTYPE_FLOAT32;
+      // A table's rows: `part` spans them, `grad` points at rows->grads and
+      // `out` at the caller's rows, which the answer is scattered into.
+      std::shared_ptr<const RowSet> rows;
+      int64_t dim = 0;
     };
     std::vector<Item> items;
   };
@@ -493,6 +518,10 @@ class Client::Impl {
       k.variable = it.variable;
       k.partition = it.part.index;
       k.version = version;
+      if (it.rows != nullptr) {
+        k.ids = it.rows->ids.data();
+        k.num_ids = static_cast<int64_t>(it.rows->ids.size());
+      }
       if (lease->link != nullptr) {
         k.has_shared = true;
         k.shared.region = lease->link->id;
@@ -568,7 +597,18 @@ class Client::Impl {
             KeyName(kd.variable, kd.partition), "'; expected ", expected));
         break;
       }
-      s = DecodeWeights(kd, it.out + it.part.offset, it.part.num_elements);
+      if (it.rows == nullptr) {
+        s = DecodeWeights(kd, it.out + it.part.offset, it.part.num_elements);
+        continue;
+      }
+      // A table's rows come in its ids' order: each goes where the caller
+      // listed its id.
+      thread_local std::vector<float> rows;
+      rows.resize(it.part.num_elements);
+      DecodePayload(kd.data, kd.dtype, kd.scale, rows.data(), false);
+      for (size_t r = 0; r < it.rows->at.size(); ++r) {
+        std::memcpy(it.out + it.rows->at[r] * it.dim, rows.data() + r * it.dim, it.dim * 4);
+      }
     }
     if (s.ok()) {
       absl::MutexLock lock(&mu);
@@ -630,7 +670,56 @@ class Client::Impl {
   // `exact`: pull float32 whatever the variable's pull compression.
   Handle Start(std::vector<TensorRef> tensors, int64_t version, bool push, bool pull,
                bool exact = false) {
-    absl::StatusOr<std::vector<Shard>> shards = Split(tensors, push, pull, exact);
+    return Start(Split(tensors, push, pull, exact), version, push, pull);
+  }
+
+  // A table's push or pull, split by the server each id's row lives on. A
+  // sync push goes to every server, with no rows for some: each counts
+  // every worker's push for the step.
+  Handle StartRows(const std::string& table, const int64_t* ids, int64_t n, const float* grads,
+                   float* out, int64_t version, bool push) {
+    absl::StatusOr<Variable> var = Find(table);
+    if (!var.ok()) return NewOp(0, var.status()).first;
+    if (var->dim == 0) {
+      return NewOp(0, absl::InvalidArgumentError(absl::StrCat("variable '", table, "' is not a table"))).first;
+    }
+    if (n < 0 || (n > 0 && (ids == nullptr || (push ? grads == nullptr : out == nullptr)))) {
+      return NewOp(0, absl::InvalidArgumentError(absl::StrCat("table '", table, "': ", n,
+                                                               " ids without their buffers")))
+          .first;
+    }
+    const int64_t dim = var->dim;
+    std::vector<std::shared_ptr<RowSet>> sets(num_servers);
+    for (auto& set : sets) set = std::make_shared<RowSet>();
+    for (int64_t i = 0; i < n; ++i) {
+      RowSet& set = *sets[RowShard(ids[i], num_servers)];
+      set.ids.push_back(ids[i]);
+      set.at.push_back(i);
+      if (push) set.grads.insert(set.grads.end(), grads + i * dim, grads + (i + 1) * dim);
+    }
+    std::vector<Shard> shards;
+    for (int s = 0; s < num_servers; ++s) {
+      const RowSet& set = *sets[s];
+      if (!push && set.ids.empty()) continue;  // nothing to get there
+      Shard& shard = shards.emplace_back();
+      shard.server = s;
+      Shard::Item& it = shard.items.emplace_back();
+      it.variable = table;
+      it.part.index = static_cast<uint32_t>(s);
+      it.part.server = s;
+      it.part.num_elements = static_cast<int64_t>(set.ids.size()) * dim;
+      shard.bytes = it.part.num_elements * 4;
+      it.grad = set.grads.data();
+      it.out = out;
+      it.push_dtype = var->push_dtype;
+      it.pull_dtype = var->pull_dtype;
+      it.rows = sets[s];
+      it.dim = dim;
+    }
+    return Start(std::move(shards), version, push, !push);
+  }
+
+  Handle Start(absl::StatusOr<std::vector<Shard>> shards, int64_t version, bool push, bool pull) {
     if (!shards.ok()) return NewOp(0, shards.status()).first;
     auto [handle, op] = NewOp(static_cast<int>(shards->size()));
     const uint64_t push_id = push ? next_push_id.fetch_add(1) : 0;
@@ -821,17 +910,9 @@ int64_t Client::restored_step() const { return impl_->config.restored_step(); }
 absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64_t> shape,
                                       float* data, const OptimizerConfig& optimizer,
                                       Compression push, Compression pull) {
-  auto dtype_of = [](Compression c, const std::string& job_default, v1::DType* dtype) {
-    switch (c) {
-      case Compression::kNone: *dtype = v1::DTYPE_FLOAT32; return absl::OkStatus();
-      case Compression::kFp16: *dtype = v1::DTYPE_FLOAT16; return absl::OkStatus();
-      case Compression::kBf16: *dtype = v1::DTYPE_BFLOAT16; return absl::OkStatus();
-      default: return ParseCompression(job_default.empty() ? "none" : job_default, dtype);
-    }
-  };
   v1::DType push_dtype, pull_dtype;
-  if (absl::Status s = dtype_of(push, impl_->config.compression(), &push_dtype); !s.ok()) return s;
-  if (absl::Status s = dtype_of(pull, impl_->config.pull_compression(), &pull_dtype); !s.ok()) return s;
+  if (absl::Status s = WireDType(push, impl_->config.compression(), &push_dtype); !s.ok()) return s;
+  if (absl::Status s = WireDType(pull, impl_->config.pull_compression(), &pull_dtype); !s.ok()) return s;
   if (data == nullptr) return absl::InvalidArgumentError(absl::StrCat("variable '", name, "' has no buffer"));
   if (absl::Status s = ValidateOptimizerConfig(optimizer); !s.ok()) return s;
   int64_t n = 1;
@@ -901,6 +982,72 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
   if (absl::Status s = Wait(handle); !s.ok()) return s;
   // The starting weights travel exactly, whatever the pull compression.
   return Wait(impl_->Start({{name, nullptr, data}}, 0, false, true, /*exact=*/true));
+}
+
+absl::Status Client::RegisterTable(const std::string& name, const TableOptions& options) {
+  v1::DType push_dtype, pull_dtype;
+  if (absl::Status s = WireDType(options.push, impl_->config.compression(), &push_dtype); !s.ok()) return s;
+  if (absl::Status s = WireDType(options.pull, impl_->config.pull_compression(), &pull_dtype); !s.ok()) return s;
+  if (absl::Status s = ValidateRowOptimizer(options.optimizer); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("table '", name, "': ", s.message()));
+  }
+  if (impl_->config.replicas() > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("table '", name, "': tables are not replicated; this job has \"replicas\": ",
+                     impl_->config.replicas()));
+  }
+  v1::KeySpec spec;
+  spec.set_variable(name);
+  spec.set_dtype(v1::DTYPE_FLOAT32);
+  spec.add_shape(options.vocab);
+  spec.add_shape(options.dim);
+  *spec.mutable_optimizer() = OptimizerToProto(options.optimizer);
+  v1::TableSpec* t = spec.mutable_table();
+  t->set_dim(options.dim);
+  t->set_vocab(options.vocab);
+  t->set_seed(options.seed);
+  t->set_init_std(options.init_std);
+  t->set_max_rows(options.max_rows);
+  t->set_evict_after_steps(options.evict_after_steps);
+  t->set_evict_min_count(options.evict_min_count);
+  t->set_num_shards(num_servers());
+  {
+    absl::MutexLock lock(&impl_->mu);
+    auto [it, inserted] = impl_->variables.try_emplace(name);
+    if (!inserted && it->second.dim != options.dim) {
+      return absl::AlreadyExistsError(absl::StrCat("variable '", name, "' is already registered"));
+    }
+    it->second.dim = options.dim;
+    it->second.pulled_versions.assign(num_servers(), 0);
+    it->second.push_dtype = push_dtype;
+    it->second.pull_dtype = pull_dtype;
+  }
+  auto [handle, op] = impl_->NewOp(num_servers());
+  for (int s = 0; s < num_servers(); ++s) {
+    auto req = std::make_shared<v1::RegisterKeysRequest>();
+    req->set_worker_rank(rank());
+    v1::KeySpec* k = req->add_keys();
+    *k = spec;
+    k->set_partition(static_cast<uint32_t>(s));
+    impl_->pool->Schedule([this, s, req, op = op] {
+      v1::RegisterKeysResponse resp;
+      Impl::Done(op.get(), impl_->Call(s, "register", [&](grpc::ClientContext* ctx) {
+        return impl_->Stub(s)->RegisterKeys(ctx, *req, &resp);
+      }));
+    });
+  }
+  return Wait(handle);
+}
+
+Client::Handle Client::PullRows(const std::string& table, const int64_t* ids, int64_t n, float* out,
+                                int64_t min_version) {
+  return impl_->StartRows(table, ids, n, nullptr, out, min_version, false);
+}
+
+Client::Handle Client::PushRows(const std::string& table, const int64_t* ids, int64_t n, const float* grads,
+                                int64_t version) {
+  impl_->link->SetProgress(version);
+  return impl_->StartRows(table, ids, n, grads, nullptr, version, true);
 }
 
 Client::Handle Client::Push(std::vector<TensorRef> tensors, int64_t version) {

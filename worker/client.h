@@ -62,6 +62,26 @@ struct TensorRef {
 // "compression" / "pull_compression" setting.
 enum class Compression { kJobDefault, kNone, kFp16, kBf16 };
 
+// A sparse table (docs/sparse.md): rows of `dim` float32 keyed by int64
+// ids, spread over the servers by a hash of the id.
+struct TableOptions {
+  int64_t dim = 0;
+  int64_t vocab = 0;  // > 0: ids in [0, vocab); 0: an open hash table (any id)
+  uint64_t seed = 0;
+  double init_std = 1.0;  // new rows are N(0, init_std^2), as nn.Embedding's
+  int64_t max_rows = 0;   // per server; 0: no cap
+  // Open hash tables: rows not pushed or pulled for evict_after_steps
+  // steps, and rows pushed fewer than evict_min_count times in their first
+  // evict_after_steps steps, are dropped (0: off).
+  int64_t evict_after_steps = 0;
+  int64_t evict_min_count = 0;
+  // Row-wise: sgd, adagrad, adam (the lazy form of torch.optim.SparseAdam)
+  // or ftrl.
+  OptimizerConfig optimizer;
+  Compression push = Compression::kJobDefault;
+  Compression pull = Compression::kJobDefault;
+};
+
 class Client {
  public:
   using Handle = uint64_t;
@@ -94,6 +114,20 @@ class Client {
                                 const OptimizerConfig& optimizer,
                                 Compression push = Compression::kJobDefault,
                                 Compression pull = Compression::kJobDefault);
+
+  // Registers a sparse table on every server; every rank registers it with
+  // the same options.
+  absl::Status RegisterTable(const std::string& name, const TableOptions& options);
+  // Pulls the rows of `n` distinct ids into `out` (n * dim floats), at
+  // least at `min_version` (sync: the step). Rows not made yet are made.
+  Handle PullRows(const std::string& table, const int64_t* ids, int64_t n, float* out,
+                  int64_t min_version);
+  // Pushes the gradients (n * dim floats) of the rows of `n` distinct ids,
+  // computed at `version`. In sync mode every worker pushes once per step
+  // (n may be 0): the servers apply the step's mean gradient per row.
+  // Table buffers are host memory and must live until Wait returns.
+  Handle PushRows(const std::string& table, const int64_t* ids, int64_t n, const float* grads,
+                  int64_t version);
 
   // Pushes gradients computed from weights of `version` (sync mode: the step).
   Handle Push(std::vector<TensorRef> tensors, int64_t version);

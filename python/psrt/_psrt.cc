@@ -62,8 +62,8 @@ class Client {
   bool is_sync() const { return psrt_is_sync(client_) == 1; }
   int64_t restored_step() const { return psrt_restored_step(client_); }
 
-  void register_variable(const std::string& name, const std::vector<int64_t>& shape, uintptr_t data,
-                         const py::dict& optimizer, int push_compression, int pull_compression) {
+  // An optimizer dict ({"name": ..., "lr": ...}) over its defaults.
+  static psrt_optimizer Optimizer(const py::dict& optimizer) {
     const std::string kind = py::str(optimizer["name"]);
     psrt_optimizer o;
     Check(psrt_optimizer_defaults(kind.c_str(), 0.0, &o));
@@ -79,7 +79,16 @@ class Client {
     get("eps", &o.eps);
     get("lr_decay", &o.lr_decay);
     get("initial_accumulator_value", &o.initial_accumulator_value);
+    get("l1", &o.l1);
+    get("l2", &o.l2);
+    get("ftrl_beta", &o.ftrl_beta);
     if (optimizer.contains("nesterov")) o.nesterov = py::bool_(optimizer["nesterov"]) ? 1 : 0;
+    return o;
+  }
+
+  void register_variable(const std::string& name, const std::vector<int64_t>& shape, uintptr_t data,
+                         const py::dict& optimizer, int push_compression, int pull_compression) {
+    const psrt_optimizer o = Optimizer(optimizer);
     py::gil_scoped_release release;
     const int rc = psrt_register(client_, name.c_str(), shape.data(), static_cast<int>(shape.size()),
                                  reinterpret_cast<float*>(data), &o, push_compression, pull_compression);
@@ -105,6 +114,29 @@ class Client {
     std::vector<const char*> n = Names(names);
     std::vector<float*> o = Pointers<float>(outs, names.size(), "pull");
     return Check(psrt_pull(client_, static_cast<int>(n.size()), n.data(), o.data(), min_version));
+  }
+
+  void register_table(const std::string& name, int64_t dim, int64_t vocab, uint64_t seed, double init_std,
+                      int64_t max_rows, int64_t evict_after_steps, int64_t evict_min_count,
+                      const py::dict& optimizer, int push_compression, int pull_compression) {
+    const psrt_optimizer o = Optimizer(optimizer);
+    const psrt_table t{dim,      vocab,           seed, init_std, max_rows, evict_after_steps, evict_min_count,
+                       push_compression, pull_compression};
+    py::gil_scoped_release release;
+    const int rc = psrt_register_table(client_, name.c_str(), &t, &o);
+    py::gil_scoped_acquire acquire;
+    Check(rc);
+  }
+
+  // Buffers by address (a tensor's data_ptr()); they live until wait().
+  int64_t pull_rows(const std::string& table, uintptr_t ids, int64_t n, uintptr_t out, int64_t min_version) {
+    return Check(psrt_pull_rows(client_, table.c_str(), reinterpret_cast<const int64_t*>(ids), n,
+                                reinterpret_cast<float*>(out), min_version));
+  }
+
+  int64_t push_rows(const std::string& table, uintptr_t ids, int64_t n, uintptr_t grads, int64_t version) {
+    return Check(psrt_push_rows(client_, table.c_str(), reinterpret_cast<const int64_t*>(ids), n,
+                                reinterpret_cast<const float*>(grads), version));
   }
 
   void wait(int64_t handle) {
@@ -151,6 +183,12 @@ PYBIND11_MODULE(_psrt, m) {
       .def("push_pull", &Client::push_pull)
       .def("push", &Client::push)
       .def("pull", &Client::pull)
+      .def("register_table", &Client::register_table, py::arg("name"), py::arg("dim"), py::arg("vocab"),
+           py::arg("seed"), py::arg("init_std"), py::arg("max_rows"), py::arg("evict_after_steps"),
+           py::arg("evict_min_count"), py::arg("optimizer"), py::arg("push_compression"),
+           py::arg("pull_compression"))
+      .def("pull_rows", &Client::pull_rows)
+      .def("push_rows", &Client::push_rows)
       .def("wait", &Client::wait)
       .def("pulled_version", &Client::pulled_version)
       .def("set_learning_rate", &Client::set_learning_rate, py::arg("lr"), py::arg("variable") = "");

@@ -20,7 +20,7 @@ constexpr size_t kTrailerSize = kMagicSize + 8 + 4;
 // Length field and CRC around each record body.
 constexpr size_t kRecordOverhead = 8 + 4;
 // The smallest body: empty strings, no counters, elements or slots.
-constexpr size_t kMinBody = 4 + 4 + 8 + 8 + 8 + 8 + 4 + 4 + 4;
+constexpr size_t kMinBody = 4 + 4 + 8 + 8 + 8 + 8 + 4 + 4 + 4;  // + 8 in version 2
 
 constexpr bool kLittleEndian = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
 
@@ -124,7 +124,7 @@ class Reader {
 };
 
 // Parses one record body (already CRC-checked). `where` prefixes errors.
-absl::Status DecodeBody(absl::string_view body, const std::string& where, KeyRecord* rec) {
+absl::Status DecodeBody(absl::string_view body, const std::string& where, uint32_t format, KeyRecord* rec) {
   Reader r(body);
   auto short_body = [&](absl::string_view field) {
     return absl::InvalidArgumentError(
@@ -174,6 +174,20 @@ absl::Status DecodeBody(absl::string_view body, const std::string& where, KeyRec
   }
   rec->slots.resize(num_slots);
   for (auto& slot : rec->slots) r.Floats(n, &slot);
+  rec->row_ids.clear();
+  rec->row_stats.clear();
+  if (format >= 2) {
+    uint64_t rows;
+    if (!r.Fixed(&rows)) return short_body("row count");
+    if (rows > r.left() / 32 || (rows > 0 && n % rows != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " key ", key, ": ", rows, " rows do not fit its ", n,
+                                                     " values and the ", r.left(), " bytes left"));
+    }
+    rec->row_ids.resize(rows);
+    for (auto& id : rec->row_ids) r.Fixed(&id);
+    rec->row_stats.resize(3 * rows);
+    for (auto& c : rec->row_stats) r.Fixed(&c);
+  }
   if (r.left() != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, " key ", key, ": ", r.left(), " bytes left over after the last field"));
@@ -201,7 +215,8 @@ bool KeyRecord::operator==(const KeyRecord& o) const {
   if (variable != o.variable || partition != o.partition || offset != o.offset ||
       num_elements != o.num_elements || version != o.version ||
       std::memcmp(&learning_rate, &o.learning_rate, sizeof(double)) != 0 ||
-      optimizer != o.optimizer || step_counters != o.step_counters ||
+      optimizer != o.optimizer || step_counters != o.step_counters || row_ids != o.row_ids ||
+      row_stats != o.row_stats ||
       !same_floats(weights, o.weights) || slots.size() != o.slots.size()) {
     return false;
   }
@@ -215,7 +230,8 @@ void EncodeShardTo(absl::Span<const KeyRecord* const> records, std::string* out)
   size_t total = kHeaderSize + kTrailerSize;
   for (const KeyRecord* r : records) {
     total += kRecordOverhead + kMinBody + r->variable.size() + r->optimizer.size() +
-             8 * r->step_counters.size() + 4 * r->weights.size();
+             8 * r->step_counters.size() + 4 * r->weights.size() + 8 + 8 * r->row_ids.size() +
+             8 * r->row_stats.size();
     for (const auto& s : r->slots) total += 4 * s.size();
   }
   out->clear();
@@ -239,6 +255,9 @@ void EncodeShardTo(absl::Span<const KeyRecord* const> records, std::string* out)
     PutFloats(out, r->weights);
     PutFixed(out, static_cast<uint32_t>(r->slots.size()));
     for (const auto& s : r->slots) PutFloats(out, s);
+    PutFixed(out, static_cast<uint64_t>(r->row_ids.size()));
+    for (int64_t id : r->row_ids) PutFixed(out, id);
+    for (int64_t c : r->row_stats) PutFixed(out, c);
     std::string length;
     PutFixed(&length, static_cast<uint64_t>(out->size() - start - 8));
     out->replace(start, 8, length);
@@ -282,9 +301,9 @@ absl::StatusOr<std::vector<KeyRecord>> DecodeShard(absl::string_view bytes,
   uint32_t version = 0, flags = 0;
   header.Fixed(&version);
   header.Fixed(&flags);
-  if (version != kShardFormatVersion) {
+  if (version < 1 || version > kShardFormatVersion) {
     return absl::UnimplementedError(absl::StrCat("shard ", name, ": format version ", version,
-                                                 " (this build reads version ", kShardFormatVersion,
+                                                 " (this build reads versions 1 to ", kShardFormatVersion,
                                                  ")"));
   }
   const absl::string_view trailer = bytes.substr(bytes.size() - kTrailerSize);
@@ -341,7 +360,7 @@ absl::StatusOr<std::vector<KeyRecord>> DecodeShard(absl::string_view bytes,
                                               ", computed 0x", absl::Hex(computed), ")"));
     }
     KeyRecord rec;
-    absl::Status s = DecodeBody(body, where, &rec);
+    absl::Status s = DecodeBody(body, where, version, &rec);
     if (!s.ok()) return s;
     out.push_back(std::move(rec));
   }

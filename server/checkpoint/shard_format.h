@@ -26,6 +26,11 @@ struct KeyRecord {
   std::vector<int64_t> step_counters;
   std::vector<float> weights;             // num_elements values
   std::vector<std::vector<float>> slots;  // each num_elements values
+  // Sparse tables: the ids of the rows that weights and slots hold, row
+  // after row (num_elements = ids * dim), and per row 3 counters: the step
+  // it was last seen at, the step it was made at, and its pushes.
+  std::vector<int64_t> row_ids;
+  std::vector<int64_t> row_stats;
 
   bool operator==(const KeyRecord& o) const;  // bitwise on the floats
 };
@@ -36,12 +41,13 @@ struct KeyRecord {
 //     body : u32 len, variable | u32 partition | i64 offset |
 //            i64 num_elements | i64 version | f64 learning_rate |
 //            u32 len, optimizer | u32 n, i64 step_counters[n] |
-//            f32 weights[num_elements] | u32 slots, f32 [num_elements] each
+//            f32 weights[num_elements] | u32 slots, f32 [num_elements] each |
+//            (version 2) u64 rows, i64 row_ids[rows], i64 row_stats[3 * rows]
 //   trailer: "PSRTTRLR" | u64 record count | u32 CRC32C(header, trailer so far)
 // Each record checks itself, so a corrupt shard names the key that is bad;
 // the trailer makes a truncated file (missing whole records) detectable.
 inline constexpr char kShardMagic[] = "PSRTSHRD";
-inline constexpr uint32_t kShardFormatVersion = 1;
+inline constexpr uint32_t kShardFormatVersion = 2;  // version 1 (no rows) is read too
 
 // Records with more slots are rejected (every optimizer keeps a few).
 inline constexpr uint32_t kMaxSlots = 16;

@@ -224,10 +224,10 @@ TEST(ShardFormatTest, BadMagicAndUnknownVersion) {
   EXPECT_TRUE(absl::StrContains(got.status().message(), "magic")) << got.status();
   EXPECT_FALSE(DecodeShard("not a shard at all, just some text", "s").ok());
   bad = bytes;
-  bad[8] = 2;  // version 2, little-endian
+  bad[8] = 3;  // version 3, little-endian
   got = DecodeShard(bad, "s");
   EXPECT_EQ(got.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_TRUE(absl::StrContains(got.status().message(), "version 2")) << got.status();
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "version 3")) << got.status();
 }
 
 // A shard built by hand around raw record bodies with correct checksums, to
@@ -235,9 +235,9 @@ TEST(ShardFormatTest, BadMagicAndUnknownVersion) {
 void PutU32(std::string* s, uint32_t v) { s->append(reinterpret_cast<char*>(&v), 4); }
 void PutU64(std::string* s, uint64_t v) { s->append(reinterpret_cast<char*>(&v), 8); }
 
-std::string RawShard(const std::vector<std::string>& bodies, uint64_t count) {
+std::string RawShard(const std::vector<std::string>& bodies, uint64_t count, uint32_t version = 1) {
   std::string out("PSRTSHRD", 8);
-  PutU32(&out, 1);
+  PutU32(&out, version);
   PutU32(&out, 0);
   for (const auto& b : bodies) {
     const size_t start = out.size();
@@ -278,7 +278,33 @@ TEST(ShardFormatTest, RawShardHelperMatchesEncoder) {
   r.partition = 5;
   r.num_elements = 0;
   r.version = 1;
-  EXPECT_EQ(RawShard({RawBody(0, 0, 0, 0)}, 1), EncodeShard({r}));
+  std::string body = RawBody(0, 0, 0, 0);
+  PutU64(&body, 0);  // version 2: no table rows
+  EXPECT_EQ(RawShard({body}, 1, 2), EncodeShard({r}));
+  // Version 1 (without the rows field) still reads.
+  absl::StatusOr<std::vector<KeyRecord>> old = DecodeShard(RawShard({RawBody(0, 0, 0, 0)}, 1), "v1");
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ((*old)[0], r);
+}
+
+TEST(ShardFormatTest, TableRowsRoundTripAndMustFitTheValues) {
+  KeyRecord r;
+  r.variable = "table";
+  r.partition = 1;
+  r.num_elements = 6;  // 3 rows of 2
+  r.version = 9;
+  r.weights = {1, 2, 3, 4, 5, 6};
+  r.slots = {{0.5f, 0.5f, 0.25f, 0.25f, 1, 1}};
+  r.row_ids = {-5, 7, int64_t{1} << 62};
+  r.row_stats = {9, 1, 3, 8, 2, 1, 9, 9, 1};
+  absl::StatusOr<std::vector<KeyRecord>> back = DecodeShard(EncodeShard({r}), "t");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ((*back)[0], r);
+  r.row_ids.push_back(8);  // 4 rows cannot share 6 values
+  r.row_stats.resize(12);
+  back = DecodeShard(EncodeShard({r}), "t");
+  EXPECT_EQ(back.status().code(), absl::StatusCode::kInvalidArgument) << back.status();
+  EXPECT_TRUE(absl::StrContains(back.status().message(), "4 rows do not fit")) << back.status();
 }
 
 TEST(ShardFormatTest, SizesThatDoNotAddUp) {

@@ -193,6 +193,52 @@ TEST(TensorCodingTest, PullPushPullAndResponsesMatchProtobuf) {
   EXPECT_EQ(back, w);
 }
 
+// A table's ids travel as packed sfixed64 (the caller's int64s, borrowed):
+// protobuf reads what we write, we read what protobuf writes, packed or
+// not, whatever slices they come in; a run of bytes that is not whole
+// int64s is refused as protobuf refuses it.
+TEST(TensorCodingTest, TableIdsMatchProtobuf) {
+  const std::vector<int64_t> ids = {0, -1, 7, int64_t{1} << 62, INT64_MIN, 123456789};
+  const std::vector<float> rows = Values(static_cast<int64_t>(ids.size()) * 3, 5);
+  OutKey key;
+  key.variable = "table";
+  key.partition = 1;
+  key.dtype = v1::DTYPE_FLOAT32;
+  key.data = reinterpret_cast<const char*>(rows.data());
+  key.size = static_cast<int64_t>(rows.size()) * 4;
+  key.ids = ids.data();
+  key.num_ids = static_cast<int64_t>(ids.size());
+  v1::PushRequest pb;
+  ASSERT_TRUE(pb.ParseFromString(Flatten(EncodePushRequest(0, 1, {key}))));
+  ASSERT_EQ(pb.keys_size(), 1);
+  EXPECT_EQ(std::vector<int64_t>(pb.keys(0).ids().begin(), pb.keys(0).ids().end()), ids);
+  EXPECT_EQ(pb.keys(0).data(), std::string(key.data, key.size));
+  const std::string bytes = pb.SerializeAsString();
+  EXPECT_EQ(Flatten(EncodePushRequest(0, 1, {key})).size(), bytes.size());
+  WireMessage got;
+  ASSERT_TRUE(ParsePushRequest(Sliced(bytes, RandomCuts(bytes.size(), 11)), &got).ok());
+  EXPECT_EQ(got.keys[0].ids, ids);
+  // Unpacked (each id its own fixed64 field), as protobuf also accepts.
+  std::string unpacked;
+  for (int64_t id : ids) {
+    unpacked += '\x51';  // field 10, wire type 1
+    unpacked.append(reinterpret_cast<const char*>(&id), 8);
+  }
+  v1::PullRequest pull;
+  pull.add_keys()->set_variable("table");
+  std::string pull_bytes = pull.SerializeAsString();
+  pull_bytes[1] = static_cast<char>(pull_bytes[1] + unpacked.size());  // the key's length
+  pull_bytes += unpacked;
+  ASSERT_TRUE(pull.ParseFromString(pull_bytes));
+  ASSERT_EQ(pull.keys(0).ids_size(), static_cast<int>(ids.size()));
+  ASSERT_TRUE(ParsePullRequest(Sliced(pull_bytes, {3}), &got).ok());
+  EXPECT_EQ(got.keys[0].ids, ids);
+  // 7 bytes of ids: not whole int64s.
+  const std::string broken = std::string("\x12\x09\x52\x07", 4) + std::string(7, '\0');
+  EXPECT_FALSE(v1::PullRequest().ParseFromString(broken));
+  EXPECT_EQ(ParsePullRequest(Sliced(broken, {}), &got).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // Fields a newer peer adds are skipped, as protobuf does.
 TEST(TensorCodingTest, UnknownFieldsAreSkipped) {
   v1::PushRequest pb;

@@ -17,6 +17,7 @@ import torch
 from torch.nn.modules import module as _module
 
 import psrt
+from psrt.torch import embedding
 
 _SUPPORTED = {
     torch.optim.SGD: "sgd",
@@ -294,6 +295,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if not v.queued:
                 self._push(v)
         self._flush()
+        embedding.push_tables()  # psrt.torch.Embedding's rows, once per step
         for v in self._variables:
             v.queued = False
             v.passes = 0

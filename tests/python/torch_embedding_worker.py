@@ -1,0 +1,73 @@
+"""A training process with psrt.torch.Embedding / EmbeddingBag, started by
+psrt-run for tests/python/test_torch_embedding.py.
+
+A table and a linear head trained on a fixed click-like target; rank r of w
+takes the r-th slice of each step's global batch, so the test can replay the
+global batch in one process. Rank 0 saves the table's rows (before and after)
+and the head's final weights with torch.save to --out.
+"""
+
+import argparse
+
+import torch
+
+import psrt.torch as psrt
+
+VOCAB, DIM, BATCH, BAG = 40, 8, 16, 3
+
+
+def batch(step):
+    """The global batch of `step`: ids (BATCH, BAG) and targets (BATCH,)."""
+    g = torch.Generator().manual_seed(step)
+    ids = torch.randint(0, VOCAB, (BATCH, BAG), generator=g)
+    y = (ids % 3 == 0).float().mean(dim=1)
+    return ids, y
+
+
+def table_args(kind):
+    """The row-wise optimizer's settings, with torch's names."""
+    if kind == "adam":
+        return {"optimizer": "adam", "lr": 0.05, "betas": (0.8, 0.95), "eps": 1e-6}
+    if kind == "adagrad":
+        return {"optimizer": "adagrad", "lr": 0.3, "lr_decay": 0.01, "initial_accumulator_value": 0.1}
+    return {"optimizer": "sgd", "lr": 0.5}
+
+
+def forward(table, head, ids, bag):
+    features = table(ids) if bag else table(ids[:, 0])
+    return head(features).squeeze(-1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--optimizer", default="adam")
+    ap.add_argument("--bag", action="store_true")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    psrt.init()
+    torch.manual_seed(0)
+    head = torch.nn.Linear(DIM, 1)
+    if args.bag:
+        table = psrt.EmbeddingBag(VOCAB, DIM, mode="sum", name="table", **table_args(args.optimizer))
+    else:
+        table = psrt.Embedding(VOCAB, DIM, name="table", **table_args(args.optimizer))
+    initial = table.rows(torch.arange(VOCAB))
+    opt = psrt.DistributedOptimizer(torch.optim.SGD(head.parameters(), lr=0.1),
+                                    named_parameters=head.named_parameters())
+    rank, size = psrt.rank(), psrt.size()
+    per = BATCH // size
+    for step in range(args.steps):
+        ids, y = batch(step)
+        ids, y = ids[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(forward(table, head, ids, args.bag), y).backward()
+        opt.step()
+    opt.synchronize()
+    if rank == 0:
+        final = table.rows(torch.arange(VOCAB))  # once every worker's last step is applied
+        torch.save({"initial": initial, "final": final, "head": head.state_dict()}, args.out)
+
+
+if __name__ == "__main__":
+    main()
