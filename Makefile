@@ -6,9 +6,12 @@ PYTHON := $(CURDIR)/.venv/bin/python
 # 2 servers and 2 workers on this machine, fp16 gradients, a checkpoint at
 # the end into BUILD/demo-checkpoints/DEMO.
 DEMO_DISTRIBUTION ?= {"parameter_server": {"enabled": true, "mode": "sync", "compression": "fp16", "checkpoint": {"uri": "file://$(CURDIR)/$(BUILD)/demo-checkpoints/$(DEMO)", "keep": 2}}}
-# DEMO=torch (default), tensorflow or mxnet: the same task in each framework.
+# DEMO=torch (default), tensorflow or mxnet: the same task in each framework;
+# DEMO=recsys: a click model with embedding tables on the servers (PyTorch).
 DEMO ?= torch
 DEMO_SCRIPT_torch := worker/examples/torch_digits.py
+DEMO_SCRIPT_recsys := worker/examples/torch_recsys.py
+DEMO_PYTHON_recsys := $(PYTHON)
 DEMO_SCRIPT_tensorflow := worker/examples/keras_digits.py
 DEMO_SCRIPT_mxnet := worker/examples/gluon_digits.py
 DEMO_PYTHON_torch := $(PYTHON)
@@ -41,7 +44,7 @@ test: build
 # PyTorch (or DEMO=tensorflow, DEMO=mxnet) trains scikit-learn's handwritten
 # digits through 2 servers.
 demo: build
-	@test -n "$(DEMO_SCRIPT_$(DEMO))" || { echo "make demo: DEMO is torch, tensorflow or mxnet"; exit 2; }
+	@test -n "$(DEMO_SCRIPT_$(DEMO))" || { echo "make demo: DEMO is torch, tensorflow, mxnet or recsys"; exit 2; }
 	@rm -rf $(BUILD)/demo-checkpoints/$(DEMO)
 	@PYTHONPATH=$(CURDIR)/$(BUILD)/python $(BUILD)/bin/psrt-run --local=2 \
 	  --distribution='$(DEMO_DISTRIBUTION)' -- $(DEMO_PYTHON_$(DEMO)) $(DEMO_SCRIPT_$(DEMO))

@@ -17,6 +17,8 @@
 #include "common/daemon.h"
 #include "common/flags.h"
 #include "common/grpc_util.h"
+#include "common/optimizer_proto.h"
+#include "kernels/row_optimizer.h"
 #include "psrt/v1/coordinator.grpc.pb.h"
 #include "server/checkpoint/catalog.h"
 
@@ -118,6 +120,19 @@ int Inspect(const std::string& uri) {
       hi = std::max(hi, k.version());
     }
     const v1::OptimizerConfig& o = v.optimizer();
+    if (v.has_table()) {
+      int64_t rows = 0;
+      for (const v1::ManifestKey& k : m.keys()) rows += k.variable() == v.name() ? k.rows() : 0;
+      absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(o);
+      const int64_t bytes = rows * v.table().dim() * 4 * (1 + (opt.ok() ? RowSlots(*opt) : 0));
+      std::printf("    %-24s table of dim %ld, %s: %ld rows, %ld bytes with optimizer state, in %d parts, "
+                  "version %s; optimizer %s lr=%g\n",
+                  v.name().c_str(), static_cast<long>(v.table().dim()),
+                  v.table().vocab() > 0 ? absl::StrCat("vocabulary ", v.table().vocab()).c_str() : "open hash",
+                  static_cast<long>(rows), static_cast<long>(bytes), keys,
+                  lo == hi ? absl::StrCat(lo).c_str() : absl::StrCat(lo, "..", hi).c_str(), o.name().c_str(), o.lr());
+      continue;
+    }
     std::printf("    %-24s shape [%s] %s, %d keys, version %s; optimizer %s lr=%g momentum=%g "
                 "weight_decay=%g\n",
                 v.name().c_str(), absl::StrJoin(v.shape(), ", ").c_str(),

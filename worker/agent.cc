@@ -58,7 +58,10 @@ int RunAgent(const AgentOptions& options) {
   constexpr int kServerRestarts = 3;
   auto report_exit = [&](const Child& c, int code, const std::string& message, bool restarting) {
     absl::Status s = (*link)->ReportExit(c.id, code, message, restarting, c.generation);
-    if (!s.ok()) LogWarning("could not report the exit of ", c.name, ": ", s.message());
+    // Once the job has ended, the coordinator no longer needs to hear it.
+    if (!s.ok() && (*link)->state().state == v1::JOB_RUNNING) {
+      LogWarning("could not report the exit of ", c.name, ": ", s.message());
+    }
   };
   auto spawn = [&](v1::Role role, int index, const std::string& name,
                    const std::vector<std::string>& argv,

@@ -68,6 +68,10 @@ def size():
     return client().num_workers()
 
 
+def num_servers():
+    return client().num_servers()
+
+
 def active_workers():
     """Workers taking part now: fewer than size() once some left or, in an
     elastic job, before all joined."""

@@ -116,6 +116,19 @@ absl::Status CheckManifest(const v1::Manifest& m, absl::string_view where) {
       n *= d;
     }
     std::vector<const v1::ManifestKey*>& ks = keys[v.name()];
+    if (v.has_table()) {
+      // A table: one part per server that saved it, each with its rows.
+      const int64_t dim = v.table().dim();
+      std::set<uint32_t> parts;
+      for (const v1::ManifestKey* k : ks) {
+        if (dim <= 0 || k->rows() < 0 || k->num_elements() != k->rows() * dim || !parts.insert(k->partition()).second) {
+          return bad(absl::StrCat("table '", v.name(), "': part ", k->partition(), " holds ", k->num_elements(),
+                                  " values for ", k->rows(), " rows of dim ", dim, ", or appears twice"));
+        }
+      }
+      keys.erase(v.name());
+      continue;
+    }
     std::sort(ks.begin(), ks.end(), [](auto* a, auto* b) { return a->offset() < b->offset(); });
     int64_t next = 0;
     for (const v1::ManifestKey* k : ks) {

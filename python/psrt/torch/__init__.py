@@ -17,10 +17,10 @@ hyperparameters become the server-side optimizer, and rank 0's initial
 parameters become everyone's.
 """
 
-from psrt import (Compression, PsrtError, init, is_sync, local_rank, rank,
+from psrt import (Compression, PsrtError, init, is_sync, local_rank, num_servers, rank,
                   restored_step, size)
 from psrt.torch.embedding import Embedding, EmbeddingBag
 from psrt.torch.optimizer import DistributedOptimizer
 
 __all__ = ["Compression", "DistributedOptimizer", "Embedding", "EmbeddingBag", "PsrtError", "init",
-           "is_sync", "local_rank", "rank", "restored_step", "size"]
+           "is_sync", "local_rank", "num_servers", "rank", "restored_step", "size"]
