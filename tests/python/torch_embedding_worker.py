@@ -57,7 +57,7 @@ def main():
                                     named_parameters=head.named_parameters())
     rank, size = psrt.rank(), psrt.size()
     per = BATCH // size
-    for step in range(args.steps):
+    for step in range(psrt.restored_step(), args.steps):
         ids, y = batch(step)
         ids, y = ids[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
         opt.zero_grad()
