@@ -75,5 +75,11 @@ echo "bench: frameworks_bench"
   tee "$out/frameworks.txt"
 reports+=("$out/frameworks.json" "$out/frameworks.txt")
 
+# Sparse tables: rows/s pulled and pushed against torch's own lookups and
+# SparseAdam updates, and the recsys demo with 1 and 2 servers.
+echo "bench: sparse_bench"
+"$root/.venv/bin/python" "$root/benchmarks/sparse_bench.py" --build "$build" --out "$out" | tee "$out/sparse.txt"
+reports+=("$out/sparse.json" "$out/sparse.txt")
+
 echo "bench: reports in $out/:"
 for r in "${reports[@]}"; do echo "  $r"; done
