@@ -794,9 +794,10 @@ const float* Store::Gradient(Key* k, const WireKey& kd) {
 }
 
 absl::Status Store::CheckRowsLocked(Key* k, absl::Span<const int64_t> ids) {
-  if (absl::Status s = k->table->CheckIds(ids); !s.ok()) return s;
+  absl::StatusOr<int64_t> missing = k->table->CheckIds(ids);
+  if (!missing.ok()) return missing.status();
   if (options_.max_bytes > 0) {
-    const int64_t more = k->table->Missing(ids) * k->table->row_bytes();
+    const int64_t more = *missing * k->table->row_bytes();
     if (more > 0 && bytes_stored_.load() + more > options_.max_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "table '", k->spec.variable(), "': ", more / k->table->row_bytes(), " new rows would make this server hold ",
@@ -908,16 +909,24 @@ bool Store::Serve(Key* k, PendingPull* p, int i) {
   const v1::DType dtype = p->dtypes[i];
   int64_t n = k->n;
   const float* values = k->weights.data();
+  // A table's rows asked for, in the request's order (made, if new): float32
+  // straight into the answer, else gathered first and converted from there.
+  const bool rows_in_place = k->table != nullptr && dtype == v1::DTYPE_FLOAT32;
   if (k->table) {
-    // The rows asked for, gathered (and made, if new) in the request's order.
-    thread_local std::vector<float> rows;
     n = static_cast<int64_t>(p->ids[i].size()) * k->table->dim();
-    rows.resize(n);
-    const int64_t before = k->table->rows();
-    k->table->Gather(p->ids[i], k->version, rows.data());
-    bytes_stored_ += (k->table->rows() - before) * k->table->row_bytes();
-    values = rows.data();
+    if (!rows_in_place) {
+      thread_local std::vector<float> rows;
+      rows.resize(n);
+      GatherRows(k, p->ids[i], rows.data());
+      values = rows.data();
+    }
   }
+  // The one copy of the weights on the way out, fused with the conversion.
+  auto write = [&](char* to) {
+    if (!rows_in_place) return EncodeValues(values, n, dtype, to).scale;
+    GatherRows(k, p->ids[i], reinterpret_cast<float*>(to));
+    return 0.0f;
+  };
   const int64_t bytes = n * BytesPerValue(dtype);
   OutKey out;
   out.variable = k->spec.variable();
@@ -925,12 +934,11 @@ bool Store::Serve(Key* k, PendingPull* p, int i) {
   out.version = k->version;
   out.dtype = dtype;
   out.size = bytes;
-  // The one copy of the weights on the way out, fused with the conversion:
-  // into the worker's shared memory, or a pooled buffer gRPC sends from.
+  // Into the worker's shared memory, or a pooled buffer gRPC sends from.
   const bool to_shared = p->shared_at[i] != nullptr && bytes <= p->spans[i].capacity;
   if (!to_shared) {
     BufferRef buf = buffers_.Get(bytes);
-    out.scale = EncodeValues(values, n, dtype, buf.data()).scale;
+    out.scale = write(buf.data());
     out.data = buf.data();
     out.owner = std::move(buf);
   }
@@ -941,7 +949,7 @@ bool Store::Serve(Key* k, PendingPull* p, int i) {
   if (to_shared) {
     // Written only while the pull is live: once it has ended the worker
     // may use that memory for something else.
-    out.scale = EncodeValues(values, n, dtype, p->shared_at[i]).scale;
+    out.scale = write(p->shared_at[i]);
     out.has_shared = true;
     out.shared = p->spans[i];
     out.shared.size = bytes;
@@ -952,6 +960,12 @@ bool Store::Serve(Key* k, PendingPull* p, int i) {
   p->out[i] = std::move(out);
   p->served[i] = 1;
   return --p->remaining == 0;
+}
+
+void Store::GatherRows(Key* k, absl::Span<const int64_t> ids, float* out) {
+  const int64_t before = k->table->rows();
+  k->table->Gather(ids, k->version, out);
+  bytes_stored_ += (k->table->rows() - before) * k->table->row_bytes();
 }
 
 void Store::NotifyWaiters(Key* k, Completed* completed) {

@@ -221,6 +221,8 @@ class Store {
   // Copies key `k` (index i of `p`) into `p`'s answer; true when that was
   // the last key the pull waited for.
   bool Serve(Key* k, PendingPull* p, int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  // A table's rows of `ids` into `out` (made, if new, and counted).
+  void GatherRows(Key* k, absl::Span<const int64_t> ids, float* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // Serves the waiters `k` can now answer; pulls that became whole go to
   // `completed`, to be completed once `k` is unlocked.
   void NotifyWaiters(Key* k, Completed* completed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);

@@ -60,7 +60,7 @@ Table::Table(std::string name, const v1::TableSpec& spec, const OptimizerConfig&
       slots_(RowSlots(optimizer)),
       slot_ptrs_(slots_.size()) {}
 
-absl::Status Table::CheckIds(absl::Span<const int64_t> ids) const {
+absl::StatusOr<int64_t> Table::CheckIds(absl::Span<const int64_t> ids) const {
   absl::flat_hash_map<int64_t, int32_t> seen;
   seen.reserve(ids.size());
   int64_t missing = 0;
@@ -90,13 +90,7 @@ absl::Status Table::CheckIds(absl::Span<const int64_t> ids) const {
         " new ones would pass its max_rows (", spec_.max_rows(), ")",
         spec_.evict_after_steps() > 0 ? "" : "; set evict_after_steps, or raise max_rows"));
   }
-  return absl::OkStatus();
-}
-
-int64_t Table::Missing(absl::Span<const int64_t> ids) const {
-  int64_t n = 0;
-  for (int64_t id : ids) n += !index_.contains(id);
-  return n;
+  return missing;
 }
 
 int32_t Table::FindOrMake(int64_t id, int64_t step) {

@@ -12,6 +12,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/optimizer.h"
 #include "psrt/v1/ps.pb.h"
@@ -34,10 +35,9 @@ class Table {
   int64_t row_bytes() const { return dim_ * 4 * (1 + static_cast<int64_t>(slots_.size())); }
 
   // A request's ids: each in the vocabulary, of this server, once; and
-  // room (max_rows) for those that have no row yet. Changes nothing.
-  absl::Status CheckIds(absl::Span<const int64_t> ids) const;
-  // Ids without a row here.
-  int64_t Missing(absl::Span<const int64_t> ids) const;
+  // room (max_rows) for those that have no row yet. Changes nothing;
+  // returns how many rows the request would make.
+  absl::StatusOr<int64_t> CheckIds(absl::Span<const int64_t> ids) const;
 
   // The rows of `ids`, in order, into `out` (ids.size() * dim floats); rows
   // not held yet are made. `step` marks them as seen.

@@ -160,6 +160,31 @@ struct RowSet {
   std::vector<float> grads;
 };
 
+// A table's pulled rows come in its ids' order: each goes where the caller
+// listed its id. Float32 is copied once, from the received slices.
+void ScatterRows(const WireKey& kd, const RowSet& rows, int64_t dim, float* out) {
+  const int64_t row_bytes = dim * 4;
+  if (kd.dtype == v1::DTYPE_FLOAT32) {
+    int64_t at = 0;  // bytes placed so far
+    for (absl::string_view piece : kd.data.pieces()) {
+      while (!piece.empty()) {
+        const int64_t r = at / row_bytes, offset = at % row_bytes;
+        const int64_t take = std::min<int64_t>(static_cast<int64_t>(piece.size()), row_bytes - offset);
+        std::memcpy(reinterpret_cast<char*>(out + rows.at[r] * dim) + offset, piece.data(), take);
+        piece.remove_prefix(take);
+        at += take;
+      }
+    }
+    return;
+  }
+  thread_local std::vector<float> decoded;
+  decoded.resize(rows.at.size() * dim);
+  DecodePayload(kd.data, kd.dtype, kd.scale, decoded.data(), false);
+  for (size_t r = 0; r < rows.at.size(); ++r) {
+    std::memcpy(out + rows.at[r] * dim, decoded.data() + r * dim, row_bytes);
+  }
+}
+
 // Progress of one asynchronous operation fanned out over servers.
 struct Op {
   absl::Mutex mu;
@@ -601,14 +626,7 @@ class Client::Impl {
         s = DecodeWeights(kd, it.out + it.part.offset, it.part.num_elements);
         continue;
       }
-      // A table's rows come in its ids' order: each goes where the caller
-      // listed its id.
-      thread_local std::vector<float> rows;
-      rows.resize(it.part.num_elements);
-      DecodePayload(kd.data, kd.dtype, kd.scale, rows.data(), false);
-      for (size_t r = 0; r < it.rows->at.size(); ++r) {
-        std::memcpy(it.out + it.rows->at[r] * it.dim, rows.data() + r * it.dim, it.dim * 4);
-      }
+      ScatterRows(kd, *it.rows, it.dim, it.out);
     }
     if (s.ok()) {
       absl::MutexLock lock(&mu);
