@@ -4,6 +4,7 @@
 //
 // The job: one coordinator, one server, one worker (sync mode); the test is
 // worker 0 and talks to the server through a raw ParameterServer stub.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_util.h"
@@ -590,6 +592,49 @@ TEST_F(BadInputTest, TheCoordinatorNamesUnknownRolesAndIndicesPlainly) {
   EXPECT_TRUE(Refused(heartbeat(static_cast<v1::Role>(7), 0), grpc::INVALID_ARGUMENT, {"role 7"}));
   EXPECT_TRUE(Refused(heartbeat(v1::ROLE_WORKER, 5), grpc::INVALID_ARGUMENT,
                       {"no worker with index 5 in this job; it has 1 worker (indices 0..0)"}));
+}
+
+// Bytes that are not a valid message, to every method of both services:
+// INVALID_ARGUMENT naming the message type, not gRPC's INTERNAL.
+TEST_F(BadInputTest, UndecodableRequestsAreInvalidArgumentOnEveryMethod) {
+  // A length-delimited field 1 running past the end of the message.
+  const std::string garbage("\x0a\xff\xff\x03", 4);
+  auto call = [&](const std::string& address, const std::string& method) {
+    grpc::GenericStub stub(MakeChannel(address));
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer req(&slice, 1), resp;
+    grpc::Status status;
+    absl::Notification done;
+    stub.UnaryCall(&ctx, method, grpc::StubOptions(), &req, &resp, [&](grpc::Status s) {
+      status = std::move(s);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    return status;
+  };
+  const std::vector<std::pair<std::string, std::string>> server_methods = {
+      {"RegisterKeys", "RegisterKeysRequest"}, {"Push", "PushRequest"},
+      {"Pull", "PullRequest"}, {"PushPull", "PushPullRequest"},
+      {"SetLearningRate", "SetLearningRateRequest"}, {"Stats", "StatsRequest"},
+      {"SaveShard", "SaveShardRequest"}, {"AttachSharedMemory", "AttachSharedMemoryRequest"},
+      {"Replicate", "ReplicateRequest"}, {"Seed", "SeedRequest"}};
+  for (const auto& [method, type] : server_methods) {
+    SCOPED_TRACE(method);
+    EXPECT_TRUE(Refused(call(cluster_->server_address(0), "/psrt.v1.ParameterServer/" + method),
+                        grpc::INVALID_ARGUMENT, {"psrt.v1." + type}));
+  }
+  const std::vector<std::pair<std::string, std::string>> coordinator_methods = {
+      {"Register", "RegisterRequest"}, {"Barrier", "BarrierRequest"},
+      {"Heartbeat", "HeartbeatRequest"}, {"ReportExit", "ReportExitRequest"},
+      {"GetJobStatus", "JobStatusRequest"}, {"Checkpoint", "CheckpointRequest"}};
+  for (const auto& [method, type] : coordinator_methods) {
+    SCOPED_TRACE(method);
+    EXPECT_TRUE(Refused(call(cluster_->coordinator_address(), "/psrt.v1.Coordinator/" + method),
+                        grpc::INVALID_ARGUMENT, {"psrt.v1." + type}));
+  }
+  ExpectUntouched();
 }
 
 TEST_F(BadInputTest, UnknownKeyIsNotFound) {
