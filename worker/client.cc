@@ -1130,6 +1130,7 @@ absl::Status Client::SetLearningRate(double lr, const std::string& variable) {
     absl::StatusOr<Variable> var = impl_->Find(variable);
     if (!var.ok()) return var.status();
     for (const Partition& p : var->parts) holds[p.server] = 1;
+    if (var->dim > 0) holds.assign(num_servers(), 1);  // a table has a part on every server
   }
   for (int s = 0; s < num_servers(); ++s) {
     if (!holds[s]) continue;

@@ -9,6 +9,12 @@ Custom training loops, eagerly or inside ``tf.function``, use the same
 optimizer: ``opt.apply_gradients(zip(tape.gradient(loss, vars), vars))``
 after ``opt.build(vars)`` (which registers the variables with the servers,
 eagerly: rank 0's values become everyone's).
+
+Embedding tables whose rows live on the servers (docs/sparse.md):
+
+    emb = psrt.keras.layers.Embedding(vocab, 16, name="user", optimizer="adam", lr=1e-3)
+
+the DistributedOptimizer's apply pushes their row gradients every step.
 """
 
 from psrt import (Compression, PsrtError, init, is_sync, local_rank, rank,

@@ -5,13 +5,19 @@ settings whose ``apply`` hands the gradients to the servers and assigns the
 weights they send back; the optimizer's own update never runs. The round trip
 happens in ``tf.numpy_function``, so it works eagerly, in ``model.fit`` and
 in ``tf.function`` (not under XLA: compile with ``jit_compile=False``).
+
+``layers.Embedding`` keeps its rows on the servers as a sparse table; this
+optimizer's ``apply`` pushes the tables' row gradients of the step as well
+(see psrt/tensorflow/layers.py).
 """
 
+import numpy as np
 import tensorflow as tf
 import keras
 
 import psrt
 from psrt import _host
+from psrt.tensorflow import layers
 
 
 def _server_optimizer(opt):
@@ -58,10 +64,12 @@ class _Distributed:
         # Built while model.fit traces its first step: init_scope registers
         # eagerly all the same, once, before that step runs, so every worker
         # starts from rank 0's values.
+        # Tables' push triggers stay here: their rows are on the servers already.
+        dense = [v for v in variables if layers.table_of(v) is None]
         with tf.init_scope():
-            names = _host.unique_names([v.path for v in variables])
+            names = _host.unique_names([v.path for v in dense])
             host = _host.HostVariables(psrt.client(), self._psrt_compression)
-            for name, v in zip(names, variables):
+            for name, v in zip(names, dense):
                 v.assign(host.register(name, keras.ops.convert_to_numpy(v), self._psrt_config))
         self._psrt_vars = host
         self._psrt_names = names
@@ -75,14 +83,27 @@ class _Distributed:
                  for g, v in zip(grads, variables)]
         lr = tf.cast(self.learning_rate, tf.float32)
         host = self._psrt_vars
+        tables = [layers.table_of(v) for v in variables]
+        dense = [(g, v) for g, v, t in zip(grads, variables, tables) if t is None]
+        # A trigger's gradient is an input of the round trip, so the layer's
+        # gradient function has kept the rows' gradient before it runs.
+        triggers = [g for g, t in zip(grads, tables) if t is not None]
+        tables = [t for t in tables if t is not None]
 
         def round_trip(lr_value, *gs):
-            return host.push_pull(self._psrt_names, gs, float(lr_value))
+            # Every table pushes once per step, rows or not (sync mode).
+            for t in tables:
+                t.push()
+            if not dense:
+                return [np.float32(0.0)]
+            return host.push_pull(self._psrt_names, gs[:len(dense)], float(lr_value))
 
-        new = tf.numpy_function(round_trip, [lr] + grads, [tf.float32] * len(grads), stateful=True)
-        for v, value in zip(variables, new):
-            v.assign(tf.reshape(value, v.shape))
-        self.iterations.assign_add(1)
+        out_types = [tf.float32] * max(len(dense), 1)
+        new = tf.numpy_function(round_trip, [lr] + [g for g, _ in dense] + triggers, out_types, stateful=True)
+        with tf.control_dependencies(new):
+            for (_, v), value in zip(dense, new):
+                v.assign(tf.reshape(value, v.shape))
+            self.iterations.assign_add(1)
 
 
 def DistributedOptimizer(optimizer, compression=psrt.Compression.job_default):

@@ -1,0 +1,76 @@
+"""Sparse tables through host (numpy) buffers, for the plugins whose tensors
+reach Python as numpy arrays (TensorFlow, MXNet): registration, the step
+counter, pulls of distinct rows and pushes of their gradients. The work
+happens in C++ behind the C API (psrt._psrt); psrt.torch.Embedding does the
+same on torch tensors (docs/sparse.md)."""
+
+import numpy as np
+
+import psrt
+
+
+def merge(pieces):
+    """One gradient per distinct id from several (ids, grads) pieces (one
+    per lookup or device): the ids sorted, the gradients of an id summed."""
+    pieces = [(np.asarray(i, dtype=np.int64).reshape(-1), np.asarray(g, dtype=np.float32))
+              for i, g in pieces]
+    if len(pieces) == 1 and np.all(np.diff(pieces[0][0]) > 0):
+        return pieces[0]
+    ids, inverse = np.unique(np.concatenate([i for i, _ in pieces]), return_inverse=True)
+    grads = np.concatenate([g.reshape(-1, g.shape[-1]) for _, g in pieces])
+    summed = np.zeros((ids.size, grads.shape[1]), dtype=np.float32)
+    np.add.at(summed, inverse.reshape(-1), grads)
+    return ids, summed
+
+
+class HostTable:
+    """A table registered with the servers, pulled and pushed from numpy.
+
+    Keeps the step to pull at and push for: the servers' version in sync mode
+    (every worker pushes once per step) or this worker's clock otherwise,
+    counted from the restored step, as psrt.torch.Embedding does.
+    """
+
+    def __init__(self, what, name, dim, vocab, optimizer, seed, init_std, max_rows, evict_after_steps,
+                 evict_min_count, compression):
+        if vocab < 0 or dim <= 0:
+            raise psrt.PsrtError("%s: the vocabulary must be >= 0 (0: an open hash table) and the row "
+                                 "size > 0; got %s and %s" % (what, vocab, dim))
+        self.name, self.dim, self.vocab = name, int(dim), int(vocab)
+        self._client = psrt.client()
+        self._client.register_table(name, self.dim, self.vocab, int(seed), float(init_std), int(max_rows),
+                                    int(evict_after_steps), int(evict_min_count), optimizer,
+                                    compression.value, compression.value)
+        self.step = self._client.restored_step()
+
+    def pull(self, ids):
+        """The rows (n, dim) of n distinct ids at this worker's step (sync:
+        once every worker's pushes of the steps before are applied)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        out = np.empty((ids.size, self.dim), dtype=np.float32)
+        if ids.size:
+            self._client.wait(self._client.pull_rows(self.name, ids.ctypes.data, ids.size, out.ctypes.data,
+                                                     self.step))
+        return out
+
+    def rows(self, ids):
+        """The rows of any ids (repeats allowed), shaped ids.shape + (dim,)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        distinct, inverse = np.unique(ids.reshape(-1), return_inverse=True)
+        return self.pull(distinct)[inverse.reshape(-1)].reshape(ids.shape + (self.dim,))
+
+    def push(self, pieces):
+        """Pushes this step's gradients, (ids, grads) pieces merged per id,
+        and waits until the servers have them. Sync mode needs one push per
+        worker and step, with no rows (no pieces) if the step had none."""
+        if pieces:
+            ids, grads = merge(pieces)
+        else:
+            ids, grads = np.empty(0, dtype=np.int64), np.empty((0, self.dim), dtype=np.float32)
+        ids, grads = np.ascontiguousarray(ids), np.ascontiguousarray(grads, dtype=np.float32)
+        if grads.shape != (ids.size, self.dim):
+            raise psrt.PsrtError("table '%s': %d ids with gradients of shape %s; rows have %d values"
+                                 % (self.name, ids.size, grads.shape, self.dim))
+        self._client.wait(self._client.push_rows(self.name, ids.ctypes.data, ids.size, grads.ctypes.data,
+                                                 self.step))
+        self.step += 1

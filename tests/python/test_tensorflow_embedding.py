@@ -1,0 +1,126 @@
+"""psrt.keras.layers.Embedding in real jobs: two workers in sync mode, trained
+by model.fit, against one process with keras.layers.Embedding and a sparse
+(row-wise) update of the mean gradient: Keras's own SGD and Adagrad on the
+dense gradient (a row with no gradient stays as it is under both), a LazyAdam
+written with tf ops (none ships with Keras 3) and TensorFlow's
+SparseApplyFtrl."""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from jobs import HERE, run_job
+
+tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed (scripts/setup.sh frameworks)")
+keras = pytest.importorskip("keras")
+import tf_embedding_worker as w  # noqa: E402
+
+
+class LazyAdam:
+    """TF Addons' LazyAdam: only the rows in the gradient, and their moments,
+    move; the bias correction counts the optimizer's steps."""
+
+    def __init__(self, var, lr, beta_1, beta_2, epsilon):
+        self.var, self.lr, self.b1, self.b2, self.eps = var, lr, beta_1, beta_2, epsilon
+        self.m, self.v = tf.zeros_like(var), tf.zeros_like(var)
+        self.t = 0
+
+    def apply(self, ids, g):
+        self.t += 1
+        ids = ids[:, None]
+        m = tf.gather_nd(self.m, ids)
+        v = tf.gather_nd(self.v, ids)
+        m = m + (g - m) * (1 - self.b1)
+        v = v + (g * g - v) * (1 - self.b2)
+        step_size = self.lr * np.sqrt(1 - self.b2 ** self.t) / (1 - self.b1 ** self.t)
+        rows = tf.gather_nd(self.var, ids) - step_size * (m / (tf.sqrt(v) + self.eps))
+        self.m = tf.tensor_scatter_nd_update(self.m, ids, m)
+        self.v = tf.tensor_scatter_nd_update(self.v, ids, v)
+        self.var = tf.tensor_scatter_nd_update(self.var, ids, rows)
+
+
+class SparseFtrl:
+    """tf.raw_ops.ResourceSparseApplyFtrl with Keras's beta folded into l2."""
+
+    def __init__(self, var, lr, initial_accumulator_value=0.1, l1_regularization_strength=0.0,
+                 l2_regularization_strength=0.0, beta=0.0):
+        self.var = tf.Variable(var)
+        self.accum = tf.Variable(tf.fill(var.shape, initial_accumulator_value))
+        self.linear = tf.Variable(tf.zeros_like(var))
+        self.lr, self.l1 = lr, l1_regularization_strength
+        self.l2 = np.float32(l2_regularization_strength) + np.float32(beta) / (2 * np.float32(lr))
+
+    def apply(self, ids, g):
+        tf.raw_ops.ResourceSparseApplyFtrl(var=self.var.handle, accum=self.accum.handle,
+                                           linear=self.linear.handle, grad=g, indices=ids, lr=self.lr,
+                                           l1=self.l1, l2=self.l2, lr_power=-0.5)
+
+
+def reference(kind, saved, steps):
+    """One process: the same model on the global batch (whose mean loss is
+    the mean of the workers' halves'), the table updated row-wise."""
+    table = keras.layers.Embedding(w.VOCAB, w.DIM, embeddings_initializer=keras.initializers.Constant(
+        saved["initial"]))
+    model = w.build_model(table)
+    model.get_layer("head").set_weights([saved["head_initial_kernel"], saved["head_initial_bias"]])
+    args = w.table_args(kind)
+    name, lr = args.pop("optimizer"), args.pop("lr")
+    head_vars = model.get_layer("head").trainable_variables
+    head_opt = keras.optimizers.SGD(0.1)
+    if name in ("sgd", "adagrad"):
+        table_opt = {"sgd": keras.optimizers.SGD, "adagrad": keras.optimizers.Adagrad}[name](lr, **args)
+    else:
+        table_opt = {"adam": LazyAdam, "ftrl": SparseFtrl}[name](table.embeddings.numpy(), lr, **args)
+    for step in range(steps):
+        ids, y = w.batch(step)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(ids) - y))
+        grads = tape.gradient(loss, [table.embeddings] + head_vars)
+        head_opt.apply(grads[1:], head_vars)
+        assert isinstance(grads[0], tf.IndexedSlices)  # sparse: the batch's rows only
+        if name in ("sgd", "adagrad"):
+            # Dense: Keras 3 applies IndexedSlices slice by slice, so a
+            # repeated id would add the squares of its pieces to Adagrad's
+            # accumulator instead of the square of its gradient.
+            table_opt.apply([tf.convert_to_tensor(grads[0])], [table.embeddings])
+        else:
+            distinct, index = tf.unique(grads[0].indices)
+            table_opt.apply(tf.cast(distinct, tf.int64),
+                            tf.math.unsorted_segment_sum(grads[0].values, index, tf.shape(distinct)[0]))
+            table.embeddings.assign(tf.convert_to_tensor(table_opt.var))
+    return table.embeddings.numpy(), [v.numpy() for v in head_vars]
+
+
+@pytest.mark.parametrize("kind", ["adam", "adagrad", "sgd", "ftrl"])
+def test_sync_two_workers_with_model_fit_equal_one_process_with_a_sparse_update(kind):
+    steps = 12
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rows.npz")
+        code, log = run_job(os.path.join(HERE, "tf_embedding_worker.py"),
+                            ["--optimizer", kind, "--steps", str(steps), "--out", out])
+        assert code == 0, log
+        saved = dict(np.load(out))
+    rows, head = reference(kind, saved, steps)
+    diff = np.abs(saved["final"] - rows).max()
+    print("%s: max |psrt - reference| over the rows = %.3g" % (kind, diff))
+    np.testing.assert_allclose(saved["final"], rows, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(saved["head_kernel"], head[0], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(saved["head_bias"], head[1], rtol=0, atol=1e-5)
+    # The rows trained: some moved well away from where they started.
+    assert np.abs(saved["final"] - saved["initial"]).max() > 1e-2
+    # New rows start as N(0, 0.05^2), drawn from (seed, id).
+    assert 0.035 < saved["initial"].std() < 0.065
+
+
+def test_table_optimizers_take_keras_names_and_refuse_others():
+    from psrt.tensorflow import layers
+    import psrt
+    cfg = layers._optimizer_config("adagrad", 0.1, {"epsilon": 1e-6})
+    assert cfg["initial_accumulator_value"] == pytest.approx(0.1 + 1e-6) and cfg["eps"] == 0.0
+    assert layers._optimizer_config("adam", 0.1, {"beta_1": 0.5})["beta1"] == 0.5
+    with pytest.raises(psrt.PsrtError, match="not row-wise"):
+        layers._optimizer_config("rmsprop", 0.1, {})
+    with pytest.raises(psrt.PsrtError, match=r"sgd takes no \['momentum'\]"):
+        layers._optimizer_config("sgd", 0.1, {"momentum": 0.9})
