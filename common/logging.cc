@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <string>
 
 #include "absl/synchronization/mutex.h"
@@ -11,6 +12,7 @@
 namespace psrt {
 namespace {
 absl::Mutex name_mu;
+std::atomic<bool> silenced{false};
 std::string& LogName() {
   static auto* name = new std::string("psrt");
   return *name;
@@ -27,7 +29,10 @@ std::string ProcessLogName() {
   return LogName();
 }
 
+void SilenceLogs() { silenced = true; }
+
 void LogLine(char level, absl::string_view message) {
+  if (silenced.load(std::memory_order_relaxed)) return;
   const std::string name = ProcessLogName();
   std::string line = absl::StrCat(
       absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()),

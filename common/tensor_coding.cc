@@ -322,8 +322,8 @@ std::string ReadKey(SliceReader* r, int64_t len, WireKey* k) {
       },
       [r, k](int field, int64_t n) -> std::string {
         if (field == kShared) {
+          if (!k->has_shared) k->shared = SharedSpan();  // a second one merges, as in protobuf
           k->has_shared = true;
-          k->shared = SharedSpan();
           SharedSpan* span = &k->shared;
           return ReadFields(
               r, r->pos() + n,

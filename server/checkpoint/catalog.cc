@@ -56,19 +56,26 @@ absl::StatusOr<v1::Manifest> ReadManifest(Storage* root, absl::string_view name)
   const std::string path = ManifestPath(name);
   absl::StatusOr<std::string> text = root->Get(path);
   if (!text.ok()) return text.status();
-  v1::Manifest m;
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = true;  // newer writers may add fields
-  auto st = google::protobuf::util::JsonStringToMessage(*text, &m, options);
   const std::string where = absl::StrCat(root->uri(), "/", path);
-  if (!st.ok()) {
-    return absl::DataLossError(absl::StrCat("manifest ", where, " is not valid: ", st.ToString()));
-  }
-  if (absl::Status s = CheckManifest(m, where); !s.ok()) return s;
+  absl::StatusOr<v1::Manifest> parsed = ParseManifest(*text, where);
+  if (!parsed.ok()) return parsed.status();
+  v1::Manifest& m = *parsed;
   if (m.name() != name) {
     return absl::DataLossError(absl::StrCat("manifest ", where, " names checkpoint '", m.name(),
                                             "', not the folder it is in"));
   }
+  return m;
+}
+
+absl::StatusOr<v1::Manifest> ParseManifest(absl::string_view text, absl::string_view where) {
+  v1::Manifest m;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;  // newer writers may add fields
+  auto st = google::protobuf::util::JsonStringToMessage(std::string(text), &m, options);
+  if (!st.ok()) {
+    return absl::DataLossError(absl::StrCat("manifest ", where, " is not valid: ", st.ToString()));
+  }
+  if (absl::Status s = CheckManifest(m, where); !s.ok()) return s;
   return m;
 }
 

@@ -36,6 +36,8 @@ std::string ManifestPath(absl::string_view name);
 std::string NormalizeUri(absl::string_view uri_or_path);
 
 absl::StatusOr<v1::Manifest> ReadManifest(Storage* root, absl::string_view name);
+// A manifest's JSON text, checked (CheckManifest); `where` names it in errors.
+absl::StatusOr<v1::Manifest> ParseManifest(absl::string_view text, absl::string_view where);
 absl::Status WriteManifest(Storage* root, const v1::Manifest& manifest);
 // Structure only (no shard is read): format version, shard indices, and that
 // each variable's keys tile it exactly. DATA_LOSS naming what is wrong.

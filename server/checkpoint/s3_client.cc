@@ -667,26 +667,34 @@ absl::StatusOr<std::vector<S3ObjectInfo>> S3Client::ListObjectsV2(
     if (!token.empty()) request.query.emplace_back("continuation-token", token);
     absl::StatusOr<Response> response = Send(request);
     if (!response.ok()) return response.status();
-    for (absl::string_view block : XmlBlocks(response->body, "Contents")) {
-      S3ObjectInfo info;
-      info.key = XmlTagText(block, "Key").value_or("");
-      (void)absl::SimpleAtoi(XmlTagText(block, "Size").value_or("0"),
-                             &info.size);
-      info.etag = XmlTagText(block, "ETag").value_or("");
-      info.last_modified = XmlTagText(block, "LastModified").value_or("");
-      objects.push_back(std::move(info));
+    absl::StatusOr<S3ListPage> page = ParseListObjectsPage(response->body);
+    if (!page.ok()) {
+      return absl::Status(page.status().code(), absl::StrCat("S3 ListObjectsV2 ", Describe(bucket, prefix),
+                                                             ": ", page.status().message()));
     }
-    if (XmlTagText(response->body, "IsTruncated").value_or("false") != "true") {
-      break;
-    }
-    token = XmlTagText(response->body, "NextContinuationToken").value_or("");
-    if (token.empty()) {
-      return absl::InternalError(
-          absl::StrCat("S3 ListObjectsV2 ", Describe(bucket, prefix),
-                       ": truncated listing without a NextContinuationToken"));
-    }
+    for (S3ObjectInfo& info : page->objects) objects.push_back(std::move(info));
+    token = page->next_token;
+    if (token.empty()) break;
   }
   return objects;
+}
+
+absl::StatusOr<S3ListPage> ParseListObjectsPage(absl::string_view xml) {
+  S3ListPage page;
+  for (absl::string_view block : XmlBlocks(xml, "Contents")) {
+    S3ObjectInfo info;
+    info.key = XmlTagText(block, "Key").value_or("");
+    (void)absl::SimpleAtoi(XmlTagText(block, "Size").value_or("0"), &info.size);
+    info.etag = XmlTagText(block, "ETag").value_or("");
+    info.last_modified = XmlTagText(block, "LastModified").value_or("");
+    page.objects.push_back(std::move(info));
+  }
+  if (XmlTagText(xml, "IsTruncated").value_or("false") != "true") return page;
+  page.next_token = XmlTagText(xml, "NextContinuationToken").value_or("");
+  if (page.next_token.empty()) {
+    return absl::InternalError("truncated listing without a NextContinuationToken");
+  }
+  return page;
 }
 
 absl::StatusOr<std::vector<S3Client::Upload>> S3Client::ListMultipartUploads(

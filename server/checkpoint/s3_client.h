@@ -169,6 +169,15 @@ class S3Client {
   std::string hostport_;  // "s3.us-east-1.amazonaws.com", "127.0.0.1:9000"
 };
 
+// One page of a ListObjectsV2 answer: its objects, and the token of the
+// next page (empty: the last one). A truncated page without a token is an
+// error.
+struct S3ListPage {
+  std::vector<S3ObjectInfo> objects;
+  std::string next_token;
+};
+absl::StatusOr<S3ListPage> ParseListObjectsPage(absl::string_view xml);
+
 // Exposed for tests: the text of the first <tag>...</tag> in `xml`,
 // unescaped; nullopt when absent.
 std::optional<std::string> XmlTagText(absl::string_view xml,
