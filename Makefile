@@ -18,7 +18,7 @@ DEMO_PYTHON_torch := $(PYTHON)
 DEMO_PYTHON_tensorflow := $(PYTHON)
 DEMO_PYTHON_mxnet := $(CURDIR)/.venv-mxnet/bin/python
 
-.PHONY: all setup configure build test unit-test demo bench bazel clean
+.PHONY: all setup configure build test unit-test demo bench fuzz asan tsan bazel clean
 
 all: build
 
@@ -40,6 +40,13 @@ build: configure
 test: build
 	@scripts/setup.sh s3
 	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 300
+	@FUZZ_BUILD=$(CURDIR)/$(BUILD)/fuzz scripts/fuzz.sh 5
+
+# Every fuzz target (tests/fuzz) for FUZZ_SECONDS, with clang 16, ASan and
+# UBSan, in BUILD/fuzz; findings in BUILD/fuzz/findings.
+FUZZ_SECONDS ?= 600
+fuzz:
+	@FUZZ_BUILD=$(CURDIR)/$(BUILD)/fuzz scripts/fuzz.sh $(FUZZ_SECONDS)
 
 # PyTorch (or DEMO=tensorflow, DEMO=mxnet) trains scikit-learn's handwritten
 # digits through 2 servers.

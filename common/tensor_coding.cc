@@ -267,7 +267,8 @@ std::string ReadFields(SliceReader* r, int64_t end, OnScalar on_scalar, OnLen on
       }
       case kLen: {
         uint64_t len;
-        if (!r->ReadVarint(&len) || len > static_cast<uint64_t>(end - r->pos())) {
+        // The tag and length may themselves run past `end`: no room then.
+        if (!r->ReadVarint(&len) || r->pos() > end || len > static_cast<uint64_t>(end - r->pos())) {
           return absl::StrCat("field ", field, " at byte ", at,
                               " runs past the end of its message");
         }
@@ -288,8 +289,51 @@ std::string ReadFields(SliceReader* r, int64_t end, OnScalar on_scalar, OnLen on
   return "";
 }
 
+std::string ReadKeyFields(SliceReader* r, int64_t end, WireKey* k);
+
+// Well-formed UTF-8 (Unicode's Table 3-7: no overlong forms, surrogates or
+// code points past U+10FFFF), which protobuf requires of proto3 strings.
+bool IsUtf8(absl::string_view s) {
+  const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+  const auto* end = p + s.size();
+  while (p < end) {
+    const uint8_t c = *p;
+    if (c < 0x80) {
+      ++p;
+      continue;
+    }
+    int n;
+    uint8_t lo = 0x80, hi = 0xbf;  // the range of the byte after the first
+    if (c >= 0xc2 && c <= 0xdf) {
+      n = 1;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      n = 2;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      n = 3;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    } else {
+      return false;
+    }
+    if (end - p <= n || p[1] < lo || p[1] > hi) return false;
+    for (int i = 2; i <= n; ++i) {
+      if (p[i] < 0x80 || p[i] > 0xbf) return false;
+    }
+    p += n + 1;
+  }
+  return true;
+}
+
 std::string ReadKey(SliceReader* r, int64_t len, WireKey* k) {
   const int64_t end = r->pos() + len;
+  std::string err = ReadKeyFields(r, end, k);
+  if (err.empty() && !IsUtf8(k->variable)) return "a key's variable name is not valid UTF-8";
+  return err;
+}
+
+std::string ReadKeyFields(SliceReader* r, int64_t end, WireKey* k) {
   return ReadFields(
       r, end,
       [k](int field, int wire_type, uint64_t v) {

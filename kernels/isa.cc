@@ -1,5 +1,9 @@
 #include "kernels/isa.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -8,6 +12,15 @@
 namespace psrt {
 namespace {
 
+#if defined(__x86_64__)
+// F16C from CPUID leaf 1 (ECX bit 29): clang before 18 does not know the
+// "f16c" name of __builtin_cpu_supports.
+bool HasF16c() {
+  unsigned eax, ebx, ecx, edx;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+}
+#endif
+
 Isa ProbeCpu() {
 #if defined(__x86_64__) && defined(__GNUC__)
   // libgcc's cpuinfo also checks XGETBV, so AVX/AVX-512 count only when the
@@ -15,7 +28,7 @@ Isa ProbeCpu() {
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") &&
                     __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
+                    HasF16c();
   if (!avx2) return Isa::kScalar;
   const bool avx512 = __builtin_cpu_supports("avx512f") &&
                       __builtin_cpu_supports("avx512bw") &&

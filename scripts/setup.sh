@@ -11,6 +11,9 @@
 #   scripts/setup.sh s3       that, plus moto's standalone S3 server
 #                             (moto[server]) in .venv, for the S3 checkpoint
 #                             integration test (tests/integration/s3_test.cc)
+#   scripts/setup.sh fuzz     that, plus clang 16, its runtimes (libFuzzer,
+#                             the sanitizers) and llvm-symbolizer, for
+#                             scripts/fuzz.sh
 set -euo pipefail
 
 packages=(
@@ -128,8 +131,11 @@ case "${1:-}" in
     install_missing "${packages[@]}"
     setup_frameworks
     ;;
+  fuzz)
+    install_missing "${packages[@]}" clang-16 libclang-rt-16-dev llvm-16
+    ;;
   *)
-    echo "usage: $0 [bazel|python|s3|frameworks]" >&2
+    echo "usage: $0 [bazel|python|s3|frameworks|fuzz]" >&2
     exit 2
     ;;
 esac

@@ -176,7 +176,7 @@ class Store {
   absl::StatusOr<Key*> Find(const std::string& variable, uint32_t partition) const;
   // The key `spec` names, made (without a value) if it is new.
   Key* FindOrAddLocked(const v1::KeySpec& spec, bool* added) ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_);
-  static absl::Status NotServing(const Key* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  static absl::Status NotServing(const Key* k);  // holds k->mu
   // What a new key costs in weights, optimizer slots and (sync) accumulator.
   int64_t KeyBytes(int64_t n, const OptimizerConfig& optimizer) const;
   // New keys of one registration so far, against the limits.
@@ -189,43 +189,41 @@ class Store {
   absl::Status CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t rank) const;
   // A dense key's shape, slice and initial value.
   absl::Status CheckDenseSpec(const v1::KeySpec& spec, int32_t rank) const;
-  void Apply(Key* key, const float* grad, const Origin& origin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  void Apply(Key* key, const float* grad, const Origin& origin);  // holds key->mu
   // A table's update: `scale` * grads to the rows of `ids`.
-  void ApplyRows(Key* key, absl::Span<const int64_t> ids, const float* grads, float scale)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  void ApplyRows(Key* key, absl::Span<const int64_t> ids, const float* grads, float scale);  // holds key->mu
   // After an update: the version moves on (and a checkpoint may copy it).
-  void Applied(Key* key, absl::Time start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  void Applied(Key* key, absl::Time start);  // holds key->mu
   // A gradient with NaN or Inf is not applied: true, and the key skips the
   // version or stops ("nonfinite").
-  bool SkipNonfinite(Key* key, const float* grad, int64_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  bool SkipNonfinite(Key* key, const float* grad, int64_t n);  // holds key->mu
   // A push's gradient as float32: where it lies, or decoded into scratch.
-  const float* Gradient(Key* k, const WireKey& kd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  const float* Gradient(Key* k, const WireKey& kd);  // holds k->mu
   // A table request's ids, and room for its new rows.
-  absl::Status CheckRowsLocked(Key* k, absl::Span<const int64_t> ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  absl::Status CheckRowsLocked(Key* k, absl::Span<const int64_t> ids);  // holds k->mu
   // Async: remembers a push as applied (its id, the worker's clock after it).
-  void RecordPush(Key* k, const Origin& origin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  void RecordPush(Key* k, const Origin& origin);  // holds k->mu
   // Sync: applies the step when enough pushes for it arrived.
-  void MaybeFinishStep(Key* key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  void MaybeFinishStep(Key* key);  // holds key->mu
   std::vector<Key*> AllKeys() const;
   // Sizes a key's state for `optimizer` (slots initialised, weights unset).
-  void InitKey(Key* key, const OptimizerConfig& optimizer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
-  void CopyForSnapshot(Key* key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  void InitKey(Key* key, const OptimizerConfig& optimizer);  // holds key->mu
+  void CopyForSnapshot(Key* key);  // holds key->mu
   absl::Status WaitForRestore();
   // One key of a validated push.
-  void ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  void ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd);  // holds k->mu
 
   // ---- Waiting pulls ----
-  bool Ready(Key* k, int64_t min_version) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
-  int64_t SlowestClock(Key* k) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  bool Ready(Key* k, int64_t min_version) const;  // holds k->mu
+  int64_t SlowestClock(Key* k) const;  // holds k->mu
   // Copies key `k` (index i of `p`) into `p`'s answer; true when that was
   // the last key the pull waited for.
-  bool Serve(Key* k, PendingPull* p, int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  bool Serve(Key* k, PendingPull* p, int i);  // holds k->mu
   // A table's rows of `ids` into `out` (made, if new, and counted).
-  void GatherRows(Key* k, absl::Span<const int64_t> ids, float* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  void GatherRows(Key* k, absl::Span<const int64_t> ids, float* out);  // holds k->mu
   // Serves the waiters `k` can now answer; pulls that became whole go to
   // `completed`, to be completed once `k` is unlocked.
-  void NotifyWaiters(Key* k, Completed* completed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  void NotifyWaiters(Key* k, Completed* completed);  // holds k->mu
   void Complete(PendingPull* p);
   void Fail(PendingPull* p, const absl::Status& status);
   std::string WhyWaiting(PendingPull* p);
