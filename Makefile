@@ -48,6 +48,13 @@ FUZZ_SECONDS ?= 600
 fuzz:
 	@FUZZ_BUILD=$(CURDIR)/$(BUILD)/fuzz scripts/fuzz.sh $(FUZZ_SECONDS)
 
+# The C++ unit and integration tests built with ASan + UBSan (BUILD/address),
+# and the store, client and coordinator tests with TSan (BUILD/thread).
+asan:
+	@scripts/sanitize.sh address $(BUILD)
+tsan:
+	@scripts/sanitize.sh thread $(BUILD)
+
 # PyTorch (or DEMO=tensorflow, DEMO=mxnet) trains scikit-learn's handwritten
 # digits through 2 servers.
 demo: build

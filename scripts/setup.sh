@@ -11,6 +11,8 @@
 #   scripts/setup.sh s3       that, plus moto's standalone S3 server
 #                             (moto[server]) in .venv, for the S3 checkpoint
 #                             integration test (tests/integration/s3_test.cc)
+#   scripts/setup.sh tsan     that, plus Debian's source packages in apt
+#                             (for Abseil's source: scripts/sanitize.sh thread)
 #   scripts/setup.sh fuzz     that, plus clang 16, its runtimes (libFuzzer,
 #                             the sanitizers) and llvm-symbolizer, for
 #                             scripts/fuzz.sh
@@ -111,6 +113,16 @@ setup_frameworks() {
   fi
 }
 
+# Debian's source packages (deb-src), next to its binary ones.
+setup_debian_sources() {
+  local list=/etc/apt/sources.list.d/psrt-debian-src.sources sudo=""
+  [ -e "$list" ] && return
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\nComponents: main\nSigned-By: %s\n' \
+    /usr/share/keyrings/debian-archive-keyring.gpg | $sudo tee "$list" >/dev/null
+  $sudo apt-get update -qq
+}
+
 case "${1:-}" in
   "")
     install_missing "${packages[@]}"
@@ -134,8 +146,12 @@ case "${1:-}" in
   fuzz)
     install_missing "${packages[@]}" clang-16 libclang-rt-16-dev llvm-16
     ;;
+  tsan)
+    install_missing "${packages[@]}" dpkg-dev
+    setup_debian_sources
+    ;;
   *)
-    echo "usage: $0 [bazel|python|s3|frameworks|fuzz]" >&2
+    echo "usage: $0 [bazel|python|s3|frameworks|fuzz|tsan]" >&2
     exit 2
     ;;
 esac
