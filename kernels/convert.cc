@@ -364,7 +364,9 @@ constexpr ConvertKernels kAvx2Kernels = {
 // inlined (GCC PR 105593); the code is correct.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)  // a GCC-only warning
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #define PSRT_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))

@@ -187,7 +187,9 @@ constexpr OptimizerKernels kAvx2Kernels = {Isa::kAvx2, SgdAvx2, AdamAvx2,
 // See convert.cc: GCC 12's AVX-512 headers trip -Wuninitialized (PR 105593).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)  // a GCC-only warning
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #define PSRT_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
