@@ -289,8 +289,6 @@ std::string ReadFields(SliceReader* r, int64_t end, OnScalar on_scalar, OnLen on
   return "";
 }
 
-std::string ReadKeyFields(SliceReader* r, int64_t end, WireKey* k);
-
 // Well-formed UTF-8 (Unicode's Table 3-7: no overlong forms, surrogates or
 // code points past U+10FFFF), which protobuf requires of proto3 strings.
 bool IsUtf8(absl::string_view s) {
@@ -328,12 +326,6 @@ bool IsUtf8(absl::string_view s) {
 
 std::string ReadKey(SliceReader* r, int64_t len, WireKey* k) {
   const int64_t end = r->pos() + len;
-  std::string err = ReadKeyFields(r, end, k);
-  if (err.empty() && !IsUtf8(k->variable)) return "a key's variable name is not valid UTF-8";
-  return err;
-}
-
-std::string ReadKeyFields(SliceReader* r, int64_t end, WireKey* k) {
   return ReadFields(
       r, end,
       [k](int field, int wire_type, uint64_t v) {
@@ -401,6 +393,8 @@ std::string ReadKeyFields(SliceReader* r, int64_t end, WireKey* k) {
           k->variable.clear();
           r->Take(n,
                   [k](absl::string_view piece) { k->variable.append(piece.data(), piece.size()); });
+          // Every occurrence, as protobuf checks every one of a proto3 string.
+          if (!IsUtf8(k->variable)) return "a key's variable name is not valid UTF-8";
         } else {
           r->Skip(n);
         }
