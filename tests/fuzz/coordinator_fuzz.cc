@@ -14,6 +14,8 @@
 
 #include "absl/time/clock.h"
 #include "common/distribution.h"
+#include <google/protobuf/stubs/logging.h>
+
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "psrt/v1/coordinator.pb.h"
@@ -41,6 +43,7 @@ using namespace psrt::fuzz;  // NOLINT
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   SilenceLogs();
+  google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int, const std::string&) {});
   return 0;
 }
 

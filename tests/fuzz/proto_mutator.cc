@@ -60,6 +60,14 @@ std::string ProtoMutator::Bytes(const std::string& from) {
   }
 }
 
+std::string ProtoMutator::Text(const FieldDescriptor* f, std::string s) {
+  // A proto3 string must be UTF-8 or the whole message is refused before any
+  // handler sees it: mostly keep string fields ASCII, now and then not.
+  if (f->type() != FieldDescriptor::TYPE_STRING || Below(8) == 0) return s;
+  for (char& c : s) c = static_cast<char>(static_cast<unsigned char>(c) & 0x7f);
+  return s;
+}
+
 void ProtoMutator::Mutate(Message* m) { Mutate(m, 0); }
 
 void ProtoMutator::Mutate(Message* m, int depth) {
@@ -105,7 +113,7 @@ void ProtoMutator::MutateField(Message* m, const FieldDescriptor* f, int depth) 
       r->SetEnumValue(m, f, static_cast<int>(Int() % 8));  // proto3 enums are open
       break;
     case FieldDescriptor::CPPTYPE_STRING:
-      r->SetString(m, f, Bytes(r->GetString(*m, f)));
+      r->SetString(m, f, Text(f, Bytes(r->GetString(*m, f))));
       break;
     case FieldDescriptor::CPPTYPE_MESSAGE:
       if (depth < kMaxDepth) Mutate(r->MutableMessage(m, f), depth + 1);
@@ -142,7 +150,7 @@ void ProtoMutator::MutateRepeated(Message* m, const FieldDescriptor* f, int dept
       case FieldDescriptor::CPPTYPE_BOOL: r->SetRepeatedBool(m, f, i, !r->GetRepeatedBool(*m, f, i)); return;
       case FieldDescriptor::CPPTYPE_ENUM: r->SetRepeatedEnumValue(m, f, i, static_cast<int>(Int() % 8)); return;
       case FieldDescriptor::CPPTYPE_STRING:
-        r->SetRepeatedString(m, f, i, Bytes(r->GetRepeatedString(*m, f, i)));
+        r->SetRepeatedString(m, f, i, Text(f, Bytes(r->GetRepeatedString(*m, f, i))));
         return;
       case FieldDescriptor::CPPTYPE_MESSAGE:
         if (depth < kMaxDepth) Mutate(r->MutableRepeatedMessage(m, f, i), depth + 1);
@@ -159,7 +167,7 @@ void ProtoMutator::MutateRepeated(Message* m, const FieldDescriptor* f, int dept
     case FieldDescriptor::CPPTYPE_FLOAT: r->AddFloat(m, f, static_cast<float>(Double())); break;
     case FieldDescriptor::CPPTYPE_BOOL: r->AddBool(m, f, Below(2) == 0); break;
     case FieldDescriptor::CPPTYPE_ENUM: r->AddEnumValue(m, f, static_cast<int>(Int() % 8)); break;
-    case FieldDescriptor::CPPTYPE_STRING: r->AddString(m, f, Bytes("")); break;
+    case FieldDescriptor::CPPTYPE_STRING: r->AddString(m, f, Text(f, Bytes(""))); break;
     case FieldDescriptor::CPPTYPE_MESSAGE:
       if (depth < kMaxDepth) Mutate(r->AddMessage(m, f), depth + 1);
       break;

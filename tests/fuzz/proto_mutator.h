@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 
 #include <google/protobuf/message.h>
 
@@ -27,6 +28,7 @@ class ProtoMutator {
   int64_t Int();
   double Double();
   std::string Bytes(const std::string& from);
+  std::string Text(const google::protobuf::FieldDescriptor* f, std::string s);
   uint64_t Below(uint64_t n) { return n == 0 ? 0 : rng_() % n; }
 
   std::mt19937_64 rng_;

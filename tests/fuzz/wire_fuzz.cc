@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <google/protobuf/stubs/logging.h>
+
 #include "common/logging.h"
 #include "common/tensor_coding.h"
 #include "psrt/v1/ps.pb.h"
@@ -75,6 +77,7 @@ using namespace psrt;  // NOLINT
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   grpc_init();
   SilenceLogs();
+  google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int, const std::string&) {});
   return 0;
 }
 
