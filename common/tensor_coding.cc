@@ -196,9 +196,11 @@ class SliceReader {
     return Take(n, [](absl::string_view) {});
   }
 
-  bool ReadVarint(uint64_t* v) {
+  // At most `max_bytes` bytes: 10 for a value, 5 for a tag (protobuf refuses
+  // a longer tag even when its value fits).
+  bool ReadVarint(uint64_t* v, int max_bytes = 10) {
     *v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
+    for (int shift = 0; shift < 7 * max_bytes; shift += 7) {
       uint8_t b;
       if (!ReadByte(&b)) return false;
       *v |= static_cast<uint64_t>(b & 0x7f) << shift;
@@ -242,7 +244,7 @@ std::string ReadFields(SliceReader* r, int64_t end, OnScalar on_scalar, OnLen on
   while (r->pos() < end) {
     const int64_t at = r->pos();
     uint64_t tag;
-    if (!r->ReadVarint(&tag)) return absl::StrCat("a field tag is cut short at byte ", at);
+    if (!r->ReadVarint(&tag, 5)) return absl::StrCat("a field tag is cut short or too long at byte ", at);
     const int field = static_cast<int>(tag >> 3);
     const int wire_type = static_cast<int>(tag & 7);
     if (field == 0 || (tag >> 3) > 0x1fffffff) return absl::StrCat("field number 0 at byte ", at);
