@@ -4,11 +4,19 @@
 #include <memory>
 #include <random>
 
+#include <google/protobuf/stubs/logging.h>
+
+#include "common/logging.h"
 #include "tests/fuzz/proto_mutator.h"
 
 extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
 
 namespace psrt::fuzz {
+
+void QuietLogs() {
+  SilenceLogs();
+  google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int, const std::string&) {});
+}
 
 std::vector<Call> DecodeCalls(const uint8_t* data, size_t size) {
   std::vector<Call> calls;

@@ -19,6 +19,10 @@ struct Call {
   std::string bytes;
 };
 
+// For LLVMFuzzerInitialize: psrt's and protobuf's log lines off (millions
+// of refused inputs would otherwise be logged).
+void QuietLogs();
+
 // Stops at the first incomplete record.
 std::vector<Call> DecodeCalls(const uint8_t* data, size_t size);
 std::string EncodeCalls(const std::vector<Call>& calls);

@@ -14,9 +14,6 @@
 
 #include "absl/time/clock.h"
 #include "common/distribution.h"
-#include <google/protobuf/stubs/logging.h>
-
-#include "common/logging.h"
 #include "common/metrics.h"
 #include "psrt/v1/coordinator.pb.h"
 #include "server/coordinator.h"
@@ -42,8 +39,7 @@ using namespace psrt;        // NOLINT
 using namespace psrt::fuzz;  // NOLINT
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  SilenceLogs();
-  google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int, const std::string&) {});
+  fuzz::QuietLogs();
   return 0;
 }
 

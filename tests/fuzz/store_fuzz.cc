@@ -19,9 +19,6 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include <google/protobuf/stubs/logging.h>
-
-#include "common/logging.h"
 #include "common/metrics.h"
 #include "common/tensor_coding.h"
 #include "psrt/v1/coordinator.pb.h"
@@ -95,8 +92,7 @@ using namespace psrt::fuzz;  // NOLINT
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   grpc_init();
-  SilenceLogs();
-  google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int, const std::string&) {});
+  fuzz::QuietLogs();
   return 0;
 }
 

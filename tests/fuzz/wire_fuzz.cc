@@ -12,11 +12,9 @@
 #include <string>
 #include <vector>
 
-#include <google/protobuf/stubs/logging.h>
-
-#include "common/logging.h"
 #include "common/tensor_coding.h"
 #include "psrt/v1/ps.pb.h"
+#include "tests/fuzz/calls.h"
 
 namespace psrt {
 namespace {
@@ -76,8 +74,7 @@ using namespace psrt;  // NOLINT
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   grpc_init();
-  SilenceLogs();
-  google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int, const std::string&) {});
+  fuzz::QuietLogs();
   return 0;
 }
 
