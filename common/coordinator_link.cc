@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/net.h"
 
 namespace psrt {
 namespace {
@@ -16,6 +17,11 @@ namespace {
 // any order, so an unreachable coordinator is worth waiting for.
 absl::Status RetryWhileUnreachable(const std::string& coordinator, absl::Time deadline,
                                    const std::function<grpc::Status(absl::Duration)>& rpc) {
+  // An unresolvable name is waited for here, not by gRPC: its channel backs
+  // off for longer and longer after each failed resolution.
+  if (absl::Status s = WaitForHostName(coordinator, deadline, "the coordinator"); !s.ok()) {
+    return absl::UnavailableError(s.message());
+  }
   absl::Duration backoff = absl::Milliseconds(50);
   const absl::Time start = absl::Now();
   while (true) {

@@ -287,6 +287,12 @@ const std::vector<KeySpec>& ParameterServerKeys() {
        [](const Json& v, PsOptions* o) {
          return SetInt(v, "servers_per_host", 1, kIntMax, &o->servers_per_host);
        }},
+      {"server_port_base", "int", "0",
+       "fixed ports for firewalls and Kubernetes Services: a host's servers "
+       "listen on this port, the next, ... (1..65535); 0: free ports",
+       [](const Json& v, PsOptions* o) {
+         return SetInt(v, "server_port_base", 0, 65535, &o->server_port_base);
+       }},
       {"workers_per_host", "int", "1", "training processes per host (>= 1)",
        [](const Json& v, PsOptions* o) {
          return SetInt(v, "workers_per_host", 1, kIntMax, &o->workers_per_host);
@@ -537,6 +543,12 @@ absl::Status ValidateCombination(const Json& ps, const PsOptions& o) {
         "with 'elastic', a worker that fails leaves the job (while "
         "min_workers remain) and every active worker's push counts; remove "
         "'on_worker_failure' and 'backup_workers'");
+  }
+  if (o.server_port_base > 0 &&
+      o.server_port_base + o.servers_per_host - 1 > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'server_port_base' ", o.server_port_base, " with ", o.servers_per_host,
+        " servers per host runs past port 65535; lower server_port_base"));
   }
   const CheckpointOptions& c = o.checkpoint;
   if ((c.every_steps > 0 || c.every_seconds > 0) && c.uri.empty()) {

@@ -42,6 +42,9 @@ struct PsOptions {
   std::string pull_compression = "none";
   std::string transport = "auto";       // "auto" | "tcp"
   int servers_per_host = 1;             // >= 1
+  // > 0: a host's servers listen on ports base, base + 1, ... (one per
+  // server on the host); 0: each picks a free port.
+  int server_port_base = 0;
   int workers_per_host = 1;             // training processes per host, >= 1
   int64_t partition_bytes = 4 << 20;    // 4 KiB .. 64 MiB, multiple of 4
   std::string gradient_aggregation = "mean";  // "mean" (Horovod) | "sum"

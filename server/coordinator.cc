@@ -65,6 +65,7 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
   config_.set_min_workers(ps.elastic_min_workers);
   config_.set_nonfinite(ps.nonfinite);
   config_.set_replicas(ps.replicas);
+  config_.set_server_port_base(ps.server_port_base);
   v1::Limits* limits = config_.mutable_limits();
   limits->set_max_server_bytes(ps.limits.max_server_bytes);
   limits->set_max_variables(ps.limits.max_variables);

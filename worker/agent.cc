@@ -93,6 +93,9 @@ int RunAgent(const AgentOptions& options) {
         "--host=" + (options.server_host.empty() ? options.host : options.server_host),
         "--bind=" + options.server_bind,
         absl::StrCat("--metrics-port=", options.server_metrics_port),
+        absl::StrCat("--port=", config.server_port_base() > 0
+                                    ? config.server_port_base() + index - host_index * servers_here
+                                    : 0),
         absl::StrCat("--generation=", generation),
         absl::StrCat("--connect-timeout=", absl::ToDoubleSeconds(options.connect_timeout))};
     return spawn(v1::ROLE_SERVER, index, absl::StrCat("psrt-server[", index, "]"), argv,

@@ -135,7 +135,9 @@ int RunLauncher(const LaunchOptions& o) {
     std::vector<std::string> argv = {o.bin_dir + "/psrt-worker", "--coordinator=" + coordinator,
                                      absl::StrCat("--host-index=", h), "--host=" + hosts[h],
                                      connect_timeout, "--servers",
-                                     "--server-host=" + (local ? std::string("127.0.0.1") : hosts[h])};
+                                     "--server-host=" + (local                               ? std::string("127.0.0.1")
+                                                         : o.advertise_address.empty() ? hosts[h]
+                                                                                       : o.advertise_address)};
     if (local) argv.push_back("--server-bind=127.0.0.1");
     if (o.metrics_port >= 0) argv.push_back("--server-metrics-port=0");
     argv.push_back("--");

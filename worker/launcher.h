@@ -21,6 +21,9 @@ struct LaunchOptions {
   std::string bin_dir;  // where psrt-server, psrt-coordinator, psrt-worker are
   std::vector<std::string> command;
   int metrics_port = -1;  // coordinator's; servers pick free ports when >= 0
+  // What this host's servers announce to the job (an address or a name);
+  // empty: its name in `cluster`.
+  std::string advertise_address;
 };
 
 // Starts this host's share of the job (host 0 also runs the coordinator; in

@@ -9,6 +9,7 @@
 #include "common/flags.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/net.h"
 #include "common/process.h"
 #include "worker/launcher.h"
 
@@ -18,6 +19,8 @@ int main(int argc, char** argv) {
   o.token = psrt::EnvOr("PSRT_JOB_TOKEN", "");
   o.bin_dir = psrt::SelfDirectory();
   std::string hosts, current_host;
+  std::string interface = psrt::EnvOr("PSRT_INTERFACE", "");
+  o.advertise_address = psrt::EnvOr("PSRT_ADVERTISE_ADDRESS", "");
   psrt::Flags flags("psrt-run",
                     "--distribution=JSON [--local=N | --hosts=H1,H2 --current-host=H] -- COMMAND [ARGS...]\n\n"
                     "Runs the same on every host: each starts its parameter servers and its agent,\n"
@@ -33,6 +36,12 @@ int main(int argc, char** argv) {
   flags.Add("coordinator-port", &o.coordinator_port, "Port of the coordinator on host 0 (multi-host).");
   flags.Add("token", &o.token,
             "Job token (env PSRT_JOB_TOKEN); generated in local mode. Every host must use the same one.");
+  flags.Add("interface", &interface,
+            "Network interface whose IPv4 address this host's servers announce, e.g. eth0 (env "
+            "PSRT_INTERFACE); default: the host's name in the host list.");
+  flags.Add("advertise-address", &o.advertise_address,
+            "Address or name this host's servers announce (env PSRT_ADVERTISE_ADDRESS); "
+            "excludes --interface.");
   flags.Add("bin-dir", &o.bin_dir, "Directory holding psrt-coordinator, psrt-server and psrt-worker.");
   flags.Add("metrics-port", &o.metrics_port,
             "Coordinator's Prometheus port (servers then serve /metrics on free ports); -1: off.");
@@ -73,6 +82,25 @@ int main(int argc, char** argv) {
     if (!cluster.ok()) return fail(std::string(cluster.status().message()));
     o.cluster = *cluster;
     if (o.cluster.hosts.size() == 1 && o.cluster.hosts[0] == "localhost") o.local_hosts = 1;
+  }
+  if (!interface.empty() && !o.advertise_address.empty()) {
+    return fail("give --interface or --advertise-address (PSRT_INTERFACE, PSRT_ADVERTISE_ADDRESS), not both");
+  }
+  if (o.local_hosts > 0 && !(interface.empty() && o.advertise_address.empty())) {
+    return fail("--interface and --advertise-address choose what a host announces to other hosts; this job "
+                "runs every host on this machine, where servers announce 127.0.0.1");
+  }
+  if (o.local_hosts > 1 && o.ps.server_port_base > 0) {
+    return fail("--distribution: server_port_base gives every host the same ports, but --local runs " +
+                std::to_string(o.local_hosts) + " hosts on this machine; leave it out");
+  }
+  if (!interface.empty()) {
+    absl::StatusOr<std::string> address = psrt::InterfaceAddress(interface);
+    if (!address.ok()) return fail(absl::StrCat("--interface: ", address.status().message()));
+    o.advertise_address = *address;
+  }
+  if (o.advertise_address.find_first_of(" ,/") != std::string::npos) {
+    return fail("--advertise-address must be one host name or IP address, without a port");
   }
   if (o.token.empty()) {
     if (o.local_hosts > 0) {

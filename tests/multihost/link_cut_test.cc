@@ -9,7 +9,6 @@
 #include <signal.h>
 
 #include <cstring>
-#include <memory>
 #include <regex>
 #include <string>
 #include <vector>
@@ -17,14 +16,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/grpc_util.h"
 #include "tests/integration/job_util.h"
-#include "tests/multihost/netns_hosts.h"
+#include "tests/multihost/netns_job.h"
 
 namespace psrt {
 namespace {
 
-constexpr int kHosts = 3;
 constexpr char kTrainer[] = "--dim=2048 --batch=64 --log-every=10 --steps=400";
 
 std::string Distribution(const std::string& policy, const std::string& more = "") {
@@ -34,18 +31,14 @@ std::string Distribution(const std::string& policy, const std::string& more = ""
       R"(","every_steps":50})", more, "}}");
 }
 
-class LinkCutTest : public ::testing::Test {
+class LinkCutTest : public NetnsJobTest {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<NetnsHosts>> hosts = NetnsHosts::Create(kHosts);
-    if (!hosts.ok()) GTEST_SKIP() << hosts.status().message();
-    hosts_ = *std::move(hosts);
-    dir_ = TempDir();
-    token_ = RandomToken();
+    NetnsJobTest::SetUp();
     std::system(absl::StrCat("rm -rf /tmp/psrt-multihost-", getpid()).c_str());
   }
   void TearDown() override {
-    for (pid_t p : JobProcesses(token_)) kill(p, SIGKILL);
+    NetnsJobTest::TearDown();
     std::system(absl::StrCat("rm -rf /tmp/psrt-multihost-", getpid()).c_str());
   }
 
@@ -54,41 +47,17 @@ class LinkCutTest : public ::testing::Test {
     std::vector<std::string> addresses;
     for (int h = 0; h < kHosts; ++h) addresses.push_back(hosts_->address(h));
     for (int h = 0; h < kHosts; ++h) {
-      runs_.push_back(Proc::Start(
-          absl::StrCat(hosts_->Exec(h), kBin, "/psrt-run --hosts=", absl::StrJoin(addresses, ","),
-                       " --current-host=", h, " --token=", token_, " --distribution='", dist,
-                       "' -- ", kBin, "/psrt-example-linreg ", kTrainer, " --result=", dir_, "/r"),
-          absl::StrCat(dir_, "/host", h, ".log")));
+      StartPsrtRun(h,
+                   absl::StrCat("--hosts=", absl::StrJoin(addresses, ","), " --current-host=", h,
+                                " --distribution='", dist, "'"),
+                   absl::StrCat(kBin, "/psrt-example-linreg ", kTrainer, " --result=", dir_, "/r"));
     }
-  }
-  // Waits (bounded) for every host's psrt-run; their exit codes.
-  std::vector<int> WaitAll(absl::Duration timeout) {
-    std::vector<int> codes;
-    for (int h = 0; h < kHosts; ++h)
-      codes.push_back(runs_[h].Wait(timeout, absl::StrCat("psrt-run on host ", h)));
-    return codes;
-  }
-  std::string Output() const {
-    std::string all;
-    for (const Proc& p : runs_) absl::StrAppend(&all, p.Output(), "\n");
-    return all;
   }
   // Cuts host 2's link once rank 0 (on host 0) logged step 100.
   void CutAtStep100() {
     ASSERT_TRUE(runs_[0].WaitForOutput("step 100 ", absl::Seconds(60))) << Output();
     ASSERT_TRUE(hosts_->Cut(2).ok());
   }
-  // Every process of the job, on every host, has exited.
-  void ExpectNothingLeft() {
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (!JobProcesses(token_).empty() && absl::Now() < deadline)
-      absl::SleepFor(absl::Milliseconds(100));
-    EXPECT_TRUE(JobProcesses(token_).empty()) << "processes of the job outlived it";
-  }
-
-  std::unique_ptr<NetnsHosts> hosts_;
-  std::string dir_, token_;
-  std::vector<Proc> runs_;
 };
 
 // The weights of the same job on three loopback hosts, never interrupted.
@@ -96,7 +65,7 @@ std::string UninterruptedWeights() {
   const std::string dir = TempDir();
   Proc run = Proc::Start(
       absl::StrCat(
-          kBin, "/psrt-run --local=", kHosts,
+          kBin, "/psrt-run --local=", NetnsJobTest::kHosts,
           R"( --distribution='{"parameter_server":{"enabled":true,"partition_bytes":4096}}' -- )",
           kBin, "/psrt-example-linreg ", kTrainer, " --result=", dir, "/r"),
       dir + "/log");

@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fstream>
+
 #include "absl/strings/str_cat.h"
 
 namespace psrt {
@@ -58,7 +60,37 @@ absl::StatusOr<std::unique_ptr<NetnsHosts>> NetnsHosts::Create(int num_hosts) {
 }
 
 NetnsHosts::~NetnsHosts() {
-  for (int h = -1; h < num_hosts_; ++h) Sh("ip netns del " + Namespace(h)).IgnoreError();
+  for (int h = -1; h < num_hosts_; ++h) {
+    Sh("ip netns del " + Namespace(h)).IgnoreError();
+    Sh("rm -rf /etc/netns/" + Namespace(h)).IgnoreError();
+  }
+}
+
+absl::StatusOr<std::string> NetnsHosts::Shape(const std::string& delay, const std::string& rate) {
+  const std::string netem = absl::StrCat("netem delay ", delay, " rate ", rate);
+  const std::string tbf = absl::StrCat("tbf rate ", rate, " burst 256kb latency 50ms");
+  const bool has_netem = Sh(absl::StrCat(Exec(0), "tc qdisc replace dev eth0 root ", netem)).ok();
+  for (int h = 0; h < num_hosts_; ++h) {
+    absl::Status s =
+        Sh(absl::StrCat(Exec(h), "tc qdisc replace dev eth", h, " root ", has_netem ? netem : tbf));
+    if (!s.ok()) return s;
+  }
+  return has_netem ? netem : tbf + " (this kernel has no netem: no added delay)";
+}
+
+absl::Status NetnsHosts::SetHostNames(const std::map<std::string, std::string>& names) {
+  std::string hosts = "127.0.0.1 localhost\n";
+  for (const auto& [name, address] : names) absl::StrAppend(&hosts, address, " ", name, "\n");
+  for (int h = 0; h < num_hosts_; ++h) {
+    const std::string dir = "/etc/netns/" + Namespace(h);
+    if (absl::Status s = Sh("mkdir -p " + dir); !s.ok()) return s;
+    // Truncated and rewritten, not replaced: the bind mounts of running
+    // processes point at these inodes.
+    std::ofstream(dir + "/hosts", std::ios::trunc) << hosts;
+    std::ofstream(dir + "/resolv.conf", std::ios::trunc) << "# no name server on the test hosts\n";
+    if (!std::ifstream(dir + "/hosts")) return absl::InternalError("cannot write " + dir + "/hosts");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status NetnsHosts::Cut(int host) {

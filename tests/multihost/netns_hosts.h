@@ -10,6 +10,7 @@
 #ifndef PSRT_TESTS_MULTIHOST_NETNS_HOSTS_H_
 #define PSRT_TESTS_MULTIHOST_NETNS_HOSTS_H_
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -32,6 +33,16 @@ class NetnsHosts {
   // Takes host's link to the bridge down (a cut cable) or up again.
   absl::Status Cut(int host);
   absl::Status Restore(int host);
+  // Shapes what every host sends: `delay` ("2ms") and `rate` ("1gbit")
+  // with tc's netem; where the kernel has no netem, the rate alone with tbf.
+  // Says which was applied.
+  absl::StatusOr<std::string> Shape(const std::string& delay, const std::string& rate);
+  // Makes `names` (name -> address) what every host's /etc/hosts says, as a
+  // cluster's DNS would; other names resolve nowhere (no name server is
+  // reachable from the hosts). `ip netns exec` binds these files over
+  // /etc/hosts and /etc/resolv.conf; they are rewritten in place, so
+  // processes already running see a later call.
+  absl::Status SetHostNames(const std::map<std::string, std::string>& names);
 
  private:
   NetnsHosts(std::string prefix, int num_hosts)

@@ -16,7 +16,7 @@ using ::testing::HasSubstr;
 
 constexpr char kAllPsKeys[] =
     "enabled, mode, staleness, backup_workers, compression, pull_compression, transport, "
-    "servers_per_host, workers_per_host, partition_bytes, "
+    "servers_per_host, server_port_base, workers_per_host, partition_bytes, "
     "gradient_aggregation, on_worker_failure, restart_workers, "
     "replicas, nonfinite, on_failure, max_recoveries, host_wait_s, heartbeat_timeout_s, barrier_timeout_s, restore, checkpoint, elastic, limits";
 
@@ -172,6 +172,17 @@ TEST(ParseDistributionTest, PartitionBytesBounds) {
   EXPECT_THAT(ParseError(Ps(R"("partition_bytes": 4098)")),
               AllOf(HasSubstr("'partition_bytes'"),
                     HasSubstr("multiple of 4")));
+}
+
+TEST(ParseDistributionTest, ServerPortBaseLeavesRoomForEveryServerOfAHost) {
+  EXPECT_EQ(ParseOk(Ps("")).server_port_base, 0);
+  EXPECT_EQ(ParseOk(Ps(R"("server_port_base": 7100)")).server_port_base, 7100);
+  EXPECT_EQ(ParseOk(Ps(R"("server_port_base": 65534, "servers_per_host": 2)")).server_port_base,
+            65534);
+  EXPECT_THAT(ParseError(Ps(R"("server_port_base": 65535, "servers_per_host": 2)")),
+              AllOf(HasSubstr("'server_port_base' 65535"), HasSubstr("65535")));
+  EXPECT_THAT(ParseError(Ps(R"("server_port_base": 70000)")), HasSubstr("'server_port_base'"));
+  EXPECT_THAT(ParseError(Ps(R"("server_port_base": -1)")), HasSubstr("'server_port_base'"));
 }
 
 TEST(ParseDistributionTest, RecoverNeedsCheckpointsAndSaysWhatIsAccepted) {

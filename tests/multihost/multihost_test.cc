@@ -1,0 +1,188 @@
+// Jobs across three hosts made of network namespaces (netns_hosts.h), each
+// host started as a cluster starts it: by IP with the address to announce
+// taken from an interface, by the host names SageMaker gives (resolved
+// through the hosts' own /etc/hosts), with hosts that come late or never,
+// and on links that are shaped or blip. Every process on every host exits.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "tests/multihost/netns_job.h"
+
+namespace psrt {
+namespace {
+
+constexpr int kBatch = 64;
+constexpr char kTrainer[] = "--dim=2048 --batch=64 --log-every=10";
+
+std::string Distribution(const std::string& more = "") {
+  return absl::StrCat(R"({"parameter_server":{"enabled":true,"partition_bytes":4096)", more, "}}");
+}
+
+class MultiHostTest : public NetnsJobTest {
+ protected:
+  std::string Linreg(int steps) const {
+    return absl::StrCat(kBin, "/psrt-example-linreg ", kTrainer, " --steps=", steps,
+                        " --result=", dir_, "/r --loss-log=", dir_, "/loss");
+  }
+  // The job learned: rank 0's relative error.
+  void ExpectLearned() {
+    const std::string result = ReadFile(dir_ + "/r.rank0.json");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(result, m, std::regex("\"relative_error\": ([-0-9.eE+]+)")))
+        << result << Output();
+    EXPECT_LT(std::stod(m[1]), 0.05) << result;
+  }
+  // SageMaker's names for the hosts: algo-1, algo-2, ...
+  static std::string Algo(int h) { return absl::StrCat("algo-", h + 1); }
+  std::string SmHosts() const {
+    std::vector<std::string> names;
+    for (int h = 0; h < kHosts; ++h) names.push_back("\"" + Algo(h) + "\"");
+    return "[" + absl::StrJoin(names, ",") + "]";
+  }
+  std::map<std::string, std::string> AlgoNames(int first_host) const {
+    std::map<std::string, std::string> names;
+    for (int h = first_host; h < kHosts; ++h) names[Algo(h)] = hosts_->address(h);
+    return names;
+  }
+};
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Steady-state samples per second from rank 0's "seconds step loss" lines,
+// skipping the first `skip_steps` (start-up).
+double SamplesPerSecond(const std::string& loss_log, int skip_steps, int workers) {
+  std::istringstream in(ReadFile(loss_log));
+  double t, loss, t0 = -1, t1 = 0;
+  long step, s0 = 0, s1 = 0;
+  while (in >> t >> step >> loss) {
+    if (step < skip_steps) continue;
+    if (t0 < 0) t0 = t, s0 = step;
+    t1 = t, s1 = step;
+  }
+  return t1 > t0 && t0 >= 0 ? (s1 - s0) * kBatch * workers / (t1 - t0) : 0;
+}
+
+TEST_F(MultiHostTest, HostsByIpAnnounceTheirInterfaceOnFixedPortsOverShapedLinks) {
+  absl::StatusOr<std::string> shape = hosts_->Shape("2ms", "1gbit");
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  std::vector<std::string> addresses;
+  for (int h = 0; h < kHosts; ++h) addresses.push_back(hosts_->address(h));
+  for (int h = 0; h < kHosts; ++h) {
+    StartPsrtRun(h,
+                 absl::StrCat("--hosts=", absl::StrJoin(addresses, ","), " --current-host=", h,
+                              " --interface=eth", h, " --distribution='",
+                              Distribution(R"(,"servers_per_host":2,"server_port_base":7100)"),
+                              "'"),
+                 Linreg(300));
+  }
+  const std::vector<int> codes = WaitAll(absl::Seconds(180));
+  const std::string out = Output();
+  EXPECT_EQ(codes, std::vector<int>(kHosts, 0)) << out;
+  ExpectLearned();
+  // Each host's two servers announce its interface's address on 7100, 7101.
+  for (int h = 0; h < kHosts; ++h) {
+    for (int port : {7100, 7101}) {
+      EXPECT_TRUE(absl::StrContains(HostOutput(h),
+                                    absl::StrCat("serving on ", hosts_->address(h), ":", port)))
+          << "host " << h << " port " << port << "\n" << out;
+    }
+  }
+  const double rate = SamplesPerSecond(dir_ + "/loss", 50, kHosts);
+  EXPECT_GT(rate, 0) << ReadFile(dir_ + "/loss");
+  RecordProperty("samples_per_second", absl::StrCat(static_cast<int>(rate)));
+  RecordProperty("links", *shape);
+  std::printf("3 hosts, links shaped with %s: %.0f samples/s\n", shape->c_str(), rate);
+  ExpectNothingLeft();
+}
+
+TEST_F(MultiHostTest, SageMakerHostNamesThatResolveLateAndAHostThatStarts15sLate) {
+  // algo-1, the coordinator's host, has no name yet: the others wait for it.
+  ASSERT_TRUE(hosts_->SetHostNames(AlgoNames(1)).ok());
+  // SM_HOSTS and SM_CURRENT_HOST exactly as SageMaker sets them.
+  auto start = [&](int h) {
+    StartHost(h, absl::StrCat("env SM_HOSTS='", SmHosts(), "' SM_CURRENT_HOST=", Algo(h), " ",
+                              kBin, "/psrt-run --token=", token_, " --distribution='",
+                              Distribution(R"(,"barrier_timeout_s":90)"), "' -- ", Linreg(200)));
+  };
+  start(1);
+  ASSERT_TRUE(runs_[1].WaitForOutput("host name 'algo-1' of the coordinator does not resolve yet",
+                                     absl::Seconds(30)))
+      << Output();
+  ASSERT_TRUE(hosts_->SetHostNames(AlgoNames(0)).ok());
+  start(0);
+  absl::SleepFor(absl::Seconds(15));
+  start(2);
+  const std::vector<int> codes = WaitAll(absl::Seconds(180));
+  const std::string out = Output();
+  EXPECT_EQ(codes, std::vector<int>(kHosts, 0)) << out;
+  ExpectLearned();
+  // One line while it waited, one when the name came.
+  const std::string host1 = HostOutput(1);
+  EXPECT_EQ(Count(host1, "host name 'algo-1' of the coordinator does not resolve yet"), 1) << host1;
+  EXPECT_TRUE(absl::StrContains(host1, "host name 'algo-1' of the coordinator resolves now"))
+      << host1;
+  EXPECT_TRUE(absl::StrContains(HostOutput(2), "serving on algo-3:")) << out;
+  ExpectNothingLeft();
+}
+
+TEST_F(MultiHostTest, AHostThatNeverComesFailsTheBarrierNamingItAndEveryProcessExits) {
+  std::vector<std::string> addresses;
+  for (int h = 0; h < kHosts; ++h) addresses.push_back(hosts_->address(h));
+  for (int h = 0; h < 2; ++h) {
+    StartPsrtRun(h,
+                 absl::StrCat("--hosts=", absl::StrJoin(addresses, ","), " --current-host=", h,
+                              " --distribution='", Distribution(R"(,"barrier_timeout_s":6)"), "'"),
+                 Linreg(100));
+  }
+  const std::vector<int> codes = WaitAll(absl::Seconds(90));
+  const std::string out = Output();
+  EXPECT_EQ(codes, std::vector<int>(2, 1)) << out;
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("readiness barrier timed out after 6s; not arrived: .*10\\.213\\.0\\.3")))
+      << out;
+  EXPECT_FALSE(std::regex_search(out, std::regex("not arrived: [^\\n]*10\\.213\\.0\\.[12]\\b")))
+      << out;
+  ExpectNothingLeft();
+}
+
+TEST_F(MultiHostTest, ABlipShorterThanTheHeartbeatTimeoutIsSurvived) {
+  std::vector<std::string> addresses;
+  for (int h = 0; h < kHosts; ++h) addresses.push_back(hosts_->address(h));
+  for (int h = 0; h < kHosts; ++h) {
+    StartPsrtRun(h,
+                 absl::StrCat("--hosts=", absl::StrJoin(addresses, ","), " --current-host=", h,
+                              " --distribution='", Distribution(R"(,"heartbeat_timeout_s":8)"),
+                              "'"),
+                 Linreg(400));
+  }
+  ASSERT_TRUE(runs_[0].WaitForOutput("step 100 ", absl::Seconds(90))) << Output();
+  ASSERT_TRUE(hosts_->Cut(2).ok());
+  absl::SleepFor(absl::Seconds(1));
+  ASSERT_TRUE(hosts_->Restore(2).ok());
+  const std::vector<int> codes = WaitAll(absl::Seconds(180));
+  const std::string out = Output();
+  // on_failure is "fail": had anything been declared lost, the job would
+  // have ended with it.
+  EXPECT_EQ(codes, std::vector<int>(kHosts, 0)) << out;
+  EXPECT_FALSE(absl::StrContains(out, "was lost")) << out;
+  ExpectLearned();
+  ExpectNothingLeft();
+}
+
+}  // namespace
+}  // namespace psrt
