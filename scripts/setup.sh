@@ -103,6 +103,12 @@ setup_frameworks() {
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
       torch tensorflow-cpu numpy scikit-learn pybind11 scikit-build-core pytest
   fi
+  # tests/deploy: every Kubernetes release's schemas, offline (about 110 MB),
+  # and jsonschema and PyYAML for the TFJob CRD's.
+  if ! "$venv/bin/python" -c 'import kubernetes_validate, jsonschema, yaml' 2>/dev/null; then
+    echo "setup: installing kubernetes-validate into $venv for tests/deploy"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check kubernetes-validate jsonschema pyyaml
+  fi
   base=$("$venv/bin/python" -c 'import sys, os; print(os.path.join(sys.base_prefix, "bin", "python3"))')
   if ! "$root/.venv-mxnet/bin/python" -c 'import mxnet, sklearn, pytest' 2>/dev/null; then
     echo "setup: creating $root/.venv-mxnet with mxnet 1.9.1 (numpy < 1.24)"

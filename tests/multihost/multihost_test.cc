@@ -4,6 +4,7 @@
 // through the hosts' own /etc/hosts), with hosts that come late or never,
 // and on links that are shaped or blip. Every process on every host exits.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -25,8 +26,12 @@ namespace {
 constexpr int kBatch = 64;
 constexpr char kTrainer[] = "--dim=2048 --batch=64 --log-every=10";
 
+// TCP: the hosts share this machine's /dev/shm, so shared memory would carry
+// the tensors past the links.
 std::string Distribution(const std::string& more = "") {
-  return absl::StrCat(R"({"parameter_server":{"enabled":true,"partition_bytes":4096)", more, "}}");
+  return absl::StrCat(
+      R"({"parameter_server":{"enabled":true,"transport":"tcp","partition_bytes":4096)", more,
+      "}}");
 }
 
 class MultiHostTest : public NetnsJobTest {
@@ -181,6 +186,108 @@ TEST_F(MultiHostTest, ABlipShorterThanTheHeartbeatTimeoutIsSurvived) {
   EXPECT_EQ(codes, std::vector<int>(kHosts, 0)) << out;
   EXPECT_FALSE(absl::StrContains(out, "was lost")) << out;
   ExpectLearned();
+  ExpectNothingLeft();
+}
+
+// A SageMaker training job as the platform starts it: on every host the
+// files SageMaker writes under its base directory and the variables it sets,
+// and the image's entry point, psrt-sagemaker, which runs the user's script
+// (the PyTorch digits demo as a SageMaker script) under psrt-run.
+TEST_F(MultiHostTest, TheSageMakerEntryPointTrainsThePyTorchDemoAcrossHosts) {
+  ASSERT_TRUE(hosts_->SetHostNames(AlgoNames(0)).ok());
+  std::vector<std::string> hosts;
+  for (int h = 0; h < kHosts; ++h) hosts.push_back("\"" + Algo(h) + "\"");
+  for (int h = 0; h < kHosts; ++h) {
+    const std::string base = absl::StrCat(dir_, "/sm", h);
+    ASSERT_EQ(std::system(("mkdir -p " + base + "/input/config").c_str()), 0);
+    std::ofstream(base + "/input/config/resourceconfig.json")
+        << R"({"current_host": ")" << Algo(h) << R"(", "current_group_name": "homogeneousCluster", )"
+        << R"("hosts": [)" << absl::StrJoin(hosts, ", ") << R"(], "network_interface_name": "eth)"
+        << h << "\"}";
+    // SageMaker's SDK JSON-encodes every hyperparameter's value.
+    std::ofstream(base + "/input/config/hyperparameters.json")
+        << R"({"sagemaker_program": "\"sagemaker_digits.py\"", )"
+        << R"("sagemaker_parameter_server_enabled": "true", "sagemaker_region": "\"us-west-2\"", )"
+        << R"("epochs": "4", "threshold": "0.9", "psrt_distribution": )"
+        << R"("{\"compression\": \"fp16\", \"transport\": \"tcp\", \"barrier_timeout_s\": 180}"})";
+    StartHost(h, absl::StrCat("env SAGEMAKER_BASE_DIR=", base, " SM_HOSTS='[",
+                              absl::StrJoin(hosts, ","), "]' SM_CURRENT_HOST=", Algo(h),
+                              " SM_MODULE_DIR=", PSRT_SOURCE_DIR, "/worker/examples PSRT_BIN_DIR=",
+                              kBin, " PYTHONPATH=", kBin, "/../python PSRT_JOB_TOKEN=", token_, " ",
+                              python_, " -m psrt.sagemaker"));
+  }
+  const std::vector<int> codes = WaitAll(absl::Seconds(280));
+  const std::string out = Output();
+  EXPECT_EQ(codes, std::vector<int>(kHosts, 0)) << out;
+  for (int h = 0; h < kHosts; ++h) {
+    const std::string base = absl::StrCat(dir_, "/sm", h);
+    EXPECT_EQ(access((base + "/output/success").c_str(), F_OK), 0) << "host " << h << "\n" << out;
+    // The model is left on host 0 alone (rank 0 saves it).
+    EXPECT_EQ(access((base + "/model/model.pth").c_str(), F_OK) == 0, h == 0)
+        << "host " << h << "\n" << out;
+    // network_interface_name chose what the servers announce.
+    EXPECT_TRUE(absl::StrContains(HostOutput(h), absl::StrCat("serving on ", hosts_->address(h), ":")))
+        << out;
+  }
+  ExpectNothingLeft();
+}
+
+// Kubeflow's TFJob (deploy/k8s/tfjob.yaml): each replica is a host that
+// gets TF_CONFIG exactly as the training operator writes it
+// (tests/deploy/tfjob_tf_config.py) and resolves the pods' DNS names.
+class TfJobTest : public MultiHostTest {
+ protected:
+  int NumHosts() const override { return static_cast<int>(Replicas().size()); }
+
+  struct Replica {
+    std::string type, host, tf_config;
+  };
+  // "TYPE INDEX HOST TF_CONFIG" lines of the generator, in psrt's host order.
+  static const std::vector<Replica>& Replicas() {
+    static const std::vector<Replica>* replicas = [] {
+      auto* r = new std::vector<Replica>;
+      const std::string cmd = absl::StrCat(PSRT_SOURCE_DIR, "/.venv/bin/python ", PSRT_SOURCE_DIR,
+                                           "/tests/deploy/tfjob_tf_config.py ", PSRT_SOURCE_DIR,
+                                           "/deploy/k8s/tfjob.yaml");
+      std::FILE* p = popen(cmd.c_str(), "r");
+      char line[8192];
+      while (p != nullptr && std::fgets(line, sizeof(line), p) != nullptr) {
+        std::istringstream in(line);
+        Replica x;
+        int index;
+        in >> x.type >> index >> x.host;
+        std::getline(in >> std::ws, x.tf_config);
+        r->push_back(x);
+      }
+      if (p != nullptr) pclose(p);
+      return r;
+    }();
+    return *replicas;
+  }
+};
+
+TEST_F(TfJobTest, TheTfConfigOfTheKubeflowManifestStartsTheJob) {
+  const std::vector<Replica>& replicas = Replicas();
+  ASSERT_GE(replicas.size(), 3u) << "tests/deploy/tfjob_tf_config.py gave no replicas";
+  EXPECT_EQ(replicas[0].type, "chief");
+  std::map<std::string, std::string> names;
+  for (int h = 0; h < hosts_->size(); ++h) names[replicas[h].host] = hosts_->address(h);
+  ASSERT_TRUE(hosts_->SetHostNames(names).ok());
+  for (int h = 0; h < hosts_->size(); ++h) {
+    ASSERT_EQ(replicas[h].tf_config.find('\''), std::string::npos);
+    StartHost(h, absl::StrCat("env TF_CONFIG='", replicas[h].tf_config, "' ", kBin,
+                              "/psrt-run --token=", token_, " --distribution='",
+                              Distribution(R"(,"server_port_base":7071)"), "' -- ", Linreg(200)));
+  }
+  const std::vector<int> codes = WaitAll(absl::Seconds(180));
+  const std::string out = Output();
+  EXPECT_EQ(codes, std::vector<int>(hosts_->size(), 0)) << out;
+  ExpectLearned();
+  // Servers announce their pod's DNS name on the manifest's port.
+  for (int h = 0; h < hosts_->size(); ++h) {
+    EXPECT_TRUE(absl::StrContains(HostOutput(h), "serving on " + replicas[h].host + ":7071"))
+        << out;
+  }
   ExpectNothingLeft();
 }
 

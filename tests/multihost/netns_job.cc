@@ -9,12 +9,12 @@
 namespace psrt {
 
 void NetnsJobTest::SetUp() {
-  absl::StatusOr<std::unique_ptr<NetnsHosts>> hosts = NetnsHosts::Create(kHosts);
+  absl::StatusOr<std::unique_ptr<NetnsHosts>> hosts = NetnsHosts::Create(NumHosts());
   if (!hosts.ok()) GTEST_SKIP() << hosts.status().message();
   hosts_ = *std::move(hosts);
   dir_ = TempDir();
   token_ = RandomToken();
-  runs_.resize(kHosts);
+  runs_.resize(NumHosts());
 }
 
 void NetnsJobTest::TearDown() {
@@ -33,7 +33,7 @@ void NetnsJobTest::StartPsrtRun(int h, const std::string& flags, const std::stri
 
 std::vector<int> NetnsJobTest::WaitAll(absl::Duration timeout) {
   std::vector<int> codes;
-  for (int h = 0; h < kHosts; ++h) {
+  for (int h = 0; h < hosts_->size(); ++h) {
     if (runs_[h].pid == 0) continue;
     codes.push_back(runs_[h].Wait(timeout, absl::StrCat("the command of host ", h)));
   }
@@ -42,7 +42,7 @@ std::vector<int> NetnsJobTest::WaitAll(absl::Duration timeout) {
 
 std::string NetnsJobTest::Output() const {
   std::string all;
-  for (int h = 0; h < kHosts; ++h) {
+  for (int h = 0; h < hosts_->size(); ++h) {
     if (runs_[h].pid != 0) absl::StrAppend(&all, "--- host ", h, "\n", runs_[h].Output(), "\n");
   }
   return all;

@@ -22,6 +22,8 @@ class NetnsJobTest : public ::testing::Test {
 
  protected:
 
+  // How many hosts SetUp makes; a test of a manifest with more overrides it.
+  virtual int NumHosts() const { return kHosts; }
   void SetUp() override;
   void TearDown() override;
 
@@ -44,6 +46,9 @@ class NetnsJobTest : public ::testing::Test {
   std::unique_ptr<NetnsHosts> hosts_;
   std::string dir_, token_;
   std::vector<Proc> runs_;  // by host; pid 0 where not started
+  // The interpreter of the repository's .venv (the plugins, psrt-sagemaker
+  // and the deploy/ tools).
+  const std::string python_ = std::string(PSRT_SOURCE_DIR) + "/.venv/bin/python";
 };
 
 }  // namespace psrt
