@@ -103,6 +103,10 @@ setup_frameworks() {
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
       torch tensorflow-cpu numpy scikit-learn pybind11 scikit-build-core pytest
   fi
+  if ! "$venv/bin/python" -c 'import ray' 2>/dev/null; then
+    echo "setup: installing ray into $venv for psrt.ray (about 80 MB)"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check ray
+  fi
   # tests/deploy: every Kubernetes release's schemas, offline (about 110 MB),
   # and jsonschema and PyYAML for the TFJob CRD's.
   if ! "$venv/bin/python" -c 'import kubernetes_validate, jsonschema, yaml' 2>/dev/null; then
