@@ -213,6 +213,13 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> StartHttps(const std::string& hos
                      configured.ok() ? OpensslErrors() : configured.message()));
   }
   server->new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
+  // cpp-httplib's default adds SO_REUSEPORT, with which a second process
+  // of the user could listen on the same port and take half the scrapes (or
+  // a gRPC server's connections) instead of failing to start.
+  server->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   server->set_read_timeout(kIoTimeoutSeconds, 0);
   server->set_write_timeout(kIoTimeoutSeconds, 0);
   std::weak_ptr<prometheus::Registry> registry = metrics.registry();

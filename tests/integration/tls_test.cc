@@ -185,6 +185,12 @@ TEST_F(TlsTest, MetricsAreServedOverMutualTls) {
   }
   // And the server answers its scrapers as before.
   EXPECT_EQ(Scrape(server, job).status, 200);
+  // Another daemon asked for a port /metrics already has does not start.
+  Proc another = Proc::Start(absl::StrCat(Env(), kBin, "/psrt-coordinator --bind=127.0.0.1 --port=0 --metrics-port=",
+                                          port, " --hosts=localhost"),
+                             dir_ + "/another.log");
+  EXPECT_EQ(another.Wait(absl::Seconds(30), "a second psrt-coordinator"), 1) << another.Output();
+  EXPECT_TRUE(absl::StrContains(another.Output(), "metrics: cannot listen at " + coordinator)) << another.Output();
 
   kill(run.pid, SIGTERM);
   EXPECT_EQ(run.Wait(absl::Seconds(30), "psrt-run after SIGTERM"), 1);
