@@ -47,15 +47,6 @@ void HandleSignals(std::function<void(int)> on_signal) {
   }).detach();
 }
 
-absl::StatusOr<std::unique_ptr<HttpServer>> ServeMetrics(const std::string& bind, int port,
-                                                         Metrics* metrics) {
-  if (port < 0) return std::unique_ptr<HttpServer>();
-  absl::StatusOr<std::unique_ptr<HttpServer>> http =
-      HttpServer::Start(bind, port, "/metrics", [metrics] { return metrics->PrometheusText(); });
-  if (http.ok()) LogInfo("metrics at http://", bind, ":", (*http)->port(), "/metrics");
-  return http;
-}
-
 std::string EnvOr(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::string(v) : fallback;

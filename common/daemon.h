@@ -2,12 +2,7 @@
 #define PSRT_COMMON_DAEMON_H_
 
 #include <functional>
-#include <memory>
 #include <string>
-
-#include "absl/status/statusor.h"
-#include "common/http_server.h"
-#include "common/metrics.h"
 
 namespace psrt {
 
@@ -27,11 +22,6 @@ void TuneForDataPath();
 // calls `on_signal` with the signal number from a thread of its own. Call it
 // before starting any thread.
 void HandleSignals(std::function<void(int)> on_signal);
-
-// Serves `metrics` as Prometheus text at http://bind:port/metrics when
-// port >= 0 (0 picks a free port); returns null when port < 0.
-absl::StatusOr<std::unique_ptr<HttpServer>> ServeMetrics(const std::string& bind, int port,
-                                                         Metrics* metrics);
 
 // The value of environment variable `name`, or `fallback`.
 std::string EnvOr(const char* name, const std::string& fallback);

@@ -45,6 +45,8 @@ const absl::StatusOr<TlsConfig>& Tls() {
 
 absl::Status InitTransportSecurity() { return Tls().status(); }
 
+absl::StatusOr<TlsConfig> TransportSecurity() { return Tls(); }
+
 bool TlsEnabled() {
   const absl::StatusOr<TlsConfig>& c = Tls();
   return !c.ok() || c->enabled();

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 
 namespace psrt {
 
@@ -29,6 +30,9 @@ inline constexpr char kTokenMetadata[] = "x-psrt-job-token";
 absl::Status InitTransportSecurity();
 // Whether this process's channels and servers use mutual TLS.
 bool TlsEnabled();
+// This process's TLS settings, as InitTransportSecurity loaded them, for the
+// process's other servers (its /metrics) to present the same certificate.
+absl::StatusOr<TlsConfig> TransportSecurity();
 // Appended to "cannot connect" errors under TLS: a failed handshake shows
 // only as a connection that never comes up.
 inline constexpr char kTlsHint[] =

@@ -1,16 +1,16 @@
 // Copyright 2024 The psrt Authors.
 //
-// A small, thread-safe metrics registry for psrt daemons, exported in the
-// Prometheus text exposition format (0.0.4) and as a flat map for stats RPCs.
+// A daemon's metrics, kept in a prometheus-cpp registry (which also writes
+// the Prometheus text format and, through MetricsServer, serves it) behind a
+// small interface of psrt's own, and as a flat map for stats RPCs.
 //
-// Metric objects are created once (registration takes a lock) and then
-// updated lock-free, so hot paths should look a metric up once and keep the
-// returned pointer:
+// Registration takes a lock; updates do not, so hot paths look a metric up
+// once and keep the returned pointer:
 //
 //   Metrics metrics("psrt_server");
-//   Counter* pulls = metrics.GetCounter("pull_requests_total", "Pulls
-//   served."); Histogram* latency = metrics.GetHistogram(
-//       "pull_latency_seconds", "Pull latency.", {0.001, 0.01, 0.1, 1});
+//   Counter* pulls = metrics.GetCounter("pull_requests_total", "Pulls served.");
+//   Histogram* latency = metrics.GetHistogram("pull_latency_seconds", "Pull latency.",
+//                                             {0.001, 0.01, 0.1, 1});
 //   ...
 //   pulls->Add();
 //   latency->Observe(elapsed_seconds);
@@ -18,7 +18,6 @@
 #ifndef PSRT_COMMON_METRICS_H_
 #define PSRT_COMMON_METRICS_H_
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -28,65 +27,70 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
 
 namespace psrt {
 
-// A monotonically increasing integer. Relaxed atomics: counters carry no
-// ordering obligations towards other memory, they are only ever summed.
+// A monotonically increasing count. Values are kept as doubles (Prometheus'
+// own type), exact up to 2^53.
 class Counter {
  public:
-  Counter() = default;
   Counter(const Counter&) = delete;
   Counter& operator=(const Counter&) = delete;
 
   // `v` must be non-negative; Prometheus treats a decrease as a reset.
-  void Add(int64_t v = 1) { value_.fetch_add(v, std::memory_order_relaxed); }
-  int64_t value() const { return value_.load(std::memory_order_relaxed); }
+  void Add(int64_t v = 1) { counter_.Increment(static_cast<double>(v)); }
+  int64_t value() const { return static_cast<int64_t>(counter_.Value()); }
 
  private:
-  std::atomic<int64_t> value_{0};
+  friend class Metrics;
+  explicit Counter(prometheus::Counter& counter) : counter_(counter) {}
+  prometheus::Counter& counter_;
 };
 
 // A value that can go up and down (queue depth, memory in use, ...).
 class Gauge {
  public:
-  Gauge() = default;
   Gauge(const Gauge&) = delete;
   Gauge& operator=(const Gauge&) = delete;
 
-  void Set(double v) { value_.store(v, std::memory_order_relaxed); }
-  double value() const { return value_.load(std::memory_order_relaxed); }
+  void Set(double v) { gauge_.Set(v); }
+  double value() const { return gauge_.Value(); }
 
  private:
-  std::atomic<double> value_{0.0};
+  friend class Metrics;
+  explicit Gauge(prometheus::Gauge& gauge) : gauge_(gauge) {}
+  prometheus::Gauge& gauge_;
 };
 
-// Counts observations into fixed buckets. Bucket i counts observations
-// v <= bounds()[i] that fell into no earlier bucket; a final implicit +Inf
-// bucket takes the rest (and NaN). Counts here are per bucket, not
-// cumulative; PrometheusText() makes them cumulative as the format requires.
+// Counts observations into fixed buckets: bucket i takes v <= bounds()[i]
+// that fell into no earlier bucket, a final +Inf bucket the rest and NaN.
 class Histogram {
  public:
-  // `bounds` are sorted and de-duplicated; NaN and +Inf entries are dropped
-  // because the +Inf bucket always exists.
-  explicit Histogram(std::vector<double> bounds);
   Histogram(const Histogram&) = delete;
   Histogram& operator=(const Histogram&) = delete;
 
   void Observe(double v);
 
-  // bounds().size() + 1 entries, the last being the +Inf bucket.
+  // bounds().size() + 1 counts, per bucket (not cumulative), the last being
+  // the +Inf bucket.
   std::vector<int64_t> bucket_counts() const;
-  double sum() const { return sum_.load(std::memory_order_relaxed); }
-  // Derived from the buckets (no separate atomic), so it always equals the
-  // +Inf cumulative count and Observe() stays one increment plus the sum.
+  double sum() const;
   int64_t count() const;
+  // Sorted, without duplicates, NaN or +Inf.
   const std::vector<double>& bounds() const { return bounds_; }
 
  private:
+  friend class Metrics;
+  Histogram(prometheus::Histogram& histogram, std::vector<double> bounds);
+  prometheus::Histogram& histogram_;
   const std::vector<double> bounds_;
-  const std::unique_ptr<std::atomic<int64_t>[]> buckets_;
-  std::atomic<double> sum_{0.0};
+  // One observation in the +Inf bucket: where NaN goes (prometheus-cpp would
+  // put it in the first bucket).
+  const std::vector<double> nan_increments_;
 };
 
 // Owns a daemon's metrics. Get*() registers on first use and returns the same
@@ -109,11 +113,13 @@ class Metrics {
   // registration.
   Counter* GetCounter(absl::string_view name, absl::string_view help);
   Gauge* GetGauge(absl::string_view name, absl::string_view help);
+  // `bounds` are sorted and de-duplicated; NaN and +Inf are dropped because
+  // the +Inf bucket always exists.
   Histogram* GetHistogram(absl::string_view name, absl::string_view help,
                           std::vector<double> bounds);
 
-  // Prometheus text exposition format 0.0.4, metric families sorted by full
-  // name.
+  // The Prometheus text exposition format (0.0.4) as prometheus-cpp writes it,
+  // metric families sorted by name.
   std::string PrometheusText() const;
 
   // Full metric name -> value: counters, gauges, and for each histogram
@@ -121,38 +127,30 @@ class Metrics {
   std::map<std::string, double> Snapshot() const;
 
   const std::string& prefix() const { return prefix_; }
+  // What MetricsServer serves.
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
  private:
   enum class Type { kCounter, kGauge, kHistogram };
   struct Entry {
     Type type;
-    std::string help;
     // Exactly one is set, matching `type`.
     std::unique_ptr<Counter> counter;
     std::unique_ptr<Gauge> gauge;
     std::unique_ptr<Histogram> histogram;
   };
-
-  // Keyed by full name; std::map gives the sorted output for free.
   using EntryMap = std::map<std::string, Entry>;
 
-  // Returns the entry for `name`, creating it with `type` and `help` if
-  // absent; aborts if it exists with another type. `*created` tells whether
-  // it was new so the caller can construct the metric.
-  EntryMap::iterator FindOrCreate(absl::string_view name,
-                                  absl::string_view help, Type type,
-                                  bool* created)
+  // The entry for `name`, created with `type` if absent (`*created` says so);
+  // aborts if it exists with another type or the name is invalid.
+  EntryMap::iterator FindOrCreate(absl::string_view name, Type type, bool* created)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string prefix_;
+  const std::shared_ptr<prometheus::Registry> registry_;
   mutable absl::Mutex mu_;
   EntryMap entries_ ABSL_GUARDED_BY(mu_);
 };
-
-// Formats `v` the way Prometheus expects: the shortest decimal string that
-// round-trips to the same double, and "+Inf", "-Inf", "NaN" for the special
-// values. Exposed for tests and for callers building label values.
-std::string FormatPrometheusDouble(double v);
 
 }  // namespace psrt
 

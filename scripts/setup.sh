@@ -26,6 +26,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcurl4-openssl-dev libssl-dev openssl
+  prometheus-cpp-dev libcivetweb-dev libcpp-httplib-dev
   iproute2
 )
 

@@ -42,7 +42,9 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
       active_workers_(metrics->GetGauge("active_workers", "Training processes taking part")),
       recoveries_(metrics->GetCounter("recoveries_total", "Recoveries: rollbacks to the last checkpoint after a failure")),
       failovers_(metrics->GetCounter("failovers_total", "Servers lost whose keys their backups serve since (replicas: 1)")),
-      steps_lost_(metrics->GetCounter("recovery_steps_lost_total", "Training steps done again because a recovery rolled them back")) {
+      steps_lost_(metrics->GetCounter("recovery_steps_lost_total", "Training steps done again because a recovery rolled them back")),
+      step_gauge_(metrics->GetGauge("step", "The furthest worker's training step (the step it pushed last)")),
+      steps_(metrics->GetCounter("steps_total", "Training steps made: how far the furthest worker's step advanced, steps done again after a recovery included")) {
   const PsOptions& ps = options_.ps;
   config_.set_mode(ps.mode);
   config_.set_partition_bytes(ps.partition_bytes);
@@ -358,6 +360,7 @@ void CoordinatorService::Recover(std::string reason) {
   start_ = absl::Now();
   const int64_t lost = std::max<int64_t>(0, std::max(reached, progress_step_) - step);
   progress_step_ = step;
+  step_gauge_->Set(static_cast<double>(step));
   recoveries_->Add();
   steps_lost_->Add(static_cast<double>(lost));
   LogWarning("recovery ", generation_ - 1, " of at most ", config_.max_recoveries(), ": ", reason,
@@ -625,7 +628,11 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx, const v1::H
                         absl::StrCat(p->name, " sent a heartbeat before registering"));
   }
   heartbeats_->Add();
-  if (p->id.role() == v1::ROLE_WORKER) progress_step_ = std::max(progress_step_, req->step());
+  if (p->id.role() == v1::ROLE_WORKER && req->step() > progress_step_) {
+    steps_->Add(req->step() - progress_step_);
+    progress_step_ = req->step();
+    step_gauge_->Set(static_cast<double>(progress_step_));
+  }
   if (p->id.role() != v1::ROLE_AGENT && AllServersRegisteredLocked()) *resp->mutable_shard_map() = ShardMapLocked();
   if (p->id.role() == v1::ROLE_SERVER) p->applied_epoch = req->membership_epoch();
   p->last_heartbeat = absl::Now();

@@ -155,6 +155,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
   Gauge* epoch_gauge_;
   Gauge* active_workers_;
   Counter* heartbeats_;
+  // The furthest worker's step (progress_step_), and the steps it advanced
+  // by: a dashboard's steps per second.
+  Gauge* step_gauge_;
+  Counter* steps_;
   // Checkpoints: started once every process registered; when the workers
   // are done, the final checkpoint is written before the job succeeds.
   bool checkpoints_started_ ABSL_GUARDED_BY(mu_) = false;

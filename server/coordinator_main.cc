@@ -18,6 +18,7 @@
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/metrics_server.h"
 #include "server/checkpoint/catalog.h"
 #include "server/checkpointer.h"
 #include "server/coordinator.h"

@@ -14,6 +14,7 @@
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/metrics_server.h"
 #include "server/checkpoint_io.h"
 #include "common/key_map.h"
 #include "server/ps_service.h"

@@ -1,8 +1,10 @@
 #include "worker/client.h"
 
 #include <grpcpp/generic/generic_stub.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
@@ -33,6 +35,7 @@
 #include "kernels/cuda_kernels.h"
 #endif
 #include "psrt/v1/ps.grpc.pb.h"
+#include "worker/timeline.h"
 
 namespace psrt {
 
@@ -71,6 +74,7 @@ absl::StatusOr<ClientOptions> ClientOptions::FromEnv() {
         "PSRT_CONNECTIONS_PER_SERVER must be a number of connections in 1..64; got '", connections,
         "'"));
   }
+  o.timeline = EnvOr("PSRT_TIMELINE", "");
   return o;
 }
 
@@ -190,7 +194,33 @@ struct Op {
   absl::Mutex mu;
   int pending ABSL_GUARDED_BY(mu) = 0;
   absl::Status status ABSL_GUARDED_BY(mu);
+  // What the timeline says of it: its kind ("PUSH_PULL", "REGISTER", ...)
+  // and handle, and, only with a timeline, its tensors and their bytes.
+  const char* kind = "";
+  uint64_t handle = 0;
+  std::string tensors;  // a JSON array
+  int64_t bytes = 0;
 };
+
+// Timeline tracks: a worker's requests in flight to server s take turns on
+// the server's kWindow streams, each its own track; waits go on the track of
+// the thread that waits (its Linux thread id, far below this).
+constexpr int64_t kStreamTrackBase = int64_t{1} << 30;
+
+int64_t ThisThreadId() {
+  thread_local const int64_t tid = static_cast<int64_t>(syscall(SYS_gettid));
+  return tid;
+}
+
+// Up to `limit` names as a JSON array, and how many more there were.
+std::string JsonNames(const std::vector<std::string>& names, size_t limit = 8) {
+  std::string out = "[";
+  for (size_t i = 0; i < names.size() && i < limit; ++i) {
+    absl::StrAppend(&out, i == 0 ? "" : ",", JsonString(names[i]));
+  }
+  if (names.size() > limit) absl::StrAppend(&out, ",", JsonString(absl::StrCat("... ", names.size() - limit, " more")));
+  return out + "]";
+}
 
 
 }  // namespace
@@ -213,6 +243,8 @@ class Client::Impl {
     calls_mu.Lock();
   }
 
+  // First member: destroyed last, once no request can write to it.
+  std::unique_ptr<Timeline> timeline;
   absl::Mutex calls_mu;
   bool closing ABSL_GUARDED_BY(calls_mu) = false;
   absl::flat_hash_set<grpc::ClientContext*> live_calls ABSL_GUARDED_BY(calls_mu);
@@ -245,10 +277,14 @@ class Client::Impl {
   // huge tensor does not put hundreds of requests on the wire at once (and
   // every request in flight finds a shared slot).
   static constexpr int kWindow = 8;
+  struct Request;
   struct Queue {
     absl::Mutex mu;
     int in_flight ABSL_GUARDED_BY(mu) = 0;
-    std::deque<std::function<void()>> waiting ABSL_GUARDED_BY(mu);
+    // Each waiting request and what sends it.
+    std::deque<std::pair<std::shared_ptr<Request>, std::function<void()>>> waiting ABSL_GUARDED_BY(mu);
+    // With a timeline: the streams (tracks) no request in flight holds.
+    std::vector<int> free_streams ABSL_GUARDED_BY(mu);
   };
   std::unique_ptr<Queue[]> queues;  // per server
   // Shared memory with each server on this host (null: TCP): a region of
@@ -642,8 +678,10 @@ class Client::Impl {
   }
 
   // Registers an operation of `n` parts and returns its handle.
-  std::pair<Handle, std::shared_ptr<Op>> NewOp(int n, absl::Status initial = absl::OkStatus()) {
+  std::pair<Handle, std::shared_ptr<Op>> NewOp(int n, absl::Status initial = absl::OkStatus(),
+                                               const char* kind = "") {
     auto op = std::make_shared<Op>();
+    op->kind = kind;
     {
       absl::MutexLock lock(&op->mu);
       op->pending = n;
@@ -651,6 +689,7 @@ class Client::Impl {
     }
     absl::MutexLock lock(&mu);
     Handle h = next_handle++;
+    op->handle = h;
     ops[h] = op;
     return {h, op};
   }
@@ -677,7 +716,12 @@ class Client::Impl {
     int target = 0;  // the server it goes to: Route(shard.server) when encoded
     int target_moves = 0;  // moved[target] then
     std::shared_ptr<grpc::GenericStub> stub;  // of the attempt in flight
+    // With a timeline: when it was made and got a place in the window, and
+    // the stream (track) it holds meanwhile.
+    int64_t queued_us = 0, started_us = 0;
+    int stream = -1;
     const char* what() const { return push && pull ? "push-pull" : push ? "push" : "pull"; }
+    const char* kind() const { return push && pull ? "PUSH_PULL" : push ? "PUSH" : "PULL"; }
   };
 
   // Shards at least this big are encoded and decoded on the pool (in
@@ -738,8 +782,10 @@ class Client::Impl {
   }
 
   Handle Start(absl::StatusOr<std::vector<Shard>> shards, int64_t version, bool push, bool pull) {
-    if (!shards.ok()) return NewOp(0, shards.status()).first;
-    auto [handle, op] = NewOp(static_cast<int>(shards->size()));
+    const char* kind = push && pull ? "PUSH_PULL" : push ? "PUSH" : "PULL";
+    if (!shards.ok()) return NewOp(0, shards.status(), kind).first;
+    auto [handle, op] = NewOp(static_cast<int>(shards->size()), absl::OkStatus(), kind);
+    if (timeline != nullptr) DescribeOp(*shards, op.get());
     const uint64_t push_id = push ? next_push_id.fetch_add(1) : 0;
     for (Shard& shard : *shards) {
       auto r = std::make_shared<Request>();
@@ -756,13 +802,19 @@ class Client::Impl {
       std::function<void()> send = [this, r] { Send(r); };
       if (push && r->shard.bytes >= kPoolBytes) send = [this, r] { pool->Schedule([this, r] { Send(r); }); };
       Queue& q = queues[r->shard.server];
+      if (timeline != nullptr) r->queued_us = timeline->NowMicros();
       {
         absl::MutexLock lock(&q.mu);
         if (q.in_flight == kWindow) {
-          q.waiting.push_back(std::move(send));
+          q.waiting.emplace_back(r, std::move(send));
           continue;
         }
         ++q.in_flight;
+        if (timeline != nullptr) {
+          r->stream = q.free_streams.back();
+          q.free_streams.pop_back();
+          r->started_us = timeline->NowMicros();
+        }
       }
       send();
     }
@@ -841,6 +893,7 @@ class Client::Impl {
 
   void Finish(const std::shared_ptr<Request>& r, const absl::Status& s) {
     Give(&r->lease, s.ok());
+    if (timeline != nullptr) TraceRequest(*r, s);
     Done(r->op.get(), s);
     std::function<void()> next;
     {
@@ -848,14 +901,95 @@ class Client::Impl {
       absl::MutexLock lock(&q.mu);
       if (q.waiting.empty()) {
         --q.in_flight;
+        if (timeline != nullptr) q.free_streams.push_back(r->stream);
       } else {
-        next = std::move(q.waiting.front());
+        auto& [waiting, send] = q.waiting.front();
+        if (timeline != nullptr) {
+          waiting->stream = r->stream;
+          waiting->started_us = timeline->NowMicros();
+        }
+        next = std::move(send);
         q.waiting.pop_front();
       }
     }
     if (next) next();  // its turn: this one's place in the window
     absl::MutexLock lock(&calls_mu);
     --requests;
+  }
+
+  // The timeline's description of an operation, for its WAIT event.
+  static void DescribeOp(const std::vector<Shard>& shards, Op* op) {
+    std::vector<std::string> names;
+    for (const Shard& shard : shards) {
+      op->bytes += shard.bytes;
+      for (const Shard::Item& it : shard.items) {
+        if (names.empty() || names.back() != it.variable) names.push_back(it.variable);
+      }
+    }
+    std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
+    op->tensors = JsonNames(names);
+  }
+
+  // A request's event, from its place in the window to its end, on the
+  // track of the stream it held.
+  void TraceRequest(const Request& r, const absl::Status& s) {
+    const int64_t end = timeline->NowMicros();
+    const int64_t track = kStreamTrackBase + int64_t{r.shard.server} * kWindow + r.stream;
+    timeline->NameTrack(track, absl::StrCat("server ", r.shard.server, " stream ", r.stream));
+    std::vector<std::string> keys;
+    keys.reserve(r.shard.items.size());
+    for (const Shard::Item& it : r.shard.items) keys.push_back(KeyName(it.variable, it.part.index));
+    timeline->Complete(
+        r.kind(), track, r.started_us, end,
+        absl::StrCat("\"handle\":", r.op->handle, ",\"server\":", r.target, ",\"keys\":", JsonNames(keys),
+                     ",\"bytes\":", r.shard.bytes, ",\"request_bytes\":", r.req.Length(),
+                     ",\"response_bytes\":", r.resp.Length(), ",\"version\":", r.version,
+                     ",\"attempts\":", r.attempts, ",\"queued_us\":", r.started_us - r.queued_us,
+                     ",\"status\":", JsonString(s.ok() ? "OK" : s.ToString())));
+  }
+
+  // A Wait call's event, on the waiting thread's track.
+  void TraceWait(Handle handle, const Op* op, int64_t start, const absl::Status& s) {
+    const int64_t end = timeline->NowMicros();
+    const int64_t track = ThisThreadId();
+    timeline->NameTrack(track, absl::StrCat("waits (thread ", track, ")"));
+    std::string args = absl::StrCat("\"handle\":", handle);
+    if (op != nullptr) {
+      absl::StrAppend(&args, ",\"op\":", JsonString(op->kind));
+      if (!op->tensors.empty()) absl::StrAppend(&args, ",\"tensors\":", op->tensors, ",\"bytes\":", op->bytes);
+    }
+    absl::StrAppend(&args, ",\"status\":", JsonString(s.ok() ? "OK" : s.ToString()));
+    timeline->Complete("WAIT", track, start, end, args);
+  }
+
+  // Waits for the operation `handle` (its Op in *found, when there is one).
+  absl::Status Wait(Handle handle, std::shared_ptr<Op>* found) {
+    std::shared_ptr<Op>& op = *found;
+    {
+      absl::MutexLock lock(&mu);
+      auto it = ops.find(handle);
+      if (it == ops.end()) {
+        return absl::NotFoundError(absl::StrCat("no pending operation with handle ", handle));
+      }
+      op = it->second;
+      ops.erase(it);
+    }
+    // Each part ends within its RPC deadline and retry budget; the extra
+    // margin only guards against a lost wake-up. A job that failed elsewhere
+    // ends the wait at once, with the coordinator's reason.
+    const absl::Time deadline = absl::Now() + options.rpc_timeout + options.retry_budget + absl::Seconds(5);
+    absl::MutexLock lock(&op->mu);
+    auto done = [&op]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(op->mu) { return op->pending == 0; };
+    while (!op->mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(50))) {
+      if (absl::Status s = JobStatus(); !s.ok()) return s;
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("operation ", handle, " did not finish within ",
+                         absl::FormatDuration(options.rpc_timeout + options.retry_budget)));
+      }
+    }
+    return op->status;
   }
 };
 
@@ -875,6 +1009,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  if (!options.timeline.empty()) {
+    absl::StatusOr<std::unique_ptr<Timeline>> timeline = Timeline::Open(options.timeline, options.rank);
+    if (!timeline.ok()) return timeline.status();
+    impl->timeline = *std::move(timeline);
+  }
   CoordinatorLink::Options lo;
   lo.coordinator = options.coordinator;
   lo.token = options.token;
@@ -911,6 +1050,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   impl->FollowShardMap(barrier->shard_map());
   impl->next_connection = std::make_unique<std::atomic<uint64_t>[]>(n);
   impl->queues = std::make_unique<Impl::Queue[]>(n);
+  if (impl->timeline != nullptr) {
+    for (int s = 0; s < n; ++s) {
+      absl::MutexLock lock(&impl->queues[s].mu);
+      for (int k = Impl::kWindow - 1; k >= 0; --k) impl->queues[s].free_streams.push_back(k);
+    }
+  }
   if (impl->config.transport() != "tcp") impl->ShareMemory();
   // Enough threads for a request in flight on every connection.
   impl->pool = std::make_unique<ThreadPool>(
@@ -977,7 +1122,11 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
   }
   // "replicas": 1: the backup of each server keeps copies of its keys.
   const int copies = impl_->config.replicas() > 0 ? 2 : 1;
-  auto [handle, op] = impl_->NewOp(static_cast<int>(batches.size()) * copies);
+  auto [handle, op] = impl_->NewOp(static_cast<int>(batches.size()) * copies, absl::OkStatus(), "REGISTER");
+  if (impl_->timeline != nullptr) {
+    op->tensors = JsonNames({name});
+    op->bytes = n * 4;
+  }
   for (const Batch& b : batches) {
     for (int c = 0; c < copies; ++c) {
       int server = b.server;
@@ -1040,7 +1189,8 @@ absl::Status Client::RegisterTable(const std::string& name, const TableOptions& 
     it->second.push_dtype = push_dtype;
     it->second.pull_dtype = pull_dtype;
   }
-  auto [handle, op] = impl_->NewOp(num_servers());
+  auto [handle, op] = impl_->NewOp(num_servers(), absl::OkStatus(), "REGISTER");
+  if (impl_->timeline != nullptr) op->tensors = JsonNames({name});
   for (int s = 0; s < num_servers(); ++s) {
     auto req = std::make_shared<v1::RegisterKeysRequest>();
     req->set_worker_rank(rank());
@@ -1082,31 +1232,12 @@ Client::Handle Client::PushPull(std::vector<TensorRef> tensors, int64_t version)
 
 absl::Status Client::Wait(Handle handle) {
   std::shared_ptr<Op> op;
-  {
-    absl::MutexLock lock(&impl_->mu);
-    auto it = impl_->ops.find(handle);
-    if (it == impl_->ops.end()) {
-      return absl::NotFoundError(absl::StrCat("no pending operation with handle ", handle));
-    }
-    op = it->second;
-    impl_->ops.erase(it);
-  }
-  // Each part ends within its RPC deadline and retry budget; the extra
-  // margin only guards against a lost wake-up. A job that failed elsewhere
-  // ends the wait at once, with the coordinator's reason.
-  const absl::Time deadline =
-      absl::Now() + impl_->options.rpc_timeout + impl_->options.retry_budget + absl::Seconds(5);
-  absl::MutexLock lock(&op->mu);
-  auto done = [&op]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(op->mu) { return op->pending == 0; };
-  while (!op->mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(50))) {
-    if (absl::Status s = impl_->JobStatus(); !s.ok()) return s;
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "operation ", handle, " did not finish within ",
-          absl::FormatDuration(impl_->options.rpc_timeout + impl_->options.retry_budget)));
-    }
-  }
-  return op->status;
+  Timeline* timeline = impl_->timeline.get();
+  if (timeline == nullptr) return impl_->Wait(handle, &op);
+  const int64_t start = timeline->NowMicros();
+  absl::Status s = impl_->Wait(handle, &op);
+  impl_->TraceWait(handle, op.get(), start, s);
+  return s;
 }
 
 absl::StatusOr<int64_t> Client::PulledVersion(const std::string& name) const {

@@ -39,9 +39,14 @@ struct ClientOptions {
   // The job generation this process was started for (psrt-worker sets it
   // after a recovery); 0: the current one.
   int64_t generation = 0;
+  // Non-empty: write a timeline of this worker's pushes, pulls and waits
+  // (worker/timeline.h) to this path (rank 0) or to it with ".rank<R>"
+  // before its extension (rank R).
+  std::string timeline;
 
   // PSRT_COORDINATOR, PSRT_JOB_TOKEN, PSRT_RANK (as psrt-worker sets them),
-  // PSRT_RPC_TIMEOUT_S, PSRT_CONNECTIONS_PER_SERVER, PSRT_GENERATION.
+  // PSRT_RPC_TIMEOUT_S, PSRT_CONNECTIONS_PER_SERVER, PSRT_GENERATION,
+  // PSRT_TIMELINE.
   static absl::StatusOr<ClientOptions> FromEnv();
 };
 

@@ -24,6 +24,7 @@
 #include "common/grpc_util.h"
 #include "common/process.h"
 #include "tests/integration/job_util.h"
+#include "tests/integration/scrape.h"
 
 namespace psrt {
 namespace {
@@ -199,34 +200,6 @@ TEST(JobTest, MissingServerFailsTheBarrierNamingIt) {
   }
 }
 
-// GET http://127.0.0.1:port/path; the body, or "" on failure.
-std::string HttpGet(int port, const std::string& path) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n";
-    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
-      char buf[65536];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
-    }
-  }
-  close(fd);
-  return out;
-}
-
-double MetricValue(const std::string& text, const std::string& name) {
-  std::smatch m;
-  if (!std::regex_search(text, m, std::regex("\n" + name + " ([0-9.e+]+)"))) return -1;
-  return std::stod(m[1]);
-}
-
 TEST(JobTest, MetricsOverHttpAndSignalsStopTheWholeJob) {
   const std::string dir = TempDir();
   const std::string token = RandomToken();
@@ -239,14 +212,17 @@ TEST(JobTest, MetricsOverHttpAndSignalsStopTheWholeJob) {
   const std::string out = run.Output();
   ASSERT_TRUE(std::regex_search(out, m, std::regex("psrt-server\\[0\\] I metrics at http://127.0.0.1:([0-9]+)/metrics")))
       << out;
-  const std::string server = HttpGet(std::stoi(m[1]), "/metrics");
-  EXPECT_NE(server.find("200 OK"), std::string::npos) << server;
-  EXPECT_GT(MetricValue(server, "psrt_server_bytes_in_total"), 0) << server;
-  EXPECT_GT(MetricValue(server, "psrt_server_updates_total"), 0) << server;
-  EXPECT_NE(server.find("# TYPE psrt_server_update_seconds histogram"), std::string::npos) << server;
-  const std::string coordinator = HttpGet(port, "/metrics");
-  EXPECT_GT(MetricValue(coordinator, "psrt_coordinator_heartbeats_total"), 0) << coordinator;
-  EXPECT_EQ(MetricValue(coordinator, "psrt_coordinator_registered_processes"), 3) << coordinator;
+  const ScrapeResult server = Scrape(absl::StrCat("http://127.0.0.1:", m[1].str(), "/metrics"));
+  ASSERT_EQ(server.status, 200) << server.error;
+  EXPECT_GT(SampleValue(server.body, "psrt_server_bytes_in_total"), 0) << server.body;
+  EXPECT_GT(SampleValue(server.body, "psrt_server_updates_total"), 0) << server.body;
+  EXPECT_NE(server.body.find("# TYPE psrt_server_update_seconds histogram"), std::string::npos)
+      << server.body;
+  const ScrapeResult coordinator = Scrape(absl::StrCat("http://127.0.0.1:", port, "/metrics"));
+  ASSERT_EQ(coordinator.status, 200) << coordinator.error;
+  EXPECT_GT(SampleValue(coordinator.body, "psrt_coordinator_heartbeats_total"), 0) << coordinator.body;
+  EXPECT_EQ(SampleValue(coordinator.body, "psrt_coordinator_registered_processes"), 3)
+      << coordinator.body;
 
   kill(run.pid, SIGTERM);
   EXPECT_EQ(run.Wait(absl::Seconds(30), "psrt-run after SIGTERM"), 1);

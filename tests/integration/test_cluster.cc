@@ -76,12 +76,14 @@ absl::Status TestCluster::StartImpl() {
   // --- coordinator -----------------------------------------------------------
   const std::string port_file = absl::StrCat(dir_, "/coordinator.port");
   coordinator_.name = "psrt-coordinator";
-  absl::StatusOr<pid_t> pid = Spawn(
-      {absl::StrCat(bin_dir, "/psrt-coordinator"), "--bind=127.0.0.1", "--port=0",
-       absl::StrCat("--port-file=", port_file),
-       absl::StrCat("--hosts=", absl::StrJoin(options_.hosts, ",")),
-       absl::StrCat("--distribution=", options_.distribution)},
-      env);
+  std::vector<std::string> coordinator_argv = {
+      absl::StrCat(bin_dir, "/psrt-coordinator"), "--bind=127.0.0.1", "--port=0",
+      absl::StrCat("--port-file=", port_file),
+      absl::StrCat("--hosts=", absl::StrJoin(options_.hosts, ",")),
+      absl::StrCat("--distribution=", options_.distribution)};
+  coordinator_argv.insert(coordinator_argv.end(), options_.coordinator_flags.begin(),
+                          options_.coordinator_flags.end());
+  absl::StatusOr<pid_t> pid = Spawn(coordinator_argv, env);
   if (!pid.ok()) return pid.status();
   coordinator_.pid = *pid;
   absl::StatusOr<int> port = WaitForPortFile(deadline);

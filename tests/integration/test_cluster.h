@@ -52,7 +52,8 @@ struct ClusterOptions {
   absl::Duration start_timeout = absl::Seconds(20);
   // How long each process gets between SIGTERM and SIGKILL at the end.
   absl::Duration stop_grace = absl::Seconds(5);
-  // Extra flags for every psrt-server.
+  // Extra flags for the psrt-coordinator and for every psrt-server.
+  std::vector<std::string> coordinator_flags;
   std::vector<std::string> server_flags;
   // Extra environment for every child.
   std::map<std::string, std::string> env;

@@ -5,14 +5,17 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <regex>
 #include <string>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/grpc_util.h"
 #include "psrt/v1/coordinator.grpc.pb.h"
 #include "tests/integration/job_util.h"
+#include "tests/integration/scrape.h"
 
 namespace psrt {
 namespace {
@@ -129,6 +132,68 @@ TEST_F(TlsTest, PeersWithoutTheJobsCertificateAreRefused) {
 
   kill(coordinator.pid, SIGTERM);
   coordinator.Wait(absl::Seconds(30), "psrt-coordinator");
+}
+
+// /metrics of a TLS job: HTTPS with the job's certificate, answered only to
+// scrapers presenting a certificate the job's CA signed.
+TEST_F(TlsTest, MetricsAreServedOverMutualTls) {
+  const int port = PickFreePort();
+  Proc run = Proc::Start(absl::StrCat(Env(), kBin, "/psrt-run --local=1 --metrics-port=", port, " -- ", kBin,
+                                      "/psrt-example-linreg --steps=100000000 --log-every=10"),
+                         dir_ + "/metrics.log");
+  ASSERT_TRUE(run.WaitForOutput("step 20 ", absl::Seconds(60))) << run.Output();
+  std::smatch m;
+  const std::string out = run.Output();
+  ASSERT_TRUE(std::regex_search(
+      out, m, std::regex(R"(psrt-server\[0\] I metrics at (https://127\.0\.0\.1:[0-9]+/metrics) \(mutual TLS\))")))
+      << out;
+  const std::string server = m[1];
+  const std::string coordinator = absl::StrCat("https://127.0.0.1:", port, "/metrics");
+  EXPECT_TRUE(absl::StrContains(out, "psrt-coordinator I metrics at " + coordinator + " (mutual TLS)")) << out;
+
+  const ScrapeTls job{dir_ + "/job-ca.pem", dir_ + "/job.pem", dir_ + "/job.key"};
+  const ScrapeResult first = Scrape(server, job);
+  ASSERT_EQ(first.status, 200) << first.error;
+  const double pushed = SampleValue(first.body, "psrt_server_bytes_in_total");
+  EXPECT_GT(pushed, 0) << first.body;
+  // The job goes on pushing: a later scrape sees more.
+  ASSERT_TRUE(run.WaitForOutput("step 60 ", absl::Seconds(60))) << run.Output();
+  const ScrapeResult second = Scrape(server, job);
+  ASSERT_EQ(second.status, 200) << second.error;
+  EXPECT_GT(SampleValue(second.body, "psrt_server_bytes_in_total"), pushed) << second.body;
+  const ScrapeResult coordinator_scrape = Scrape(coordinator, job);
+  ASSERT_EQ(coordinator_scrape.status, 200) << coordinator_scrape.error;
+  EXPECT_GT(SampleValue(coordinator_scrape.body, "psrt_coordinator_heartbeats_total"), 0) << coordinator_scrape.body;
+  // The certificate names psrt.job too: a scraper can check that name.
+  ScrapeTls by_name = job;
+  by_name.server_name = "psrt.job";
+  EXPECT_EQ(Scrape(server, by_name).status, 200);
+
+  // Refused: plain HTTP, no client certificate, another CA's certificate, a
+  // scraper that does not trust the job's CA.
+  std::string plain = server;
+  plain.replace(0, 5, "http");
+  const ScrapeResult refused[] = {
+      Scrape(plain),
+      Scrape(server, {dir_ + "/job-ca.pem", "", ""}),
+      Scrape(server, {dir_ + "/job-ca.pem", dir_ + "/other.pem", dir_ + "/other.key"}),
+      Scrape(server, {dir_ + "/other-ca.pem", dir_ + "/job.pem", dir_ + "/job.key"}),
+  };
+  for (const ScrapeResult& r : refused) {
+    EXPECT_NE(r.status, 200) << r.body;
+    EXPECT_FALSE(absl::StrContains(r.body, "psrt_server_")) << r.body;
+  }
+  // And the server answers its scrapers as before.
+  EXPECT_EQ(Scrape(server, job).status, 200);
+  // Another daemon asked for a port /metrics already has does not start.
+  Proc another = Proc::Start(absl::StrCat(Env(), kBin, "/psrt-coordinator --bind=127.0.0.1 --port=0 --metrics-port=",
+                                          port, " --hosts=localhost"),
+                             dir_ + "/another.log");
+  EXPECT_EQ(another.Wait(absl::Seconds(30), "a second psrt-coordinator"), 1) << another.Output();
+  EXPECT_TRUE(absl::StrContains(another.Output(), "metrics: cannot listen at " + coordinator)) << another.Output();
+
+  kill(run.pid, SIGTERM);
+  EXPECT_EQ(run.Wait(absl::Seconds(30), "psrt-run after SIGTERM"), 1);
 }
 
 TEST_F(TlsTest, BadSettingsStopEveryProgramAtStartNamingTheFile) {
