@@ -36,6 +36,8 @@ class MetricsServer {
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& bind, int port,
                                                               const Metrics& metrics,
                                                               const TlsConfig& tls);
+  // Stops serving. Over plain HTTP, civetweb's shutdown takes about 2 s once
+  // it has served a scrape; daemons stop it last, as they exit.
   virtual ~MetricsServer() = default;
 
   // The bound port (the chosen one when Start() was given 0).

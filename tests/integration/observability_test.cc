@@ -12,6 +12,7 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -36,14 +37,14 @@ using Json = nlohmann::json;
 
 // A one-server, one-worker sync job with its /metrics on known ports and a
 // checkpoint destination (so the coordinator has its checkpoint metrics);
-// the test is the worker.
+// the test is the worker (writing a timeline to `timeline` if not empty).
 struct Job {
   std::unique_ptr<testing::TestCluster> cluster;
   std::unique_ptr<Client> client;
   std::string coordinator_metrics, server_metrics;  // URLs
 };
 
-Job StartJob() {
+Job StartJob(const std::string& timeline = "") {
   Job job;
   const int coordinator_port = PickFreePort(), server_port = PickFreePort();
   testing::ClusterOptions o;
@@ -62,7 +63,8 @@ Job StartJob() {
   c.token = job.cluster->token();
   c.rank = 0;
   c.host = "127.0.0.1";
-  c.rpc_timeout = absl::Seconds(30);
+  c.rpc_timeout = absl::Seconds(60);
+  c.timeline = timeline;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(c);
   EXPECT_TRUE(client.ok()) << client.status();
   if (client.ok()) job.client = *std::move(client);
@@ -203,6 +205,83 @@ TEST(TimelineTest, FileNamesPerRank) {
   EXPECT_EQ(Timeline::PathForRank("/tmp/t.json", 3), "/tmp/t.rank3.json");
   EXPECT_EQ(Timeline::PathForRank("trace", 1), "trace.rank1");
   EXPECT_EQ(Timeline::PathForRank("/a.b/trace", 2), "/a.b/trace.rank2");
+}
+
+// Several MiB of events from several threads: written in chunks as they
+// come, one valid array at the end, nothing lost or torn.
+TEST(TimelineTest, ManyEventsFromManyThreadsMakeOneValidFile) {
+  const std::string path = TempDir() + "/many.json";
+  absl::StatusOr<std::unique_ptr<Timeline>> timeline = Timeline::Open(path, 2);
+  ASSERT_TRUE(timeline.ok()) << timeline.status();
+  EXPECT_EQ((*timeline)->path(), Timeline::PathForRank(path, 2));
+  constexpr int kThreads = 4, kEvents = 10000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      (*timeline)->NameTrack(t, absl::StrCat("thread \"", t, "\""));
+      for (int i = 0; i < kEvents; ++i) {
+        const int64_t start = (*timeline)->NowMicros();
+        (*timeline)->Complete("PUSH", t, start, (*timeline)->NowMicros(),
+                              absl::StrCat("\"i\":", i, ",\"key\":", JsonString("w#0 \"quoted\"")));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  ASSERT_TRUE((*timeline)->Close().ok());
+  (*timeline)->Complete("PUSH", 0, 0, 1, "");  // after Close: dropped
+  const std::string text = ReadFile(Timeline::PathForRank(path, 2));
+  EXPECT_GT(text.size(), size_t{2} << 20);
+  Json events;
+  ASSERT_NO_THROW(events = Json::parse(text));
+  std::map<int64_t, int> per_track;
+  int names = 0;
+  for (const Json& e : events) {
+    EXPECT_EQ(e.at("pid"), 2);
+    if (e.at("ph") == "M") {
+      names += e.at("name") == "thread_name";
+      continue;
+    }
+    EXPECT_GE(e.at("dur").get<int64_t>(), 0);
+    EXPECT_EQ(e.at("args").at("key"), "w#0 \"quoted\"");
+    ++per_track[e.at("tid").get<int64_t>()];
+  }
+  EXPECT_EQ(names, kThreads);
+  ASSERT_EQ(per_track.size(), static_cast<size_t>(kThreads));
+  for (const auto& [tid, n] : per_track) EXPECT_EQ(n, kEvents) << "track " << tid;
+}
+
+// A tensor of many requests: more than the 8 a worker keeps in flight to a
+// server, so requests wait for a place and take over the streams of those
+// that end. A stream's requests never overlap on its track.
+TEST(TimelineTest, RequestsTakeTurnsOnTheServersStreams) {
+  const std::string path = TempDir() + "/timeline.json";
+  Job job = StartJob(path);
+  ASSERT_NE(job.client, nullptr);
+  constexpr int64_t kN = int64_t{16} << 20;  // 64 MiB of float32: 16 requests of 4 MiB
+  std::vector<float> w(kN, 0.f), g(kN, 1.f);
+  ASSERT_TRUE(
+      job.client->RegisterVariable("w", {kN}, w.data(), DefaultOptimizer(OptimizerKind::kSgd, 0.1))
+          .ok());
+  ASSERT_TRUE(job.client->Wait(job.client->PushPull({{"w", g.data(), w.data()}}, 0)).ok());
+  job.client.reset();  // closes the timeline
+
+  const Json events = Json::parse(ReadFile(path));
+  std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> by_track;  // tid -> (ts, end)
+  int requests = 0;
+  for (const Json& e : events) {
+    if (e.at("ph") != "X" || e.at("name") != "PUSH_PULL") continue;
+    ++requests;
+    const int64_t ts = e.at("ts").get<int64_t>();
+    by_track[e.at("tid").get<int64_t>()].emplace_back(ts, ts + e.at("dur").get<int64_t>());
+  }
+  EXPECT_GT(requests, 8);
+  EXPECT_EQ(by_track.size(), 8u) << "one track per stream of the one server";
+  for (auto& [tid, spans] : by_track) {
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i) {
+      EXPECT_GE(spans[i].first, spans[i - 1].second) << "requests overlap on track " << tid;
+    }
+  }
 }
 
 TEST(TimelineTest, AJobsWorkersRecordTheirPushesPullsAndWaits) {
