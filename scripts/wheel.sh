@@ -40,6 +40,9 @@ nice -n 10 "$venv/bin/python" -m build --wheel --no-isolation --outdir "$work/ra
   exit 1
 }
 wheel=$(ls "$work"/raw/psrt-*.whl)
+# scikit-build-core's configure set SKBUILD, which leaves the tests out of the
+# tree (CMakeLists.txt); make it `make build`'s again.
+cmake -U 'SKBUILD*' "$build" >/dev/null
 
 # auditwheel takes a minute or more (it reads every library's symbols, and
 # asks dpkg which package provides each for the wheel's SBOM), so it runs
