@@ -511,15 +511,15 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   const std::string help = DistributionHelp();
   std::vector<std::string> lines =
       absl::StrSplit(help, '\n', absl::SkipEmpty());
-  // parameter_server + 24 keys inside it + 4 checkpoint.* keys.
-  ASSERT_EQ(lines.size(), 29u) << help;
+  // parameter_server + 25 keys inside it + 4 checkpoint.* keys.
+  ASSERT_EQ(lines.size(), 30u) << help;
   for (const std::string& line : lines) {
     EXPECT_THAT(line, HasSubstr("default")) << line;
   }
   const std::vector<std::string> expected = {
       "parameter_server", "enabled", "mode", "staleness", "backup_workers",
       "compression", "pull_compression", "transport", "servers_per_host",
-      "workers_per_host", "partition_bytes", "gradient_aggregation",
+      "server_port_base", "workers_per_host", "partition_bytes", "gradient_aggregation",
       "on_worker_failure", "restart_workers", "replicas", "nonfinite", "on_failure", "max_recoveries",
       "host_wait_s", "heartbeat_timeout_s",
       "barrier_timeout_s", "restore", "checkpoint", "elastic", "limits", "checkpoint.uri",
@@ -529,8 +529,8 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   }
   EXPECT_THAT(lines[2], AllOf(HasSubstr("string"), HasSubstr("\"sync\""),
                               HasSubstr("ssp")));
-  EXPECT_THAT(lines[10], AllOf(HasSubstr("int"), HasSubstr("4194304")));
-  EXPECT_THAT(lines[19], AllOf(HasSubstr("number"), HasSubstr("10")));
+  EXPECT_THAT(lines[11], AllOf(HasSubstr("int"), HasSubstr("4194304")));
+  EXPECT_THAT(lines[20], AllOf(HasSubstr("number"), HasSubstr("10")));
 }
 
 }  // namespace
