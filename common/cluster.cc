@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/distribution.h"
+#include "common/net.h"
 
 namespace psrt {
 namespace {
@@ -173,23 +174,6 @@ absl::StatusOr<ClusterSpec> FromSageMaker(absl::string_view sm_hosts,
   }
   spec.current = index;
   return spec;
-}
-
-// "host:port" -> "host"; "[::1]:2222" -> "[::1]"; a bare IPv6 address or a
-// name without a port is returned unchanged.
-std::string StripPort(absl::string_view address) {
-  if (absl::StartsWith(address, "[")) {
-    const size_t close = address.find(']');
-    if (close != absl::string_view::npos) {
-      return std::string(address.substr(0, close + 1));
-    }
-    return std::string(address);
-  }
-  const size_t colon = address.rfind(':');
-  if (colon == absl::string_view::npos || address.find(':') != colon) {
-    return std::string(address);
-  }
-  return std::string(address.substr(0, colon));
 }
 
 absl::StatusOr<ClusterSpec> FromTfConfig(absl::string_view tf_config) {

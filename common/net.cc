@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -47,15 +48,24 @@ absl::StatusOr<std::string> InterfaceAddress(absl::string_view name) {
   return address;
 }
 
-std::string HostOf(absl::string_view address) {
-  if (!address.empty() && address.front() == '[') {
-    const size_t end = address.find(']');
-    if (end != absl::string_view::npos) return std::string(address.substr(1, end - 1));
+std::string StripPort(absl::string_view address) {
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find(']');
+    if (close != absl::string_view::npos) return std::string(address.substr(0, close + 1));
+    return std::string(address);
   }
   const size_t colon = address.rfind(':');
   // More than one colon and no brackets: a bare IPv6 address.
   if (colon == absl::string_view::npos || address.find(':') != colon) return std::string(address);
   return std::string(address.substr(0, colon));
+}
+
+std::string HostOf(absl::string_view address) {
+  const std::string host = StripPort(address);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    return host.substr(1, host.size() - 2);
+  }
+  return host;
 }
 
 namespace {

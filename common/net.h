@@ -18,7 +18,11 @@ namespace psrt {
 // FAILED_PRECONDITION when it has no IPv4 address.
 absl::StatusOr<std::string> InterfaceAddress(absl::string_view name);
 
-// The host part of "host:port", "[v6]:port" or a bare host.
+// "host:port" -> "host"; "[::1]:2222" -> "[::1]"; a bare IPv6 address or a
+// name without a port is returned unchanged.
+std::string StripPort(absl::string_view address);
+// The host of "host:port", "[v6]:port" or a bare host, as getaddrinfo takes
+// it: StripPort without the brackets.
 std::string HostOf(absl::string_view address);
 
 // Returns once the host of `address` resolves (at once for an IP address).

@@ -44,11 +44,9 @@ class LinkCutTest : public NetnsJobTest {
 
   // psrt-run on every host, by IP.
   void Start(const std::string& dist) {
-    std::vector<std::string> addresses;
-    for (int h = 0; h < kHosts; ++h) addresses.push_back(hosts_->address(h));
     for (int h = 0; h < kHosts; ++h) {
       StartPsrtRun(h,
-                   absl::StrCat("--hosts=", absl::StrJoin(addresses, ","), " --current-host=", h,
+                   absl::StrCat("--hosts=", IpHosts(), " --current-host=", h,
                                 " --distribution='", dist, "'"),
                    absl::StrCat(kBin, "/psrt-example-linreg ", kTrainer, " --result=", dir_, "/r"));
     }

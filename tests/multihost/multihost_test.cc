@@ -85,11 +85,9 @@ double SamplesPerSecond(const std::string& loss_log, int skip_steps, int workers
 TEST_F(MultiHostTest, HostsByIpAnnounceTheirInterfaceOnFixedPortsOverShapedLinks) {
   absl::StatusOr<std::string> shape = hosts_->Shape("2ms", "1gbit");
   ASSERT_TRUE(shape.ok()) << shape.status();
-  std::vector<std::string> addresses;
-  for (int h = 0; h < kHosts; ++h) addresses.push_back(hosts_->address(h));
   for (int h = 0; h < kHosts; ++h) {
     StartPsrtRun(h,
-                 absl::StrCat("--hosts=", absl::StrJoin(addresses, ","), " --current-host=", h,
+                 absl::StrCat("--hosts=", IpHosts(), " --current-host=", h,
                               " --interface=eth", h, " --distribution='",
                               Distribution(R"(,"servers_per_host":2,"server_port_base":7100)"),
                               "'"),
@@ -146,11 +144,9 @@ TEST_F(MultiHostTest, SageMakerHostNamesThatResolveLateAndAHostThatStarts15sLate
 }
 
 TEST_F(MultiHostTest, AHostThatNeverComesFailsTheBarrierNamingItAndEveryProcessExits) {
-  std::vector<std::string> addresses;
-  for (int h = 0; h < kHosts; ++h) addresses.push_back(hosts_->address(h));
   for (int h = 0; h < 2; ++h) {
     StartPsrtRun(h,
-                 absl::StrCat("--hosts=", absl::StrJoin(addresses, ","), " --current-host=", h,
+                 absl::StrCat("--hosts=", IpHosts(), " --current-host=", h,
                               " --distribution='", Distribution(R"(,"barrier_timeout_s":6)"), "'"),
                  Linreg(100));
   }
@@ -166,11 +162,9 @@ TEST_F(MultiHostTest, AHostThatNeverComesFailsTheBarrierNamingItAndEveryProcessE
 }
 
 TEST_F(MultiHostTest, ABlipShorterThanTheHeartbeatTimeoutIsSurvived) {
-  std::vector<std::string> addresses;
-  for (int h = 0; h < kHosts; ++h) addresses.push_back(hosts_->address(h));
   for (int h = 0; h < kHosts; ++h) {
     StartPsrtRun(h,
-                 absl::StrCat("--hosts=", absl::StrJoin(addresses, ","), " --current-host=", h,
+                 absl::StrCat("--hosts=", IpHosts(), " --current-host=", h,
                               " --distribution='", Distribution(R"(,"heartbeat_timeout_s":8)"),
                               "'"),
                  Linreg(400));
@@ -195,14 +189,12 @@ TEST_F(MultiHostTest, ABlipShorterThanTheHeartbeatTimeoutIsSurvived) {
 // (the PyTorch digits demo as a SageMaker script) under psrt-run.
 TEST_F(MultiHostTest, TheSageMakerEntryPointTrainsThePyTorchDemoAcrossHosts) {
   ASSERT_TRUE(hosts_->SetHostNames(AlgoNames(0)).ok());
-  std::vector<std::string> hosts;
-  for (int h = 0; h < kHosts; ++h) hosts.push_back("\"" + Algo(h) + "\"");
   for (int h = 0; h < kHosts; ++h) {
     const std::string base = absl::StrCat(dir_, "/sm", h);
     ASSERT_EQ(std::system(("mkdir -p " + base + "/input/config").c_str()), 0);
     std::ofstream(base + "/input/config/resourceconfig.json")
         << R"({"current_host": ")" << Algo(h) << R"(", "current_group_name": "homogeneousCluster", )"
-        << R"("hosts": [)" << absl::StrJoin(hosts, ", ") << R"(], "network_interface_name": "eth)"
+        << R"("hosts": )" << SmHosts() << R"(, "network_interface_name": "eth)"
         << h << "\"}";
     // SageMaker's SDK JSON-encodes every hyperparameter's value.
     std::ofstream(base + "/input/config/hyperparameters.json")
@@ -210,8 +202,8 @@ TEST_F(MultiHostTest, TheSageMakerEntryPointTrainsThePyTorchDemoAcrossHosts) {
         << R"("sagemaker_parameter_server_enabled": "true", "sagemaker_region": "\"us-west-2\"", )"
         << R"("epochs": "4", "threshold": "0.9", "psrt_distribution": )"
         << R"("{\"compression\": \"fp16\", \"transport\": \"tcp\", \"barrier_timeout_s\": 180}"})";
-    StartHost(h, absl::StrCat("env SAGEMAKER_BASE_DIR=", base, " SM_HOSTS='[",
-                              absl::StrJoin(hosts, ","), "]' SM_CURRENT_HOST=", Algo(h),
+    StartHost(h, absl::StrCat("env SAGEMAKER_BASE_DIR=", base, " SM_HOSTS='", SmHosts(),
+                              "' SM_CURRENT_HOST=", Algo(h),
                               " SM_MODULE_DIR=", PSRT_SOURCE_DIR, "/worker/examples PSRT_BIN_DIR=",
                               kBin, " PYTHONPATH=", kBin, "/../python PSRT_JOB_TOKEN=", token_, " ",
                               python_, " -m psrt.sagemaker"));

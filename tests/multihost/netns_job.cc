@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 
@@ -38,6 +39,12 @@ std::vector<int> NetnsJobTest::WaitAll(absl::Duration timeout) {
     codes.push_back(runs_[h].Wait(timeout, absl::StrCat("the command of host ", h)));
   }
   return codes;
+}
+
+std::string NetnsJobTest::IpHosts() const {
+  std::vector<std::string> addresses;
+  for (int h = 0; h < hosts_->size(); ++h) addresses.push_back(hosts_->address(h));
+  return absl::StrJoin(addresses, ",");
 }
 
 std::string NetnsJobTest::Output() const {

@@ -36,6 +36,8 @@ class NetnsJobTest : public ::testing::Test {
   // Waits (bounded) for every started host's command; their exit codes in
   // host order.
   std::vector<int> WaitAll(absl::Duration timeout);
+  // The hosts by IP, as --hosts takes them: "10.213.0.1,10.213.0.2,...".
+  std::string IpHosts() const;
   // Every host's output, in host order.
   std::string Output() const;
   const std::string& HostOutputPath(int h) const { return runs_[h].log; }
