@@ -6,12 +6,14 @@ and PSRT_BIN_DIR the programs.
 """
 
 import os
+import queue
 import random
 import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -102,31 +104,53 @@ def test_the_demo_survives_a_killed_server_losing_less_than_a_checkpoint_interva
     # The demo takes 420 steps; a checkpoint every 50; server 1 is killed
     # with SIGKILL at a random logged step (seeded, and printed), 10-30 steps
     # past a checkpoint: one that a kill interrupts while it commits cannot
-    # be returned to, and then the steps lost reach the interval.
+    # be returned to, and then the steps lost reach the interval. A step takes
+    # about a millisecond, so the kill follows the step's line as it is
+    # printed, with the server's pid looked up beforehand.
     seed = int(os.environ.get("PSRT_CHAOS_SEED", "1"))
     rng = random.Random(seed)
     kill_at = 50 * rng.randrange(1, 8) + rng.choice([10, 20, 30])
     print("killing server 1 at step %d (seed %d)" % (kill_at, seed))
     token = "recover-%d-%d-%d" % (os.getpid(), seed, replicas)
     digits = os.path.join(EXAMPLES, "torch_digits.py")
-    with tempfile.TemporaryDirectory() as d, open(os.path.join(d, "log"), "w+") as log:
+    with tempfile.TemporaryDirectory() as d:
         ps = {"on_failure": "recover", "heartbeat_timeout_s": 2, "replicas": replicas,
               "checkpoint": {"uri": "file://" + d + "/ckpt", "every_steps": 50}}
         run = subprocess.Popen(job_command(digits, ["--log-every", "10"], ps, token=token),
-                               stdout=log, stderr=subprocess.STDOUT)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = queue.Queue()  # the job's output, line by line, then None
+
+        def read():
+            for line in run.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        out = []
         try:
             deadline = time.monotonic() + 180
-            while "step %d/" % kill_at not in open(log.name).read():
-                assert run.poll() is None and time.monotonic() < deadline, open(log.name).read()
-                time.sleep(0.05)
-            servers = [p for p, cmd in job_processes(token).items() if "psrt-server" in cmd and "--index=1" in cmd]
-            assert len(servers) == 1, job_processes(token)
-            os.kill(servers[0], signal.SIGKILL)
-            assert run.wait(timeout=240) == 0, open(log.name).read()
+            server = None
+            while not out or not out[-1].startswith("step %d/" % kill_at):
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                assert line is not None, "".join(out)
+                out.append(line)
+                if server is None and line.startswith("demo: "):
+                    servers = [p for p, cmd in job_processes(token).items()
+                               if "psrt-server" in cmd and "--index=1" in cmd]
+                    assert len(servers) == 1, job_processes(token)
+                    server = servers[0]
+            os.kill(server, signal.SIGKILL)
+            assert run.wait(timeout=240) == 0, "".join(out)
+        except queue.Empty:
+            raise AssertionError("no line \"step %d/\" within 180 s:\n%s" % (kill_at, "".join(out)))
         finally:
             if run.poll() is None:
                 run.kill()
-        out = open(log.name).read()
+            reader.join(timeout=30)
+        while not lines.empty():
+            out.append(lines.get() or "")
+        out = "".join(out)
     assert "demo: test accuracy 0." in out, out
     assert not job_processes(token)
     recoveries = re.findall(r"recovery \d+ of at most \d+: server 1 on local1 .*; rolled back to step (\d+)"
@@ -138,6 +162,7 @@ def test_the_demo_survives_a_killed_server_losing_less_than_a_checkpoint_interva
         return
     assert len(recoveries) == 1, out
     step, lost = map(int, recoveries[0])
+    print("rolled back to step %d, %d steps lost" % (step, lost))
     assert step % 50 == 0 and lost < 50, out
     assert "from step %d" % step in out, out  # the training processes resumed there
 
