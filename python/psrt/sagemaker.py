@@ -49,14 +49,14 @@ import argparse
 import collections
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import tempfile
 import threading
+
+from psrt._programs import find_programs
 
 PS_ENABLED = "sagemaker_parameter_server_enabled"
 PSRT_DISTRIBUTION = "psrt_distribution"
@@ -266,26 +266,11 @@ def code_directory(environ, base, submit):
 
 
 def find_psrt_run(environ):
-    """psrt-run: in PSRT_BIN_DIR, else where pip put this package's programs,
-    else on PATH."""
-    name = "psrt-run"
-    bin_dir = environ.get("PSRT_BIN_DIR")
-    if bin_dir:
-        path = os.path.join(bin_dir, name)
-        if not os.access(path, os.X_OK):
-            raise SageMakerError("PSRT_BIN_DIR: %s is not an executable psrt-run" % path)
-        return os.path.abspath(path)  # the command runs in the code directory
-    # scikit-build-core installs the programs into the scripts directory of
-    # the environment the package is in, next to the interpreter.
-    for d in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
-        path = os.path.join(d, name)
-        if d and os.access(path, os.X_OK):
-            return path
-    found = shutil.which(name, path=environ.get("PATH", os.defpath))
-    if not found:
-        raise SageMakerError("psrt-run not found in PSRT_BIN_DIR (unset), %s or PATH; install psrt (pip install "
-                             "psrt) or set PSRT_BIN_DIR" % sysconfig.get_path("scripts"))
-    return os.path.abspath(found)
+    """The path of psrt-run (psrt._programs.find_programs says where)."""
+    try:
+        return os.path.join(find_programs(["psrt-run"], environ=environ), "psrt-run")
+    except FileNotFoundError as e:
+        raise SageMakerError(str(e)) from None
 
 
 def prepare(environ):

@@ -79,8 +79,9 @@ def sdk_hyperparameters(program, ps=True, **user):
 
 
 def psrt_sagemaker(base, args=(), env=None, timeout=120, command=None):
-    env = dict(os.environ, SAGEMAKER_BASE_DIR=base, PSRT_BIN_DIR=BIN, **(env or {}))
-    return subprocess.run(command or [sys.executable, "-m", "psrt.sagemaker"] + list(args), env=env,
+    full_env = dict(os.environ, SAGEMAKER_BASE_DIR=base, PSRT_BIN_DIR=BIN)
+    full_env.update(env or {})
+    return subprocess.run(command or [sys.executable, "-m", "psrt.sagemaker"] + list(args), env=full_env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
 
 
@@ -257,6 +258,16 @@ def test_the_command_and_variables_follow_the_toolkit(tmp_path):
     assert out["cwd"] == EXAMPLES
 
 
+def test_without_PSRT_BIN_DIR_psrt_run_is_found_on_PATH(tmp_path):
+    # The interpreter's directory (.venv/bin) holds no psrt-run here, so
+    # PATH is the first place that has one.
+    base = str(tmp_path / "ml")
+    sagemaker_root(base, ["algo-1"], "algo-1", sdk_hyperparameters("sagemaker_digits.py"),
+                   code=[os.path.join(EXAMPLES, "sagemaker_digits.py")])
+    out = dry_run(base, {"PSRT_BIN_DIR": "", "PATH": "/nonexistent:%s:/usr/bin:/bin" % BIN})
+    assert out["command"][0] == os.path.abspath(os.path.join(BIN, "psrt-run")), out
+
+
 def test_without_the_parameter_server_the_script_runs_plainly(tmp_path):
     base = str(tmp_path / "ml")
     script = tmp_path / "show.py"
@@ -360,6 +371,9 @@ BAD_INPUTS = {
     "script not in the code": (
         lambda base: set_hyperparameter(base, "sagemaker_program", "missing.py"),
         "the entry point missing.py is not in the code directory {base}/code"),
+    "no psrt-run in PSRT_BIN_DIR": (
+        lambda base: {"PSRT_BIN_DIR": base},
+        "psrt-run not found in {base} (PSRT_BIN_DIR); install psrt (pip install psrt) or set PSRT_BIN_DIR"),
 }
 
 

@@ -39,7 +39,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
@@ -48,6 +47,8 @@ import traceback
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from psrt._programs import find_programs
 
 __all__ = ["RayExecutor", "TrainingError"]
 
@@ -102,24 +103,6 @@ def _end_relay(job_dir, local_rank, code):
     path = os.path.join(job_dir, "exit.%d" % local_rank)
     if os.path.isdir(job_dir) and not os.path.exists(path):
         _write_atomically(path, str(code))
-
-
-def _find_programs(bin_dir):
-    """The directory of psrt's programs on this node: `bin_dir`, else
-    $PSRT_BIN_DIR, else the scripts directory that psrt's wheel installs
-    them to (CMakeLists.txt: RUNTIME DESTINATION SKBUILD_SCRIPTS_DIR)."""
-    if bin_dir:
-        where, how = bin_dir, "bin_dir"
-    elif os.environ.get("PSRT_BIN_DIR"):
-        where, how = os.environ["PSRT_BIN_DIR"], "PSRT_BIN_DIR"
-    else:
-        where, how = sysconfig.get_path("scripts"), "the scripts directory of %s" % sys.executable
-    for program in _PROGRAMS:
-        if not os.access(os.path.join(where, program), os.X_OK):
-            raise FileNotFoundError(
-                "%s is not in %s (%s) on node %s; pass bin_dir= to RayExecutor or set PSRT_BIN_DIR"
-                % (program, where, how, ray.util.get_node_ip_address()))
-    return where
 
 
 class _Process:
@@ -185,7 +168,10 @@ class _Daemon:
     per job, and a directory of its own."""
 
     def __init__(self, bin_dir):
-        self._bin = _find_programs(bin_dir)
+        try:
+            self._bin = find_programs(_PROGRAMS, bin_dir)
+        except FileNotFoundError as e:
+            raise FileNotFoundError("node %s: %s" % (ray.util.get_node_ip_address(), e)) from None
         self._process = None
         self._dir = None
 
@@ -362,8 +348,8 @@ class RayExecutor:
     is set from the layout. placement_strategy: STRICT_SPREAD (a node per
     host), SPREAD, PACK or STRICT_PACK. bin_dir: where psrt-coordinator,
     psrt-server and psrt-worker are on every node (default: $PSRT_BIN_DIR,
-    else the scripts directory of the Python that runs the actors, where
-    psrt's wheel installs them). token: the job token (default: a random
+    else where psrt's wheel installs them for the Python that runs the
+    actors, else PATH). token: the job token (default: a random
     one). start_timeout_s: how long start() waits for the placement group
     and each kind of actor, and run() for the job's programs to come up and,
     with the job's heartbeat timeout on top, to exit at its end.
