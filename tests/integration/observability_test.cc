@@ -326,7 +326,9 @@ TEST(TimelineTest, AJobsWorkersRecordTheirPushesPullsAndWaits) {
       if (name == "WAIT") {
         const std::string op = args.at("op").get<std::string>();
         ++waits_by_op[op];
-        if (op == "REGISTER") EXPECT_EQ(args.at("tensors").size(), 1u) << e;
+        if (op == "REGISTER") {
+          EXPECT_EQ(args.at("tensors").size(), 1u) << e;
+        }
         if (op == "PUSH_PULL") {
           wait_end[handle] = ts + dur;
           EXPECT_EQ(args.at("tensors"), Json::array({"bias", "weight"})) << e;
