@@ -189,11 +189,19 @@ TEST(DashboardTest, EveryQueryReadsMetricsPsrtExports) {
       for (const std::string& name : names) {
         EXPECT_TRUE(exported.count(name)) << panel.at("title") << ": " << name << " (in " << expr
                                           << ") is no metric psrt exports";
+        // Every read of a metric keeps to the job the dashboard's selector names.
+        EXPECT_FALSE(std::regex_search(expr, std::regex("\\b" + name + R"(\b(?!\{job="\$job"\}))")))
+            << panel.at("title") << ": " << name << " is read without {job=\"$job\"} in " << expr;
       }
       ++queries;
     }
   }
   EXPECT_GT(queries, 10);
+  std::set<std::string> variables;
+  for (const Json& variable : dashboard.at("templating").at("list")) {
+    variables.insert(variable.at("name").get<std::string>());
+  }
+  EXPECT_EQ(variables, (std::set<std::string>{"datasource", "job"}));
   for (const char* title :
        {"Goodput", "Step time", "Staleness", "Pull waits", "Checkpoint duration", "Errors"}) {
     EXPECT_TRUE(titles.count(title)) << "no panel '" << title << "'";
