@@ -35,12 +35,18 @@ reports+=("$out/push_pull.json" "$out/push_pull.txt" "$out/goodput.json" "$out/g
 shopt -s nullglob
 for exe in "$bin"/*_bench; do
   name=$(basename "$exe")
-  [ "$name" = push_pull_bench ] && continue
+  case $name in push_pull_bench | multihost_bench) continue ;; esac
   [ -x "$exe" ] || continue
   echo "bench: $name"
   "$exe" --benchmark_out="$out/$name.json" --benchmark_out_format=json | tee "$out/$name.txt"
   reports+=("$out/$name.json" "$out/$name.txt")
 done
+
+# The trainer across three network-namespace hosts (plain, then shaped links)
+# against the same job on loopback, in turns; says it skipped where not root.
+echo "bench: multihost_bench"
+"$bin/multihost_bench" --json "$out/multihost.json" | tee "$out/multihost.txt"
+reports+=("$out/multihost.json" "$out/multihost.txt")
 
 # Loss against wall time in sync, async and ssp with one slowed worker
 # (Python with matplotlib, from the .venv that `setup.sh python` makes).

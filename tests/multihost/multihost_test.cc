@@ -14,10 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "tests/multihost/linreg_rate.h"
 #include "tests/multihost/netns_job.h"
 
 namespace psrt {
@@ -68,30 +69,16 @@ size_t Count(const std::string& text, const std::string& what) {
   return n;
 }
 
-// Steady-state samples per second from rank 0's "seconds step loss" lines,
-// skipping the first `skip_steps` (start-up).
-double SamplesPerSecond(const std::string& loss_log, int skip_steps, int workers) {
-  std::istringstream in(ReadFile(loss_log));
-  double t, loss, t0 = -1, t1 = 0;
-  long step, s0 = 0, s1 = 0;
-  while (in >> t >> step >> loss) {
-    if (step < skip_steps) continue;
-    if (t0 < 0) t0 = t, s0 = step;
-    t1 = t, s1 = step;
-  }
-  return t1 > t0 && t0 >= 0 ? (s1 - s0) * kBatch * workers / (t1 - t0) : 0;
-}
-
 TEST_F(MultiHostTest, HostsByIpAnnounceTheirInterfaceOnFixedPortsOverShapedLinks) {
   absl::StatusOr<std::string> shape = hosts_->Shape("2ms", "1gbit");
   ASSERT_TRUE(shape.ok()) << shape.status();
   for (int h = 0; h < kHosts; ++h) {
-    StartPsrtRun(h,
-                 absl::StrCat("--hosts=", IpHosts(), " --current-host=", h,
-                              " --interface=eth", h, " --distribution='",
-                              Distribution(R"(,"servers_per_host":2,"server_port_base":7100)"),
-                              "'"),
-                 Linreg(300));
+    StartPsrtRun(
+        h,
+        absl::StrCat("--hosts=", IpHosts(), " --current-host=", h, " --interface=eth", h,
+                     " --distribution='",
+                     Distribution(R"(,"servers_per_host":2,"server_port_base":7100)"), "'"),
+        Linreg(300));
   }
   const std::vector<int> codes = WaitAll(absl::Seconds(180));
   const std::string out = Output();
@@ -102,10 +89,11 @@ TEST_F(MultiHostTest, HostsByIpAnnounceTheirInterfaceOnFixedPortsOverShapedLinks
     for (int port : {7100, 7101}) {
       EXPECT_TRUE(absl::StrContains(HostOutput(h),
                                     absl::StrCat("serving on ", hosts_->address(h), ":", port)))
-          << "host " << h << " port " << port << "\n" << out;
+          << "host " << h << " port " << port << "\n"
+          << out;
     }
   }
-  const double rate = SamplesPerSecond(dir_ + "/loss", 50, kHosts);
+  const double rate = LinregSamplesPerSecond(dir_ + "/loss", 50, kBatch * kHosts);
   EXPECT_GT(rate, 0) << ReadFile(dir_ + "/loss");
   RecordProperty("samples_per_second", absl::StrCat(static_cast<int>(rate)));
   RecordProperty("links", *shape);
@@ -118,8 +106,8 @@ TEST_F(MultiHostTest, SageMakerHostNamesThatResolveLateAndAHostThatStarts15sLate
   ASSERT_TRUE(hosts_->SetHostNames(AlgoNames(1)).ok());
   // SM_HOSTS and SM_CURRENT_HOST exactly as SageMaker sets them.
   auto start = [&](int h) {
-    StartHost(h, absl::StrCat("env SM_HOSTS='", SmHosts(), "' SM_CURRENT_HOST=", Algo(h), " ",
-                              kBin, "/psrt-run --token=", token_, " --distribution='",
+    StartHost(h, absl::StrCat("env SM_HOSTS='", SmHosts(), "' SM_CURRENT_HOST=", Algo(h), " ", kBin,
+                              "/psrt-run --token=", token_, " --distribution='",
                               Distribution(R"(,"barrier_timeout_s":90)"), "' -- ", Linreg(200)));
   };
   start(1);
@@ -146,8 +134,8 @@ TEST_F(MultiHostTest, SageMakerHostNamesThatResolveLateAndAHostThatStarts15sLate
 TEST_F(MultiHostTest, AHostThatNeverComesFailsTheBarrierNamingItAndEveryProcessExits) {
   for (int h = 0; h < 2; ++h) {
     StartPsrtRun(h,
-                 absl::StrCat("--hosts=", IpHosts(), " --current-host=", h,
-                              " --distribution='", Distribution(R"(,"barrier_timeout_s":6)"), "'"),
+                 absl::StrCat("--hosts=", IpHosts(), " --current-host=", h, " --distribution='",
+                              Distribution(R"(,"barrier_timeout_s":6)"), "'"),
                  Linreg(100));
   }
   const std::vector<int> codes = WaitAll(absl::Seconds(90));
@@ -164,9 +152,8 @@ TEST_F(MultiHostTest, AHostThatNeverComesFailsTheBarrierNamingItAndEveryProcessE
 TEST_F(MultiHostTest, ABlipShorterThanTheHeartbeatTimeoutIsSurvived) {
   for (int h = 0; h < kHosts; ++h) {
     StartPsrtRun(h,
-                 absl::StrCat("--hosts=", IpHosts(), " --current-host=", h,
-                              " --distribution='", Distribution(R"(,"heartbeat_timeout_s":8)"),
-                              "'"),
+                 absl::StrCat("--hosts=", IpHosts(), " --current-host=", h, " --distribution='",
+                              Distribution(R"(,"heartbeat_timeout_s":8)"), "'"),
                  Linreg(400));
   }
   ASSERT_TRUE(runs_[0].WaitForOutput("step 100 ", absl::Seconds(90))) << Output();
@@ -193,20 +180,20 @@ TEST_F(MultiHostTest, TheSageMakerEntryPointTrainsThePyTorchDemoAcrossHosts) {
     const std::string base = absl::StrCat(dir_, "/sm", h);
     ASSERT_EQ(std::system(("mkdir -p " + base + "/input/config").c_str()), 0);
     std::ofstream(base + "/input/config/resourceconfig.json")
-        << R"({"current_host": ")" << Algo(h) << R"(", "current_group_name": "homogeneousCluster", )"
-        << R"("hosts": )" << SmHosts() << R"(, "network_interface_name": "eth)"
-        << h << "\"}";
+        << R"({"current_host": ")" << Algo(h)
+        << R"(", "current_group_name": "homogeneousCluster", )"
+        << R"("hosts": )" << SmHosts() << R"(, "network_interface_name": "eth)" << h << "\"}";
     // SageMaker's SDK JSON-encodes every hyperparameter's value.
     std::ofstream(base + "/input/config/hyperparameters.json")
         << R"({"sagemaker_program": "\"sagemaker_digits.py\"", )"
         << R"("sagemaker_parameter_server_enabled": "true", "sagemaker_region": "\"us-west-2\"", )"
         << R"("epochs": "4", "threshold": "0.9", "psrt_distribution": )"
         << R"("{\"compression\": \"fp16\", \"transport\": \"tcp\", \"barrier_timeout_s\": 180}"})";
-    StartHost(h, absl::StrCat("env SAGEMAKER_BASE_DIR=", base, " SM_HOSTS='", SmHosts(),
-                              "' SM_CURRENT_HOST=", Algo(h),
-                              " SM_MODULE_DIR=", PSRT_SOURCE_DIR, "/worker/examples PSRT_BIN_DIR=",
-                              kBin, " PYTHONPATH=", kBin, "/../python PSRT_JOB_TOKEN=", token_, " ",
-                              python_, " -m psrt.sagemaker"));
+    StartHost(
+        h, absl::StrCat("env SAGEMAKER_BASE_DIR=", base, " SM_HOSTS='", SmHosts(),
+                        "' SM_CURRENT_HOST=", Algo(h), " SM_MODULE_DIR=", PSRT_SOURCE_DIR,
+                        "/worker/examples PSRT_BIN_DIR=", kBin, " PYTHONPATH=", kBin,
+                        "/../python PSRT_JOB_TOKEN=", token_, " ", python_, " -m psrt.sagemaker"));
   }
   const std::vector<int> codes = WaitAll(absl::Seconds(280));
   const std::string out = Output();
@@ -216,9 +203,11 @@ TEST_F(MultiHostTest, TheSageMakerEntryPointTrainsThePyTorchDemoAcrossHosts) {
     EXPECT_EQ(access((base + "/output/success").c_str(), F_OK), 0) << "host " << h << "\n" << out;
     // The model is left on host 0 alone (rank 0 saves it).
     EXPECT_EQ(access((base + "/model/model.pth").c_str(), F_OK) == 0, h == 0)
-        << "host " << h << "\n" << out;
+        << "host " << h << "\n"
+        << out;
     // network_interface_name chose what the servers announce.
-    EXPECT_TRUE(absl::StrContains(HostOutput(h), absl::StrCat("serving on ", hosts_->address(h), ":")))
+    EXPECT_TRUE(
+        absl::StrContains(HostOutput(h), absl::StrCat("serving on ", hosts_->address(h), ":")))
         << out;
   }
   ExpectNothingLeft();

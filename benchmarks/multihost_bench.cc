@@ -1,0 +1,282 @@
+// multihost_bench: what crossing hosts costs a training job.
+//
+// The same job, psrt-example-linreg on 3 hosts with one server and one
+// worker each over TCP, runs on three hosts made of network namespaces
+// (tests/multihost/netns_hosts.h) and, taking turns with it, on one host over
+// loopback (psrt-run --local=3): the baseline, measured in the same run.
+// First over plain veth links, then over links shaped to --rate (plus --delay
+// where the kernel has netem). Reported: samples/s of each job, the median
+// per phase, and the ratio of the hosts' median to the baseline's.
+//
+// Namespaces need root; elsewhere it says why and writes {"skipped": why}.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/flags.h"
+#include "common/process.h"
+#include "tests/multihost/linreg_rate.h"
+#include "tests/multihost/netns_hosts.h"
+
+namespace psrt {
+namespace {
+
+constexpr char kProgram[] = "multihost_bench";
+constexpr int kHosts = 3;
+constexpr int kBatch = 64;
+constexpr int kSkipSteps = 50;  // start-up: registration and the first pulls
+
+struct Settings {
+  int steps = 400;
+  int rounds = 3;
+  int dim = 2048;
+  double lr = 0.1;
+  std::string rate = "1gbit", delay = "2ms";
+  int timeout_s = 300;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The 1-, 5- and 15-minute load averages.
+std::string LoadAverage() {
+  std::istringstream in(ReadAll("/proc/loadavg"));
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return absl::StrCat(one, " ", five, " ", fifteen);
+}
+
+std::string Tail(const std::string& text, size_t bytes) {
+  return text.size() <= bytes ? text : "..." + text.substr(text.size() - bytes);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Runs one job: `commands` (one per host, through the shell), each with its
+// output in dir/NAME.hostH.log. Returns rank 0's samples/s.
+class JobRunner {
+ public:
+  JobRunner(const Settings& settings, std::string dir)
+      : settings_(settings), dir_(std::move(dir)), bin_(SelfDirectory()) {}
+
+  const std::string& bin() const { return bin_; }
+
+  // The psrt-run flags and training command shared by both kinds of job.
+  std::string Job(const std::string& name) const {
+    const std::string distribution =
+        R"({"parameter_server":{"enabled":true,"transport":"tcp","partition_bytes":4096}})";
+    return absl::StrCat("--token=bench-", getpid(), "-", name, " --distribution='", distribution,
+                        "' -- ", bin_, "/psrt-example-linreg --dim=", settings_.dim,
+                        " --batch=", kBatch, " --log-every=10 --lr=", settings_.lr,
+                        " --steps=", settings_.steps, " --result=", dir_, "/", name,
+                        " --loss-log=", LossLog(name));
+  }
+  std::string LossLog(const std::string& name) const { return dir_ + "/" + name + ".loss"; }
+
+  absl::StatusOr<double> Run(const std::string& name, const std::vector<std::string>& commands) {
+    std::remove(LossLog(name).c_str());
+    std::vector<pid_t> pids;
+    std::vector<std::string> logs;
+    for (size_t h = 0; h < commands.size(); ++h) {
+      logs.push_back(absl::StrCat(dir_, "/", name, ".host", h, ".log"));
+      absl::StatusOr<pid_t> pid =
+          Spawn({"/bin/sh", "-c", absl::StrCat("exec ", commands[h], " >", logs[h], " 2>&1")}, {});
+      if (!pid.ok()) {
+        Terminate(pids, absl::Seconds(5));
+        return pid.status();
+      }
+      pids.push_back(*pid);
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(settings_.timeout_s);
+    std::vector<pid_t> running = pids;
+    std::string failed;
+    while (!running.empty() && absl::Now() < deadline) {
+      for (const Exit& e : ReapExited()) {
+        auto it = std::find(running.begin(), running.end(), e.pid);
+        if (it == running.end()) continue;
+        running.erase(it);
+        const size_t h = std::find(pids.begin(), pids.end(), e.pid) - pids.begin();
+        if (e.code != 0) {
+          absl::StrAppend(&failed, "\nhost ", h, " ", e.description, ":\n",
+                          Tail(ReadAll(logs[h]), 2000));
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    if (!running.empty()) {
+      Terminate(running, absl::Seconds(10));
+      return absl::DeadlineExceededError(
+          absl::StrCat("job ", name, ": ", running.size(), " of ", pids.size(),
+                       " hosts' psrt-run still running after ", settings_.timeout_s,
+                       "s (--timeout); logs in ", dir_));
+    }
+    if (!failed.empty()) return absl::InternalError(absl::StrCat("job ", name, " failed:", failed));
+    const double rate = LinregSamplesPerSecond(LossLog(name), kSkipSteps, kBatch * kHosts);
+    if (rate <= 0) {
+      return absl::InternalError(absl::StrCat("job ", name, ": no steps past ", kSkipSteps, " in ",
+                                              LossLog(name), " (--steps=", settings_.steps, ")"));
+    }
+    return rate;
+  }
+
+ private:
+  const Settings settings_;
+  const std::string dir_, bin_;
+};
+
+struct Phase {
+  std::string name, links;
+  std::vector<double> hosts, baseline;  // samples/s per round
+};
+
+// `rounds` turns of: the job on the namespace hosts, then on loopback.
+absl::Status RunPhase(JobRunner& runner, const NetnsHosts& hosts, const Settings& settings,
+                      Phase* phase) {
+  std::vector<std::string> addresses;
+  for (int h = 0; h < kHosts; ++h) addresses.push_back(hosts.address(h));
+  for (int r = 0; r < settings.rounds; ++r) {
+    const std::string name = absl::StrCat(phase->name, r);
+    std::vector<std::string> commands;
+    for (int h = 0; h < kHosts; ++h) {
+      commands.push_back(absl::StrCat(hosts.Exec(h), runner.bin(),
+                                      "/psrt-run --hosts=", absl::StrJoin(addresses, ","),
+                                      " --current-host=", h, " ", runner.Job(name + "hosts")));
+    }
+    absl::StatusOr<double> on_hosts = runner.Run(name + "hosts", commands);
+    if (!on_hosts.ok()) return on_hosts.status();
+    absl::StatusOr<double> on_loopback =
+        runner.Run(name + "loopback", {absl::StrCat(runner.bin(), "/psrt-run --local=", kHosts, " ",
+                                                    runner.Job(name + "loopback"))});
+    if (!on_loopback.ok()) return on_loopback.status();
+    phase->hosts.push_back(*on_hosts);
+    phase->baseline.push_back(*on_loopback);
+    std::printf("  %-7s round %d: %3d hosts %8.0f samples/s, loopback %8.0f samples/s\n",
+                phase->name.c_str(), r, kHosts, *on_hosts, *on_loopback);
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
+}
+
+nlohmann::json PhaseJson(const Phase& p) {
+  return {{"links", p.links},
+          {"hosts_samples_per_second", p.hosts},
+          {"loopback_samples_per_second", p.baseline},
+          {"hosts_median", Median(p.hosts)},
+          {"loopback_median", Median(p.baseline)},
+          {"ratio", Median(p.hosts) / Median(p.baseline)}};
+}
+
+int Main(int argc, char** argv) {
+  Settings settings;
+  std::string json_path;
+  Flags flags(kProgram, "[--steps=400] [--rounds=3] [--rate=1gbit] [--delay=2ms] [--json=PATH]");
+  flags.Add("steps", &settings.steps, "Training steps per job (the first 50 are not timed).");
+  flags.Add("rounds", &settings.rounds,
+            "Jobs per phase on the hosts, each followed by the baseline.");
+  flags.Add("dim", &settings.dim,
+            "Features of the linear model (its weight has this many floats).");
+  flags.Add("rate", &settings.rate, "The shaped links' rate, as tc writes it.");
+  flags.Add("delay", &settings.delay, "The shaped links' added delay (netem; ignored without it).");
+  flags.Add("lr", &settings.lr, "The trainer's learning rate (a wider model needs a smaller one).");
+  flags.Add("timeout", &settings.timeout_s, "Give up on a job after this many seconds.");
+  flags.Add("json", &json_path, "Write the results as JSON here.");
+  flags.ParseOrExit(argc, argv);
+  if (settings.steps <= kSkipSteps + 10 || settings.rounds < 1 || settings.dim < 1 ||
+      settings.timeout_s < 1) {
+    std::fprintf(stderr, "%s: --steps must be above %d, --rounds, --dim and --timeout at least 1\n",
+                 kProgram, kSkipSteps + 10);
+    return 2;
+  }
+  auto write_json = [&](const nlohmann::json& j) {
+    if (!json_path.empty()) std::ofstream(json_path) << j.dump(2) << "\n";
+  };
+
+  absl::StatusOr<std::unique_ptr<NetnsHosts>> hosts = NetnsHosts::Create(kHosts);
+  if (!hosts.ok()) {
+    std::printf("%s: skipped: %s\n", kProgram, std::string(hosts.status().message()).c_str());
+    write_json({{"skipped", std::string(hosts.status().message())}});
+    return 0;
+  }
+  char dir_template[] = "/tmp/psrt-multihost-bench-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) {
+    std::perror("mkdtemp");
+    return 1;
+  }
+  JobRunner runner(settings, dir_template);
+  const std::string load_before = LoadAverage();
+  std::printf(
+      "%s: %d hosts (network namespaces) of 1 server and 1 worker, linreg dim %d batch %d, "
+      "%d steps, TCP; baseline: the same job on loopback (--local=%d); nproc %ld, load %s\n",
+      kProgram, kHosts, settings.dim, kBatch, settings.steps, kHosts, sysconf(_SC_NPROCESSORS_ONLN),
+      load_before.c_str());
+
+  std::vector<Phase> phases = {{"plain", "veth, unshaped", {}, {}}, {"shaped", "", {}, {}}};
+  for (Phase& phase : phases) {
+    if (phase.name == "shaped") {
+      absl::StatusOr<std::string> shape = (*hosts)->Shape(settings.delay, settings.rate);
+      if (!shape.ok()) {
+        std::fprintf(stderr, "%s: cannot shape the links: %s\n", kProgram,
+                     std::string(shape.status().message()).c_str());
+        return 1;
+      }
+      phase.links = *shape;
+    }
+    std::printf("%s: %s links (%s)\n", kProgram, phase.name.c_str(), phase.links.c_str());
+    if (absl::Status s = RunPhase(runner, **hosts, settings, &phase); !s.ok()) {
+      std::fprintf(stderr, "%s: %s\n", kProgram, std::string(s.message()).c_str());
+      return 1;
+    }
+  }
+
+  std::printf("\n%-8s %12s %12s %7s  %s\n", "phase", "hosts", "loopback", "ratio", "links");
+  nlohmann::json results = nlohmann::json::object();
+  for (const Phase& p : phases) {
+    std::printf("%-8s %12.0f %12.0f %7.2f  %s\n", p.name.c_str(), Median(p.hosts),
+                Median(p.baseline), Median(p.hosts) / Median(p.baseline), p.links.c_str());
+    results[p.name] = PhaseJson(p);
+  }
+  std::printf("(median samples/s of %d rounds; ratio: hosts / loopback)\n", settings.rounds);
+  std::filesystem::remove_all(dir_template);  // the jobs' logs; kept when a job fails
+  write_json({{"benchmark", kProgram},
+              {"date", absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone())},
+              {"machine",
+               {{"nproc", sysconf(_SC_NPROCESSORS_ONLN)},
+                {"loadavg_before", load_before},
+                {"loadavg_after", LoadAverage()}}},
+              {"settings",
+               {{"hosts", kHosts},
+                {"steps", settings.steps},
+                {"rounds", settings.rounds},
+                {"dim", settings.dim},
+                {"batch", kBatch},
+                {"rate", settings.rate},
+                {"delay", settings.delay}}},
+              {"phases", results}});
+  return 0;
+}
+
+}  // namespace
+}  // namespace psrt
+
+int main(int argc, char** argv) { return psrt::Main(argc, argv); }
