@@ -18,7 +18,7 @@ DEMO_PYTHON_torch := $(PYTHON)
 DEMO_PYTHON_tensorflow := $(PYTHON)
 DEMO_PYTHON_mxnet := $(CURDIR)/.venv-mxnet/bin/python
 
-.PHONY: all setup configure build wheel test unit-test demo bench fuzz asan tsan bazel clean
+.PHONY: all setup configure build wheel test unit-test demo bench fuzz asan tsan bazel image-check clean
 
 all: build
 
@@ -76,6 +76,11 @@ bench: build
 # The optional Bazel build (BUILD.bazel), offline against the same Debian
 # packages; installs bazel-bootstrap first.
 bazel: ; @scripts/setup.sh bazel && scripts/bazel_check.sh
+
+# Builds deploy/docker/Dockerfile with buildah and trains the demo in the
+# image, plainly and as SageMaker runs it (scripts/image_check.sh; root).
+image-check:
+	@scripts/image_check.sh
 
 clean:
 	rm -rf $(BUILD)
