@@ -141,7 +141,7 @@ def test_the_demo_survives_a_killed_server_losing_less_than_a_checkpoint_interva
                     assert len(servers) == 1, job_processes(token)
                     server = servers[0]
             os.kill(server, signal.SIGKILL)
-            assert run.wait(timeout=240) == 0, "".join(out)
+            code = run.wait(timeout=240)
         except queue.Empty:
             raise AssertionError("no line \"step %d/\" within 180 s:\n%s" % (kill_at, "".join(out)))
         finally:
@@ -151,6 +151,7 @@ def test_the_demo_survives_a_killed_server_losing_less_than_a_checkpoint_interva
         while not lines.empty():
             out.append(lines.get() or "")
         out = "".join(out)
+    assert code == 0, out
     assert "demo: test accuracy 0." in out, out
     assert not job_processes(token)
     recoveries = re.findall(r"recovery \d+ of at most \d+: server 1 on local1 .*; rolled back to step (\d+)"
