@@ -73,8 +73,7 @@ double Median(std::vector<double> v) {
   return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-// Runs one job: `commands` (one per host, through the shell), each with its
-// output in dir/NAME.hostH.log. Returns rank 0's samples/s.
+// Runs the bench's jobs, one at a time, with their logs in one directory.
 class JobRunner {
  public:
   JobRunner(const Settings& settings, std::string dir)
@@ -94,6 +93,8 @@ class JobRunner {
   }
   std::string LossLog(const std::string& name) const { return dir_ + "/" + name + ".loss"; }
 
+  // Runs job `name`: `commands` (one per host, through the shell), each with
+  // its output in dir/NAME.hostH.log. Returns rank 0's samples/s.
   absl::StatusOr<double> Run(const std::string& name, const std::vector<std::string>& commands) {
     std::remove(LossLog(name).c_str());
     std::vector<pid_t> pids;
