@@ -53,6 +53,13 @@ class HostVariables:
             self._client.set_learning_rate(lr)
             self._lr = lr
 
+    def _step_of(self, names):
+        """The step a push of `names` is for: the least of theirs. A worker
+        that joined a running job may have pulled some a version ahead (the
+        others were inside a step); the servers drop its push where the step
+        is done, and would refuse one for a version a key has not reached."""
+        return min(self._steps[n] for n in names)
+
     def push_pull(self, names, grads, lr=None):
         """Pushes every gradient, waits for the new weights; returns them.
         All names must be at the same step (one step of a model)."""
@@ -66,7 +73,7 @@ class HostVariables:
         for n, g, o in zip(names, grads, outs):
             if g.size != o.size:
                 raise psrt.PsrtError("gradient of '%s' has %d values; the variable has %d" % (n, g.size, o.size))
-        step = self._steps[names[0]]
+        step = self._step_of(names)
         handle = self._client.push_pull(list(names), [g.ctypes.data for g in grads],
                                         [o.ctypes.data for o in outs], step)
         self._client.wait(handle)
@@ -81,10 +88,10 @@ class HostVariables:
             if n not in self._out:
                 raise psrt.PsrtError("variable '%s' was never registered with psrt" % n)
         grads = [np.ascontiguousarray(g, dtype=np.float32) for g in grads]
-        step = self._steps[names[0]]
+        step = self._step_of(names)
         self._client.wait(self._client.push(list(names), [g.ctypes.data for g in grads], step))
         for n in names:
-            self._steps[n] += 1  # sync: the version the update makes
+            self._steps[n] = step + 1  # sync: the version the update makes
 
     def pull(self, name):
         """The variable's current weights (sync: of the step it is at)."""

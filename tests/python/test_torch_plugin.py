@@ -182,6 +182,22 @@ def test_elastic_worker_joins_and_the_users_rule_scales_the_learning_rate():
     assert "rank 0: workers 1 -> 2, lr 0.01 -> 0.02" in log, log
 
 
+def test_a_worker_that_joins_inside_a_step_pushes_for_the_least_version_it_pulled():
+    # torch_join_mid_step.py: rank 1 joins when rank 0 has pushed step 0 of
+    # "weight" but not of "bias". Pushing for version 1 (weight's) would be
+    # refused at bias, and rank 0's push of bias for version 0 would wait for
+    # rank 1 forever; for version 0 it completes bias's step, and the servers
+    # drop it at weight, whose step is done.
+    with tempfile.TemporaryDirectory() as d:
+        code, log = run_job([d], ps={"elastic": {"min_workers": 1, "max_workers": 2}}, timeout=120,
+                            script=os.path.join(HERE, "torch_join_mid_step.py"))
+    assert code == 0, log
+    assert "rank 1: pulled weight at version 1, bias at version 0" in log, log
+    ends = re.findall(r"rank (\d): versions weight 3 bias 3, weights (.*)", log)
+    assert sorted(rank for rank, _ in ends) == ["0", "1"], log
+    assert ends[0][1] == ends[1][1], log  # the same weights
+
+
 def test_forgetting_init_is_a_clear_error_not_a_hang():
     with tempfile.TemporaryDirectory() as d:
         code, log = run_job(["--skip-init", "--out", os.path.join(d, "x")], timeout=120)

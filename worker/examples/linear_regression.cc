@@ -4,9 +4,10 @@
 // Every rank draws its own batches of x ~ N(0, 1) with y = x.w* + b*, where
 // w*_j = sin(j + 1) and b* = 0.5, and minimises the mean squared error. The
 // data has no noise, so the weights converge to (w*, b*) exactly.
+#include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <vector>
@@ -194,10 +195,15 @@ int main(int argc, char** argv) {
   std::vector<float> gw(dim), gb(1);
   std::FILE* loss_file = rank == 0 && !loss_log.empty() ? std::fopen(loss_log.c_str(), "a") : nullptr;
   const absl::Time start = absl::Now();
-  // Sync: the step is the version pulled (a rejoining worker picks up where
-  // the job is; a backup worker whose push came late skips ahead). Async and
-  // ssp: the step is this worker's clock.
-  int64_t step = c.sync() ? c.PulledVersion("weight").value_or(0) : c.restored_step();
+  // Sync: the step is the least version pulled (a rejoining worker picks up
+  // where the job is, and one that pulled while the others were inside a step
+  // never pushes for a version a key has not reached; a backup worker whose
+  // push came late skips ahead). Async and ssp: the step is this worker's clock.
+  auto pulled_version = [&c](int64_t otherwise) {
+    return std::min(c.PulledVersion("weight").value_or(otherwise),
+                    c.PulledVersion("bias").value_or(otherwise));
+  };
+  int64_t step = c.sync() ? pulled_version(0) : c.restored_step();
   // Resumed from a checkpoint: skip the batches of the steps already done, so
   // the job goes on as if it had never stopped.
   for (int64_t i = 0; i < step; ++i) draw(shard);
@@ -221,7 +227,7 @@ int main(int argc, char** argv) {
       std::fprintf(loss_file, "%.6f %ld %.9g\n", absl::ToDoubleSeconds(absl::Now() - start),
                    static_cast<long>(step), loss);
     }
-    step = c.sync() ? c.PulledVersion("weight").value_or(step + 1) : step + 1;
+    step = c.sync() ? pulled_version(step + 1) : step + 1;
   }
   if (loss_file != nullptr) std::fclose(loss_file);
   // Final weights: in sync mode every rank reads the same version.

@@ -164,8 +164,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         sync = client.is_sync()
         # The step to push next: the servers' version in sync mode (a restored
         # job resumes there), this worker's clock otherwise.
-        self._step = (client.pulled_version(self._variables[0].name) if sync and self._variables
-                      else client.restored_step())
+        self._step = self._servers_version() if sync and self._variables else client.restored_step()
         self._pushing = False
         self._by_param = {id(v.param): v for v in self._variables}
         for v in self._variables:
@@ -247,6 +246,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._landing += len(self._bucket)
         self._bucket, self._bucket_bytes = [], 0
 
+    def _servers_version(self):
+        """The least version pulled over the parameters. A worker that joins
+        a running job pulls while the others are inside a step, when some
+        keys are a version ahead: it pushes for the least one (the servers
+        drop that push where the step is done), never for a version a key
+        has not reached, which they refuse."""
+        return min(self._client.pulled_version(v.name) for v in self._variables)
+
     @torch.no_grad()
     def _land(self, v):
         """Waits for the parameter's new weights and writes them into it."""
@@ -260,8 +267,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if self._landing == 0:
                 # Every key of the step has come back: the step to push next
                 # is the servers' version (sync), or this worker's clock.
-                self._step = (self._client.pulled_version(self._variables[0].name)
-                              if self._client.is_sync() else self._step + 1)
+                self._step = self._servers_version() if self._client.is_sync() else self._step + 1
 
     def _before_forward(self, module):
         """A module's forward waits for its own parameters' new weights."""
