@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "benchmarks/bench_util.h"
 #include "common/flags.h"
 #include "common/process.h"
 #include "tests/multihost/linreg_rate.h"
@@ -49,23 +50,6 @@ struct Settings {
   std::string rate = "1gbit", delay = "2ms";
   int timeout_s = 300;
 };
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-// The 1-, 5- and 15-minute load averages.
-std::string LoadAverage() {
-  std::istringstream in(ReadAll("/proc/loadavg"));
-  std::string one, five, fifteen;
-  in >> one >> five >> fifteen;
-  return absl::StrCat(one, " ", five, " ", fifteen);
-}
-
-std::string Tail(const std::string& text, size_t bytes) {
-  return text.size() <= bytes ? text : "..." + text.substr(text.size() - bytes);
-}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -120,7 +104,7 @@ class JobRunner {
         const size_t h = std::find(pids.begin(), pids.end(), e.pid) - pids.begin();
         if (e.code != 0) {
           absl::StrAppend(&failed, "\nhost ", h, " ", e.description, ":\n",
-                          Tail(ReadAll(logs[h]), 2000));
+                          Tail(ReadFile(logs[h]), 2000));
         }
       }
       absl::SleepFor(absl::Milliseconds(50));

@@ -57,6 +57,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "benchmarks/bench_util.h"
 #include "common/daemon.h"
 #include "common/flags.h"
 #include "common/grpc_util.h"
@@ -67,17 +68,6 @@ namespace psrt {
 namespace {
 
 constexpr char kProgram[] = "push_pull_bench";
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string Tail(const std::string& text, size_t max_chars) {
-  return text.size() <= max_chars ? text : "..." + text.substr(text.size() - max_chars);
-}
 
 std::string HumanBytes(int64_t b) {
   if (b >= (1ll << 30) && b % (1ll << 30) == 0) return absl::StrCat(b >> 30, " GiB");
@@ -461,13 +451,6 @@ std::string CpuModel() {
     }
   }
   return "";
-}
-
-std::string LoadAverage() {
-  std::string s = ReadFile("/proc/loadavg");
-  std::vector<std::string> parts = absl::StrSplit(s, ' ');
-  if (parts.size() < 3) return "";
-  return absl::StrCat(parts[0], " ", parts[1], " ", parts[2]);
 }
 
 // Removes a directory of files and directories (the jobs' logs).
