@@ -178,6 +178,8 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
       s.Update(CheckAtLeast("l2", c.l2, 0.0));
       s.Update(CheckAtLeast("ftrl_beta", c.ftrl_beta, 0.0));
       return s;
+    case OptimizerKind::kAssign:
+      return s;  // No hyperparameters.
   }
   return absl::InvalidArgumentError(
       absl::StrCat("Invalid optimizer kind: ", static_cast<int>(c.kind)));
@@ -194,6 +196,8 @@ int NumSlots(const OptimizerConfig& c) {
       return 1;
     case OptimizerKind::kFtrl:
       return 2;
+    case OptimizerKind::kAssign:
+      return 0;
   }
   return 0;
 }
@@ -294,6 +298,9 @@ void ApplyUpdateWithIsa(Isa isa, const OptimizerConfig& c, double lr,
       // elements is the dense update, the same bits on every ISA.
       ApplyRowUpdate(c, lr, step, param, grad, slots, static_cast<int64_t>(n));
       return;
+    case OptimizerKind::kAssign:
+      std::copy(grad, grad + n, param);
+      return;
   }
 }
 
@@ -319,6 +326,8 @@ const char* OptimizerName(OptimizerKind k) {
       return "adagrad";
     case OptimizerKind::kFtrl:
       return "ftrl";
+    case OptimizerKind::kAssign:
+      return "assign";
   }
   return "unknown";
 }
@@ -326,12 +335,12 @@ const char* OptimizerName(OptimizerKind k) {
 absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name) {
   for (OptimizerKind k :
        {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW,
-        OptimizerKind::kAdaGrad, OptimizerKind::kFtrl}) {
+        OptimizerKind::kAdaGrad, OptimizerKind::kFtrl, OptimizerKind::kAssign}) {
     if (name == OptimizerName(k)) return k;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown optimizer '", name,
-                   "'; accepted: sgd, adam, adamw, adagrad, ftrl"));
+                   "'; accepted: sgd, adam, adamw, adagrad, ftrl, assign"));
 }
 
 }  // namespace psrt

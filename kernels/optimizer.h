@@ -22,6 +22,11 @@ enum class OptimizerKind {
   kAdamW = 2,
   kAdaGrad = 3,
   kFtrl = 4,
+  // The step's aggregated gradient becomes the value (no learning rate, no
+  // slots): a plain key-value store (MXNet's kvstore without an optimizer)
+  // and the servers' mean of a tensor (gradients averaged into .grad, the
+  // running statistics of BatchNorm).
+  kAssign = 5,
 };
 
 struct OptimizerConfig {
@@ -49,7 +54,7 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c);
 
 // Number of per-element float slots this optimizer keeps: SGD 1 if
 // momentum > 0 else 0; Adam/AdamW 2 (exp_avg, exp_avg_sq); AdaGrad 1 (sum);
-// FTRL 2 (accumulator n, linear z).
+// FTRL 2 (accumulator n, linear z); assign 0.
 int NumSlots(const OptimizerConfig& c);
 
 // Fills fresh slots: AdaGrad's sum and FTRL's accumulator with
@@ -73,8 +78,8 @@ void ApplyUpdate(const OptimizerConfig& c, double lr, int64_t step,
                  float* param, const float* grad, float* const* slots,
                  size_t n);
 
-// "sgd", "adam", "adamw", "adagrad" or "ftrl" ("unknown" for out-of-range
-// values).
+// "sgd", "adam", "adamw", "adagrad", "ftrl" or "assign" ("unknown" for
+// out-of-range values).
 const char* OptimizerName(OptimizerKind k);
 // The inverse of OptimizerName; INVALID_ARGUMENT lists the accepted names.
 absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name);

@@ -138,6 +138,9 @@ absl::Status ValidateRowOptimizer(const OptimizerConfig& c) {
           "row on every step; use adam (torch's SparseAdam) for tables");
     case OptimizerKind::kFtrl:
       break;
+    case OptimizerKind::kAssign:
+      return absl::InvalidArgumentError(
+          "kind assign is for dense keys; tables take sgd, adagrad, adam or ftrl");
   }
   // Also reports an unknown kind.
   return ValidateOptimizerConfig(c);
@@ -153,6 +156,7 @@ int RowSlots(const OptimizerConfig& c) {
     case OptimizerKind::kFtrl:
       return 2;
     case OptimizerKind::kAdamW:
+    case OptimizerKind::kAssign:
       return 0;
   }
   return 0;
@@ -201,6 +205,7 @@ void ApplyRowUpdate(const OptimizerConfig& c, double lr, int64_t step, float* ro
       return;
     }
     case OptimizerKind::kAdamW:
+    case OptimizerKind::kAssign:
       return;  // Refused by ValidateRowOptimizer.
   }
 }

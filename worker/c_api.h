@@ -16,7 +16,7 @@ typedef struct psrt_client psrt_client;
 
 /* Server-side optimizer settings with PyTorch's names. */
 typedef struct {
-  const char* name; /* "sgd", "adam", "adamw", "adagrad", "ftrl" */
+  const char* name; /* "sgd", "adam", "adamw", "adagrad", "ftrl", "assign" */
   double lr, momentum, dampening;
   int nesterov;
   double weight_decay, beta1, beta2, eps, lr_decay, initial_accumulator_value;

@@ -364,6 +364,22 @@ TEST(OptimizerSlots, NumSlotsAndInit) {
   for (float s : sum) EXPECT_EQ(s, 0.25f);
 }
 
+TEST(OptimizerAssign, TheAggregateBecomesTheValueWithoutSlots) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAssign;
+  EXPECT_TRUE(ValidateOptimizerConfig(c).ok());
+  EXPECT_EQ(NumSlots(c), 0);
+  std::vector<float> param = {1.0f, -2.0f, 3.0f};
+  const std::vector<float> grad = {0.5f, 0.25f, -7.0f};
+  ApplyUpdate(c, /*lr=*/0.1, /*step=*/3, param.data(), grad.data(), nullptr,
+              param.size());
+  EXPECT_EQ(param, grad);
+  EXPECT_STREQ(OptimizerName(OptimizerKind::kAssign), "assign");
+  absl::StatusOr<OptimizerKind> k = ParseOptimizerKind("assign");
+  ASSERT_TRUE(k.ok());
+  EXPECT_EQ(*k, OptimizerKind::kAssign);
+}
+
 TEST(OptimizerName, Names) {
   EXPECT_STREQ(OptimizerName(OptimizerKind::kSgd), "sgd");
   EXPECT_STREQ(OptimizerName(OptimizerKind::kAdam), "adam");
