@@ -107,6 +107,13 @@ setup_frameworks() {
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
       torch tensorflow-cpu numpy scikit-learn pybind11 scikit-build-core pytest
   fi
+  # The PyTorch model-zoo tests (tests/python/test_torch_models.py): real
+  # architectures from torchvision and Hugging Face, built at small widths
+  # (no weights are downloaded).
+  if ! "$venv/bin/python" -c 'import torchvision, transformers' 2>/dev/null; then
+    echo "setup: installing torchvision and transformers into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check torchvision transformers
+  fi
   if ! "$venv/bin/python" -c 'import ray' 2>/dev/null; then
     echo "setup: installing ray into $venv for psrt.ray (about 80 MB)"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check ray

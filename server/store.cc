@@ -600,7 +600,9 @@ void Store::Apply(Key* key, const float* grad, const Origin& origin) {
       if (!s.ok()) LogWarning("key '", key->name, "': its replica was not updated: ", s.message());
     }
   }
-  if (SkipNonfinite(key, grad, key->n)) return;
+  // An assign key's value is data, not an update: NaN and Inf in it are what
+  // the workers must see (GradScaler finds the overflow in the mean gradient).
+  if (key->optimizer.kind != OptimizerKind::kAssign && SkipNonfinite(key, grad, key->n)) return;
   const absl::Time start = absl::Now();
   ApplyUpdate(key->optimizer, key->lr, key->version + 1, key->weights.data(), grad,
               key->slot_ptrs.data(), key->n);

@@ -7,14 +7,30 @@ the rest of the backward pass), asking for the updated weights back.
 ``step()`` does not wait for them: each module waits for its own
 parameters' new weights just before its forward pass of the next step
 (BytePS's cross-barrier), so the pulls of late layers hide behind the
-compute of early ones. Everything else (partitioning, compression,
-consistency, retries) happens once, in C++, behind the C API.
+compute of early ones. A parameter that is read before its module's forward
+(a parent's functional call, as ``nn.MultiheadAttention`` does with
+``out_proj``; a shared or tied weight) lands at its first use instead: while
+weights are still arriving, each module call runs under a torch function
+mode that lands any parameter an operation is about to read.
+
+When the user edits gradients between ``backward()`` and ``step()``
+(``clip_grad_norm_``, ``GradScaler``), the gradients stay until ``step()``
+and, in sync mode, the end of ``backward()`` writes the mean over workers
+into ``.grad`` first (as DDP does), so every edit sees what one process on the
+mean gradient sees (``mean_grads``). Floating-point buffers (BatchNorm's
+running statistics) are averaged over workers at every step.
+
+Everything else (partitioning, compression, consistency, retries) happens
+once, in C++, behind the C API.
 """
 
+import contextlib
+import sys
 import weakref
 
 import torch
 from torch.nn.modules import module as _module
+from torch.overrides import TorchFunctionMode
 
 import psrt
 from psrt.torch import embedding
@@ -54,20 +70,24 @@ def _server_optimizer(optimizer, group):
 
 
 class _Variable:
-    """One parameter as the servers know it."""
+    """One tensor as the servers know it: a trainable parameter, or a
+    floating-point buffer the servers average."""
 
-    def __init__(self, name, param, group):
+    def __init__(self, name, param, group=None):
         self.name = name
         self.param = param
-        self.group = group
-        # Pulled weights land here, on the parameter's device; step() copies
-        # them into the parameter (autograd may still read it until then).
+        self.group = group    # None for a buffer
+        # Pulled values land here, on the tensor's device; landing copies
+        # them in (autograd may still read the tensor until then).
         self.pulled = torch.empty_like(param.detach(), memory_format=torch.contiguous_format)
         self.grad = None      # what is being pushed: kept alive until the wait
         self.queued = False   # pushed (or in the bucket) this step
         self.passes = 0       # backward passes accumulated since the last push
-        self.lr = float(group["lr"])
-        self.inflight = None  # the push-pull whose weights it waits for
+        self.lr = float(group["lr"]) if group is not None else 0.0
+        self.inflight = None  # the push-pull whose values it waits for
+        self.sent = None      # (the .grad object, its version) as sent: edits after that show
+        self.scratch = None   # the mean gradient's landing buffer; a buffer's outgoing copy
+        self.step = 0         # buffers: the step their next push is for
 
 
 class _InFlight:
@@ -89,14 +109,53 @@ class _InFlight:
             raise self._error
 
 
+class _LandOnUse(TorchFunctionMode):
+    """Lands a tensor whose new value is still arriving just before an
+    operation reads it: the parameters that no module's own forward uses
+    (``MultiheadAttention.out_proj``), tied weights, and any read in a parent."""
+
+    def __init__(self, optimizer):
+        super().__init__()
+        self._optimizer = weakref.ref(optimizer)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        opt = self._optimizer()
+        if opt is not None and (opt._landing or opt._learning):
+            opt._land_tensors(args)
+            opt._land_tensors(kwargs.values())
+        return func(*args, **kwargs)
+
+
+def _is_compiled_wrapper(module):
+    """Whether `module` is torch.compile's wrapper (OptimizedModule); none can
+    be before torch._dynamo is imported, which this does not do."""
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    return dynamo is not None and isinstance(module, dynamo.OptimizedModule)
+
+
+def _frozen_error(name, now):
+    return psrt.PsrtError(
+        "psrt.DistributedOptimizer: parameter '%s' %s since the optimizer was made; the servers "
+        "train the parameters that required grad then. Make a new DistributedOptimizer after "
+        "freezing or unfreezing layers" % (name, now))
+
+
 class DistributedOptimizer(torch.optim.Optimizer):
     """Runs `optimizer`'s updates on the parameter servers.
 
     After ``step()`` the parameters receive their new weights as the next
-    forward pass reaches them (a module's forward pre-hook), or at
-    ``synchronize()``, the next ``step()``, or a ``state_dict()`` of a module
-    that has run forward. Read parameters outside a forward pass only after
-    ``synchronize()``.
+    forward pass reaches them (a module's forward pre-hook, or the first
+    operation that reads them), or at ``synchronize()``, the next ``step()``,
+    or a ``state_dict()`` of a module that has run forward. Read parameters
+    outside a forward pass only after ``synchronize()``.
+
+    Parameters with ``requires_grad=False`` (frozen layers) take rank 0's
+    values and are never pushed. A parameter that has no gradient in a step
+    pushes zeros, so in sync mode every key advances every step; the
+    servers' optimizer then runs on that zero gradient (momentum, Adam's
+    moments and weight decay still move it, where torch's optimizer would
+    skip it).
 
     Args:
       optimizer: a torch.optim.SGD, Adam, AdamW or Adagrad over the model's
@@ -116,16 +175,34 @@ class DistributedOptimizer(torch.optim.Optimizer):
         the number of workers taking part changed; it may set the param
         groups' ``lr`` (say, scaled by new / old with the global batch), which
         the servers then use. Without it the learning rate stays.
+      mean_grads: whether gradients wait for ``step()`` so that code between
+        ``backward()`` and ``step()`` may change them (``clip_grad_norm_``,
+        ``clip_grad_value_``, ``GradScaler``). Then, in sync mode, the end of
+        ``backward()`` writes the mean gradient over workers into ``.grad``
+        (one more round trip), as DDP does, and ``step()`` sends what
+        ``.grad`` holds; in async and ssp modes each worker's own edited
+        gradient goes out at ``step()``. ``None`` (the default) does this at
+        the first step and keeps doing it only if that step's gradients were
+        changed; ``True`` always (edits that start later, or happen on some
+        steps only); ``False`` never. Without it a gradient changed after it
+        was sent is an error at ``step()``.
+      sync_buffers: floating-point buffers of the model (BatchNorm's running
+        mean and variance) are averaged over workers at every step (in async
+        and ssp modes the latest worker's are taken); integer buffers are
+        left alone. ``False`` keeps each worker's own.
     """
 
     def __init__(self, optimizer, named_parameters, compression=psrt.Compression.job_default,
-                 backward_passes_per_step=1, fusion_bytes=4 << 20, on_workers_change=None):
+                 backward_passes_per_step=1, fusion_bytes=4 << 20, on_workers_change=None,
+                 mean_grads=None, sync_buffers=True):
         if backward_passes_per_step < 1:
             raise psrt.PsrtError("psrt.DistributedOptimizer: backward_passes_per_step must be >= 1")
+        if mean_grads not in (None, True, False):
+            raise psrt.PsrtError("psrt.DistributedOptimizer: mean_grads is None, True or False")
         self._passes = backward_passes_per_step
         self._fusion_bytes = fusion_bytes
         self._bucket, self._bucket_bytes = [], 0
-        self._landing = 0      # parameters still waiting for their new weights
+        self._landing = 0      # tensors still waiting for their new values
         self._watched = set()  # modules whose state_dict() synchronizes first
         client = psrt.client()
         named = list(named_parameters)
@@ -137,10 +214,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise psrt.PsrtError("psrt.DistributedOptimizer: a parameter appears twice in named_parameters")
         self._optimizer = optimizer
         self._client = client
+        self._sync = client.is_sync()
         self._on_workers_change = on_workers_change
         self._workers = client.active_workers()
         self._compression = compression
-        self._variables = []
+        self._variables = []   # trainable: hooked and pushed
+        self._frozen = []      # requires_grad=False: rank 0's values, never pushed
         seen = set()
         for group in optimizer.param_groups:
             server_cfg = _server_optimizer(optimizer, group)
@@ -155,29 +234,62 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     raise psrt.PsrtError("psrt.DistributedOptimizer: parameter '%s' is %s; psrt "
                                          "trains float32 parameters" % (name, p.dtype))
                 seen.add(id(p))
-                self._variables.append(_Variable(name, p, group))
-                self._register(self._variables[-1], server_cfg)
+                if p.requires_grad:
+                    self._variables.append(_Variable(name, p, group))
+                    self._register(self._variables[-1], server_cfg)
         missing = [n for n, p in named if id(p) not in seen and p.requires_grad]
         if missing:
             raise psrt.PsrtError("psrt.DistributedOptimizer: parameters %s are in named_parameters "
                                  "but not in the optimizer" % missing)
-        sync = client.is_sync()
+        # Frozen parameters, in the optimizer or not, start from rank 0's
+        # values like the rest (a frozen layer of a randomly initialised model
+        # would otherwise differ between workers).
+        for n, p in named:
+            if not p.requires_grad and p.dtype.is_floating_point:
+                self._frozen.append(_Variable(n, p))
+                self._register(self._frozen[-1], {"name": "assign"}, psrt.Compression.none)
+        # Gradients wait for step() (see mean_grads): always, never, or at the
+        # first step, which decides.
+        self._mean_grads = mean_grads
+        self._hold = mean_grads is not False
+        self._grad_step = None     # the mean-gradient keys' step (registered when first needed)
+        self._exchange_queued = False
+        # Buffers are found at the first forward of a module holding these
+        # parameters (named_parameters does not name them).
+        self._sync_buffers = sync_buffers
+        self._buffers = []
+        # Until the first step(), every module call runs under _LandOnUse to
+        # learn which tensors are read inside some module's forward; the
+        # others (a functional model, a forward called directly, a model
+        # compiled in place) are landed by step() itself.
+        self._learning = True
+        self._seen = set()
+        self._land_at_step = []
         # The step to push next: the servers' version in sync mode (a restored
         # job resumes there), this worker's clock otherwise.
-        self._step = self._servers_version() if sync and self._variables else client.restored_step()
+        self._step = self._servers_version() if self._sync and self._variables else client.restored_step()
         self._pushing = False
         self._by_param = {id(v.param): v for v in self._variables}
         for v in self._variables:
             v.param.register_post_accumulate_grad_hook(self._make_hook(v))
-        # Every module's forward passes here first (a global hook, through a
-        # weak reference: it does nothing once this optimizer is gone).
+        # Every module's forward passes here first and last (global hooks,
+        # through a weak reference: they do nothing once this optimizer is
+        # gone). While values are arriving, the outermost module call runs
+        # under _LandOnUse.
         me = weakref.ref(self)
+        self._land_on_use = _LandOnUse(self)
+        self._mode_depth = 0
 
         def before_forward(module, args):
-            if me() is not None:
+            if me() is not None and not torch.compiler.is_compiling():
                 me()._before_forward(module)
 
-        self._forward_hook = _module.register_module_forward_pre_hook(before_forward)
+        def after_forward(module, args, output):
+            if me() is not None and not torch.compiler.is_compiling():
+                me()._after_forward()
+
+        self._forward_hooks = [_module.register_module_forward_pre_hook(before_forward),
+                               _module.register_module_forward_hook(after_forward, always_call=True)]
         # torch.optim.Optimizer's bookkeeping, over the same groups.
         self.defaults = optimizer.defaults
         self.param_groups = optimizer.param_groups
@@ -185,14 +297,38 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # --- setup -------------------------------------------------------------
 
-    def _register(self, v, server_cfg):
-        """Registers the parameter; afterwards it holds rank 0's values (or the
+    def _register(self, v, server_cfg, compression=None):
+        """Registers the tensor; afterwards it holds rank 0's values (or the
         restored checkpoint's)."""
+        compression = self._compression if compression is None else compression
         host = v.param.detach().to("cpu", copy=True).contiguous()
         self._client.register_variable(v.name, list(host.shape), host.data_ptr(), server_cfg,
-                                       self._compression.value, self._compression.value)
+                                       compression.value, compression.value)
         with torch.no_grad():
             v.param.copy_(host)
+
+    def _register_buffers(self, module):
+        """Registers the floating-point buffers under a module seen for the
+        first time that holds these parameters, named as in the state_dict()
+        of the module named_parameters came from (every worker builds the
+        same model, so the names agree)."""
+        local = {id(p): n for n, p in module.named_parameters()}
+        prefix = None
+        for v in self._variables + self._frozen:
+            n = local.get(id(v.param))
+            if n is not None and v.name.endswith(n):
+                prefix = v.name[:len(v.name) - len(n)]
+                break
+        if prefix is None:
+            return
+        for n, b in module.named_buffers():
+            if b.dtype == torch.float32 and id(b) not in self._by_param:
+                v = _Variable("buffer:" + prefix + n, b)
+                self._register(v, {"name": "assign"}, psrt.Compression.none)
+                v.step = self._client.pulled_version(v.name)
+                v.scratch = torch.empty_like(v.pulled)
+                self._buffers.append(v)
+                self._by_param[id(b)] = v
 
     def _make_hook(self, v):
         def hook(param):
@@ -201,8 +337,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 raise psrt.PsrtError(
                     "psrt.DistributedOptimizer: more backward passes than backward_passes_per_step=%d "
                     "before step() (parameter '%s')" % (self._passes, v.name))
-            if v.passes == self._passes:
+            if v.passes < self._passes:
+                return
+            if not self._hold:
                 self._push(v)
+            elif not self._exchange_queued:
+                # Sync: the mean gradient is in .grad when backward() returns.
+                self._exchange_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         return hook
 
     # --- the training step ---------------------------------------------------
@@ -227,6 +369,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._sync_learning_rates()
             self._pushing = True
         g = v.param.grad
+        v.sent = (g, g._version) if g is not None else None
         v.grad = (g if g is not None else torch.zeros_like(v.param)).detach().contiguous()
         v.queued = True
         self._bucket.append(v)
@@ -234,17 +377,67 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._bucket_bytes >= self._fusion_bytes:
             self._flush()
 
-    def _flush(self):
+    def _flush(self, step=None):
         if not self._bucket:
             return
         handle = self._client.push_pull([v.name for v in self._bucket],
                                         [v.grad.data_ptr() for v in self._bucket],
-                                        [v.pulled.data_ptr() for v in self._bucket], self._step)
+                                        [v.pulled.data_ptr() for v in self._bucket],
+                                        self._step if step is None else step)
         inflight = _InFlight(self._client, handle)
         for v in self._bucket:
             v.inflight = inflight
         self._landing += len(self._bucket)
         self._bucket, self._bucket_bytes = [], 0
+
+    @torch.no_grad()
+    def _end_of_backward(self):
+        """Gradients held for step(): in sync mode every worker's go to the
+        servers' mean-gradient keys ("assign") and the mean comes back into
+        .grad, the same bits on every worker. Then .grad is noted, so step()
+        sees whether the user changed it."""
+        self._exchange_queued = False
+        if self._sync:
+            self._exchange_mean_grads()
+        for v in self._variables:
+            g = v.param.grad
+            v.sent = (g, g._version) if g is not None else None
+            v.passes = 0
+
+    def _exchange_mean_grads(self):
+        if self._grad_step is None:
+            zeros = torch.zeros(1)
+            for v in self._variables:
+                v.scratch = torch.zeros_like(v.pulled)
+                zeros = zeros if zeros.numel() == v.param.numel() else torch.zeros(v.param.numel())
+                self._client.register_variable(v.name + "@grad", list(v.param.shape), zeros.data_ptr(),
+                                               {"name": "assign"}, self._compression.value,
+                                               self._compression.value)
+            self._grad_step = min(self._client.pulled_version(v.name + "@grad") for v in self._variables)
+        grads = []
+        for v in self._variables:
+            g = v.param.grad
+            grads.append((g if g is not None else torch.zeros_like(v.param)).detach().contiguous())
+        handle = self._client.push_pull([v.name + "@grad" for v in self._variables],
+                                        [g.data_ptr() for g in grads],
+                                        [v.scratch.data_ptr() for v in self._variables], self._grad_step)
+        self._client.wait(handle)
+        self._grad_step += 1
+        for v in self._variables:
+            if v.param.grad is None:
+                v.param.grad = v.scratch.clone()
+            else:
+                v.param.grad.copy_(v.scratch)
+
+    def _edited(self):
+        """The first parameter whose .grad changed since it was sent (or,
+        with mean_grads, since the mean was written), or None."""
+        for v in self._variables:
+            if v.sent is not None:
+                g, version = v.sent
+                if v.param.grad is not g or g._version != version:
+                    return v
+        return None
 
     def _servers_version(self):
         """The least version pulled over the parameters. A worker that joins
@@ -256,7 +449,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def _land(self, v):
-        """Waits for the parameter's new weights and writes them into it."""
+        """Waits for the tensor's new values and writes them into it."""
         inflight, v.inflight = v.inflight, None
         self._landing -= 1
         try:
@@ -264,19 +457,47 @@ class DistributedOptimizer(torch.optim.Optimizer):
             v.param.copy_(v.pulled)
         finally:
             v.grad = None  # the push has ended: its buffer may go
-            if self._landing == 0:
+            if self._landing == 0 and self._variables:
                 # Every key of the step has come back: the step to push next
                 # is the servers' version (sync), or this worker's clock.
-                self._step = self._servers_version() if self._client.is_sync() else self._step + 1
+                self._step = self._servers_version() if self._sync else self._step + 1
+
+    def _land_tensors(self, values):
+        """Lands each tensor among `values` (and in lists, tuples or dicts
+        among them) that is still waiting for its new value."""
+        for x in values:
+            if isinstance(x, torch.Tensor):
+                v = self._by_param.get(id(x))
+                if v is None:
+                    continue
+                if v.inflight is not None:
+                    self._land(v)
+                if self._learning:
+                    self._seen.add(id(x))
+            elif isinstance(x, (list, tuple)):
+                self._land_tensors(x)
+            elif isinstance(x, dict):
+                self._land_tensors(x.values())
 
     def _before_forward(self, module):
-        """A module's forward waits for its own parameters' new weights."""
-        if self._landing > 0:
-            for p in module._parameters.values():
-                v = self._by_param.get(id(p)) if p is not None else None
-                if v is not None and v.inflight is not None:
-                    self._land(v)
-        if id(module) not in self._watched:
+        """A module's forward waits for its own tensors' new values; while
+        any are arriving, the outermost call runs under _LandOnUse."""
+        first_call = id(module) not in self._watched
+        if first_call and self._sync_buffers:
+            self._register_buffers(module)
+        if self._mode_depth:
+            self._mode_depth += 1
+        elif _is_compiled_wrapper(module):
+            # torch.compile(model): the compiled code calls no hook and no
+            # torch function mode inside; everything lands before it.
+            self.synchronize()
+        elif self._landing > 0 or self._learning:
+            self._land_on_use.__enter__()
+            self._mode_depth = 1
+        if self._landing > 0 or self._learning:
+            self._land_tensors(module._parameters.values())
+            self._land_tensors(module._buffers.values())
+        if first_call:
             self._watched.add(id(module))
             me = weakref.ref(self)
 
@@ -286,27 +507,85 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
             module.register_state_dict_pre_hook(before_state_dict)
 
+    def _after_forward(self):
+        if self._mode_depth:
+            self._mode_depth -= 1
+            if self._mode_depth == 0:
+                self._land_on_use.__exit__(None, None, None)
+
     def synchronize(self):
-        """Waits for every parameter's new weights from the last step()."""
-        for v in self._variables:
+        """Waits for every parameter's new weights from the last step().
+        Between backward() and step() (Horovod's idiom, before clipping) the
+        gradients in .grad are already the ones step() sends: with
+        mean_grads, the mean over workers."""
+        for v in self._variables + self._buffers:
             if v.inflight is not None:
                 self._land(v)
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Horovod's idiom (``with opt.skip_synchronize(): opt.step()`` after
+        ``synchronize()``): psrt's step() never sends a gradient twice, so
+        this changes nothing."""
+        yield
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
+        for v in self._frozen:
+            if v.param.requires_grad:
+                raise _frozen_error(v.name, "requires grad now")
+        for v in self._variables:
+            if not v.param.requires_grad:
+                raise _frozen_error(v.name, "no longer requires grad")
+        edited = self._edited()
+        if not self._hold and edited is not None:
+            raise psrt.PsrtError(
+                "psrt.DistributedOptimizer: the gradient of '%s' changed between backward() and "
+                "step() (gradient clipping, GradScaler, ...), after it was sent to the servers. "
+                "Pass mean_grads=True to DistributedOptimizer when gradients are changed on some "
+                "steps only, or from a later step on" % edited.name)
+        if self._mean_grads is None and self._hold:
+            # The first step decides: gradients keep waiting for step() only
+            # if the user changes them.
+            self._mean_grads = self._hold = edited is not None
+        if self._learning:
+            self._learning = False
+            self._land_at_step = [v for v in self._variables + self._buffers if id(v.param) not in self._seen]
+            self._seen = None
         # A parameter whose gradient never came (unused this step) pushes
         # zeros: in sync mode every key advances every step.
         for v in self._variables:
             if not v.queued:
                 self._push(v)
         self._flush()
+        self._push_buffers()
         embedding.push_tables()  # psrt.torch.Embedding's rows, once per step
         for v in self._variables:
             v.queued = False
             v.passes = 0
+            v.sent = None
         self._pushing = False
+        # Tensors no module's forward reads would be read before they land.
+        for v in self._land_at_step:
+            if v.inflight is not None:
+                self._land(v)
         return loss
+
+    def _push_buffers(self):
+        """The buffers' values go to the servers, whose mean (sync) lands in
+        them before their module's next forward (buffers registered at
+        different times push for different steps, hence one flush each)."""
+        for v in self._buffers:
+            if v.inflight is not None:
+                self._land(v)
+            v.scratch.copy_(v.param)
+            v.grad = v.scratch
+        for step in sorted({v.step for v in self._buffers}):
+            self._bucket = [v for v in self._buffers if v.step == step]
+            self._flush(step)
+        for v in self._buffers:
+            v.step += 1
 
     def zero_grad(self, set_to_none=True):
         self._optimizer.zero_grad(set_to_none=set_to_none)

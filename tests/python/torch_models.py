@@ -1,0 +1,330 @@
+"""Real architectures and training recipes through psrt's PyTorch plugin.
+
+Each case builds a model people train (torch's own Transformer layers,
+torchvision CNNs with BatchNorm, Hugging Face GPT-2 and BERT with tied
+embeddings and attention masks, an LSTM language model), at small widths, and
+trains it for a few steps with a recipe (clipping, GradScaler, frozen layers,
+gradient accumulation). Rank r's batch at step s is drawn from seed (s, r).
+
+Run under psrt-run, every rank trains the cases named on the command line and
+writes its final parameters, buffers and loss scale to OUT.rankN (torch.save).
+`reference(case, steps, workers)` computes in one process what those must be:
+the same torch optimizer on the mean of the workers' gradients, each worker's
+forward on its own batch (BatchNorm's batch statistics are per worker), and
+floating-point buffers averaged over workers after each step.
+"""
+
+import argparse
+import copy
+import os
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+STEPS = 3
+FUSION_BYTES = 1 << 16  # buckets go out during backward() even for small models
+
+
+class _Seq2Seq(nn.Module):
+    """nn.Transformer (encoder and decoder, MultiheadAttention throughout)
+    on continuous sequences."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(6, 32)
+        self.transformer = nn.Transformer(d_model=32, nhead=4, num_encoder_layers=1, num_decoder_layers=1,
+                                          dim_feedforward=64, dropout=0.0, batch_first=True)
+        self.out = nn.Linear(32, 6)
+
+    def forward(self, src, tgt):
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        return self.out(self.transformer(self.inp(src), self.inp(tgt), tgt_mask=mask, tgt_is_causal=True))
+
+
+class _EmbeddingTransformer(nn.Module):
+    """An embedding table and a TransformerEncoder (a language model's body)
+    with a padding mask."""
+
+    def __init__(self, vocab=50):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 32)
+        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(32, vocab)
+
+    def forward(self, ids, pad):
+        return self.head(self.encoder(self.embed(ids), src_key_padding_mask=pad))
+
+
+class _LstmLm(nn.Module):
+    def __init__(self, vocab=50):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 16)
+        self.lstm = nn.LSTM(16, 32, num_layers=2, batch_first=True)
+        self.head = nn.Linear(32, vocab)
+
+    def forward(self, ids):
+        return self.head(self.lstm(self.embed(ids))[0])
+
+
+class _AmpEncoder(nn.Module):
+    """A TransformerEncoderLayer on continuous inputs (so a batch can
+    overflow the scaled loss)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(6, 32)
+        self.layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.out = nn.Linear(32, 1)
+
+    def forward(self, x):
+        return self.out(self.layer(self.inp(x))).mean(dim=1)
+
+
+def _gen(step, rank):
+    return torch.Generator().manual_seed(step * 1000 + rank)
+
+
+def _tokens(step, rank, vocab=50, n=3, length=8):
+    g = _gen(step, rank)
+    ids = torch.randint(1, vocab, (n, length), generator=g)
+    pad = torch.zeros(n, length, dtype=torch.bool)
+    pad[0, -3:] = True  # the first sequence is shorter
+    return ids, pad
+
+
+def _images(step, rank, n=4, size=64):
+    g = _gen(step, rank)
+    return torch.randn(n, 3, size, size, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def _hf_config(kind):
+    import transformers
+    if kind == "gpt2":
+        return transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=64, max_position_embeddings=16, hidden_dropout_prob=0.0,
+                                   attention_probs_dropout_prob=0.0)
+
+
+def _hf_batch(step, rank):
+    ids, pad = _tokens(step, rank, vocab=64)
+    return ids, (~pad).long()
+
+
+# --- the cases: model, optimizer, loss, recipe ---------------------------------
+
+def _transformer():
+    return _Seq2Seq()
+
+
+def _transformer_loss(model, step, rank):
+    g = _gen(step, rank)
+    src, tgt = torch.randn(3, 5, 6, generator=g), torch.randn(3, 4, 6, generator=g)
+    return F.mse_loss(model(src, tgt), tgt.roll(1, dims=1))
+
+
+def _resnet18():
+    import torchvision
+    return torchvision.models.resnet18(num_classes=10)
+
+
+def _mobilenet():
+    import torchvision
+    return torchvision.models.mobilenet_v3_small(num_classes=10, dropout=0.0)
+
+
+def _image_loss(model, step, rank):
+    x, y = _images(step, rank)
+    return F.cross_entropy(model(x), y)
+
+
+def _frozen_backbone():
+    """A ResNet-18 backbone frozen for fine-tuning (its BatchNorm still
+    tracks statistics) with a new trainable head."""
+    model = _resnet18()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.fc = nn.Linear(512, 10)
+    return model
+
+
+def _gpt2():
+    import transformers
+    return transformers.GPT2LMHeadModel(_hf_config("gpt2"))
+
+
+def _gpt2_loss(model, step, rank):
+    ids, mask = _hf_batch(step, rank)
+    labels = ids.masked_fill(mask == 0, -100)
+    return model(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+
+def _bert():
+    import transformers
+    return transformers.BertForMaskedLM(_hf_config("bert"))
+
+
+def _bert_loss(model, step, rank):
+    ids, mask = _hf_batch(step, rank)
+    labels = torch.full_like(ids, -100)
+    labels[:, 2] = ids[:, 2]
+    masked = ids.clone()
+    masked[:, 2] = 3
+    return model(input_ids=masked, attention_mask=mask, labels=labels).loss
+
+
+def _lstm_loss(model, step, rank):
+    ids, _ = _tokens(step, rank)
+    logits = model(ids[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def _embedding_transformer_loss(model, step, rank):
+    ids, pad = _tokens(step, rank)
+    logits = model(ids, pad)
+    return F.cross_entropy(logits[~pad], ids.roll(-1, dims=1)[~pad])
+
+
+def _amp_loss(model, step, rank):
+    g = _gen(step, rank)
+    x, y = torch.randn(4, 5, 6, generator=g), torch.randn(4, 1, generator=g)
+    if step == 1 and rank == 1:
+        x[0, 0, 0] = 3e38  # this worker's scaled loss overflows: the step is skipped everywhere
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x)
+    return F.mse_loss(out.float(), y)
+
+
+def _adam(params, lr=1e-3):
+    # eps 1e-6: attention's key bias has a zero gradient, whose rounding noise
+    # Adam with eps=1e-8 would blow up to lr/100 per step (in any two runs
+    # whose weights differ in the last bit).
+    return torch.optim.Adam(params, lr=lr, eps=1e-6)
+
+
+# name: (build, loss, make optimizer, recipe)
+CASES = {
+    "transformer": (_transformer, _transformer_loss, lambda p: _adam(p, 1e-2), {}),
+    "resnet18": (_resnet18, _image_loss, lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9), {}),
+    "mobilenet_v3": (_mobilenet, _image_loss, lambda p: torch.optim.AdamW(p, lr=1e-4, eps=1e-6), {}),
+    "gpt2": (_gpt2, _gpt2_loss, lambda p: _adam(p, 1e-2), {"clip": 0.5}),
+    "bert": (_bert, _bert_loss, lambda p: torch.optim.AdamW(p, lr=1e-2, eps=1e-6, weight_decay=0.01), {}),
+    "lstm": (_LstmLm, _lstm_loss, lambda p: torch.optim.SGD(p, lr=1.0), {"clip": 0.1}),
+    "frozen_backbone": (_frozen_backbone, _image_loss,
+                        lambda p: torch.optim.SGD([q for q in p if q.requires_grad], lr=0.1), {}),
+    "amp": (_AmpEncoder, _amp_loss, lambda p: _adam(p, 1e-2), {"amp": True, "clip": 1.0}),
+    "accumulation": (_EmbeddingTransformer, _embedding_transformer_loss, lambda p: _adam(p, 1e-2),
+                     {"passes": 2}),
+}
+
+
+def build(case, seed):
+    torch.manual_seed(seed)
+    return CASES[case][0]()
+
+
+def train_step(case, model, opt, scaler, step, ranks, after_backward=None):
+    """One step of the case's recipe: backward over the batches of `ranks`
+    (one rank in a worker), then `after_backward` (the reference averages
+    there), then the recipe's unscale, clip and step."""
+    _, loss_fn, _, recipe = CASES[case]
+    passes = recipe.get("passes", 1)
+    for rank in ranks:
+        for k in range(passes):
+            loss = loss_fn(model, step * passes + k, rank)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        if after_backward is not None:
+            after_backward(rank)
+    if scaler is not None:
+        scaler.unscale_(opt)
+    if "clip" in recipe:
+        norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                              recipe["clip"])
+        # The case must clip for the test to say something (an overflowed
+        # step's norm is not finite).
+        assert not torch.isfinite(norm) or norm > recipe["clip"], "norm %s does not clip" % norm
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+    opt.zero_grad()
+
+
+def make_scaler(case):
+    return torch.amp.GradScaler("cpu", init_scale=1024.0) if CASES[case][3].get("amp") else None
+
+
+def final_state(model, scaler):
+    return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "scale": scaler.get_scale() if scaler is not None else None}
+
+
+def reference(case, steps=STEPS, workers=2):
+    """One process on the mean gradient: each worker's forward and backward
+    from the same weights and buffers, their gradients and floating-point
+    buffers averaged, then the recipe."""
+    torch.set_num_threads(1)
+    model = build(case, 0)
+    opt = CASES[case][2](list(model.parameters()))
+    scaler = make_scaler(case)
+    params, buffers = list(model.parameters()), list(model.buffers())
+    for step in range(steps):
+        start = [b.clone() for b in buffers]
+        grads, ends = [], []
+
+        def after_backward(rank):
+            grads.append([p.grad.clone() if p.grad is not None else None for p in params])
+            ends.append([b.clone() for b in buffers])
+            model.zero_grad()
+            with torch.no_grad():
+                for b, s in zip(buffers, start):
+                    b.copy_(s)  # the next worker starts from the same buffers
+                if rank != workers - 1:
+                    return
+                for i, p in enumerate(params):
+                    if grads[0][i] is not None:
+                        p.grad = sum(g[i] for g in grads) / workers
+                for j, b in enumerate(buffers):
+                    # Floating-point buffers: the mean; integer ones (BatchNorm's
+                    # num_batches_tracked) count the same on every worker.
+                    b.copy_(sum(e[j] for e in ends) / workers if b.is_floating_point() else ends[0][j])
+
+        train_step(case, model, opt, scaler, step, range(workers), after_backward)
+    return final_state(model, scaler)
+
+
+def main():
+    import psrt.torch as psrt
+
+    p = argparse.ArgumentParser()
+    p.add_argument("cases", nargs="+", choices=sorted(CASES))
+    p.add_argument("--steps", type=int, default=STEPS)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    psrt.init()
+    rank = psrt.rank()
+    results = {}
+    for case in args.cases:
+        model = build(case, rank)  # rank 0's initial values must win
+        inner = CASES[case][2](list(model.parameters()))
+        opt = psrt.DistributedOptimizer(inner, named_parameters=[(case + "/" + n, q)
+                                                                 for n, q in model.named_parameters()],
+                                        backward_passes_per_step=CASES[case][3].get("passes", 1),
+                                        fusion_bytes=FUSION_BYTES, mean_grads={"1": True, "0": False}.get(os.environ.get("MG")))
+        scaler = make_scaler(case)
+        for step in range(args.steps):
+            train_step(case, model, opt, scaler, step, [rank])
+        opt.synchronize()
+        results[case] = final_state(model, scaler)
+        print("rank %d: %s trained %d steps" % (rank, case, args.steps), flush=True)
+        del opt
+    torch.save(results, "%s.rank%d" % (args.out, rank))
+
+
+if __name__ == "__main__":
+    main()
