@@ -1,17 +1,30 @@
 """KVStore "psrt" used directly (mx.kv.create), as MXNet's own API is used:
-init, set_optimizer, push then pull, pushpull. Started by psrt-run with 2
-workers; every rank checks the values it reads."""
+init, set_optimizer, push then pull, pushpull; a plain key-value store
+without set_optimizer, set_optimizer after init, gradient compression and
+the init values of row_sparse keys. Started by psrt-run with 2 workers;
+every rank checks the values it reads."""
 
 import sys
 
 import mxnet as mx
+import numpy as np
 
+import psrt
 import psrt.mxnet  # noqa: F401
 
 
-def main():
+def refused(what, call, *args):
+    try:
+        call(*args)
+    except psrt.PsrtError as e:
+        return str(e)
+    raise AssertionError("%s was taken" % what)
+
+
+def optimizer_keys():
     kv = mx.kv.create("psrt")
-    assert kv.type == "psrt" and kv.num_workers == 2, (kv.type, kv.num_workers)
+    assert isinstance(kv, mx.kv.KVStore) and kv.type == "dist_sync_psrt" and kv.num_workers == 2, \
+        (kv.type, kv.num_workers)
     kv.set_optimizer(mx.optimizer.SGD(learning_rate=1.0))
     value = mx.nd.ones((2, 3)) * (10 if kv.rank == 0 else 99)
     kv.init(3, value)
@@ -23,11 +36,61 @@ def main():
     assert (out.asnumpy() == 10 - 1.5).all(), out
     kv.pushpull(3, mx.nd.ones((2, 3)) * 2, out=out)
     assert (out.asnumpy() == 10 - 1.5 - 2).all(), out
-    try:
-        kv.pushpull(3, mx.nd.ones((2, 3)))
-        raise AssertionError("a pushpull without out was taken")
-    except psrt.PsrtError as e:
-        assert "update_on_kvstore=True" in str(e), e
+    # Without out, MXNet writes the result into the pushed value.
+    grad = mx.nd.ones((2, 3))
+    kv.pushpull(3, grad)
+    assert (grad.asnumpy() == 10 - 1.5 - 2 - 1).all(), grad
+    return kv
+
+
+def plain_store():
+    """No set_optimizer: the servers keep what is pushed (sync: the mean);
+    set_optimizer afterwards runs on the values the keys then hold."""
+    kv = mx.kv.create("psrt")  # a second store: keys of its own
+    kv.init("a", mx.nd.ones((4,)) * (5 if kv.rank == 0 else 7))
+    out = mx.nd.zeros((4,))
+    kv.pull("a", out=out)
+    assert (out.asnumpy() == 5).all(), out
+    kv.push("a", mx.nd.ones((4,)) * (kv.rank + 1))
+    kv.pull("a", out=out)
+    assert (out.asnumpy() == 1.5).all(), out
+    summed = mx.nd.ones((4,)) * (kv.rank + 3)
+    kv.pushpull("a", summed)
+    assert (summed.asnumpy() == 3.5).all(), summed
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
+    kv.push("a", mx.nd.ones((4,)) * (2 * kv.rank + 1))
+    kv.pull("a", out=out)
+    assert np.allclose(out.asnumpy(), 3.5 - 0.5 * 2), out
+    msg = refused("2-bit compression", kv.set_gradient_compression, {"type": "2bit", "threshold": 0.5})
+    assert "'2bit' is not supported" in msg and "fp16" in msg, msg
+    msg = refused("compression after init", kv.set_gradient_compression, {"type": "fp16"})
+    assert "before the first key" in msg, msg
+
+
+def compressed_and_tables():
+    kv = mx.kv.create("psrt")
+    kv.set_gradient_compression({"type": "fp16"})
+    kv.init("h", mx.nd.ones((8,)) * 0.1)
+    out = mx.nd.zeros((8,))
+    kv.pushpull("h", mx.nd.ones((8,)) / 3, out=out)
+    got = out.asnumpy()
+    # Pulled as fp16: 1/3 arrives as the nearest half-precision value.
+    assert np.allclose(got, 1 / 3, atol=1e-3) and (got == got.astype(np.float16)).all(), got
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=1.0))
+    # A table starts where its init value says when the servers can (zeros),
+    # and refuses a value they cannot start at.
+    kv.init("zeros", mx.nd.sparse.zeros("row_sparse", (6, 2)))
+    full = mx.nd.ones((6, 2))
+    kv.pull("zeros", out=full)
+    assert (full.asnumpy() == 0).all(), full
+    msg = refused("a table's ones", kv.init, "ones", mx.nd.ones((6, 2)).tostype("row_sparse"))
+    assert "cannot start at this init value" in msg and "table_options('ones', init_std=" in msg, msg
+
+
+def main():
+    kv = optimizer_keys()
+    plain_store()
+    compressed_and_tables()
     print("rank %d: kvstore checks passed" % kv.rank, flush=True)
     return 0
 

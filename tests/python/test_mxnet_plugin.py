@@ -53,12 +53,124 @@ def test_unsupported_optimizers_and_foreign_states_are_refused_clearly():
     import psrt.mxnet as pmx
     with pytest.raises(psrt.PsrtError, match="RMSProp cannot run on the parameter servers"):
         pmx._server_optimizer(mx.optimizer.RMSProp())
-    with pytest.raises(psrt.PsrtError, match="clip_gradient"):
-        pmx._server_optimizer(mx.optimizer.SGD(clip_gradient=1.0))
+    # clip_gradient is applied by the plugin; tables refuse it.
+    assert pmx._server_optimizer(mx.optimizer.SGD(clip_gradient=1.0))["name"] == "sgd"
+    with pytest.raises(psrt.PsrtError, match="clip_gradient is not supported for tables"):
+        pmx._table_optimizer(mx.optimizer.SGD(clip_gradient=1.0))
     assert pmx._server_optimizer(mx.optimizer.NAG(momentum=0.9))["nesterov"] is True
+    # A row_sparse gradient of a dense weight: refused where MXNet's lazy
+    # update would touch only its rows and the servers' update differs.
+    with pytest.raises(psrt.PsrtError, match="lazy_update=False"):
+        pmx._check_rows_of_dense(0, mx.optimizer.SGD(momentum=0.9))
+    with pytest.raises(psrt.PsrtError, match="lazy_update=False"):
+        pmx._check_rows_of_dense(0, mx.optimizer.Adam())
+    for fine in (mx.optimizer.SGD(), mx.optimizer.Adam(lazy_update=False), mx.optimizer.NAG(momentum=0.9),
+                 mx.optimizer.AdaGrad()):
+        pmx._check_rows_of_dense(0, fine)
 
 
 def test_kvstore_api_init_push_pull_pushpull():
     code, log = run_job(os.path.join(HERE, "mx_kv_worker.py"), [])
     assert code == 0, log
     assert log.count("kvstore checks passed") == 2, log
+
+
+def gluon_job(cases, ps=None):
+    """Runs mx_gluon_worker.py's `cases` in one 2-worker job; returns
+    {case: [arrays]} of rank 0."""
+    import tempfile
+
+    import numpy as np
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "final.npz")
+        code, log = run_job(os.path.join(HERE, "mx_gluon_worker.py"), ["--cases", ",".join(cases), "--out", out],
+                            ps)
+        assert code == 0, log
+        assert log.count("gluon cases passed") == 2, log
+        saved = np.load(out)
+        got = {}
+        for case in cases:
+            n = sum(1 for f in saved.files if f.startswith(case + "/"))
+            got[case] = [saved["%s/%d" % (case, i)] for i in range(n)]
+        return got
+
+
+def gluon_reference(case, workers=2):
+    """One process with MXNet's own optimizer (no kvstore) on the mean of the
+    workers' gradients, each computed from the same weights and running
+    statistics; the running statistics become rank 0's after the first step
+    (Gluon broadcasts them then, after the first forward pass) and the
+    workers' mean after every later one."""
+    import mx_gluon_worker as gw
+    net, name, params, batch, loss_fn = gw.case_setup(case)
+    if case == "sparse":
+        net = gw.build_embedding_net(0, sparse_grad=False)  # a dense gradient, the same SGD step
+    everything = list(net.collect_params().values())
+    trained = [p for p in everything if p.grad_req != "null"]
+    aux = [p for p in everything if p.grad_req == "null"]
+    trainer = gluon.Trainer(trained, name, params, kvstore=None)
+    for step in range(gw.STEPS[case]):
+        start = [p.data().copy() for p in aux]
+        grads, stats = [], []
+        for rank in range(workers):
+            for p, s in zip(aux, start):
+                p.data()[:] = s
+            x, y = batch(step, rank)
+            with autograd.record():
+                loss = loss_fn(net(x), y)
+            loss.backward()
+            grads.append([p.grad().copy() for p in trained])
+            stats.append([p.data().copy() for p in aux])
+        for i, p in enumerate(aux):
+            p.data()[:] = stats[0][i] if step == 0 else sum(s[i] for s in stats) / workers
+        for i, p in enumerate(trained):
+            p.grad()[:] = sum(g[i] for g in grads) / workers
+        trainer.step(x.shape[0])
+    return [p.data().asnumpy() for p in everything]
+
+
+def initial_arrays(case):
+    import mx_gluon_worker as gw
+    return [p.data().asnumpy() for p in gw.case_setup(case)[0].collect_params().values()]
+
+
+def test_gluon_trainer_takes_psrt_as_a_dist_store():
+    """kvstore="psrt" as a string and as the object, update_on_kvstore True
+    and False, clip_gradient, an Embedding with sparse_grad=True, and
+    Parameter.load refused after the first step: each equals one process on
+    the mean gradient within 1e-5."""
+    cases = ["string", "object", "local_update", "clip", "sparse"]
+    got = gluon_job(cases + ["load"])
+    for case in cases:
+        assert_trained_like(got[case], gluon_reference(case), initial_arrays(case), 1e-5)
+    # clip_gradient clipped something: without it the step differs.
+    import mx_gluon_worker as gw
+    unclipped = dict(gw.CLIP[1], clip_gradient=None)
+    gw_clip, gw.CLIP = gw.CLIP, (gw.CLIP[0], unclipped)
+    try:
+        want = gluon_reference("clip")
+    finally:
+        gw.CLIP = gw_clip
+    assert max(abs(a - b).max() for a, b in zip(got["clip"], want)) > 1e-2
+
+
+def test_gluon_resnet_with_batchnorm_sync_equals_one_process():
+    """model_zoo's resnet18_v1 (BatchNorm): two workers equal one process on
+    the mean gradient with the workers' mean running statistics, within
+    1e-5, and the running statistics moved."""
+    got = gluon_job(["resnet"])["resnet"]
+    want = gluon_reference("resnet")
+    initial = initial_arrays("resnet")
+    assert_trained_like(got, want, initial, 1e-5)
+    import mx_gluon_worker as gw
+    names = list(gw.build_resnet(0).collect_params().keys())
+    stats = [i for i, n in enumerate(names) if n.endswith("running_mean") or n.endswith("running_var")]
+    assert stats and max(abs(got[i] - initial[i]).max() for i in stats) > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["async", "ssp"])
+def test_gluon_async_and_ssp_learn_and_refuse_local_updates(mode):
+    ps = {"mode": mode, "staleness": 1} if mode == "ssp" else {"mode": mode}
+    code, log = run_job(os.path.join(HERE, "mx_gluon_worker.py"), ["--cases", "async"], ps)
+    assert code == 0, log
+    assert log.count("gluon cases passed") == 2, log

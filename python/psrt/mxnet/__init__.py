@@ -4,9 +4,23 @@
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
                             kvstore="psrt")     # or mx.kv.create("psrt")
 
-The optimizer runs on psrt's servers (what ``update_on_kvstore`` means):
-``set_optimizer`` sends its type and hyperparameters there, and ``pushpull``
-sends gradients and returns the updated weights. ``init`` registers a key
+The store is MXNet's ``dist_sync`` (or, in async and ssp jobs,
+``dist_async``) kvstore to Gluon and Module: its ``type`` is
+``dist_sync_psrt`` or ``dist_async_psrt``, so every branch MXNet takes on a
+distributed store is taken here too (update_on_kvstore by default, async
+refuses update_on_kvstore=False, ``Parameter.load`` after the first step is
+refused, sparse gradients are pushed). The name "psrt" given as a string
+makes a store as ``mx.kv.create("psrt")`` does (MXNet itself drops a store
+whose name lacks "dist" in a process with one device).
+
+With ``set_optimizer`` (update_on_kvstore=True) the optimizer runs on psrt's
+servers: ``pushpull`` sends gradients and returns the updated weights.
+Without it the store is a plain key-value store: a key's value becomes what
+the workers push (sync: their aggregate, the job's gradient_aggregation,
+mean by default), which is how Gluon's update_on_kvstore=False sums
+gradients. ``set_optimizer`` after keys were used moves each key's current
+value to a new server variable run by that optimizer (its state starts
+fresh, as MXNet's servers start a new optimizer's). ``init`` registers a key
 (rank 0's value becomes everyone's, or a restored checkpoint's).
 
 Gluon's Trainer calls ``pushpull`` once per parameter. After the first step
@@ -14,24 +28,37 @@ Gluon's Trainer calls ``pushpull`` once per parameter. After the first step
 and the call for a step's last key sends them all as one push-pull (one
 request per server) and writes every weight, before ``Trainer.step`` returns.
 
+``clip_gradient`` clips what MXNet's own servers clip: the aggregated,
+rescaled gradient (sync: pushed to a plain key first, its aggregate clipped
+on every worker alike, then pushed to the optimizer's key; async and ssp:
+each worker's own gradient). Arrays Gluon broadcasts but never pushes
+(BatchNorm's running_mean and running_var) are averaged over the workers
+with each step in sync mode; in async and ssp each worker keeps its own, as
+with MXNet's dist_async.
+
 Sparse tables (docs/sparse.md): a key initialised with a ``row_sparse``
 NDArray of shape (vocab, dim), as MXNet's dist kvstore takes row-sparse
 weights (Gluon's ``contrib.nn.SparseEmbedding`` with
 ``Trainer(..., kvstore="psrt")``), becomes a table whose rows live on the
-servers. The init value is not sent: a new row starts as N(0, init_std^2)
-drawn from (seed, id) on the servers (``table_options``), so every worker,
-server count and restore agree on it. ``row_sparse_pull`` reads the rows of
-given ids; ``push`` (or ``pushpull``) of a ``row_sparse`` gradient sends
-its rows, which the servers update with the optimizer's row-wise form (sgd,
-adam with ``lazy_update``, adagrad, ftrl) on the mean over workers. In sync
-mode every worker pushes each table once per step, as Gluon's Trainer does.
-The step a table is pulled at and pushed for is counted here per table,
-from ``psrt.restored_step()``.
+servers. A new row starts on the servers: as zeros when the init value is
+all zeros, or as N(0, init_std^2) drawn from (seed, id) once
+``table_options`` sets init_std (the init value then gives only the shape);
+other init values are refused, since the servers cannot start rows at given
+values. ``row_sparse_pull`` reads the rows of given ids; ``push`` (or
+``pushpull``) of a ``row_sparse`` gradient sends its rows, which the servers
+update with the optimizer's row-wise form (sgd, adam with ``lazy_update``,
+adagrad, ftrl) on the mean over workers. In sync mode every worker pushes
+each table once per step, as Gluon's Trainer does. The step a table is
+pulled at and pushed for is counted here per table, from
+``psrt.restored_step()``.
 """
 
 import json
 
 import mxnet as mx
+import mxnet.gluon.trainer
+import mxnet.model
+import mxnet.module.module
 import numpy as np
 
 import psrt
@@ -41,6 +68,9 @@ _STATE_NOTE = "on the parameter servers; saved by psrt checkpoints"
 _TABLE_DEFAULTS = {"seed": 0, "init_std": 0.01, "max_rows": 0, "evict_after_steps": 0, "evict_min_count": 0,
                    "compression": psrt.Compression.job_default}
 _table_options = {}  # key (None: every table) -> settings given to table_options
+# A key with no optimizer: its value becomes the step's aggregated push.
+_ASSIGN = {"name": "assign", "lr": 0.0}
+_COMPRESSIONS = {"fp16": psrt.Compression.fp16, "bf16": psrt.Compression.bf16, "none": psrt.Compression.none}
 
 
 def table_options(key=None, **options):
@@ -48,10 +78,10 @@ def table_options(key=None, **options):
     table without its own); call before that init (Gluon: the first step).
 
     Options: seed and init_std (a new row is N(0, init_std^2) drawn from
-    (seed, id); 0.01 is mx.init.Normal's default), max_rows,
-    evict_after_steps, evict_min_count (docs/sparse.md) and compression
-    (psrt.Compression). Gluon's Trainer uses a parameter's index in its
-    parameter list as the key.
+    (seed, id) instead of the init value, which then gives only the shape),
+    max_rows, evict_after_steps, evict_min_count (docs/sparse.md) and
+    compression (psrt.Compression). Gluon's Trainer uses a parameter's index
+    in its parameter list as the key.
     """
     unknown = sorted(set(options) - set(_TABLE_DEFAULTS))
     if unknown:
@@ -61,9 +91,8 @@ def table_options(key=None, **options):
 
 
 def _server_optimizer(opt):
-    """Server-side settings equivalent to an MXNet optimizer, or a refusal."""
-    if opt.clip_gradient is not None:
-        raise psrt.PsrtError("psrt kvstore: clip_gradient is not supported; the servers apply the update")
+    """Server-side settings equivalent to an MXNet optimizer (its
+    clip_gradient is applied by the plugin), or a refusal."""
     lr, wd = float(opt.learning_rate), float(opt.wd)
     if isinstance(opt, mx.optimizer.NAG):
         return {"name": "sgd", "lr": lr, "momentum": float(opt.momentum), "nesterov": True, "weight_decay": wd}
@@ -81,7 +110,9 @@ def _server_optimizer(opt):
 def _table_optimizer(opt):
     """The row-wise form of an MXNet optimizer for a table, or a refusal."""
     if opt.clip_gradient is not None:
-        raise psrt.PsrtError("psrt kvstore: clip_gradient is not supported; the servers apply the update")
+        raise psrt.PsrtError("psrt kvstore: clip_gradient is not supported for tables (row_sparse weights): "
+                             "the servers update their rows from the aggregated gradient; set "
+                             "clip_gradient=None")
     lr, wd = float(opt.learning_rate), float(opt.wd)
     if isinstance(opt, mx.optimizer.Ftrl):
         # MXNet's denominator (beta + sqrt(n)) / lr + wd is the servers' (TF's)
@@ -105,6 +136,25 @@ def _table_optimizer(opt):
                          "momentum, adam with lazy_update=True, adagrad or ftrl"
                          % (type(opt).__name__, "(lazy_update=False)" if isinstance(opt, mx.optimizer.Adam)
                                                  else ""))
+
+
+def _check_rows_of_dense(key, opt):
+    """A row_sparse gradient of a dense weight (Embedding(sparse_grad=True)):
+    the servers update every row, as MXNet's optimizers do with
+    lazy_update=False; refuse where MXNet's lazy update (only the gradient's
+    rows) would give other weights."""
+    if opt is None or isinstance(opt, mx.optimizer.NAG):  # MXNet's NAG updates every row
+        return
+    wd = float(opt.wd)
+    plain_sgd = (isinstance(opt, mx.optimizer.SGD) and not isinstance(opt, mx.optimizer.NAG)
+                 and not opt.momentum)
+    row_local = (plain_sgd or isinstance(opt, mx.optimizer.AdaGrad)) and not wd
+    if row_local or not getattr(opt, "lazy_update", isinstance(opt, mx.optimizer.AdaGrad)):
+        return
+    raise psrt.PsrtError("psrt kvstore: key %s has a dense weight and row_sparse gradients: MXNet's %s with "
+                         "lazy_update=True changes only the gradient's rows, the servers update every row. "
+                         "Create the optimizer with lazy_update=False (the servers' update), or use sgd without "
+                         "momentum or wd" % (key, type(opt).__name__))
 
 
 def _is_sparse(value):
@@ -137,7 +187,11 @@ def _write_rows(dst, ids, rows):
         else:
             full = dst.asnumpy()
             full[ids] = rows
-            dst[:] = full
+            _assign(dst, full)
+
+
+def _dense(value):
+    return value.tostype("default") if _is_sparse(value) else value
 
 
 def _first(value):
@@ -146,16 +200,16 @@ def _first(value):
         if not value:
             raise psrt.PsrtError("psrt kvstore: an empty list of arrays")
         # Gradients of several devices are summed, as MXNet's local kvstore does.
-        total = value[0].copyto(mx.cpu())
+        total = _dense(value[0]).copyto(mx.cpu())
         for v in value[1:]:
-            total += v.as_in_context(mx.cpu())
+            total += _dense(v).as_in_context(mx.cpu())
         return total
-    return value
+    return _dense(value)
 
 
 def _scaled(value, scale):
     """A host copy of the gradient(s) in `value`, times `scale`."""
-    grad = _first(value).asnumpy()
+    grad = np.array(_first(value).asnumpy(), dtype=np.float32)
     if scale != 1.0:
         np.multiply(grad, scale, out=grad)
     return grad
@@ -165,33 +219,66 @@ def _outputs(out):
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-@mx.kvstore.KVStoreBase.register
-class Psrt(mx.kvstore.KVStoreBase):
-    """mx.kv.create("psrt"): keys live on psrt's parameter servers."""
+def _assign(dst, value):
+    """A host array into an NDArray; through an NDArray copy, which (unlike
+    a numpy assignment) also takes arrays in MKL-DNN's layout (convolution
+    weights after a forward pass)."""
+    mx.nd.array(value.reshape(dst.shape), ctx=dst.context, dtype=dst.dtype).copyto(dst)
 
-    def __init__(self):
+
+def _write(out, value):
+    for dst in _outputs(out):
+        _assign(dst, value)
+
+
+@mx.kvstore.KVStoreBase.register
+class Psrt(mx.kvstore.KVStore):
+    """mx.kv.create("psrt"): keys live on psrt's parameter servers.
+
+    A KVStore (not only a KVStoreBase) because Gluon trains sparse gradients
+    only through one; it holds no MXNet handle, and overrides every method.
+    Each store created in a process has keys of its own (as two Trainers
+    given "psrt" need): the first's are named kv/KEY on the servers, the
+    n-th's kvN/KEY, so every worker creates its stores in the same order."""
+
+    _created = 0
+
+    def __init__(self):  # pylint: disable=super-init-not-called
         self._client = psrt.init()
-        self._vars = _host.HostVariables(self._client, psrt.Compression.job_default)
+        self._prefix = "kv" if Psrt._created == 0 else "kv%d" % Psrt._created
+        Psrt._created += 1
+        self._compression = psrt.Compression.job_default
+        self._vars = _host.HostVariables(self._client, self._compression)
         self._tables = {}  # key -> _tables.HostTable
         self._optimizer = None
         self._config = None
         self._config_error = None  # why the optimizer cannot update dense keys
-        self._pending = {}  # key -> value given to init before set_optimizer
+        self._pending = {}  # key -> value given to init, registered at first use or set_optimizer
+        self._names = {}    # dense key -> its server variable
+        self._configs = {}  # dense key -> the optimizer its variable has
+        self._generation = {}  # dense key -> how often set_optimizer moved it
+        self._clip_names = {}  # dense key -> its plain twin, for clip_gradient in sync mode
+        self._pushed = set()   # dense keys ever pushed
+        self._aux = {}         # key -> arrays broadcast without a gradient
+        self._aux_names = None  # key -> the plain key averaging it, once decided
+        self._factor = None    # 1 if the servers average pushes, the worker count if they sum
         # Pushpulls are queued and go out as one at the step's last key, when
         # a key comes again (a new step), and before any other operation.
         self._batch = []          # (key, gradient, out) queued
         self._round = []          # keys pushpulled in this step
         self._step_keys = None    # the keys of a whole step
 
-    @staticmethod
-    def _name(key):
-        return "kv/%s" % key
+    def __del__(self):
+        pass  # no MXNet handle to free
+
+    def _name(self, key):
+        return "%s/%s" % (self._prefix, key)
 
     # --- the KVStore API ---------------------------------------------------
 
     @property
     def type(self):
-        return "psrt"
+        return "dist_sync_psrt" if self._client.is_sync() else "dist_async_psrt"
 
     @property
     def rank(self):
@@ -201,8 +288,28 @@ class Psrt(mx.kvstore.KVStoreBase):
     def num_workers(self):
         return self._client.num_workers()
 
+    @property
+    def _updater(self):
+        """What Trainer.load_states reads after load_optimizer_states."""
+        return _Updater(self._optimizer)
+
     def is_capable(self, capability):
-        return capability == mx.kvstore.KVStoreBase.OPTIMIZER
+        return capability.lower() == mx.kvstore.KVStoreBase.OPTIMIZER
+
+    def set_gradient_compression(self, compression_params):
+        """{'type': 'fp16'} or {'type': 'bf16'}: gradients (and weights)
+        travel as 16-bit floats, the servers keep float32; call it before
+        init (Gluon's Trainer does, from compression_params)."""
+        kind = str(dict(compression_params).get("type", "")).lower()
+        if kind not in _COMPRESSIONS:
+            raise psrt.PsrtError("psrt kvstore: gradient compression %r is not supported; use {'type': 'fp16'} "
+                                 "or {'type': 'bf16'} (16-bit gradients and weights on the wire, float32 on "
+                                 "the servers), or the job's 'compression' setting" % kind)
+        if self._names or self._tables:
+            raise psrt.PsrtError("psrt kvstore: set_gradient_compression must come before the first key is "
+                                 "used (keys are registered with their compression)")
+        self._compression = _COMPRESSIONS[kind]
+        self._vars = _host.HostVariables(self._client, self._compression)
 
     def set_optimizer(self, optimizer):
         self._finish()
@@ -213,6 +320,9 @@ class Psrt(mx.kvstore.KVStoreBase):
             self._config, self._config_error = _server_optimizer(optimizer), None
         except psrt.PsrtError as e:
             self._config, self._config_error = None, e
+        for key in list(self._names):
+            if _without_lr(self._configs[key]) != _without_lr(self._dense_config()):
+                self._move(key)
         for key, value in list(self._pending.items()):
             self._register(key, value)
         self._pending.clear()
@@ -220,9 +330,12 @@ class Psrt(mx.kvstore.KVStoreBase):
     def init(self, key, value):
         self._finish()
         for k, v in zip(*self._pairs(key, value)):
-            # A table's init value only gives its shape.
             v = _outputs(v)[0] if _is_sparse(_outputs(v)[0]) else _first(v)
+            if k in self._names or k in self._tables or k in self._pending:
+                continue
             if self._optimizer is None:
+                # Registered at its first use, with the optimizer if one
+                # came by then (no move needed), else as a plain key.
                 self._pending[k] = v.copy()
             else:
                 self._register(k, v)
@@ -232,17 +345,25 @@ class Psrt(mx.kvstore.KVStoreBase):
         worker now holds into `out`."""
         self.init(key, value)
         self.pull(key, out)
+        for k, o in zip(*self._pairs(key, out)):
+            arrays = [a for a in _outputs(o) if not _is_sparse(a)]
+            # Gluon broadcasts every parameter; those without a gradient
+            # (BatchNorm's running statistics) it never pushes.
+            if arrays and all(a.grad is None for a in arrays):
+                self._aux[k] = arrays
 
     def pushpull(self, key, value, out=None, priority=0):
-        if out is None:
-            raise psrt.PsrtError("psrt kvstore: the optimizer runs on the servers, so pushpull returns "
-                                 "weights: create the Trainer with update_on_kvstore=True")
+        """Pushes `value`, writes the key's new value into `out` (or, as
+        MXNet does, into `value` when out is None)."""
         keys, values = self._pairs(key, value)
-        outs = [out] if not isinstance(key, (list, tuple)) else list(out)
-        if any(k in self._tables for k in keys):
+        if out is None:
+            outs = values
+        else:
+            outs = [out] if not isinstance(key, (list, tuple)) else list(out)
+        if any(k in self._tables or k in self._pending_tables() for k in keys):
             # Tables: push the rows, then read the pushed ids' new rows.
             for k, v, o in zip(keys, values, outs):
-                if k in self._tables:
+                if k in self._tables or k in self._pending_tables():
                     ids, _ = _tables.merge(self._push_rows(k, v))
                     rows = self._tables[k].pull(ids)
                     for dst in _outputs(o):
@@ -255,49 +376,52 @@ class Psrt(mx.kvstore.KVStoreBase):
             self._finish()
             self._step_keys = set(self._round)
             self._round = []
-        scale = float(self._optimizer.rescale_grad) if self._optimizer is not None else 1.0
+        for k in keys:
+            self._ensure(k)
         self._sync_learning_rate()
-        self._batch.extend(zip(keys, (_scaled(v, scale) for v in values), outs))
+        self._batch.extend(zip(keys, self._gradients(keys, values), outs))
         self._round.extend(keys)
-        if self._step_keys is None or self._step_keys.issubset(self._round):
+        if self._step_keys is None:
             self._finish()
+        elif self._step_keys.issubset(self._round):
+            self._finish(step_end=True)
 
     def push(self, key, value, priority=0):
         """Sends gradients; the servers update the weights (pull reads them).
         A table's gradient is a row_sparse NDArray (or one per device)."""
         keys, values = self._pairs(key, value)
         for k, v in zip(keys, values):
-            if k in self._tables:
+            if k in self._tables or k in self._pending_tables():
                 self._push_rows(k, v)
         keys, values = [k for k in keys if k not in self._tables], [v for k, v in zip(keys, values)
                                                                      if k not in self._tables]
         if not keys:
             return
         self._finish()
-        scale = float(self._optimizer.rescale_grad) if self._optimizer is not None else 1.0
+        for k in keys:
+            self._ensure(k)
         self._sync_learning_rate()
-        self._vars.push([self._name(k) for k in keys], [_scaled(v, scale) for v in values])
+        grads = self._clipped(keys, self._gradients(keys, values))
+        self._vars.push([self._names[k] for k in keys], grads)
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         self._finish()
         keys = key if isinstance(key, (list, tuple)) else [key]
         outs = out if isinstance(key, (list, tuple)) else [out]
         for k, o in zip(keys, outs):
-            if self._optimizer is None:
-                raise psrt.PsrtError("psrt kvstore: set_optimizer first; the optimizer runs on the servers")
-            if k in self._tables:
+            if k in self._tables or k in self._pending_tables():
                 # The whole table, into dense outputs (and row_sparse ones
                 # unless ignore_sparse, as MXNet's kvstore does).
                 dsts = [d for d in _outputs(o) if not (ignore_sparse and _is_sparse(d))]
                 if dsts:
-                    ids = np.arange(self._tables[k].vocab, dtype=np.int64)
-                    rows = self._tables[k].pull(ids)
+                    table = self._table(k)
+                    ids = np.arange(table.vocab, dtype=np.int64)
+                    rows = table.pull(ids)
                     for dst in dsts:
                         _write_rows(dst, ids, rows)
                 continue
-            w = self._vars.pull(self._name(k))
-            for dst in _outputs(o):
-                dst[:] = w.reshape(dst.shape)
+            self._ensure(k)
+            _write(o, self._vars.pull(self._names[k]))
 
     def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
         """Writes the rows of `row_ids` (an NDArray of ids, repeats and any
@@ -311,10 +435,10 @@ class Psrt(mx.kvstore.KVStoreBase):
         outs = list(out) if isinstance(key, (list, tuple)) else [out]
         ids_per_key = list(row_ids) if isinstance(key, (list, tuple)) else [row_ids]
         for k, o, rid in zip(keys, outs, ids_per_key):
-            table = self._tables.get(k)
-            if table is None:
+            if k not in self._tables and k not in self._pending_tables():
                 raise psrt.PsrtError("psrt kvstore: key %s is no table; init it with a row_sparse NDArray of "
                                      "shape (vocab, dim)" % (k,))
+            table = self._table(k)
             dsts = _outputs(o)
             rids = list(rid) if isinstance(rid, (list, tuple)) else [rid] * len(dsts)
             if len(rids) != len(dsts):
@@ -341,18 +465,30 @@ class Psrt(mx.kvstore.KVStoreBase):
                                  "parameter servers. Restore a psrt checkpoint (the 'restore' setting) "
                                  "instead" % fname)
 
+    def _set_updater(self, updater):
+        raise psrt.PsrtError("psrt kvstore: a local updater cannot run on the parameter servers; use "
+                             "set_optimizer (sgd, nag, adam or adagrad)")
+
+    def _barrier(self):
+        self._finish()
+
+    def _send_command_to_servers(self, head, body):
+        raise psrt.PsrtError("psrt kvstore: psrt's servers take no MXNet server commands")
+
     # --- internals ------------------------------------------------------------
 
-    def _finish(self):
+    def _finish(self, step_end=False):
         """Sends the queued pushpulls as one (a request per server) and
-        writes the new weights out."""
+        writes the new weights out; at a whole step's end also averages the
+        arrays Gluon never pushes."""
         batch, self._batch = self._batch, []
-        if not batch:
-            return
-        keys, grads, outs = zip(*batch)
-        for o, w in zip(outs, self._vars.push_pull([self._name(k) for k in keys], grads)):
-            for dst in _outputs(o):
-                dst[:] = w.reshape(dst.shape)
+        if batch:
+            keys, grads, outs = zip(*batch)
+            grads = self._clipped(keys, grads)
+            for o, w in zip(outs, self._vars.push_pull([self._names[k] for k in keys], grads)):
+                _write(o, w)
+        if step_end:
+            self._average_aux()
 
     @staticmethod
     def _pairs(key, value):
@@ -360,33 +496,196 @@ class Psrt(mx.kvstore.KVStoreBase):
             return list(key), list(value)
         return [key], [value]
 
-    def _register(self, key, value):
-        name = self._name(key)
-        if _is_sparse(value):
-            if key not in self._tables:
-                if len(value.shape) != 2:
-                    raise psrt.PsrtError("psrt kvstore: a table's value has shape (vocab, dim); key %s has %s"
-                                         % (key, value.shape))
-                opts = dict(_TABLE_DEFAULTS, **_table_options.get(None, {}))
-                opts.update(_table_options.get(key, {}))
-                self._tables[key] = _tables.HostTable(
-                    "psrt kvstore", name, value.shape[1], value.shape[0], _table_optimizer(self._optimizer),
-                    **opts)
-            return
-        if self._vars.registered(name):
-            return
+    def _dense_config(self):
+        """What a dense key registers with now: the optimizer, or plain."""
+        if self._optimizer is None:
+            return _ASSIGN
         if self._config is None:
             raise self._config_error
-        host = self._vars.register(name, value.asnumpy(), self._config)
-        value[:] = host
+        return self._config
+
+    def _pending_tables(self):
+        return [k for k, v in self._pending.items() if _is_sparse(v)]
+
+    def _table(self, key):
+        if key not in self._tables:
+            raise psrt.PsrtError("psrt kvstore: key %s is a table (a row_sparse weight): set_optimizer first; "
+                                 "its rows are updated on the servers" % (key,))
+        return self._tables[key]
+
+    def _ensure(self, key):
+        """Registers a dense key given to init at its first use."""
+        if key in self._names:
+            return
+        if key not in self._pending:
+            raise psrt.PsrtError("psrt kvstore: key %s was never initialised; call init first" % (key,))
+        self._register(key, self._pending.pop(key))
+
+    def _register(self, key, value):
+        if _is_sparse(value):
+            self._register_table(key, value)
+            return
+        if key in self._names:
+            return
+        config = self._dense_config()
+        name = self._name(key)
+        _assign(value, self._vars.register(name, value.asnumpy(), config))
+        self._names[key], self._configs[key] = name, config
+
+    def _register_table(self, key, value):
+        if key in self._tables:
+            return
+        if len(value.shape) != 2:
+            raise psrt.PsrtError("psrt kvstore: a table's value has shape (vocab, dim); key %s has %s"
+                                 % (key, value.shape))
+        if self._optimizer is None:
+            raise psrt.PsrtError("psrt kvstore: key %s is a table (a row_sparse weight): set_optimizer first; "
+                                 "its rows are updated on the servers" % (key,))
+        given = dict(_table_options.get(None, {}), **_table_options.get(key, {}))
+        opts = dict(_TABLE_DEFAULTS, compression=self._compression)
+        opts.update(given)
+        if "init_std" not in given:
+            # The servers start rows as zeros (init_std 0) or at random;
+            # they cannot start them at given values.
+            if value.data.size and np.any(value.data.asnumpy()):
+                raise psrt.PsrtError(
+                    "psrt kvstore: key %s: a table's rows start on the servers, as zeros or as N(0, init_std^2) "
+                    "drawn from (seed, id); they cannot start at this init value (not all zeros). Initialise "
+                    "the weight with zeros (mx.init.Zero()), or call psrt.mxnet.table_options(%r, "
+                    "init_std=...) to start its rows at random" % (key, key))
+            opts["init_std"] = 0.0
+        self._tables[key] = _tables.HostTable("psrt kvstore", self._name(key), value.shape[1], value.shape[0],
+                                              _table_optimizer(self._optimizer), **opts)
+
+    def _move(self, key):
+        """Moves a dense key's current value to a new variable with the
+        optimizer set now (set_optimizer after the key was used)."""
+        value = self._vars.pull(self._names[key])
+        config = self._dense_config()
+        self._generation[key] = self._generation.get(key, 0) + 1
+        name = "%s#%d" % (self._name(key), self._generation[key])
+        self._vars.register(name, value, config)
+        self._names[key], self._configs[key] = name, config
+        self._clip_names.pop(key, None)
+
+    def _gradients(self, keys, values):
+        """Host copies of the pushed values: an optimizer's key gets them
+        times rescale_grad, as MXNet's servers apply it; a plain key as is."""
+        grads = []
+        for k, v in zip(keys, values):
+            plain = self._configs[k] is _ASSIGN
+            if any(_is_sparse(x) for x in _outputs(v)):
+                _check_rows_of_dense(k, None if plain else self._optimizer)
+            scale = 1.0 if plain else float(self._optimizer.rescale_grad)
+            self._pushed.add(k)
+            grads.append(_scaled(v, scale))
+        return grads
+
+    def _clipped(self, keys, grads):
+        """The gradients to push to the optimizer's keys with clip_gradient:
+        MXNet's servers clip the aggregated gradient. In sync mode it is
+        found on a plain twin key, clipped on every worker alike, and pushed
+        so that it aggregates to itself; async and ssp apply each worker's
+        push alone, so each worker clips its own."""
+        clip = None if self._optimizer is None else self._optimizer.clip_gradient
+        idx = [i for i, k in enumerate(keys) if self._configs[k] is not _ASSIGN]
+        if clip is None or not idx:
+            return list(grads)
+        clip = float(clip)
+        grads = list(grads)
+        if not self._client.is_sync():
+            for i in idx:
+                grads[i] = np.clip(grads[i], -clip, clip)
+            return grads
+        twins = [self._clip_twin(keys[i], grads[i]) for i in idx]
+        factor = self._aggregation()
+        for i, total in zip(idx, self._vars.push_pull(twins, [grads[i] for i in idx])):
+            grads[i] = np.clip(total, -clip, clip) / np.float32(factor)
+        return grads
+
+    def _clip_twin(self, key, like):
+        name = self._clip_names.get(key)
+        if name is None:
+            name = self._names[key] + "/aggregate"
+            self._vars.register(name, np.zeros_like(like), _ASSIGN)
+            self._clip_names[key] = name
+        return name
+
+    def _aggregation(self):
+        """1 if the servers average a sync step's pushes, the number of
+        workers if they sum them (the job's gradient_aggregation); found
+        once, with every worker."""
+        if self._factor is None:
+            name = self._name(".aggregation")
+            self._vars.register(name, np.zeros(1, np.float32), _ASSIGN)
+            self._factor = float(self._vars.push_pull([name], [np.ones(1, np.float32)])[0][0])
+        return self._factor
+
+    def _average_aux(self):
+        """Sync: every worker's running statistics become their mean. Which
+        broadcast arrays are such is decided once, with every worker: those
+        never pushed that changed on some worker since (frozen parameters
+        do not change and are left alone)."""
+        if not self._client.is_sync():
+            return
+        if self._aux_names is None:
+            candidates = [k for k in self._aux if k not in self._pushed and k in self._names]
+            self._aux_names = {}
+            if not candidates:
+                return
+            start = {k: self._vars.pull(self._names[k]) for k in candidates}
+            changed = np.array([float(not np.array_equal(self._aux[k][0].asnumpy().reshape(-1),
+                                                         start[k].reshape(-1))) for k in candidates],
+                               dtype=np.float32)
+            name = self._name(".aux_changed")
+            self._vars.register(name, np.zeros_like(changed), _ASSIGN)
+            changed = self._vars.push_pull([name], [changed])[0]
+            for k, c in zip(candidates, changed):
+                if c > 0:
+                    self._aux_names[k] = self._names[k] + "/mean"
+                    self._vars.register(self._aux_names[k], start[k], _ASSIGN)
+        keys = [k for k in self._aux_names if k not in self._pushed]
+        if not keys:
+            return
+        factor = self._aggregation()
+        values = [self._aux[k][0].asnumpy() for k in keys]
+        for k, total in zip(keys, self._vars.push_pull([self._aux_names[k] for k in keys], values)):
+            with mx.autograd.pause():
+                for dst in self._aux[k]:
+                    _assign(dst, total / np.float32(factor))
 
     def _push_rows(self, key, value):
         """Pushes a table's row gradient(s); returns the (ids, rows) pieces."""
-        scale = float(self._optimizer.rescale_grad) if self._optimizer is not None else 1.0
-        pieces = _row_pieces(key, value, scale)
-        self._tables[key].push(pieces)
+        table = self._table(key)
+        pieces = _row_pieces(key, value, float(self._optimizer.rescale_grad))
+        table.push(pieces)
         return pieces
 
     def _sync_learning_rate(self):
         if self._optimizer is not None:
             self._vars.set_learning_rate(float(self._optimizer.learning_rate))
+
+
+def _without_lr(config):
+    # The learning rate reaches registered keys by itself (set_learning_rate).
+    return {k: v for k, v in config.items() if k != "lr"}
+
+
+class _Updater:
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+
+def _create_kvstore(kvstore, num_device, arg_params):
+    """MXNet's model._create_kvstore, but "psrt" given as a string is the
+    store itself: MXNet drops a store whose name lacks "dist" when a process
+    has one device."""
+    if isinstance(kvstore, str) and kvstore.lower() == "psrt":
+        kvstore = mx.kv.create(kvstore)
+    return _mx_create_kvstore(kvstore, num_device, arg_params)
+
+
+_mx_create_kvstore = getattr(mxnet.model._create_kvstore, "_psrt_original", mxnet.model._create_kvstore)
+_create_kvstore._psrt_original = _mx_create_kvstore
+for _module in (mxnet.model, mxnet.gluon.trainer, mxnet.module.module):
+    _module._create_kvstore = _create_kvstore

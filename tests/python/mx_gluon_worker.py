@@ -1,0 +1,162 @@
+"""Gluon's Trainer on kvstore "psrt" as on MXNet's dist kvstores, for
+tests/python/test_mxnet_plugin.py; started by psrt-run with 2 workers.
+
+Runs the cases named by --cases one after another in one job, each with a
+Trainer (and store) of its own; rank r's batch at step s comes from seed
+(s, r). Rank 0 saves each case's final arrays (numpy .npz, "CASE/i" in
+collect_params() order) to --out. The models and batches are defined here
+and used by the test's one-process references too.
+"""
+
+import argparse
+import sys
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+import psrt
+import psrt.mxnet
+
+import mx_worker
+
+STEPS = {"string": 3, "object": 3, "local_update": 3, "clip": 3, "sparse": 3, "resnet": 2}
+SGD = ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3})
+RESNET_SGD = ("sgd", {"learning_rate": 0.02, "momentum": 0.9})
+CLIP = ("sgd", {"learning_rate": 0.5, "clip_gradient": 0.02})
+VOCAB, DIM, BAG = 20, 4, 3
+
+
+def build_embedding_net(seed, sparse_grad):
+    mx.random.seed(seed)
+    net = gluon.nn.Sequential()
+    net.add(gluon.nn.Embedding(VOCAB, DIM, sparse_grad=sparse_grad), gluon.nn.Flatten(),
+            gluon.nn.Dense(1, in_units=DIM * BAG))
+    net.initialize(mx.init.Normal(0.5))
+    return net
+
+
+def embedding_batch(step, rank, n=8):
+    rng = np.random.default_rng(step * 1000 + rank + 77)
+    ids = rng.integers(0, VOCAB, (n, BAG))
+    return mx.nd.array(ids), mx.nd.array((ids % 2).mean(axis=1, keepdims=True))
+
+
+def build_resnet(seed):
+    mx.random.seed(seed)
+    net = gluon.model_zoo.vision.resnet18_v1(classes=10)
+    net.initialize(mx.init.Xavier())
+    net(mx.nd.zeros((1, 3, 32, 32)))  # shapes (deferred init), outside training: no statistics move
+    return net
+
+
+def resnet_batch(step, rank, n=4):
+    rng = np.random.default_rng(step * 1000 + rank + 5)
+    x = rng.standard_normal((n, 3, 32, 32)).astype(np.float32)
+    return mx.nd.array(x), mx.nd.array(rng.integers(0, 10, n).astype(np.float32))
+
+
+def case_setup(case):
+    """(net, optimizer name, params, batch function, loss) of a case."""
+    if case == "sparse":
+        return (build_embedding_net(0, sparse_grad=True), "sgd", {"learning_rate": 0.5}, embedding_batch,
+                gluon.loss.L2Loss())
+    if case == "resnet":
+        return (build_resnet(0), RESNET_SGD[0], RESNET_SGD[1], resnet_batch,
+                gluon.loss.SoftmaxCrossEntropyLoss())
+    name, params = CLIP if case == "clip" else SGD
+    return mx_worker.build_net(seed=0), name, params, mx_worker.batch, gluon.loss.L2Loss()
+
+
+def train(case, kv, rank, out):
+    net, name, params, batch, loss_fn = case_setup(case)
+    kvstore = kv if case == "object" else "psrt"
+    trainer = gluon.Trainer(net.collect_params(), name, params, kvstore=kvstore,
+                            update_on_kvstore=(case != "local_update"))
+    for step in range(STEPS[case]):
+        x, y = batch(step, rank)
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(x.shape[0])
+        if step == 0:
+            # The Trainer took the psrt store as MXNet's own dist store.
+            assert isinstance(trainer._kvstore, psrt.mxnet.Psrt), trainer._kvstore
+            assert trainer._distributed and trainer._update_on_kvstore == (case != "local_update")
+    for i, p in enumerate(net.collect_params().values()):
+        out["%s/%d" % (case, i)] = p.data().asnumpy()
+    return net
+
+
+def load_is_refused(rank):
+    """Parameter.load after the first step: refused as for MXNet's dist
+    stores (the servers' copy would be out of step)."""
+    net = mx_worker.build_net(seed=0)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore="psrt")
+    x, y = mx_worker.batch(0, rank)
+    with autograd.record():
+        loss = gluon.loss.L2Loss()(net(x), y)
+    loss.backward()
+    trainer.step(x.shape[0])
+    path = "/tmp/psrt-mx-load-%d-%d.params" % (rank, id(net))
+    net.save_parameters(path)
+    try:
+        net.load_parameters(path)
+    except RuntimeError as e:
+        assert "Cannot reset distributed KVStore" in str(e), e
+        return
+    raise AssertionError("load_parameters after a step was taken")
+
+
+def async_cases(rank):
+    """Async (and ssp): update_on_kvstore=False is refused as on dist_async,
+    and the model learns: the loss on fixed data falls to below half."""
+    net = mx_worker.build_net(seed=0)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore="psrt",
+                            update_on_kvstore=False)
+    x, y = mx_worker.batch(0, rank)
+    try:
+        trainer.step(1)
+        raise AssertionError("update_on_kvstore=False in async mode was taken")
+    except ValueError as e:
+        assert "update_on_kvstore=True" in str(e), e
+    trainer = gluon.Trainer(net.collect_params(), "adam", {"learning_rate": 0.01}, kvstore="psrt")
+    loss_fn = gluon.loss.L2Loss()
+    fixed = [mx_worker.batch(100 + i, rank) for i in range(4)]
+    losses = []
+    for step in range(60):
+        x, y = fixed[step % 4]
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(x.shape[0])
+        losses.append(float(loss.mean().asscalar()))
+    first, last = np.mean(losses[:4]), np.mean(losses[-4:])
+    print("rank %d: async loss %.4f -> %.4f" % (rank, first, last), flush=True)
+    assert trainer._kvstore.type == "dist_async_psrt", trainer._kvstore.type
+    assert last < 0.5 * first, (first, last)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--cases", required=True)
+    p.add_argument("--out")
+    args = p.parse_args()
+    kv = mx.kv.create("psrt")
+    rank = kv.rank
+    out = {}
+    for case in args.cases.split(","):
+        if case == "load":
+            load_is_refused(rank)
+        elif case == "async":
+            async_cases(rank)
+        else:
+            train(case, kv, rank, out)
+    if rank == 0 and args.out:
+        np.savez(args.out, **out)
+    print("rank %d: gluon cases passed" % rank, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
