@@ -15,8 +15,7 @@ floating-point buffers averaged over workers after each step.
 """
 
 import argparse
-import copy
-import os
+import contextlib
 
 import torch
 from torch import nn
@@ -82,6 +81,35 @@ class _AmpEncoder(nn.Module):
         return self.out(self.layer(self.inp(x))).mean(dim=1)
 
 
+class _Functional(nn.Module):
+    """Its own weight read in its forward, a child used twice, a layer it
+    never uses; the training loop calls forward() directly, so no hook runs
+    around it."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(16, 8) * 0.3)
+        self.shared = nn.Linear(16, 16)
+        self.unused = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x):
+        h = torch.tanh(F.linear(x, self.weight))
+        h = self.shared(torch.tanh(self.shared(h)))
+        return self.norm(h).sum(dim=1, keepdim=True)
+
+
+class _SmallCnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.fc(F.adaptive_avg_pool2d(F.relu(self.bn(self.conv(x))), 1).flatten(1))
+
+
 def _gen(step, rank):
     return torch.Generator().manual_seed(step * 1000 + rank)
 
@@ -103,7 +131,8 @@ def _hf_config(kind):
     import transformers
     if kind == "gpt2":
         return transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
-                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                                       eos_token_id=0)
     return transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                    intermediate_size=64, max_position_embeddings=16, hidden_dropout_prob=0.0,
                                    attention_probs_dropout_prob=0.0)
@@ -198,6 +227,23 @@ def _amp_loss(model, step, rank):
     return F.mse_loss(out.float(), y)
 
 
+def _functional_loss(model, step, rank):
+    g = _gen(step, rank)
+    x = torch.randn(8, 8, generator=g)
+    return F.mse_loss(model.forward(x), x.sum(dim=1, keepdim=True).sin())
+
+
+def _compiled():
+    """torch.compile's wrapper (the eager backend: dynamo traces, nothing is
+    code-generated) around a CNN with BatchNorm."""
+    return torch.compile(_SmallCnn(), backend="aot_eager")
+
+
+def _small_image_loss(model, step, rank):
+    x, y = _images(step, rank, size=16)
+    return F.cross_entropy(model(x), y)
+
+
 def _adam(params, lr=1e-3):
     # eps 1e-6: attention's key bias has a zero gradient, whose rounding noise
     # Adam with eps=1e-8 would blow up to lr/100 per step (in any two runs
@@ -207,16 +253,23 @@ def _adam(params, lr=1e-3):
 
 # name: (build, loss, make optimizer, recipe)
 CASES = {
-    "transformer": (_transformer, _transformer_loss, lambda p: _adam(p, 1e-2), {}),
+    "transformer": (_transformer, _transformer_loss, lambda p: _adam(p, 1e-3), {}),
     "resnet18": (_resnet18, _image_loss, lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9), {}),
     "mobilenet_v3": (_mobilenet, _image_loss, lambda p: torch.optim.AdamW(p, lr=1e-4, eps=1e-6), {}),
-    "gpt2": (_gpt2, _gpt2_loss, lambda p: _adam(p, 1e-2), {"clip": 0.5}),
+    # Clipping and loss scaling use SGD: Adam's update hardly changes when a
+    # whole gradient is scaled, so it would hide a clip or unscale not done.
+    "gpt2": (_gpt2, _gpt2_loss, lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9), {"clip": 0.5}),
     "bert": (_bert, _bert_loss, lambda p: torch.optim.AdamW(p, lr=1e-2, eps=1e-6, weight_decay=0.01), {}),
     "lstm": (_LstmLm, _lstm_loss, lambda p: torch.optim.SGD(p, lr=1.0), {"clip": 0.1}),
-    "frozen_backbone": (_frozen_backbone, _image_loss,
-                        lambda p: torch.optim.SGD([q for q in p if q.requires_grad], lr=0.1), {}),
-    "amp": (_AmpEncoder, _amp_loss, lambda p: _adam(p, 1e-2), {"amp": True, "clip": 1.0}),
-    "accumulation": (_EmbeddingTransformer, _embedding_transformer_loss, lambda p: _adam(p, 1e-2),
+    # The optimizer holds the frozen parameters too, as fine-tuning scripts
+    # that pass model.parameters() do; torch skips them (no gradient).
+    "frozen_backbone": (_frozen_backbone, _image_loss, lambda p: torch.optim.SGD(p, lr=0.1), {}),
+    "horovod_idiom": (_LstmLm, _lstm_loss, lambda p: torch.optim.SGD(p, lr=1.0),
+                      {"clip": 0.1, "horovod": True}),
+    "functional": (_Functional, _functional_loss, lambda p: torch.optim.SGD(p, lr=0.1), {}),
+    "compiled": (_compiled, _small_image_loss, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), {}),
+    "amp": (_AmpEncoder, _amp_loss, lambda p: torch.optim.SGD(p, lr=0.1), {"amp": True, "clip": 1.0}),
+    "accumulation": (_EmbeddingTransformer, _embedding_transformer_loss, lambda p: _adam(p, 1e-3),
                      {"passes": 2}),
 }
 
@@ -226,11 +279,12 @@ def build(case, seed):
     return CASES[case][0]()
 
 
-def train_step(case, model, opt, scaler, step, ranks, after_backward=None):
-    """One step of the case's recipe: backward over the batches of `ranks`
-    (one rank in a worker), then `after_backward` (the reference averages
-    there), then the recipe's unscale, clip and step."""
-    _, loss_fn, _, recipe = CASES[case]
+def train_step(case, model, opt, scaler, step, ranks, after_backward=None, recipe=None):
+    """One step of the case's recipe (or `recipe`): backward over the batches
+    of `ranks` (one rank in a worker), then `after_backward` (the reference
+    averages there), then the recipe's unscale, clip and step."""
+    _, loss_fn, _, case_recipe = CASES[case]
+    recipe = case_recipe if recipe is None else recipe
     passes = recipe.get("passes", 1)
     for rank in ranks:
         for k in range(passes):
@@ -238,6 +292,8 @@ def train_step(case, model, opt, scaler, step, ranks, after_backward=None):
             (scaler.scale(loss) if scaler is not None else loss).backward()
         if after_backward is not None:
             after_backward(rank)
+    if recipe.get("horovod") and hasattr(opt, "skip_synchronize"):
+        opt.synchronize()  # Horovod's idiom: the gradients are final here
     if scaler is not None:
         scaler.unscale_(opt)
     if "clip" in recipe:
@@ -246,11 +302,13 @@ def train_step(case, model, opt, scaler, step, ranks, after_backward=None):
         # The case must clip for the test to say something (an overflowed
         # step's norm is not finite).
         assert not torch.isfinite(norm) or norm > recipe["clip"], "norm %s does not clip" % norm
-    if scaler is not None:
-        scaler.step(opt)
-        scaler.update()
-    else:
-        opt.step()
+    with opt.skip_synchronize() if recipe.get("horovod") and hasattr(opt, "skip_synchronize") \
+            else contextlib.nullcontext():
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
     opt.zero_grad()
 
 
@@ -304,6 +362,9 @@ def main():
     p.add_argument("cases", nargs="+", choices=sorted(CASES))
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--out", required=True)
+    p.add_argument("--clip-from", type=int, help="clip gradients from this step on only (a test of the error)")
+    p.add_argument("--unfreeze-at", type=int, help="unfreeze the backbone at this step (a test of the error)")
+    p.add_argument("--mean-grads", choices=["auto", "always", "never"], default="auto")
     args = p.parse_args()
     torch.set_num_threads(1)
     psrt.init()
@@ -312,13 +373,20 @@ def main():
     for case in args.cases:
         model = build(case, rank)  # rank 0's initial values must win
         inner = CASES[case][2](list(model.parameters()))
+        options = {} if args.mean_grads == "auto" else {"mean_grads": args.mean_grads == "always"}
         opt = psrt.DistributedOptimizer(inner, named_parameters=[(case + "/" + n, q)
                                                                  for n, q in model.named_parameters()],
                                         backward_passes_per_step=CASES[case][3].get("passes", 1),
-                                        fusion_bytes=FUSION_BYTES, mean_grads={"1": True, "0": False}.get(os.environ.get("MG")))
+                                        fusion_bytes=FUSION_BYTES, **options)
         scaler = make_scaler(case)
         for step in range(args.steps):
-            train_step(case, model, opt, scaler, step, [rank])
+            recipe = dict(CASES[case][3])
+            if args.clip_from is not None and step >= args.clip_from:
+                recipe["clip"] = 1e-3
+            if step == args.unfreeze_at:
+                for q in model.parameters():
+                    q.requires_grad_(True)
+            train_step(case, model, opt, scaler, step, [rank], recipe=recipe)
         opt.synchronize()
         results[case] = final_state(model, scaler)
         print("rank %d: %s trained %d steps" % (rank, case, args.steps), flush=True)

@@ -1,0 +1,83 @@
+"""The PyTorch plugin on real architectures and recipes (tests/python/torch_models.py):
+2 workers in sync mode end where one process ends with the same torch
+optimizer on the mean gradient, each worker's BatchNorm statistics of its own
+batch, and the buffers averaged over workers.
+
+Tolerance: |got - want| <= 1e-5 + 1e-4 |want| (float32 results of the same
+arithmetic in another order; the ranks themselves agree bit for bit). The
+cases clip, overflow GradScaler once and freeze layers, so the old plugin
+failed every group here."""
+
+import os
+import re
+import tempfile
+
+import pytest
+import torch
+
+from jobs import HERE, run_job
+import torch_models
+
+SCRIPT = os.path.join(HERE, "torch_models.py")
+GROUPS = {
+    # torchvision CNNs with BatchNorm, a frozen backbone, torch.compile.
+    "vision": ["resnet18", "mobilenet_v3", "frozen_backbone", "compiled"],
+    # torch's Transformer layers, Hugging Face GPT-2 (tied embeddings) and
+    # BERT with attention masks, an LSTM LM with clip_grad_norm_ (also in
+    # Horovod's synchronize() idiom), an embedding table and a Transformer
+    # accumulating 2 backward passes, GradScaler with an overflowed step,
+    # a module whose forward is called directly, with a weight used twice
+    # and a layer never used.
+    "sequence": ["transformer", "gpt2", "bert", "lstm", "horovod_idiom", "accumulation", "amp",
+                 "functional"],
+}
+
+
+def train(cases, extra=(), expect_ok=True):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "final")
+        code, log = run_job(SCRIPT, list(cases) + ["--out", out] + list(extra), timeout=280)
+        if not expect_ok:
+            return code, log
+        assert code == 0, log[-6000:]
+        return [torch.load(out + ".rank%d" % r) for r in range(2)]
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_model_zoo_two_workers_equal_one_process_on_the_mean_gradient(group):
+    ranks = train(GROUPS[group])
+    for case in GROUPS[group]:
+        want = torch_models.reference(case)
+        initial = torch_models.build(case, 0).state_dict()
+        moved = False
+        for key, w in want["state"].items():
+            a, b = ranks[0][case]["state"][key], ranks[1][case]["state"][key]
+            assert torch.equal(a, b), "%s: the ranks disagree on %s" % (case, key)
+            torch.testing.assert_close(a, w, rtol=1e-4, atol=1e-5, msg=lambda m: "%s %s: %s" % (case, key, m))
+            moved = moved or not torch.allclose(a.float(), initial[key].float(), atol=1e-3)
+        assert moved, "%s: training changed nothing" % case
+        assert ranks[0][case]["scale"] == ranks[1][case]["scale"] == want["scale"], case
+    if "amp" in GROUPS[group]:
+        # The overflowed step halved the scale on both ranks, as in one process.
+        assert ranks[0]["amp"]["scale"] == 512.0
+
+
+def test_a_gradient_changed_after_it_was_sent_is_an_error_naming_mean_grads():
+    """Clipping that starts at step 2, without mean_grads=True: the first
+    step showed no edit, so gradients go out during backward(); step()
+    finds the change and says what to do. With mean_grads=True the same
+    script clips every worker's mean gradient."""
+    code, log = train(["transformer"], ["--clip-from", "2", "--steps", "3"], expect_ok=False)
+    assert code != 0
+    assert re.search(r"the gradient of 'transformer/[\w.]+' changed between backward\(\) and step\(\)", log), log[-4000:]
+    assert "mean_grads=True" in log
+    ranks = train(["transformer"], ["--clip-from", "2", "--steps", "3", "--mean-grads", "always"])
+    for key, a in ranks[0]["transformer"]["state"].items():
+        assert torch.equal(a, ranks[1]["transformer"]["state"][key]), key
+
+
+def test_unfreezing_after_the_optimizer_was_made_is_refused():
+    code, log = train(["frozen_backbone"], ["--unfreeze-at", "1", "--steps", "2"], expect_ok=False)
+    assert code != 0
+    assert "requires grad now since the optimizer was made" in log, log[-4000:]
+    assert "Make a new DistributedOptimizer after freezing or unfreezing layers" in log
