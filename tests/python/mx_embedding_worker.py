@@ -118,25 +118,20 @@ def main():
     psrt.mxnet.table_options(init_std=0.5, compression=psrt.Compression.none)
     net = build_net(gluon.contrib.nn.SparseEmbedding(VOCAB, DIM))
     name, params = OPTIMIZERS[args.optimizer]
-    psrt.init()
-    rank, size = psrt.rank(), psrt.size()
-    per = BATCH // size
-    # The first row_sparse_pull below reaches the kvstore before the first
-    # step, and Gluon fixes a dist store's rescale_grad when it reaches it
-    # (MXNet's dist_sync too): give it up front and step(1).
-    trainer = gluon.Trainer(trained_params(net, args.optimizer), name, dict(params, rescale_grad=1.0 / per),
-                            kvstore="psrt")
+    trainer = gluon.Trainer(trained_params(net, args.optimizer), name, params, kvstore="psrt")
     loss_fn = gluon.loss.L2Loss()
     every = mx.nd.arange(VOCAB)
     # The first row_sparse_pull creates the kvstore and registers the table.
     initial = net.table.weight.row_sparse_data(every).asnumpy()
+    rank, size = trainer._kvstore.rank, trainer._kvstore.num_workers
+    per = BATCH // size
     for step in range(args.steps):
         ids, y = batch(step)
         x, y = mx.nd.array(ids[rank * per:(rank + 1) * per]), mx.nd.array(y[rank * per:(rank + 1) * per])
         with autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()
-        trainer.step(1)
+        trainer.step(per)
     if rank == 0:
         final = net.table.weight.row_sparse_data(every).asnumpy()  # once every worker's last step is applied
         np.savez(args.out, initial=initial, final=final, head_kernel=net.head.weight.data().asnumpy(),

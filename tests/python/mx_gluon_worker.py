@@ -115,8 +115,11 @@ def async_cases(rank):
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore="psrt",
                             update_on_kvstore=False)
     x, y = mx_worker.batch(0, rank)
+    with autograd.record():
+        loss = gluon.loss.L2Loss()(net(x), y)
+    loss.backward()
     try:
-        trainer.step(1)
+        trainer.step(x.shape[0])
         raise AssertionError("update_on_kvstore=False in async mode was taken")
     except ValueError as e:
         assert "update_on_kvstore=True" in str(e), e
@@ -146,15 +149,19 @@ def main():
     rank = kv.rank
     out = {}
     for case in args.cases.split(","):
-        if case == "load":
-            load_is_refused(rank)
-        elif case == "async":
-            async_cases(rank)
-        else:
-            train(case, kv, rank, out)
+        # Each case reports on its own, so that a test names what failed.
+        try:
+            if case == "load":
+                load_is_refused(rank)
+            elif case == "async":
+                async_cases(rank)
+            else:
+                train(case, kv, rank, out)
+            print("rank %d: case %s passed" % (rank, case), flush=True)
+        except Exception as e:  # noqa: BLE001
+            print("rank %d: case %s FAILED: %s: %s" % (rank, case, type(e).__name__, e), flush=True)
     if rank == 0 and args.out:
         np.savez(args.out, **out)
-    print("rank %d: gluon cases passed" % rank, flush=True)
     return 0
 
 

@@ -40,7 +40,6 @@ def optimizer_keys():
     grad = mx.nd.ones((2, 3))
     kv.pushpull(3, grad)
     assert (grad.asnumpy() == 10 - 1.5 - 2 - 1).all(), grad
-    return kv
 
 
 def plain_store():
@@ -57,18 +56,19 @@ def plain_store():
     summed = mx.nd.ones((4,)) * (kv.rank + 3)
     kv.pushpull("a", summed)
     assert (summed.asnumpy() == 3.5).all(), summed
+    kv.init("b", mx.nd.ones((4,)) * 2)  # first used after set_optimizer
     kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
     kv.push("a", mx.nd.ones((4,)) * (2 * kv.rank + 1))
     kv.pull("a", out=out)
     assert np.allclose(out.asnumpy(), 3.5 - 0.5 * 2), out
+    kv.pushpull("b", mx.nd.ones((4,)) * (kv.rank + 1), out=out)
+    assert np.allclose(out.asnumpy(), 2 - 0.5 * 1.5), out
+
+
+def compression():
+    kv = mx.kv.create("psrt")
     msg = refused("2-bit compression", kv.set_gradient_compression, {"type": "2bit", "threshold": 0.5})
     assert "'2bit' is not supported" in msg and "fp16" in msg, msg
-    msg = refused("compression after init", kv.set_gradient_compression, {"type": "fp16"})
-    assert "before the first key" in msg, msg
-
-
-def compressed_and_tables():
-    kv = mx.kv.create("psrt")
     kv.set_gradient_compression({"type": "fp16"})
     kv.init("h", mx.nd.ones((8,)) * 0.1)
     out = mx.nd.zeros((8,))
@@ -76,6 +76,12 @@ def compressed_and_tables():
     got = out.asnumpy()
     # Pulled as fp16: 1/3 arrives as the nearest half-precision value.
     assert np.allclose(got, 1 / 3, atol=1e-3) and (got == got.astype(np.float16)).all(), got
+    msg = refused("compression after init", kv.set_gradient_compression, {"type": "fp16"})
+    assert "before the first key" in msg, msg
+
+
+def table_init():
+    kv = mx.kv.create("psrt")
     kv.set_optimizer(mx.optimizer.SGD(learning_rate=1.0))
     # A table starts where its init value says when the servers can (zeros),
     # and refuses a value they cannot start at.
@@ -87,11 +93,20 @@ def compressed_and_tables():
     assert "cannot start at this init value" in msg and "table_options('ones', init_std=" in msg, msg
 
 
+CHECKS = {"optimizer_keys": optimizer_keys, "plain_store": plain_store, "compression": compression,
+          "table_init": table_init}
+
+
 def main():
-    kv = optimizer_keys()
-    plain_store()
-    compressed_and_tables()
-    print("rank %d: kvstore checks passed" % kv.rank, flush=True)
+    """Runs every check (each on a store of its own) and says which passed."""
+    psrt.init()
+    rank = psrt.rank()
+    for name, check in CHECKS.items():
+        try:
+            check()
+            print("rank %d: %s passed" % (rank, name), flush=True)
+        except Exception as e:  # noqa: BLE001 (each check reports on its own)
+            print("rank %d: %s FAILED: %s: %s" % (rank, name, type(e).__name__, e), flush=True)
     return 0
 
 

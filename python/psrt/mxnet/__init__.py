@@ -685,6 +685,22 @@ def _create_kvstore(kvstore, num_device, arg_params):
     return _mx_create_kvstore(kvstore, num_device, arg_params)
 
 
+def _check_and_rescale_grad(trainer, scale):
+    """Gluon refuses a new rescale_grad (batch size) once a dist store
+    started: MXNet's servers hold a copy of the optimizer. psrt applies
+    rescale_grad at each push, so it may change (and a sparse-weight model,
+    whose first forward starts the store, may step(batch_size))."""
+    if isinstance(trainer._kvstore, Psrt):
+        trainer._optimizer.rescale_grad = scale
+        return
+    _mx_check_and_rescale_grad(trainer, scale)
+
+
+_mx_check_and_rescale_grad = getattr(mxnet.gluon.Trainer._check_and_rescale_grad, "_psrt_original",
+                                     mxnet.gluon.Trainer._check_and_rescale_grad)
+_check_and_rescale_grad._psrt_original = _mx_check_and_rescale_grad
+mxnet.gluon.Trainer._check_and_rescale_grad = _check_and_rescale_grad
+
 _mx_create_kvstore = getattr(mxnet.model._create_kvstore, "_psrt_original", mxnet.model._create_kvstore)
 _create_kvstore._psrt_original = _mx_create_kvstore
 for _module in (mxnet.model, mxnet.gluon.trainer, mxnet.module.module):
