@@ -152,14 +152,14 @@ def initial_arrays(case):
 
 @pytest.fixture(scope="module")
 def trainer_job():
-    return gluon_job(["string", "object", "local_update", "clip", "sparse", "load", "resnet"])
+    return gluon_job(["string", "object", "local_update", "clip", "sparse", "mults", "load", "resnet"])
 
 
 # string/object: kvstore="psrt" as a string and as the object;
 # local_update: update_on_kvstore=False (sync); clip: clip_gradient; sparse:
-# an Embedding with sparse_grad=True (plain SGD); each equals one process on
-# the mean gradient within 1e-5.
-@pytest.mark.parametrize("case", ["string", "object", "local_update", "clip", "sparse"])
+# an Embedding with sparse_grad=True (plain SGD); mults: lr_mult, wd_mult and
+# an lr_scheduler; each equals one process on the mean gradient within 1e-5.
+@pytest.mark.parametrize("case", ["string", "object", "local_update", "clip", "sparse", "mults"])
 def test_gluon_trainer_equals_one_process_on_the_mean_gradient(trainer_job, case):
     job, got = trainer_job
     assert_both_ranks_passed(job, "case " + case)

@@ -262,6 +262,8 @@ class Psrt(mx.kvstore.KVStore):
         self._aux = {}         # key -> arrays broadcast without a gradient
         self._aux_names = None  # key -> the plain key averaging it, once decided
         self._factor = None    # 1 if the servers average pushes, the worker count if they sum
+        self._lr = None        # the learning rate last sent for every variable
+        self._lrs = {}         # variable -> its own rate, where it differs from that
         # Pushpulls are queued and go out as one at the step's last key, when
         # a key comes again (a new step), and before any other operation.
         self._batch = []          # (key, gradient, out) queued
@@ -321,7 +323,7 @@ class Psrt(mx.kvstore.KVStore):
         except psrt.PsrtError as e:
             self._config, self._config_error = None, e
         for key in list(self._names):
-            if _without_lr(self._configs[key]) != _without_lr(self._dense_config()):
+            if _without_lr(self._configs[key]) != _without_lr(self._dense_config(key)):
                 self._move(key)
         for key, value in list(self._pending.items()):
             self._register(key, value)
@@ -378,8 +380,9 @@ class Psrt(mx.kvstore.KVStore):
             self._round = []
         for k in keys:
             self._ensure(k)
-        self._sync_learning_rate()
-        self._batch.extend(zip(keys, self._gradients(keys, values), outs))
+        grads = self._gradients(keys, values)
+        self._sync_learning_rate(keys)
+        self._batch.extend(zip(keys, grads, outs))
         self._round.extend(keys)
         if self._step_keys is None:
             self._finish()
@@ -400,8 +403,9 @@ class Psrt(mx.kvstore.KVStore):
         self._finish()
         for k in keys:
             self._ensure(k)
-        self._sync_learning_rate()
-        grads = self._clipped(keys, self._gradients(keys, values))
+        grads = self._gradients(keys, values)
+        self._sync_learning_rate(keys)
+        grads = self._clipped(keys, grads)
         self._vars.push([self._names[k] for k in keys], grads)
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
@@ -496,13 +500,16 @@ class Psrt(mx.kvstore.KVStore):
             return list(key), list(value)
         return [key], [value]
 
-    def _dense_config(self):
-        """What a dense key registers with now: the optimizer, or plain."""
+    def _dense_config(self, key):
+        """What a dense key registers with now: the optimizer (with the
+        key's lr_mult and wd_mult, as MXNet's optimizer finds them), or
+        plain."""
         if self._optimizer is None:
             return _ASSIGN
         if self._config is None:
             raise self._config_error
-        return self._config
+        return dict(self._config, lr=float(self._optimizer._get_lr(key)),
+                    weight_decay=float(self._optimizer._get_wd(key)))
 
     def _pending_tables(self):
         return [k for k, v in self._pending.items() if _is_sparse(v)]
@@ -527,10 +534,11 @@ class Psrt(mx.kvstore.KVStore):
             return
         if key in self._names:
             return
-        config = self._dense_config()
+        config = self._dense_config(key)
         name = self._name(key)
         _assign(value, self._vars.register(name, value.asnumpy(), config))
         self._names[key], self._configs[key] = name, config
+        self._lrs[name] = config["lr"]
 
     def _register_table(self, key, value):
         if key in self._tables:
@@ -561,11 +569,12 @@ class Psrt(mx.kvstore.KVStore):
         """Moves a dense key's current value to a new variable with the
         optimizer set now (set_optimizer after the key was used)."""
         value = self._vars.pull(self._names[key])
-        config = self._dense_config()
+        config = self._dense_config(key)
         self._generation[key] = self._generation.get(key, 0) + 1
         name = "%s#%d" % (self._name(key), self._generation[key])
         self._vars.register(name, value, config)
         self._names[key], self._configs[key] = name, config
+        self._lrs[name] = config["lr"]
         self._clip_names.pop(key, None)
 
     def _gradients(self, keys, values):
@@ -577,6 +586,10 @@ class Psrt(mx.kvstore.KVStore):
             if any(_is_sparse(x) for x in _outputs(v)):
                 _check_rows_of_dense(k, None if plain else self._optimizer)
             scale = 1.0 if plain else float(self._optimizer.rescale_grad)
+            if not plain:
+                # MXNet's servers count each key's updates: the count drives
+                # its lr_scheduler (num_update).
+                self._optimizer._update_count(k)
             self._pushed.add(k)
             grads.append(_scaled(v, scale))
         return grads
@@ -661,9 +674,24 @@ class Psrt(mx.kvstore.KVStore):
         table.push(pieces)
         return pieces
 
-    def _sync_learning_rate(self):
-        if self._optimizer is not None:
-            self._vars.set_learning_rate(float(self._optimizer.learning_rate))
+    def _sync_learning_rate(self, keys):
+        """Sends changed learning rates (a scheduler's, set_learning_rate's,
+        a key's lr_mult) before the keys' pushes: one call for every
+        variable, and one per key whose rate differs from it."""
+        if self._optimizer is None:
+            return
+        base = float(self._optimizer.learning_rate)
+        if base != self._lr:
+            self._client.set_learning_rate(base)
+            self._lr = base
+            self._lrs = {}
+        for k in keys:
+            if self._configs[k] is _ASSIGN:
+                continue
+            lr, name = float(self._optimizer._get_lr(k)), self._names[k]
+            if lr != self._lrs.get(name, base):
+                self._client.set_learning_rate(lr, name)
+                self._lrs[name] = lr
 
 
 def _without_lr(config):
