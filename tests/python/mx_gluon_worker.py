@@ -20,7 +20,7 @@ import psrt.mxnet
 
 import mx_worker
 
-STEPS = {"string": 3, "object": 3, "local_update": 3, "clip": 3, "sparse": 3, "mults": 3, "resnet": 2}
+STEPS = {"string": 3, "object": 3, "devices": 3, "local_update": 3, "clip": 3, "sparse": 3, "mults": 3, "resnet": 2}
 SGD = ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3})
 RESNET_SGD = ("sgd", {"learning_rate": 0.02, "momentum": 0.9})
 CLIP = ("sgd", {"learning_rate": 0.5, "clip_gradient": 0.02})
@@ -81,13 +81,18 @@ def case_setup(case):
 def train(case, kv, rank, out):
     net, name, params, batch, loss_fn = case_setup(case)
     kvstore = kv if case == "object" else "psrt"
+    devices = [mx.cpu(0), mx.cpu(1)] if case == "devices" else [mx.cpu()]
+    if len(devices) > 1:
+        net.collect_params().reset_ctx(devices)
     trainer = gluon.Trainer(net.collect_params(), name, params, kvstore=kvstore,
                             update_on_kvstore=(case != "local_update"))
     for step in range(STEPS[case]):
         x, y = batch(step, rank)
+        # Each device takes a slice of the worker's batch.
+        xs, ys = gluon.utils.split_and_load(x, devices), gluon.utils.split_and_load(y, devices)
         with autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
+            losses = [loss_fn(net(a), b) for a, b in zip(xs, ys)]
+        autograd.backward(losses)
         trainer.step(x.shape[0])
         if step == 0:
             # The Trainer took the psrt store as MXNet's own dist store.

@@ -661,7 +661,8 @@ class Psrt(mx.kvstore.KVStore):
         if not keys:
             return
         factor = self._aggregation()
-        values = [self._aux[k][0].asnumpy() for k in keys]
+        # Several devices per worker: their mean first.
+        values = [sum(a.asnumpy() for a in self._aux[k]) / len(self._aux[k]) for k in keys]
         for k, total in zip(keys, self._vars.push_pull([self._aux_names[k] for k in keys], values)):
             with mx.autograd.pause():
                 for dst in self._aux[k]:
