@@ -1,7 +1,10 @@
 """The TensorFlow plugin in real jobs (psrt.tensorflow, Keras 3)."""
 
 import os
+import re
+import tempfile
 
+import numpy as np
 import pytest
 
 from jobs import EXAMPLES, HERE, assert_trained_like, run_job, trained_arrays
@@ -11,20 +14,49 @@ keras = pytest.importorskip("keras")
 import tf_worker  # noqa: E402
 
 
-def reference(kind, steps, workers):
-    """One process, the same Keras optimizer, on the mean gradient."""
-    model = tf_worker.build_model(seed=0)
-    opt = tf_worker.make_optimizer(kind)
-    for step in range(steps):
-        grads = []
-        for rank in range(workers):
-            x, y = tf_worker.batch(step, rank)
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(x) - y))
-            grads.append(tape.gradient(loss, model.trainable_variables))
-        mean = [sum(g[i] for g in grads) / workers for i in range(len(grads[0]))]
-        opt.apply_gradients(zip(mean, model.trainable_variables))
-    return [v.numpy() for v in model.trainable_variables]
+def reference(steps, workers, kind="sgd", model="mlp", clip=None, mixed=False, fit=False):
+    """One process, the same Keras optimizer, on the mean gradient over the
+    workers' batches; BatchNormalization's statistics are the mean of what
+    each worker's forward pass makes of them. Returns what tf_worker saves
+    and the number of steps the loss scale skipped."""
+    if mixed:
+        keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        net = tf_worker.build_model(seed=0, model=model, mixed=mixed)
+        opt = tf_worker.make_optimizer(kind, clip)
+        if mixed:
+            # model.compile's own LossScaleOptimizer keeps Keras's defaults.
+            opt = (keras.optimizers.LossScaleOptimizer(opt) if fit else
+                   tf_worker.make_optimizer(kind, clip, mixed=True))
+        moving = [v for v in net.non_trainable_variables if v.path.endswith(("moving_mean", "moving_variance"))]
+        skipped = 0
+        for step in range(steps):
+            start = [v.numpy() for v in moving]
+            grads, stats = [], []
+            for rank in range(workers):
+                for v, s in zip(moving, start):
+                    v.assign(s)
+                x, y = tf_worker.batch(step, rank, model, mixed)
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.square(net(x, training=True) - y))
+                    if mixed:
+                        loss = opt.scale_loss(loss)
+                grads.append(tape.gradient(loss, net.trainable_variables))
+                stats.append([v.numpy() for v in moving])
+            for i, v in enumerate(moving):
+                v.assign(sum(s[i] for s in stats) / np.float32(workers))
+            mean = [sum(g[i] for g in grads) / workers for i in range(len(grads[0]))]
+            if mixed and not all(np.isfinite(g.numpy()).all() for g in mean):
+                skipped += 1
+            opt.apply_gradients(zip(mean, net.trainable_variables))
+        return tf_worker.saved(net, opt), skipped
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def initial(model="mlp", mixed=False):
+    net = tf_worker.build_model(seed=0, model=model, mixed=mixed)
+    return tf_worker.saved(net, None) + ([np.array(tf_worker.MIXED_SCALE), np.array(0.0)] if mixed else [])
 
 
 # Keras's Adam adds epsilon to sqrt(v) before bias correction, the servers'
@@ -35,9 +67,69 @@ def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, eager, at
     steps = 10
     got = trained_arrays(os.path.join(HERE, "tf_worker.py"),
                          ["--optimizer", kind, "--steps", str(steps)] + (["--eager"] if eager else []))
-    want = reference(kind, steps, 2)
-    initial = [v.numpy() for v in tf_worker.build_model(seed=0).trainable_variables]
-    assert_trained_like(got, want, initial, atol)
+    want, _ = reference(steps, 2, kind)
+    assert_trained_like(got, want, initial(), atol)
+
+
+# Real models' layers: self-attention; BatchNormalization, whose moving
+# statistics must be the mean of the workers' (each worker's own differ, and
+# the old plugin left them so); a frozen keras.applications backbone, whose
+# non-trainable weights must be rank 0's (every rank draws its own). The
+# statistics and the backbone are among the arrays compared.
+@pytest.mark.parametrize("model,fit,atol", [("mha", False, 1e-5), ("bn", True, 1e-5), ("frozen", False, 1e-5)])
+def test_sync_two_workers_on_real_layers_equal_one_process(model, fit, atol):
+    steps = 6
+    got = trained_arrays(os.path.join(HERE, "tf_worker.py"),
+                         ["--model", model, "--steps", str(steps)] + (["--fit"] if fit else []))
+    want, _ = reference(steps, 2, model=model, fit=fit)
+    assert_trained_like(got, want, initial(model), atol)
+
+
+# Clipping applies to the mean gradient, as one process clips it; the
+# bounds are below the gradients' size, so every step clips (clipping each
+# worker's own gradient, or none, gives other weights).
+@pytest.mark.parametrize("clip", ["global_clipnorm=0.3", "clipnorm=0.1", "clipvalue=0.02"])
+def test_sync_two_workers_clip_the_mean_gradient(clip):
+    steps = 8
+    got = trained_arrays(os.path.join(HERE, "tf_worker.py"), ["--clip", clip, "--steps", str(steps)])
+    want, _ = reference(steps, 2, clip=clip)
+    unclipped, _ = reference(steps, 2)
+    assert max(np.abs(w - u).max() for w, u in zip(want, unclipped)) > 1e-2
+    assert_trained_like(got, want, initial(), 1e-5)
+
+
+# mixed_float16 with a LossScaleOptimizer, given explicitly or added by
+# model.compile: rank 1's gradients are 10 times rank 0's, so at some loss
+# scales only rank 1's overflow. One process on the mean skips those steps
+# (the mean is not finite); so must both workers, with the same loss scale
+# after (the last two arrays: the scale and the number of applied steps).
+@pytest.mark.parametrize("fit", [False, True])
+def test_sync_two_workers_mixed_precision_skip_steps_together(fit):
+    steps = 10
+    got = trained_arrays(os.path.join(HERE, "tf_worker.py"),
+                         ["--mixed", "--steps", str(steps)] + (["--fit"] if fit else []))
+    want, skipped = reference(steps, 2, mixed=True, fit=fit)
+    assert 0 < skipped < steps - 2
+    assert float(want[-1]) == steps - skipped
+    assert float(got[-2]) == float(want[-2]) and float(got[-1]) == float(want[-1])
+    # float16 forward passes: the weights agree to float16's precision.
+    assert_trained_like(got[:-2], want[:-2], initial(mixed=True)[:-2], 1e-3)
+
+
+# Async and ssp: no step-wide mean exists, so each worker clips its own
+# gradient and BatchNormalization's statistics are the last pushed; the
+# model still learns its two fixed batches per worker.
+@pytest.mark.parametrize("mode", [{"mode": "async"}, {"mode": "ssp", "staleness": 1}])
+def test_async_and_ssp_learn_with_clipping_and_batch_norm(mode):
+    with tempfile.TemporaryDirectory() as d:
+        code, log = run_job(os.path.join(HERE, "tf_worker.py"),
+                            ["--model", "bn", "--clip", "global_clipnorm=1.0", "--fixed", "--steps", "30",
+                             "--out", os.path.join(d, "final.npz")], ps=mode)
+    assert code == 0, log
+    found = re.findall(r"rank (\d) loss first ([\d.]+) last ([\d.]+)", log)
+    assert sorted(r for r, _, _ in found) == ["0", "1"], log
+    for _, first, last in found:
+        assert float(last) < 0.5 * float(first), log
 
 
 def test_keras_fit_trains_the_digits_to_the_demo_accuracy():
@@ -51,6 +143,13 @@ def test_unsupported_keras_optimizers_are_refused_clearly():
     from psrt.tensorflow import keras as pkeras
     with pytest.raises(psrt.PsrtError, match="RMSprop cannot run on the parameter servers"):
         pkeras.DistributedOptimizer(keras.optimizers.RMSprop())
-    with pytest.raises(psrt.PsrtError, match="clipnorm"):
-        pkeras.DistributedOptimizer(keras.optimizers.SGD(clipnorm=1.0))
+    with pytest.raises(psrt.PsrtError, match="gradient_accumulation_steps is not supported"):
+        pkeras.DistributedOptimizer(keras.optimizers.SGD(gradient_accumulation_steps=2))
+    with pytest.raises(psrt.PsrtError, match="the optimizer is distributed already"):
+        pkeras.DistributedOptimizer(pkeras.DistributedOptimizer(keras.optimizers.SGD()))
+    # Clipping and loss scaling are taken (they run on the mean gradient).
+    assert pkeras.DistributedOptimizer(keras.optimizers.SGD(global_clipnorm=1.0)).global_clipnorm == 1.0
+    lso = pkeras.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()))
+    assert isinstance(lso, keras.optimizers.LossScaleOptimizer)
+    assert isinstance(lso.inner_optimizer, keras.optimizers.Adam)
     assert pkeras._server_optimizer(keras.optimizers.AdamW(1e-3, weight_decay=0.01))["name"] == "adamw"

@@ -1,9 +1,13 @@
 """A TensorFlow training process for the plugin's tests, started by psrt-run.
 
-A small Keras MLP on random regression data, rank r's batch at step s drawn
-from seed (s, r), trained in a custom loop (tf.function by default, or eager)
-through psrt.keras.DistributedOptimizer. Rank 0 writes the final variables
-(numpy .npz) to --out.
+A small Keras model (--model: an MLP, self-attention, BatchNormalization, or a
+frozen keras.applications backbone under a Dense head) on random regression
+data, rank r's batch at step s drawn from seed (s, r), trained through
+psrt.keras.DistributedOptimizer in a custom loop (tf.function by default, or
+eager) or with model.fit (--fit). --clip sets one of Keras's clipping
+arguments, --mixed trains under mixed_float16 with a LossScaleOptimizer.
+Rank 0 writes the final variables (numpy .npz; see saved()) to --out; with
+--fixed each rank prints its loss over the first and the last two steps.
 """
 
 import argparse
@@ -17,53 +21,128 @@ import keras  # noqa: E402
 
 import psrt.tensorflow as psrt  # noqa: E402
 
+MODELS = ("mlp", "mha", "bn", "frozen")
+# Under --mixed: a scale at which rank 1's gradients overflow float16 and
+# rank 0's do not, and growth after two good steps, so that some steps are
+# skipped, on one rank's account only, and the scale moves both ways.
+MIXED_SCALE = 2.0 ** 15
+MIXED_GROWTH = 2
 
-def build_model(seed):
+
+def input_shape(model):
+    return {"mlp": (8,), "bn": (8,), "mha": (4, 8), "frozen": (32, 32, 3)}[model]
+
+
+def build_model(seed, model="mlp", mixed=False):
     keras.utils.set_random_seed(seed)
-    inputs = keras.Input((8,))
-    hidden = keras.layers.Dense(16, activation="tanh")(inputs)
-    return keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    inputs = keras.Input(input_shape(model))
+    if model == "mlp":
+        hidden = keras.layers.Dense(16, activation="tanh")(inputs)
+    elif model == "bn":
+        hidden = keras.layers.Dense(16)(inputs)
+        hidden = keras.layers.Activation("tanh")(keras.layers.BatchNormalization(momentum=0.8)(hidden))
+    elif model == "mha":
+        hidden = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)(inputs, inputs)
+        hidden = keras.layers.GlobalAveragePooling1D()(hidden)
+    else:
+        backbone = keras.applications.MobileNetV3Small(input_shape=input_shape(model), include_top=False,
+                                                       weights=None, minimalistic=True)
+        backbone.trainable = False
+        hidden = keras.layers.GlobalAveragePooling2D()(backbone(inputs, training=False))
+        # Random weights under BatchNormalization's initial statistics make
+        # features of about 1e-8: bring them to length 3.
+        hidden = keras.layers.LayerNormalization(epsilon=1e-24, center=False, scale=False)(hidden)
+        hidden = keras.layers.Rescaling(3.0)(keras.layers.UnitNormalization()(hidden))
+    # Under mixed_float16 the output stays float32, as Keras's guide has it.
+    outputs = keras.layers.Dense(1, dtype="float32" if mixed else None)(hidden)
+    return keras.Model(inputs, outputs)
 
 
-def batch(step, rank, n=16):
+def batch(step, rank, model="mlp", mixed=False, n=16):
     rng = np.random.default_rng(step * 1000 + rank)
-    x = rng.standard_normal((n, 8)).astype(np.float32)
-    return x, np.sin(x.sum(axis=1, keepdims=True))
+    x = rng.standard_normal((n,) + input_shape(model)).astype(np.float32)
+    y = np.sin(x.reshape(n, -1).sum(axis=1, keepdims=True))
+    if mixed:
+        y = y * (1.0 + 9.0 * rank)  # rank 1's gradients are 10 times larger
+    return x, y.astype(np.float32)
 
 
-def make_optimizer(kind):
+def make_optimizer(kind, clip=None, mixed=False):
+    kwargs = {}
+    if clip:
+        name, value = clip.split("=")
+        kwargs[name] = float(value)
     if kind == "sgd":
-        return keras.optimizers.SGD(learning_rate=0.1, momentum=0.9, nesterov=True)
-    if kind == "adam":
-        return keras.optimizers.Adam(learning_rate=1e-2)
-    raise ValueError(kind)
+        opt = keras.optimizers.SGD(learning_rate=0.1, momentum=0.9, nesterov=True, **kwargs)
+    elif kind == "adam":
+        opt = keras.optimizers.Adam(learning_rate=1e-2, **kwargs)
+    else:
+        raise ValueError(kind)
+    if mixed:
+        opt = keras.optimizers.LossScaleOptimizer(opt, initial_scale=MIXED_SCALE,
+                                                  dynamic_growth_steps=MIXED_GROWTH)
+    return opt
+
+
+def saved(model, opt):
+    """What rank 0 writes: the trainable variables, then the non-trainable
+    floating ones, then (loss scaling) the loss scale and the number of
+    applied steps."""
+    arrays = [v.numpy() for v in model.trainable_variables]
+    arrays += [v.numpy() for v in model.non_trainable_variables if "float" in str(v.dtype)]
+    if isinstance(opt, keras.optimizers.LossScaleOptimizer):
+        arrays += [np.array(float(opt.dynamic_scale.numpy())), np.array(float(opt.iterations.numpy()))]
+    return arrays
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--optimizer", default="sgd")
+    p.add_argument("--model", default="mlp", choices=MODELS)
+    p.add_argument("--clip", help="clipnorm=V, global_clipnorm=V or clipvalue=V")
+    p.add_argument("--mixed", action="store_true", help="mixed_float16 with a LossScaleOptimizer")
+    p.add_argument("--fit", action="store_true", help="model.fit instead of a custom loop")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--eager", action="store_true")
+    p.add_argument("--fixed", action="store_true", help="the same two batches over and over (to see learning)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     psrt.init()
     rank = psrt.rank()
-    model = build_model(seed=rank)  # rank 0's initial values must win
-    opt = psrt.keras.DistributedOptimizer(make_optimizer(args.optimizer), compression=psrt.Compression.none)
-    opt.build(model.trainable_variables)
+    if args.mixed:
+        keras.mixed_precision.set_global_policy("mixed_float16")
+    model = build_model(seed=rank, model=args.model, mixed=args.mixed)  # rank 0's initial values must win
+    batches = [batch(step % 2 if args.fixed else step, rank, args.model, args.mixed) for step in range(args.steps)]
+    if args.fit:
+        # model.compile adds the LossScaleOptimizer itself under mixed_float16.
+        inner = make_optimizer(args.optimizer, args.clip)
+        opt = psrt.keras.DistributedOptimizer(inner, compression=psrt.Compression.none)
+        model.compile(optimizer=opt, loss="mse", jit_compile=False)
+        model.fit(np.concatenate([x for x, _ in batches]), np.concatenate([y for _, y in batches]),
+                  batch_size=len(batches[0][0]), epochs=1, shuffle=False, verbose=0)
+        opt = model.optimizer
+    else:
+        opt = psrt.keras.DistributedOptimizer(make_optimizer(args.optimizer, args.clip, args.mixed),
+                                              compression=psrt.Compression.none, model=model)
+        opt.build(model.trainable_variables)
+        scaled = isinstance(opt, keras.optimizers.LossScaleOptimizer)
 
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(x) - y))
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+                if scaled:
+                    loss = opt.scale_loss(loss)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
 
-    step_fn = train_step if args.eager else tf.function(train_step, jit_compile=False)
-    for step in range(args.steps):
-        step_fn(*batch(step, rank))
+        step_fn = train_step if args.eager else tf.function(train_step, jit_compile=False)
+        losses = [float(step_fn(x, y)) for x, y in batches]
+        if args.fixed:
+            # The loss as the weights were before each step (scaled under --mixed).
+            print("rank %d loss first %.5f last %.5f" % (rank, np.mean(losses[:2]), np.mean(losses[-2:])), flush=True)
     if rank == 0:
-        np.savez(args.out, *[v.numpy() for v in model.trainable_variables])
+        np.savez(args.out, *saved(model, opt))
     return 0
 
 

@@ -6,10 +6,35 @@ weights they send back; the optimizer's own update never runs. The round trip
 happens in ``tf.numpy_function``, so it works eagerly, in ``model.fit`` and
 in ``tf.function`` (not under XLA: compile with ``jit_compile=False``).
 
+In sync mode a step equals one process on the mean gradient, Keras's
+features included:
+
+- Gradient clipping (``clipnorm``, ``global_clipnorm``, ``clipvalue``)
+  clips the mean gradient: each variable has a companion key of kind
+  ``assign`` (``<name>@grad``) whose value becomes the mean of the workers'
+  pushes; every worker pulls that mean, clips it as Keras does and pushes
+  the clipped gradient (the same on every worker) to the variable's key. That
+  costs a second round trip, paid only when clipping is on. In async and ssp
+  modes there is no step-wide mean: each worker clips its own gradient.
+- ``keras.optimizers.LossScaleOptimizer`` (``mixed_float16``, also as
+  ``model.compile`` adds it) decides on the mean of the scaled gradients,
+  pulled the same way, so an overflow skips the step on every worker and the
+  loss scale follows one schedule; the servers get unscaled gradients.
+  ``loss_scale_factor`` (a fixed scale) divides before the push.
+- The model's non-trainable variables are registered too (kind ``assign``),
+  so every worker starts from rank 0's values (frozen layers' weights,
+  BatchNormalization's statistics) and checkpoints hold them. Those of
+  trainable layers (BatchNormalization's moving mean and variance) change in
+  the forward pass: every step pushes them and takes back the mean over the
+  workers (async/ssp: the value the last worker pushed). ``model.fit`` finds
+  the model by itself; custom loops pass ``model=``.
+
 ``layers.Embedding`` keeps its rows on the servers as a sparse table; this
 optimizer's ``apply`` pushes the tables' row gradients of the step as well
 (see psrt/tensorflow/layers.py).
 """
+
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -19,25 +44,29 @@ import psrt
 from psrt import _host
 from psrt.tensorflow import layers
 
+_CLIPPING = ("clipnorm", "global_clipnorm", "clipvalue")
+_ASSIGN = "assign"
+
+
+def _refuse(what):
+    return psrt.PsrtError("psrt.keras.DistributedOptimizer: " + what)
+
 
 def _server_optimizer(opt):
     """The server-side settings equivalent to a Keras optimizer, or a refusal."""
     cfg = opt.get_config()
-    for key in ("clipnorm", "clipvalue", "global_clipnorm", "loss_scale_factor",
-                "gradient_accumulation_steps"):
-        if cfg.get(key):
-            raise psrt.PsrtError("psrt.keras.DistributedOptimizer: %s is not supported; the servers "
-                                 "apply the update" % key)
+    if cfg.get("gradient_accumulation_steps"):
+        raise _refuse("gradient_accumulation_steps is not supported; the servers apply the update "
+                      "every step (accumulate in the training loop, or raise the batch size)")
     if cfg.get("use_ema") or cfg.get("amsgrad"):
-        raise psrt.PsrtError("psrt.keras.DistributedOptimizer: use_ema and amsgrad are not supported")
+        raise _refuse("use_ema and amsgrad are not supported")
     wd = float(cfg.get("weight_decay") or 0.0)
     lr = float(keras.ops.convert_to_numpy(opt.learning_rate))
     if isinstance(opt, keras.optimizers.SGD):
         momentum = float(cfg.get("momentum", 0.0))
         if wd and momentum:
-            raise psrt.PsrtError("psrt.keras.DistributedOptimizer: SGD with momentum and weight_decay "
-                                 "(Keras decays decoupled) has no server equivalent; use AdamW, or "
-                                 "weight decay without momentum")
+            raise _refuse("SGD with momentum and weight_decay (Keras decays decoupled) has no server "
+                          "equivalent; use AdamW, or weight decay without momentum")
         return {"name": "sgd", "lr": lr, "momentum": momentum, "nesterov": bool(cfg.get("nesterov")),
                 "weight_decay": wd}
     if isinstance(opt, (keras.optimizers.Adam, keras.optimizers.AdamW)):
@@ -47,11 +76,157 @@ def _server_optimizer(opt):
                 "weight_decay": wd}
     if isinstance(opt, keras.optimizers.Adagrad):
         if wd:
-            raise psrt.PsrtError("psrt.keras.DistributedOptimizer: Adagrad with weight_decay is not supported")
+            raise _refuse("Adagrad with weight_decay is not supported")
         return {"name": "adagrad", "lr": lr, "eps": float(cfg["epsilon"]),
                 "initial_accumulator_value": float(cfg["initial_accumulator_value"])}
-    raise psrt.PsrtError("psrt.keras.DistributedOptimizer: %s cannot run on the parameter servers; use "
-                         "keras.optimizers.SGD, Adam, AdamW or Adagrad" % type(opt).__name__)
+    raise _refuse("%s cannot run on the parameter servers; use keras.optimizers.SGD, Adam, AdamW or "
+                  "Adagrad" % type(opt).__name__)
+
+
+def _set(obj, name, value):
+    """Sets a plain attribute: Keras would track a model or an optimizer
+    assigned to an optimizer as part of its state."""
+    object.__setattr__(obj, name, value)
+
+
+def _callers(opt):
+    """The LossScaleOptimizer and the keras.Model that called `opt`'s build,
+    if any: model.fit builds the optimizer from the model (through the loss
+    scale optimizer that model.compile adds under mixed_float16)."""
+    wrapper = model = None
+    frame = sys._getframe(2)
+    for _ in range(12):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if (wrapper is None and isinstance(owner, keras.optimizers.LossScaleOptimizer)
+                and owner.inner_optimizer is opt):
+            wrapper = owner
+        elif model is None and isinstance(owner, keras.Model):
+            mine = getattr(owner, "optimizer", None)
+            if mine is opt or (mine is not None and getattr(mine, "inner_optimizer", None) is opt):
+                model = owner
+        frame = frame.f_back
+    return wrapper, model
+
+
+def _non_trainable(model):
+    """The model's float non-trainable variables, as (moving, fixed): those of
+    trainable layers change in the forward pass (BatchNormalization's
+    statistics); those of frozen layers do not (a frozen BatchNormalization
+    runs in inference mode)."""
+    owner = {}
+    # Outer layers come first: the innermost layer holding a variable wins.
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        for v in layer.non_trainable_variables:
+            owner[id(v)] = (v, layer.trainable)
+    moving, fixed = [], []
+    for v, trainable in owner.values():
+        if v.trainable or not tf.as_dtype(v.dtype).is_floating:
+            continue  # seed generators' states: each worker's own
+        (moving if trainable else fixed).append(v)
+    return moving, fixed
+
+
+# Variables a DistributedOptimizer registered, by id: a second optimizer of
+# the same model (a GAN's) leaves them to the first.
+_claimed = set()
+
+
+def _register(host, name, value, optimizer, compression):
+    """Registers `value` under `name` with its own compression (the host's
+    is for the model's gradients); returns rank 0's value."""
+    kept, host._compression = host._compression, compression
+    try:
+        return host.register(name, value, optimizer)
+    finally:
+        host._compression = kept
+
+
+class _Keys:
+    """One optimizer's keys on the servers and the host side of its step."""
+
+    def __init__(self, opt, dense, model):
+        client = psrt.client()
+        sync = client.is_sync()
+        config = opt._psrt_config
+        moving, fixed = _non_trainable(model) if model is not None else ([], [])
+        moving = [v for v in moving if id(v) not in _claimed]
+        fixed = [v for v in fixed if id(v) not in _claimed]
+        self.moving = moving
+        names = _host.unique_names([v.path for v in dense + moving + fixed])
+        self.names = names[:len(dense)]
+        self.moving_names = names[len(dense):len(dense) + len(moving)]
+        self.clip = any(getattr(opt, k, None) for k in _CLIPPING)
+        # The mean gradient comes back before the update (sync mode only:
+        # async pushes apply at once, so no step-wide mean exists).
+        self.averaged = sync and (self.clip or opt._psrt_loss_scale is not None)
+        self.grad_names = [n + "@grad" for n in self.names] if self.averaged else []
+        # Each worker pushes 1: the servers' mean is 1, their sum (gradient_
+        # aggregation "sum") the number of workers that pushed.
+        self.count_name = (self.names[0] if self.names else "keras") + "@workers"
+        self.count = 1.0
+        self.shapes = [tuple(v.shape) for v in dense]
+        # An assign key takes no learning rate; the host keeps the one it
+        # was last registered with, so give it the optimizer's.
+        assign = {"name": _ASSIGN, "lr": config["lr"]}
+        exact = psrt.Compression.none
+        self.host = host = _host.HostVariables(client, opt._psrt_compression)
+        for i, (name, v) in enumerate(zip(names, dense + moving + fixed)):
+            value = keras.ops.convert_to_numpy(v).astype(np.float32)
+            if i < len(dense):
+                value = host.register(name, value, config)
+            else:
+                # Statistics and frozen weights travel exactly: every worker
+                # holds the same bits.
+                value = _register(host, name, value, assign, exact)
+            v.assign(tf.cast(value.reshape(v.shape), v.dtype))
+        for name, v in zip(self.grad_names, dense):
+            host.register(name, np.zeros(v.shape, np.float32), assign)
+        if self.averaged:
+            _register(host, self.count_name, np.ones((1,), np.float32), assign, exact)
+        _claimed.update(id(v) for v in dense + moving + fixed)
+
+    def mean(self, grads, stats):
+        """Sync with companions: the workers' aggregated gradient and the
+        mean statistics. Otherwise the statistics only; the gradients stay
+        this worker's."""
+        if self.averaged:
+            out = self.host.push_pull(self.grad_names + [self.count_name] + self.moving_names,
+                                      list(grads) + [np.ones((1,), np.float32)] + list(stats))
+            self.count = float(out[len(grads)][0])
+            return out[:len(grads)] + out[len(grads) + 1:]
+        stats = self.host.push_pull(self.moving_names, stats) if self.moving_names else []
+        return [np.asarray(g, np.float32) for g in grads] + stats
+
+    def update(self, lr, grads, stats):
+        """Pushes the gradients (after `mean`, each worker its share of the
+        aggregate, so that the servers' aggregate is the clipped aggregate)
+        and `stats` if `mean` has not; returns the new weights and means."""
+        if self.averaged and self.count != 1.0:
+            grads = [np.asarray(g, np.float32) / np.float32(self.count) for g in grads]
+        names = self.names + (self.moving_names if len(stats) else [])
+        if not names:
+            return [np.float32(0.0)]
+        return self.host.push_pull(names, list(grads) + list(stats), float(lr))
+
+    def skip(self, lr):
+        """A step that one process would skip (its gradient overflowed): NaN
+        gradients, which the servers do not apply ("nonfinite": "skip") while
+        the version moves on, as sync mode needs of every key every step."""
+        if not self.names:
+            return [np.float32(0.0)]
+        return self.host.push_pull(self.names, [np.full(s, np.nan, np.float32) for s in self.shapes], float(lr))
+
+
+def _float_grads(grads, variables):
+    return [tf.zeros(v.shape, tf.float32) if g is None else tf.cast(tf.convert_to_tensor(g), tf.float32)
+            for g, v in zip(grads, variables)]
+
+
+def _assign(variables, values):
+    for v, value in zip(variables, values):
+        v.assign(tf.cast(tf.reshape(value, v.shape), v.dtype))
 
 
 class _Distributed:
@@ -59,66 +234,165 @@ class _Distributed:
 
     def build(self, variables):
         super().build(variables)
-        if getattr(self, "_psrt_vars", None) is not None:
+        wrapper, model = _callers(self)
+        if wrapper is not None and not isinstance(wrapper, _DistributedLossScale):
+            # model.compile under mixed_float16 (or the user) wrapped this
+            # optimizer in a plain LossScaleOptimizer, which would test each
+            # worker's own gradient for overflow: make it decide on the mean.
+            object.__setattr__(wrapper, "__class__", _loss_scale_class(type(wrapper)))
+        keys = getattr(self, "_psrt_keys", None)
+        if wrapper is not None and self._psrt_loss_scale is None:
+            if keys is not None:
+                raise _refuse("it was built before a LossScaleOptimizer wrapped it; wrap first "
+                              "(DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt)))")
+            _set(self, "_psrt_loss_scale", wrapper)
+        if keys is not None:
             return
+        dense = [v for v in variables if layers.table_of(v) is None]
+        if len(dense) < len(variables) and (any(getattr(self, k, None) for k in _CLIPPING) or
+                                            self._psrt_loss_scale is not None or self.loss_scale_factor):
+            raise _refuse("clipnorm, global_clipnorm, clipvalue and loss scaling do not reach "
+                          "psrt.keras.layers.Embedding's rows; train models with tables without them")
         # Built while model.fit traces its first step: init_scope registers
         # eagerly all the same, once, before that step runs, so every worker
         # starts from rank 0's values.
         # Tables' push triggers stay here: their rows are on the servers already.
-        dense = [v for v in variables if layers.table_of(v) is None]
         with tf.init_scope():
-            names = _host.unique_names([v.path for v in dense])
-            host = _host.HostVariables(psrt.client(), self._psrt_compression)
-            for name, v in zip(names, dense):
-                v.assign(host.register(name, keras.ops.convert_to_numpy(v), self._psrt_config))
-        self._psrt_vars = host
-        self._psrt_names = names
+            _set(self, "_psrt_keys", _Keys(self, dense, model if self._psrt_model is None else self._psrt_model))
 
-    def apply(self, grads, trainable_variables=None):
-        variables = list(trainable_variables) if trainable_variables is not None else \
-            list(self._trainable_variables)
-        if getattr(self, "_psrt_vars", None) is None:
-            self.build(variables)
-        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g, tf.float32)
-                 for g, v in zip(grads, variables)]
+    def _psrt_mean(self, grads, variables):
+        """The step's first round trip where it has one (clipping or loss
+        scaling in sync mode, or a model with moving statistics under a loss
+        scale optimizer): the gradients to clip and apply (sync: the
+        aggregate over workers), the statistics' means assigned."""
+        keys = self._psrt_keys
+        dense = [g for g, v in zip(grads, variables) if layers.table_of(v) is None]
+        if not keys.averaged and not keys.moving:
+            return dense
+        stats = [tf.cast(v.value, tf.float32) for v in keys.moving]
+        out = tf.numpy_function(lambda *a: keys.mean(a[:len(dense)], a[len(dense):]), dense + stats,
+                                [tf.float32] * (len(dense) + len(stats)), stateful=True)
+        with tf.control_dependencies(out):
+            _assign(keys.moving, out[len(dense):])
+        return [tf.ensure_shape(tf.reshape(g, tf.shape(d)), d.shape) for g, d in zip(out, dense)]
+
+    def _psrt_update(self, dense_grads, variables, grads, stats):
+        """Pushes `dense_grads` (clipped here as Keras clips) with the
+        tables' rows and `stats`; assigns what comes back."""
+        keys = self._psrt_keys
+        if keys.clip:
+            dense_grads = self._clip_gradients(dense_grads)
         lr = tf.cast(self.learning_rate, tf.float32)
-        host = self._psrt_vars
         tables = [layers.table_of(v) for v in variables]
-        dense = [(g, v) for g, v, t in zip(grads, variables, tables) if t is None]
+        dense = [v for v, t in zip(variables, tables) if t is None]
         # A trigger's gradient is an input of the round trip, so the layer's
         # gradient function has kept the rows' gradient before it runs.
         triggers = [g for g, t in zip(grads, tables) if t is not None]
         tables = [t for t in tables if t is not None]
 
-        def round_trip(lr_value, *gs):
+        def round_trip(lr_value, *values):
             # Every table pushes once per step, rows or not (sync mode).
             for t in tables:
                 t.push()
-            if not dense:
-                return [np.float32(0.0)]
-            return host.push_pull(self._psrt_names, gs[:len(dense)], float(lr_value))
+            return keys.update(lr_value, values[:len(dense)], values[len(dense):len(dense) + len(stats)])
 
-        out_types = [tf.float32] * max(len(dense), 1)
-        new = tf.numpy_function(round_trip, [lr] + [g for g, _ in dense] + triggers, out_types, stateful=True)
+        new = tf.numpy_function(round_trip, [lr] + list(dense_grads) + stats + triggers,
+                                [tf.float32] * max(len(dense) + len(stats), 1), stateful=True)
         with tf.control_dependencies(new):
-            for (_, v), value in zip(dense, new):
-                v.assign(tf.reshape(value, v.shape))
+            _assign(dense + keys.moving[:len(stats)], new)
             self.iterations.assign_add(1)
 
+    def _psrt_skip(self):
+        keys = self._psrt_keys
+        lr = tf.cast(self.learning_rate, tf.float32)
+        tf.numpy_function(lambda lr_value: keys.skip(lr_value), [lr],
+                          [tf.float32] * max(len(keys.names), 1), stateful=True)
 
-def DistributedOptimizer(optimizer, compression=psrt.Compression.job_default):
+    def apply(self, grads, trainable_variables=None):
+        variables = list(trainable_variables) if trainable_variables is not None else \
+            list(self._trainable_variables)
+        if getattr(self, "_psrt_keys", None) is None:
+            self.build(variables)
+        grads = _float_grads(grads, variables)
+        if self.loss_scale_factor:
+            grads = [g / self.loss_scale_factor for g in grads]
+        keys = self._psrt_keys
+        if self._psrt_loss_scale is not None:
+            # The loss scale optimizer has averaged and unscaled them, and
+            # taken the statistics' means.
+            dense = [g for g, v in zip(grads, variables) if layers.table_of(v) is None]
+            self._psrt_update(dense, variables, grads, [])
+        elif keys.averaged:
+            self._psrt_update(self._psrt_mean(grads, variables), variables, grads, [])
+        else:
+            # One round trip: the statistics travel with the gradients.
+            dense = [g for g, v in zip(grads, variables) if layers.table_of(v) is None]
+            self._psrt_update(dense, variables, grads, [tf.cast(v.value, tf.float32) for v in keys.moving])
+
+
+class _DistributedLossScale:
+    """Mixed into keras.optimizers.LossScaleOptimizer: the overflow test and
+    the loss scale's schedule run on the mean of the workers' scaled
+    gradients (sync mode), so every worker skips the same steps; a skipped
+    step pushes NaN, which the servers skip."""
+
+    def apply(self, grads, trainable_variables=None):
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
+        inner = self.inner_optimizer
+        variables = list(trainable_variables) if trainable_variables is not None else \
+            list(self._trainable_variables)
+        grads = inner._psrt_mean(_float_grads(grads, variables), variables)
+        tf.cond(self.check_finite(grads),
+                lambda: self._stateful_handle_finite_grads(grads, trainable_variables),
+                self._stateful_handle_non_finite_grads)
+
+    def _stateful_handle_non_finite_grads(self):
+        self.inner_optimizer._psrt_skip()
+        super()._stateful_handle_non_finite_grads()
+
+
+_loss_scale_classes = {}
+
+
+def _loss_scale_class(cls):
+    if cls not in _loss_scale_classes:
+        _loss_scale_classes[cls] = type("Distributed" + cls.__name__, (_DistributedLossScale, cls), {})
+    return _loss_scale_classes[cls]
+
+
+def DistributedOptimizer(optimizer, compression=psrt.Compression.job_default, model=None):
     """An optimizer of `optimizer`'s class and settings that runs on the servers.
 
     Args:
       optimizer: keras.optimizers.SGD (momentum, Nesterov), Adam, AdamW or
-        Adagrad; learning-rate schedules work (the current rate reaches the
-        servers each step).
+        Adagrad, with clipnorm, global_clipnorm or clipvalue if wanted;
+        learning-rate schedules work (the current rate reaches the servers
+        each step). Or a keras.optimizers.LossScaleOptimizer around one.
       compression: psrt.Compression.fp16 or bf16 halves the bytes on the wire.
+      model: the keras.Model trained, so that its non-trainable variables
+        start from rank 0's values and BatchNormalization's statistics are
+        averaged every step. model.fit finds it without this; custom
+        training loops pass it.
     """
+    if isinstance(optimizer, (_Distributed, _DistributedLossScale)):
+        raise _refuse("the optimizer is distributed already")
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        inner = DistributedOptimizer(optimizer.inner_optimizer, compression, model)
+        cfg = optimizer.get_config()
+        wrapped = _loss_scale_class(type(optimizer))(inner, initial_scale=cfg["initial_scale"],
+                                                      dynamic_growth_steps=cfg["dynamic_growth_steps"],
+                                                      name=cfg["name"])
+        _set(inner, "_psrt_loss_scale", wrapped)
+        return wrapped
     config = _server_optimizer(optimizer)
     cls = type("Distributed" + type(optimizer).__name__, (_Distributed, type(optimizer)), {})
     wrapped = cls.from_config(optimizer.get_config())
     wrapped._psrt_config = config
     wrapped._psrt_compression = compression
-    wrapped._psrt_vars = None
+    _set(wrapped, "_psrt_model", model)
+    _set(wrapped, "_psrt_loss_scale", None)
+    _set(wrapped, "_psrt_keys", None)
     return wrapped
