@@ -20,7 +20,7 @@ import psrt.mxnet
 
 import mx_worker
 
-STEPS = {"string": 3, "object": 3, "devices": 3, "local_update": 3, "clip": 3, "sparse": 3, "mults": 3, "resnet": 2}
+STEPS = {"string": 3, "object": 3, "devices": 3, "local_update": 3, "clip": 3, "sparse": 3, "mults": 4, "resnet": 2}
 SGD = ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3})
 RESNET_SGD = ("sgd", {"learning_rate": 0.02, "momentum": 0.9})
 CLIP = ("sgd", {"learning_rate": 0.5, "clip_gradient": 0.02})
@@ -68,13 +68,11 @@ def case_setup(case):
     name, params = CLIP if case == "clip" else SGD
     if case == "mults":
         # A parameter's lr_mult and wd_mult, and a schedule over the updates
-        # (without momentum: under a changing rate the servers' momentum is
-        # PyTorch's form, not MXNet's).
+        # (with SGD's momentum, which MXNet applies to each step's rate).
         net[0].weight.lr_mult = 0.5
         for p in net.collect_params(".*bias").values():
             p.wd_mult = 0.0
-        params = dict(params, momentum=0.0, wd=0.05,
-                      lr_scheduler=mx.lr_scheduler.FactorScheduler(step=1, factor=0.7))
+        params = dict(params, wd=0.05, lr_scheduler=mx.lr_scheduler.FactorScheduler(step=1, factor=0.7))
     return net, name, params, mx_worker.batch, gluon.loss.L2Loss()
 
 

@@ -264,6 +264,8 @@ class Psrt(mx.kvstore.KVStore):
         self._factor = None    # 1 if the servers average pushes, the worker count if they sum
         self._lr = None        # the learning rate last sent for every variable
         self._lrs = {}         # variable -> its own rate, where it differs from that
+        self._lr_ref = {}      # SGD-with-momentum key -> the servers' (fixed) rate
+        self._weights = {}     # such a key -> its current weights (for weight decay)
         # Pushpulls are queued and go out as one at the step's last key, when
         # a key comes again (a new step), and before any other operation.
         self._batch = []          # (key, gradient, out) queued
@@ -405,8 +407,7 @@ class Psrt(mx.kvstore.KVStore):
             self._ensure(k)
         grads = self._gradients(keys, values)
         self._sync_learning_rate(keys)
-        grads = self._clipped(keys, grads)
-        self._vars.push([self._names[k] for k in keys], grads)
+        self._vars.push([self._names[k] for k in keys], self._prepared(keys, grads))
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         self._finish()
@@ -425,7 +426,9 @@ class Psrt(mx.kvstore.KVStore):
                         _write_rows(dst, ids, rows)
                 continue
             self._ensure(k)
-            _write(o, self._vars.pull(self._names[k]))
+            w = self._vars.pull(self._names[k])
+            self._keep(k, w)
+            _write(o, w)
 
     def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
         """Writes the rows of `row_ids` (an NDArray of ids, repeats and any
@@ -488,8 +491,9 @@ class Psrt(mx.kvstore.KVStore):
         batch, self._batch = self._batch, []
         if batch:
             keys, grads, outs = zip(*batch)
-            grads = self._clipped(keys, grads)
-            for o, w in zip(outs, self._vars.push_pull([self._names[k] for k in keys], grads)):
+            grads = self._prepared(keys, grads)
+            for k, o, w in zip(keys, outs, self._vars.push_pull([self._names[k] for k in keys], grads)):
+                self._keep(k, w)
                 _write(o, w)
         if step_end:
             self._average_aux()
@@ -508,8 +512,13 @@ class Psrt(mx.kvstore.KVStore):
             return _ASSIGN
         if self._config is None:
             raise self._config_error
-        return dict(self._config, lr=float(self._optimizer._get_lr(key)),
-                    weight_decay=float(self._optimizer._get_wd(key)))
+        lr = float(self._optimizer._get_lr(key))
+        if _scales_gradient(self._config):
+            # The base rate (times lr_mult), not the scheduled one: the
+            # servers keep it, a restored job's too.
+            now = float(self._optimizer.learning_rate)
+            lr = float(self._optimizer.lr) * (lr / now if now else 1.0)
+        return dict(self._config, lr=lr, weight_decay=float(self._optimizer._get_wd(key)))
 
     def _pending_tables(self):
         return [k for k, v in self._pending.items() if _is_sparse(v)]
@@ -536,9 +545,9 @@ class Psrt(mx.kvstore.KVStore):
             return
         config = self._dense_config(key)
         name = self._name(key)
-        _assign(value, self._vars.register(name, value.asnumpy(), config))
-        self._names[key], self._configs[key] = name, config
-        self._lrs[name] = config["lr"]
+        host = self._vars.register(name, value.asnumpy(), config)
+        _assign(value, host)
+        self._registered(key, name, config, host)
 
     def _register_table(self, key, value):
         if key in self._tables:
@@ -573,9 +582,22 @@ class Psrt(mx.kvstore.KVStore):
         self._generation[key] = self._generation.get(key, 0) + 1
         name = "%s#%d" % (self._name(key), self._generation[key])
         self._vars.register(name, value, config)
+        self._registered(key, name, config, value)
+        self._clip_names.pop(key, None)
+
+    def _registered(self, key, name, config, value):
         self._names[key], self._configs[key] = name, config
         self._lrs[name] = config["lr"]
-        self._clip_names.pop(key, None)
+        self._lr_ref.pop(key, None)
+        if _scales_gradient(config) and config["lr"] > 0:
+            # The servers' rate stays; a changed one scales the gradient.
+            self._lr_ref[key] = config["lr"]
+        self._keep(key, value)
+
+    def _keep(self, key, weights):
+        """The key's current weights, where a changed rate needs them."""
+        if key in self._lr_ref and self._configs[key].get("weight_decay"):
+            self._weights[key] = weights
 
     def _gradients(self, keys, values):
         """Host copies of the pushed values: an optimizer's key gets them
@@ -594,26 +616,48 @@ class Psrt(mx.kvstore.KVStore):
             grads.append(_scaled(v, scale))
         return grads
 
-    def _clipped(self, keys, grads):
-        """The gradients to push to the optimizer's keys with clip_gradient:
-        MXNet's servers clip the aggregated gradient. In sync mode it is
-        found on a plain twin key, clipped on every worker alike, and pushed
-        so that it aggregates to itself; async and ssp apply each worker's
-        push alone, so each worker clips its own."""
-        clip = None if self._optimizer is None else self._optimizer.clip_gradient
-        idx = [i for i, k in enumerate(keys) if self._configs[k] is not _ASSIGN]
-        if clip is None or not idx:
-            return list(grads)
-        clip = float(clip)
+    def _prepared(self, keys, grads):
+        """The gradients to push to the optimizer's keys.
+
+        clip_gradient: MXNet's servers clip the aggregated gradient. In sync
+        mode it is found on a plain twin key, clipped on every worker alike,
+        and pushed so that it aggregates to itself; async and ssp apply each
+        worker's push alone, so each worker clips its own.
+
+        SGD with momentum: MXNet's buffer takes each step's gradient times
+        that step's rate (v = m v - lr (g + wd w)), the servers' (PyTorch's)
+        takes the gradient and multiplies the whole buffer by the current
+        rate. Keeping the servers' rate at the key's first one, r, and
+        pushing s g + (s - 1) wd w with s = lr / r makes the two equal under
+        any schedule."""
         grads = list(grads)
-        if not self._client.is_sync():
-            for i in idx:
-                grads[i] = np.clip(grads[i], -clip, clip)
+        opt = self._optimizer
+        idx = [i for i, k in enumerate(keys) if self._configs[k] is not _ASSIGN]
+        if opt is None or not idx:
             return grads
-        twins = [self._clip_twin(keys[i], grads[i]) for i in idx]
-        factor = self._aggregation()
-        for i, total in zip(idx, self._vars.push_pull(twins, [grads[i] for i in idx])):
-            grads[i] = np.clip(total, -clip, clip) / np.float32(factor)
+        divide = 1.0
+        if opt.clip_gradient is not None:
+            clip = float(opt.clip_gradient)
+            if self._client.is_sync():
+                twins = [self._clip_twin(keys[i], grads[i]) for i in idx]
+                for i, total in zip(idx, self._vars.push_pull(twins, [grads[i] for i in idx])):
+                    grads[i] = np.clip(total, -clip, clip)
+                divide = self._aggregation()
+            else:
+                for i in idx:
+                    grads[i] = np.clip(grads[i], -clip, clip)
+        for i in idx:
+            k = keys[i]
+            if k in self._lr_ref:
+                scale = float(opt._get_lr(k)) / self._lr_ref[k]
+                if scale != 1.0:
+                    g = grads[i] * np.float32(scale)
+                    wd = self._configs[k]["weight_decay"]
+                    if wd:
+                        g += np.float32((scale - 1.0) * wd) * self._weights[k].reshape(g.shape)
+                    grads[i] = g
+            if divide != 1.0:
+                grads[i] = grads[i] / np.float32(divide)
         return grads
 
     def _clip_twin(self, key, like):
@@ -682,17 +726,23 @@ class Psrt(mx.kvstore.KVStore):
         if self._optimizer is None:
             return
         base = float(self._optimizer.learning_rate)
-        if base != self._lr:
+        if not self._lr_ref and base != self._lr:
             self._client.set_learning_rate(base)
             self._lr = base
             self._lrs = {}
         for k in keys:
-            if self._configs[k] is _ASSIGN:
+            if self._configs[k] is _ASSIGN or k in self._lr_ref:
                 continue
             lr, name = float(self._optimizer._get_lr(k)), self._names[k]
-            if lr != self._lrs.get(name, base):
+            if lr != self._lrs.get(name, self._lr):
                 self._client.set_learning_rate(lr, name)
                 self._lrs[name] = lr
+
+
+def _scales_gradient(config):
+    """SGD with momentum (not Nesterov's): a changed rate scales the pushed
+    gradient instead of the servers' rate (Psrt._prepared)."""
+    return config["name"] == "sgd" and config.get("momentum", 0.0) > 0 and not config.get("nesterov")
 
 
 def _without_lr(config):
