@@ -111,7 +111,7 @@ def gluon_job(cases, ps=None):
         return job, got
 
 
-def gluon_reference(case, workers=2):
+def gluon_reference(case, workers=2, aggregation="mean"):
     """One process with MXNet's own optimizer (no kvstore) on the mean of the
     workers' gradients, each computed from the same weights and running
     statistics; the running statistics become rank 0's after the first step
@@ -140,7 +140,7 @@ def gluon_reference(case, workers=2):
         for i, p in enumerate(aux):
             p.data()[:] = stats[0][i] if step == 0 else sum(s[i] for s in stats) / workers
         for i, p in enumerate(trained):
-            p.grad()[:] = sum(g[i] for g in grads) / workers
+            p.grad()[:] = sum(g[i] for g in grads) / (workers if aggregation == "mean" else 1)
         trainer.step(x.shape[0])
     return [p.data().asnumpy() for p in everything]
 
@@ -195,6 +195,15 @@ def test_gluon_resnet_with_batchnorm_sync_equals_one_process(trainer_job):
     names = list(gw.build_resnet(0).collect_params().keys())
     stats = [i for i, n in enumerate(names) if n.endswith("running_mean") or n.endswith("running_var")]
     assert stats and max(abs(got[i] - initial[i]).max() for i in stats) > 1e-3
+
+
+def test_gluon_with_summed_gradients_equals_one_process_on_their_sum():
+    """gradient_aggregation "sum" (MXNet's servers sum): clip_gradient clips
+    the sum, BatchNorm's statistics are still the workers' mean."""
+    job, got = gluon_job(["clip", "resnet"], {"gradient_aggregation": "sum"})
+    for case in ("clip", "resnet"):
+        assert_both_ranks_passed(job, "case " + case)
+        assert_trained_like(got[case], gluon_reference(case, aggregation="sum"), initial_arrays(case), 1e-5)
 
 
 @pytest.mark.parametrize("mode", ["async", "ssp"])
