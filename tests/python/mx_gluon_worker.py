@@ -9,7 +9,9 @@ and used by the test's one-process references too.
 """
 
 import argparse
+import os
 import sys
+import tempfile
 
 import mxnet as mx
 import numpy as np
@@ -102,8 +104,9 @@ def train(case, kv, rank, out):
 
 
 def load_is_refused(rank):
-    """Parameter.load after the first step: refused as for MXNet's dist
-    stores (the servers' copy would be out of step)."""
+    """Trainer.save_states and load_states work; Parameter.load after the
+    first step is refused as for MXNet's dist stores (the servers' copy
+    would be out of step)."""
     net = mx_worker.build_net(seed=0)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore="psrt")
     x, y = mx_worker.batch(0, rank)
@@ -111,13 +114,17 @@ def load_is_refused(rank):
         loss = gluon.loss.L2Loss()(net(x), y)
     loss.backward()
     trainer.step(x.shape[0])
-    path = "/tmp/psrt-mx-load-%d-%d.params" % (rank, id(net))
-    net.save_parameters(path)
-    try:
-        net.load_parameters(path)
-    except RuntimeError as e:
-        assert "Cannot reset distributed KVStore" in str(e), e
-        return
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "net.params")
+        # The trainer's states say where they are (the servers) and come back.
+        trainer.save_states(path + ".states")
+        trainer.load_states(path + ".states")
+        net.save_parameters(path)
+        try:
+            net.load_parameters(path)
+        except RuntimeError as e:
+            assert "Cannot reset distributed KVStore" in str(e), e
+            return
     raise AssertionError("load_parameters after a step was taken")
 
 
