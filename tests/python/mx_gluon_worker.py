@@ -103,6 +103,30 @@ def train(case, kv, rank, out):
     return net
 
 
+def module_data(rank):
+    """Rank r's linear-regression data for the Module case: 4 batches of 16."""
+    rng = np.random.default_rng(rank + 31)
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    return x, (x @ np.arange(1, 9, dtype=np.float32)[:, None] * 0.1 + 0.3).astype(np.float32)
+
+
+MODULE_SGD = {"learning_rate": 0.05, "momentum": 0.9}
+
+
+def module_fit(rank, out):
+    """The Module API: Module.fit(kvstore="psrt") for 2 epochs."""
+    x, y = module_data(rank)
+    it = mx.io.NDArrayIter(x, y, batch_size=16, label_name="lin_label")
+    sym = mx.sym.LinearRegressionOutput(mx.sym.FullyConnected(mx.sym.Variable("data"), num_hidden=1, name="fc"),
+                                        name="lin")
+    mod = mx.mod.Module(sym, label_names=["lin_label"])
+    mod.fit(it, num_epoch=2, kvstore="psrt", optimizer="sgd", optimizer_params=dict(MODULE_SGD),
+            initializer=mx.init.Zero())
+    assert isinstance(mod._kvstore, psrt.mxnet.Psrt) and mod._update_on_kvstore, mod._kvstore
+    arg, _ = mod.get_params()
+    out["module/0"], out["module/1"] = arg["fc_weight"].asnumpy(), arg["fc_bias"].asnumpy()
+
+
 def load_is_refused(rank):
     """Trainer.save_states and load_states work; Parameter.load after the
     first step is refused as for MXNet's dist stores (the servers' copy
@@ -175,6 +199,8 @@ def main():
                 load_is_refused(rank)
             elif case == "async":
                 async_cases(rank)
+            elif case == "module":
+                module_fit(rank, out)
             else:
                 train(case, kv, rank, out)
             print("rank %d: case %s passed" % (rank, case), flush=True)

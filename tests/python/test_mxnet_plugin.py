@@ -197,13 +197,40 @@ def test_gluon_resnet_with_batchnorm_sync_equals_one_process(trainer_job):
     assert stats and max(abs(got[i] - initial[i]).max() for i in stats) > 1e-3
 
 
+def module_reference(workers=2, epochs=2, batch=16):
+    """MXNet's dist_sync with Module: the servers sum the workers'
+    gradients, Module rescales by the global batch (batch x workers); SGD
+    with momentum (v = m v - lr g, w += v) from zeros."""
+    import numpy as np
+    import mx_gluon_worker as gw
+    data = [gw.module_data(r) for r in range(workers)]
+    w, b = np.zeros((1, 8), np.float32), np.zeros(1, np.float32)
+    vw, vb = np.zeros_like(w), np.zeros_like(b)
+    lr, m = gw.MODULE_SGD["learning_rate"], gw.MODULE_SGD["momentum"]
+    for _ in range(epochs):
+        for i in range(0, 64, batch):
+            gw_sum, gb_sum = np.zeros_like(w), np.zeros_like(b)
+            for x, y in data:
+                err = x[i:i + batch] @ w.T + b - y[i:i + batch]
+                gw_sum += err.T @ x[i:i + batch]
+                gb_sum += err.sum(axis=0)
+            vw = m * vw - lr * gw_sum / (batch * workers)
+            vb = m * vb - lr * gb_sum / (batch * workers)
+            w, b = w + vw, b + vb
+    return [w, b]
+
+
 def test_gluon_with_summed_gradients_equals_one_process_on_their_sum():
     """gradient_aggregation "sum" (MXNet's servers sum): clip_gradient clips
-    the sum, BatchNorm's statistics are still the workers' mean."""
-    job, got = gluon_job(["clip", "resnet"], {"gradient_aggregation": "sum"})
+    the sum, BatchNorm's statistics are still the workers' mean, and
+    Module.fit(kvstore="psrt") ends where MXNet's dist_sync does."""
+    job, got = gluon_job(["clip", "resnet", "module"], {"gradient_aggregation": "sum"})
     for case in ("clip", "resnet"):
         assert_both_ranks_passed(job, "case " + case)
         assert_trained_like(got[case], gluon_reference(case, aggregation="sum"), initial_arrays(case), 1e-5)
+    assert_both_ranks_passed(job, "case module")
+    want = module_reference()
+    assert_trained_like(got["module"], want, [0 * a for a in want], 1e-5)
 
 
 @pytest.mark.parametrize("mode", ["async", "ssp"])
