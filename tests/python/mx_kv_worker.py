@@ -5,6 +5,7 @@ the init values of row_sparse keys. Started by psrt-run with 2 workers;
 every rank checks the values it reads."""
 
 import sys
+import time
 
 import mxnet as mx
 import numpy as np
@@ -93,8 +94,20 @@ def table_init():
     assert "cannot start at this init value" in msg and "table_options('ones', init_std=" in msg, msg
 
 
+def barrier():
+    """kv._barrier() waits for every worker (rank 1 comes 1 s late)."""
+    kv = mx.kv.create("psrt")
+    kv._barrier()
+    if kv.rank == 1:
+        time.sleep(1.0)
+    start = time.monotonic()
+    kv._barrier()
+    waited = time.monotonic() - start
+    assert waited > 0.8 if kv.rank == 0 else waited < 0.8, waited
+
+
 CHECKS = {"optimizer_keys": optimizer_keys, "plain_store": plain_store, "compression": compression,
-          "table_init": table_init}
+          "table_init": table_init, "barrier": barrier}
 
 
 def main():

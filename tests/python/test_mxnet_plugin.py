@@ -87,8 +87,9 @@ def assert_both_ranks_passed(job, what):
 # plain_store: no set_optimizer, the servers keep the workers' mean; then
 # set_optimizer runs on the values the keys hold. compression: fp16 as
 # set_gradient_compression, 2-bit refused. table_init: a row_sparse key
-# starts at its zeros, a ones value is refused.
-@pytest.mark.parametrize("check", ["optimizer_keys", "plain_store", "compression", "table_init"])
+# starts at its zeros, a ones value is refused. barrier: kv._barrier() waits
+# for every worker.
+@pytest.mark.parametrize("check", ["optimizer_keys", "plain_store", "compression", "table_init", "barrier"])
 def test_kvstore_api(kv_job, check):
     assert_both_ranks_passed(kv_job, check)
 

@@ -477,7 +477,15 @@ class Psrt(mx.kvstore.KVStore):
                              "set_optimizer (sgd, nag, adam or adagrad)")
 
     def _barrier(self):
+        """Sync: returns once every worker reached it (a push-pull of a plain
+        key waits for every worker's push). Async and ssp have no such wait:
+        it only sends what is queued."""
         self._finish()
+        if self._client.is_sync():
+            name = self._name(".barrier")
+            if not self._vars.registered(name):
+                self._vars.register(name, np.zeros(1, np.float32), _ASSIGN)
+            self._vars.push_pull([name], [np.zeros(1, np.float32)])
 
     def _send_command_to_servers(self, head, body):
         raise psrt.PsrtError("psrt kvstore: psrt's servers take no MXNet server commands")
