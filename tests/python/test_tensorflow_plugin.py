@@ -72,9 +72,9 @@ def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, eager, at
 
 
 # Real models' layers: self-attention; BatchNormalization, whose moving
-# statistics must be the mean of the workers' (each worker's own differ, and
-# the old plugin left them so); a frozen keras.applications backbone, whose
-# non-trainable weights must be rank 0's (every rank draws its own). The
+# statistics must be the mean of the workers' (each worker's own differ);
+# a frozen keras.applications backbone (the same weights on every worker, as
+# pretrained ones are) under a head that starts from rank 0's values. The
 # statistics and the backbone are among the arrays compared.
 @pytest.mark.parametrize("model,fit,atol", [("mha", False, 1e-5), ("bn", True, 1e-5), ("frozen", False, 1e-5)])
 def test_sync_two_workers_on_real_layers_equal_one_process(model, fit, atol):
@@ -83,6 +83,18 @@ def test_sync_two_workers_on_real_layers_equal_one_process(model, fit, atol):
                          ["--model", model, "--steps", str(steps)] + (["--fit"] if fit else []))
     want, _ = reference(steps, 2, model=model, fit=fit)
     assert_trained_like(got, want, initial(model), atol)
+
+
+def test_frozen_weights_that_differ_between_workers_are_refused():
+    """Rank 1 draws its own backbone: the head would learn from two different
+    backbones (the old plugin trained so, silently)."""
+    with tempfile.TemporaryDirectory() as d:
+        code, log = run_job(os.path.join(HERE, "tf_worker.py"),
+                            ["--model", "frozen", "--backbone-seed", "-1", "--steps", "2",
+                             "--out", os.path.join(d, "final.npz")])
+    assert code != 0, log
+    assert "psrt.keras.DistributedOptimizer: the non-trainable variable '" in log, log
+    assert "differs from rank 0's (or the restored checkpoint's)" in log, log
 
 
 # Clipping applies to the mean gradient, as one process clips it; the

@@ -33,7 +33,9 @@ def input_shape(model):
     return {"mlp": (8,), "bn": (8,), "mha": (4, 8), "frozen": (32, 32, 3)}[model]
 
 
-def build_model(seed, model="mlp", mixed=False):
+def build_model(seed, model="mlp", mixed=False, backbone_seed=0):
+    """The model, its weights drawn from `seed`; the frozen backbone's from
+    `backbone_seed` (pretrained weights are the same on every worker)."""
     keras.utils.set_random_seed(seed)
     inputs = keras.Input(input_shape(model))
     if model == "mlp":
@@ -45,9 +47,11 @@ def build_model(seed, model="mlp", mixed=False):
         hidden = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)(inputs, inputs)
         hidden = keras.layers.GlobalAveragePooling1D()(hidden)
     else:
+        keras.utils.set_random_seed(backbone_seed)
         backbone = keras.applications.MobileNetV3Small(input_shape=input_shape(model), include_top=False,
                                                        weights=None, minimalistic=True)
         backbone.trainable = False
+        keras.utils.set_random_seed(seed)
         hidden = keras.layers.GlobalAveragePooling2D()(backbone(inputs, training=False))
         # Random weights under BatchNormalization's initial statistics make
         # features of about 1e-8: bring them to length 3.
@@ -104,6 +108,7 @@ def main():
     p.add_argument("--fit", action="store_true", help="model.fit instead of a custom loop")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--eager", action="store_true")
+    p.add_argument("--backbone-seed", type=int, default=0, help="-1: the rank")
     p.add_argument("--fixed", action="store_true", help="the same two batches over and over (to see learning)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -111,7 +116,9 @@ def main():
     rank = psrt.rank()
     if args.mixed:
         keras.mixed_precision.set_global_policy("mixed_float16")
-    model = build_model(seed=rank, model=args.model, mixed=args.mixed)  # rank 0's initial values must win
+    # Rank 0's initial values must win.
+    model = build_model(seed=rank, model=args.model, mixed=args.mixed,
+                        backbone_seed=rank if args.backbone_seed < 0 else args.backbone_seed)
     batches = [batch(step % 2 if args.fixed else step, rank, args.model, args.mixed) for step in range(args.steps)]
     if args.fit:
         # model.compile adds the LossScaleOptimizer itself under mixed_float16.

@@ -21,13 +21,15 @@ features included:
   pulled the same way, so an overflow skips the step on every worker and the
   loss scale follows one schedule; the servers get unscaled gradients.
   ``loss_scale_factor`` (a fixed scale) divides before the push.
-- The model's non-trainable variables are registered too (kind ``assign``),
-  so every worker starts from rank 0's values (frozen layers' weights,
-  BatchNormalization's statistics) and checkpoints hold them. Those of
-  trainable layers (BatchNormalization's moving mean and variance) change in
-  the forward pass: every step pushes them and takes back the mean over the
-  workers (async/ssp: the value the last worker pushed). ``model.fit`` finds
-  the model by itself; custom loops pass ``model=``.
+- BatchNormalization's moving mean and variance (the non-trainable
+  variables of trainable layers, which change in the forward pass) are keys
+  of kind ``assign`` too: every step pushes them and takes back the mean
+  over the workers (async/ssp: the value the last worker pushed), so
+  checkpoints hold them. The model's other non-trainable variables (frozen
+  layers) must be the same on every worker: their checksums go to the
+  servers with registration, and a worker whose differ from rank 0's
+  refuses to train. ``model.fit`` finds the model by itself; custom loops
+  pass ``model=``.
 
 ``layers.Embedding`` keeps its rows on the servers as a sparse table; this
 optimizer's ``apply`` pushes the tables' row gradients of the step as well
@@ -35,6 +37,7 @@ optimizer's ``apply`` pushes the tables' row gradients of the step as well
 """
 
 import sys
+import zlib
 
 import numpy as np
 import tensorflow as tf
@@ -143,8 +146,22 @@ def _register(host, name, value, optimizer, compression):
         host._compression = kept
 
 
+def _checksums(values):
+    """Two float32 numbers per array, exact (16 bits each): its CRC-32."""
+    out = []
+    for v in values:
+        crc = zlib.crc32(np.ascontiguousarray(v, dtype=np.float32).tobytes())
+        out += [crc >> 16, crc & 0xFFFF]
+    return np.array(out, dtype=np.float32)
+
+
 class _Keys:
-    """One optimizer's keys on the servers and the host side of its step."""
+    """One optimizer's keys on the servers and the host side of its step.
+
+    Every key is pushed once per step (sync checkpoints wait for every key
+    to reach the step): the model's variables, the moving statistics, the
+    mean-gradient companions (sync with clipping or loss scaling), and a
+    control key of [1, the frozen variables' checksums]."""
 
     def __init__(self, opt, dense, model):
         client = psrt.client()
@@ -154,48 +171,65 @@ class _Keys:
         moving = [v for v in moving if id(v) not in _claimed]
         fixed = [v for v in fixed if id(v) not in _claimed]
         self.moving = moving
-        names = _host.unique_names([v.path for v in dense + moving + fixed])
+        names = _host.unique_names([v.path for v in dense + moving])
         self.names = names[:len(dense)]
-        self.moving_names = names[len(dense):len(dense) + len(moving)]
+        self.moving_names = names[len(dense):]
         self.clip = any(getattr(opt, k, None) for k in _CLIPPING)
         # The mean gradient comes back before the update (sync mode only:
         # async pushes apply at once, so no step-wide mean exists).
         self.averaged = sync and (self.clip or opt._psrt_loss_scale is not None)
         self.grad_names = [n + "@grad" for n in self.names] if self.averaged else []
-        # Each worker pushes 1: the servers' mean is 1, their sum (gradient_
-        # aggregation "sum") the number of workers that pushed.
-        self.count_name = (self.names[0] if self.names else "keras") + "@workers"
-        self.count = 1.0
         self.shapes = [tuple(v.shape) for v in dense]
         # An assign key takes no learning rate; the host keeps the one it
         # was last registered with, so give it the optimizer's.
         assign = {"name": _ASSIGN, "lr": config["lr"]}
         exact = psrt.Compression.none
         self.host = host = _host.HostVariables(client, opt._psrt_compression)
-        for i, (name, v) in enumerate(zip(names, dense + moving + fixed)):
+        for i, (name, v) in enumerate(zip(names, dense + moving)):
             value = keras.ops.convert_to_numpy(v).astype(np.float32)
             if i < len(dense):
                 value = host.register(name, value, config)
             else:
-                # Statistics and frozen weights travel exactly: every worker
-                # holds the same bits.
+                # Statistics travel exactly: every worker holds the same bits.
                 value = _register(host, name, value, assign, exact)
             v.assign(tf.cast(value.reshape(v.shape), v.dtype))
         for name, v in zip(self.grad_names, dense):
             host.register(name, np.zeros(v.shape, np.float32), assign)
-        if self.averaged:
-            _register(host, self.count_name, np.ones((1,), np.float32), assign, exact)
+        # The control key: each worker pushes 1 first, so the servers' mean
+        # is 1 and their sum (gradient_aggregation "sum") the number of
+        # workers that pushed; then its frozen variables' checksums, which
+        # registration answers with rank 0's (or a restored checkpoint's).
+        self.control = None
+        self.count = 1.0
+        if self.averaged or fixed:
+            self.control_name = (self.names[0] if self.names else "keras") + "@control"
+            self.control = np.concatenate([np.ones((1,), np.float32),
+                                           _checksums([keras.ops.convert_to_numpy(v) for v in fixed])])
+            theirs = _register(host, self.control_name, self.control, assign, exact)
+            differ = [v.path for i, v in enumerate(fixed)
+                      if (self.control[1 + 2 * i:3 + 2 * i] != theirs[1 + 2 * i:3 + 2 * i]).any()]
+            if differ:
+                raise _refuse("the non-trainable variable '%s'%s differs from rank 0's (or the restored "
+                              "checkpoint's); every worker must hold the same frozen weights: load the same "
+                              "weights, or call keras.utils.set_random_seed with the same seed on every "
+                              "worker before building the model"
+                              % (differ[0], " (and %d more)" % (len(differ) - 1) if len(differ) > 1 else ""))
         _claimed.update(id(v) for v in dense + moving + fixed)
+
+    def _with_control(self, names, values):
+        if self.control is None:
+            return names, values
+        return names + [self.control_name], list(values) + [self.control]
 
     def mean(self, grads, stats):
         """Sync with companions: the workers' aggregated gradient and the
         mean statistics. Otherwise the statistics only; the gradients stay
         this worker's."""
         if self.averaged:
-            out = self.host.push_pull(self.grad_names + [self.count_name] + self.moving_names,
-                                      list(grads) + [np.ones((1,), np.float32)] + list(stats))
-            self.count = float(out[len(grads)][0])
-            return out[:len(grads)] + out[len(grads) + 1:]
+            names, values = self._with_control(self.grad_names + self.moving_names, list(grads) + list(stats))
+            out = self.host.push_pull(names, values)
+            self.count = float(out[-1][0])
+            return out[:-1]
         stats = self.host.push_pull(self.moving_names, stats) if self.moving_names else []
         return [np.asarray(g, np.float32) for g in grads] + stats
 
@@ -206,17 +240,21 @@ class _Keys:
         if self.averaged and self.count != 1.0:
             grads = [np.asarray(g, np.float32) / np.float32(self.count) for g in grads]
         names = self.names + (self.moving_names if len(stats) else [])
-        if not names:
-            return [np.float32(0.0)]
-        return self.host.push_pull(names, list(grads) + list(stats), float(lr))
+        return self._round_trip(names, list(grads) + list(stats), lr)
 
     def skip(self, lr):
         """A step that one process would skip (its gradient overflowed): NaN
         gradients, which the servers do not apply ("nonfinite": "skip") while
         the version moves on, as sync mode needs of every key every step."""
-        if not self.names:
+        return self._round_trip(self.names, [np.full(s, np.nan, np.float32) for s in self.shapes], lr)
+
+    def _round_trip(self, names, values, lr):
+        n = len(names)
+        if not self.averaged:
+            names, values = self._with_control(names, values)
+        if not names:
             return [np.float32(0.0)]
-        return self.host.push_pull(self.names, [np.full(s, np.nan, np.float32) for s in self.shapes], float(lr))
+        return self.host.push_pull(names, values, float(lr))[:max(n, 1)]
 
 
 def _float_grads(grads, variables):
@@ -372,9 +410,9 @@ def DistributedOptimizer(optimizer, compression=psrt.Compression.job_default, mo
         learning-rate schedules work (the current rate reaches the servers
         each step). Or a keras.optimizers.LossScaleOptimizer around one.
       compression: psrt.Compression.fp16 or bf16 halves the bytes on the wire.
-      model: the keras.Model trained, so that its non-trainable variables
-        start from rank 0's values and BatchNormalization's statistics are
-        averaged every step. model.fit finds it without this; custom
+      model: the keras.Model trained, so that BatchNormalization's
+        statistics are averaged every step and frozen weights that differ
+        from rank 0's are refused. model.fit finds it without this; custom
         training loops pass it.
     """
     if isinstance(optimizer, (_Distributed, _DistributedLossScale)):
