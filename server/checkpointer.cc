@@ -6,6 +6,7 @@
 
 #include <openssl/sha.h>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -256,12 +257,20 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Commit(
   std::map<std::string, const v1::ManifestVariable*> variables;
   double pause = 0;
   int64_t bytes = 0;
+  // Assign keys (the mean gradient, buffers, frozen weights) do not follow
+  // the step (server/store.cc, FreeRunning).
+  absl::flat_hash_set<std::string> free_running;
+  for (const v1::SaveShardResponse& shard : shards) {
+    for (const v1::ManifestVariable& v : shard.variables()) {
+      if (v.optimizer().name() == "assign") free_running.insert(v.name());
+    }
+  }
   for (size_t i = 0; i < shards.size(); ++i) {
     *m.add_shards() = shards[i].shard();
     bytes += shards[i].shard().bytes();
     pause = std::max(pause, shards[i].max_pause_s());
     for (const v1::ManifestKey& k : shards[i].keys()) {
-      if (sync() && k.version() != step) {
+      if (sync() && k.version() != step && !free_running.contains(k.variable())) {
         return absl::InternalError(absl::StrCat("checkpoint ", name, ": key '", k.variable(), "#",
                                                 k.partition(), "' was saved at version ", k.version(),
                                                 ", not at the step ", step));

@@ -77,6 +77,14 @@ struct Store::Key {
   // A sparse table's part (spec.has_table()): its rows, in place of
   // weights, slots and accum.
   std::unique_ptr<Table> table ABSL_GUARDED_BY(mu);
+
+  // An assign key (kernels/optimizer.h) holds data that workers replace (the
+  // mean gradient, BatchNorm's statistics, frozen weights): its version does
+  // not follow the training step, so checkpoints take it as it is and the
+  // step is read from the other keys.
+  bool FreeRunning() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return !is_table && optimizer.kind == OptimizerKind::kAssign;
+  }
 };
 
 // A pull whose keys are not all ready. It holds no thread: each key's
@@ -602,7 +610,7 @@ void Store::Apply(Key* key, const float* grad, const Origin& origin) {
   }
   // An assign key's value is data, not an update: NaN and Inf in it are what
   // the workers must see (GradScaler finds the overflow in the mean gradient).
-  if (key->optimizer.kind != OptimizerKind::kAssign && SkipNonfinite(key, grad, key->n)) return;
+  if (!key->FreeRunning() && SkipNonfinite(key, grad, key->n)) return;
   const absl::Time start = absl::Now();
   ApplyUpdate(key->optimizer, key->lr, key->version + 1, key->weights.data(), grad,
               key->slot_ptrs.data(), key->n);
@@ -1318,7 +1326,7 @@ std::pair<int64_t, int64_t> Store::VersionRange() const {
   int64_t lo = INT64_MAX, hi = 0;
   for (Key* k : AllKeys()) {
     absl::MutexLock lock(&k->mu);
-    if (!k->initialized) continue;
+    if (!k->initialized || k->FreeRunning()) continue;
     lo = std::min(lo, k->version);
     hi = std::max(hi, k->version);
   }
@@ -1364,7 +1372,7 @@ absl::Status Store::ArmSnapshot(int64_t step) {
   for (Key* k : keys) {
     absl::MutexLock lock(&k->mu);
     if (!k->initialized || k->snap_ready || !k->serving) continue;
-    if (step < 0 || k->version == step) {
+    if (step < 0 || k->version == step || k->FreeRunning()) {
       CopyForSnapshot(k);
     } else if (k->version > step) {
       snapshot_step_ = kNotArmed;
@@ -1382,7 +1390,13 @@ int64_t Store::WaitSnapshot(absl::Time deadline) {
     for (Key* k : AllKeys()) {
       absl::MutexLock lock(&k->mu);
       // A key still waiting for rank 0's initial value counts: it reaches
-      // the step like the others, and a shard without it is not whole.
+      // the step like the others, and a shard without it is not whole. An
+      // assign key is taken as it is (registered since the arming, or not
+      // yet: then it is left out).
+      if (k->FreeRunning()) {
+        if (!k->snap_ready && k->serving && k->initialized) CopyForSnapshot(k);
+        continue;
+      }
       if (!k->snap_ready && k->serving) ++waiting;
     }
     if (waiting == 0 || closing_ || absl::Now() >= deadline) return waiting;

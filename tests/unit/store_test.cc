@@ -1187,6 +1187,37 @@ TEST(StoreSnapshotTest, AKeyNotYetInitializedIsWaitedFor) {
   EXPECT_EQ(info.keys(0).version(), 1);
 }
 
+// Assign keys (the mean gradient, BatchNorm's statistics, frozen weights)
+// do not follow the step: a snapshot takes them as they are, the step is read
+// from the other keys, and NaN in them is kept (it is what workers must see).
+TEST(StoreSnapshotTest, AssignKeysAreTakenAsTheyAreAndDoNotSetTheStep) {
+  Metrics m("t");
+  Store store(Sync(1), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", std::vector<float>{1, 2, 3}),
+                                            Spec("frozen", 0, {3}, 0, 3, std::vector<float>{7, 8, 9},
+                                                 "assign", 0.0),
+                                            Spec("mean", 0, {3}, 0, 3, std::vector<float>{0, 0, 0},
+                                                 "assign", 0.0)}))
+                  .ok());
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int v = 0; v < 3; ++v) ASSERT_TRUE(store.Push(PushReq(0, v + 1, {Grad("mean", v, {1, nan, 3})})).ok());
+  absl::StatusOr<Pulled> mean = PullOne(store, 0, "mean", 3);
+  ASSERT_TRUE(mean.ok()) << mean.status();
+  EXPECT_EQ(mean->weights[0], 1);
+  EXPECT_TRUE(std::isnan(mean->weights[1]));
+  EXPECT_EQ(store.VersionRange(), std::make_pair(int64_t{0}, int64_t{0}));  // w's
+  ASSERT_TRUE(store.ArmSnapshot(1).ok());                                    // mean is at 3
+  EXPECT_EQ(store.WaitSnapshot(absl::Now()), 1);                             // w
+  ASSERT_TRUE(store.Push(PushReq(0, 4, {Grad("w", 0, {1, 1, 1})})).ok());
+  EXPECT_EQ(store.WaitSnapshot(absl::Now() + absl::Seconds(5)), 0);
+  std::string shard;
+  v1::SaveShardResponse info;
+  store.EncodeSnapshot(&shard, &info);
+  std::map<std::string, int64_t> versions;
+  for (const v1::ManifestKey& k : info.keys()) versions[k.variable()] = k.version();
+  EXPECT_EQ(versions, (std::map<std::string, int64_t>{{"frozen", 0}, {"mean", 3}, {"w", 1}}));
+}
+
 Store::RestoredKey Restored(const std::string& variable, std::vector<float> weights, int64_t version) {
   Store::RestoredKey r;
   r.spec = Simple(variable, std::nullopt, static_cast<int64_t>(weights.size()));
