@@ -22,7 +22,7 @@ import psrt.mxnet
 
 import mx_worker
 
-STEPS = {"string": 3, "object": 3, "devices": 3, "local_update": 3, "clip": 3, "sparse": 3, "mults": 4, "resnet": 2}
+STEPS = {"string": 3, "object": 3, "devices": 3, "local_update": 3, "clip": 3, "sparse": 3, "mults": 4, "resnet": 2, "bn": 3}
 SGD = ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3})
 RESNET_SGD = ("sgd", {"learning_rate": 0.02, "momentum": 0.9})
 CLIP = ("sgd", {"learning_rate": 0.5, "clip_gradient": 0.02})
@@ -52,6 +52,16 @@ def build_resnet(seed):
     return net
 
 
+def build_bn_net(seed):
+    """A small net with BatchNorm (running statistics), for the restore test."""
+    mx.random.seed(seed)
+    net = gluon.nn.Sequential()
+    net.add(gluon.nn.Dense(16, in_units=8), gluon.nn.BatchNorm(in_channels=16), gluon.nn.Activation("tanh"),
+            gluon.nn.Dense(1, in_units=16))
+    net.initialize(mx.init.Xavier())
+    return net
+
+
 def resnet_batch(step, rank, n=4):
     rng = np.random.default_rng(step * 1000 + rank + 5)
     x = rng.standard_normal((n, 3, 32, 32)).astype(np.float32)
@@ -63,6 +73,8 @@ def case_setup(case):
     if case == "sparse":
         return (build_embedding_net(0, sparse_grad=True), "sgd", {"learning_rate": 0.5}, embedding_batch,
                 gluon.loss.L2Loss())
+    if case == "bn":
+        return build_bn_net(0), SGD[0], SGD[1], mx_worker.batch, gluon.loss.L2Loss()
     if case == "resnet":
         return (build_resnet(0), RESNET_SGD[0], RESNET_SGD[1], resnet_batch,
                 gluon.loss.SoftmaxCrossEntropyLoss())
@@ -78,7 +90,7 @@ def case_setup(case):
     return net, name, params, mx_worker.batch, gluon.loss.L2Loss()
 
 
-def train(case, kv, rank, out):
+def train(case, kv, rank, out, steps=None):
     net, name, params, batch, loss_fn = case_setup(case)
     kvstore = kv if case == "object" else "psrt"
     devices = [mx.cpu(0), mx.cpu(1)] if case == "devices" else [mx.cpu()]
@@ -86,7 +98,7 @@ def train(case, kv, rank, out):
         net.collect_params().reset_ctx(devices)
     trainer = gluon.Trainer(net.collect_params(), name, params, kvstore=kvstore,
                             update_on_kvstore=(case != "local_update"))
-    for step in range(STEPS[case]):
+    for step in range(steps or STEPS[case]):
         x, y = batch(step, rank)
         # Each device takes a slice of the worker's batch.
         xs, ys = gluon.utils.split_and_load(x, devices), gluon.utils.split_and_load(y, devices)
@@ -188,6 +200,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--cases", required=True)
     p.add_argument("--out")
+    p.add_argument("--steps", type=int, help="steps of every training case (default: STEPS)")
     args = p.parse_args()
     kv = mx.kv.create("psrt")
     rank = kv.rank
@@ -202,7 +215,7 @@ def main():
             elif case == "module":
                 module_fit(rank, out)
             else:
-                train(case, kv, rank, out)
+                train(case, kv, rank, out, args.steps)
             print("rank %d: case %s passed" % (rank, case), flush=True)
         except Exception as e:  # noqa: BLE001
             print("rank %d: case %s FAILED: %s: %s" % (rank, case, type(e).__name__, e), flush=True)

@@ -2,6 +2,7 @@
 
 import os
 
+import numpy as np
 import pytest
 
 from jobs import EXAMPLES, HERE, assert_trained_like, run_job, trained_arrays
@@ -94,7 +95,7 @@ def test_kvstore_api(kv_job, check):
     assert_both_ranks_passed(kv_job, check)
 
 
-def gluon_job(cases, ps=None):
+def gluon_job(cases, ps=None, args=()):
     """Runs mx_gluon_worker.py's `cases` in one 2-worker job; returns
     ((exit code, log), {case: [arrays of rank 0]})."""
     import tempfile
@@ -102,7 +103,8 @@ def gluon_job(cases, ps=None):
     import numpy as np
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "final.npz")
-        job = run_job(os.path.join(HERE, "mx_gluon_worker.py"), ["--cases", ",".join(cases), "--out", out], ps)
+        job = run_job(os.path.join(HERE, "mx_gluon_worker.py"),
+                      ["--cases", ",".join(cases), "--out", out] + list(args), ps)
         got = {}
         if os.path.exists(out):
             saved = np.load(out)
@@ -196,6 +198,27 @@ def test_gluon_resnet_with_batchnorm_sync_equals_one_process(trainer_job):
     names = list(gw.build_resnet(0).collect_params().keys())
     stats = [i for i, n in enumerate(names) if n.endswith("running_mean") or n.endswith("running_var")]
     assert stats and max(abs(got[i] - initial[i]).max() for i in stats) > 1e-3
+
+
+def test_gluon_batchnorm_statistics_come_back_from_a_checkpoint():
+    """The averaged running statistics live on the servers: a job restored
+    from the first's final checkpoint starts from them (Gluon broadcasts
+    them in the first step, after its forward pass)."""
+    import tempfile
+
+    import mx_gluon_worker as gw
+    names = list(gw.build_bn_net(0).collect_params().keys())
+    stats = [i for i, n in enumerate(names) if n.endswith("running_mean") or n.endswith("running_var")]
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = {"checkpoint": {"uri": "file://" + d}}
+        job, first = gluon_job(["bn"], ckpt)
+        assert_both_ranks_passed(job, "case bn")
+        job, restored = gluon_job(["bn"], dict(ckpt, restore="latest"), ["--steps", "1"])
+        assert_both_ranks_passed(job, "case bn")
+    initial = initial_arrays("bn")
+    assert stats and max(abs(first["bn"][i] - initial[i]).max() for i in stats) > 1e-3
+    for i in stats:
+        np.testing.assert_array_equal(restored["bn"][i], first["bn"][i])
 
 
 def module_reference(workers=2, epochs=2, batch=16):

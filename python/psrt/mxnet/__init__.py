@@ -259,8 +259,8 @@ class Psrt(mx.kvstore.KVStore):
         self._generation = {}  # dense key -> how often set_optimizer moved it
         self._clip_names = {}  # dense key -> its plain twin, for clip_gradient in sync mode
         self._pushed = set()   # dense keys ever pushed
-        self._aux = {}         # key -> arrays broadcast without a gradient
-        self._aux_names = None  # key -> the plain key averaging it, once decided
+        self._aux = {}         # key -> arrays Gluon broadcasts without a gradient (a plain key)
+        self._aux_names = None  # key -> its variable, for those averaged; decided once
         self._factor = None    # 1 if the servers average pushes, the worker count if they sum
         self._lr = None        # the learning rate last sent for every variable
         self._lrs = {}         # variable -> its own rate, where it differs from that
@@ -347,14 +347,17 @@ class Psrt(mx.kvstore.KVStore):
     def broadcast(self, key, value, out, priority=0):
         """Registers the key (rank 0's value wins) and writes the value every
         worker now holds into `out`."""
+        for k, v, o in zip(*self._pairs(key, value), self._pairs(key, out)[1]):
+            arrays = [a for a in _outputs(o) if not _is_sparse(a)]
+            # Gluon broadcasts each parameter from its own first array; those
+            # without a gradient (BatchNorm's running statistics) it never
+            # pushes. They become plain keys, which the averaging over the
+            # workers writes (so checkpoints hold it).
+            if (arrays and _outputs(v)[0] is arrays[0] and all(a.grad is None for a in arrays)
+                    and k not in self._names and k not in self._pending):
+                self._aux[k] = arrays
         self.init(key, value)
         self.pull(key, out)
-        for k, o in zip(*self._pairs(key, out)):
-            arrays = [a for a in _outputs(o) if not _is_sparse(a)]
-            # Gluon broadcasts every parameter; those without a gradient
-            # (BatchNorm's running statistics) it never pushes.
-            if arrays and all(a.grad is None for a in arrays):
-                self._aux[k] = arrays
 
     def pushpull(self, key, value, out=None, priority=0):
         """Pushes `value`, writes the key's new value into `out` (or, as
@@ -516,7 +519,7 @@ class Psrt(mx.kvstore.KVStore):
         """What a dense key registers with now: the optimizer (with the
         key's lr_mult and wd_mult, as MXNet's optimizer finds them), or
         plain."""
-        if self._optimizer is None:
+        if self._optimizer is None or key in self._aux:
             return _ASSIGN
         if self._config is None:
             raise self._config_error
@@ -612,6 +615,10 @@ class Psrt(mx.kvstore.KVStore):
         times rescale_grad, as MXNet's servers apply it; a plain key as is."""
         grads = []
         for k, v in zip(keys, values):
+            if k in self._aux and self._optimizer is not None:
+                # Pushed after all: the optimizer's key it would have been.
+                del self._aux[k]
+                self._move(k)
             plain = self._configs[k] is _ASSIGN
             if any(_is_sparse(x) for x in _outputs(v)):
                 _check_rows_of_dense(k, None if plain else self._optimizer)
@@ -705,17 +712,14 @@ class Psrt(mx.kvstore.KVStore):
             name = self._name(".aux_changed")
             self._vars.register(name, np.zeros_like(changed), _ASSIGN)
             changed = self._vars.push_pull([name], [changed])[0]
-            for k, c in zip(candidates, changed):
-                if c > 0:
-                    self._aux_names[k] = self._names[k] + "/mean"
-                    self._vars.register(self._aux_names[k], start[k], _ASSIGN)
-        keys = [k for k in self._aux_names if k not in self._pushed]
+            self._aux_names = {k: self._names[k] for k, c in zip(candidates, changed) if c > 0}
+        keys = [k for k in self._aux_names if k in self._aux and k not in self._pushed]
         if not keys:
             return
         factor = self._aggregation()
         # Several devices per worker: their mean first.
         values = [sum(a.asnumpy() for a in self._aux[k]) / len(self._aux[k]) for k in keys]
-        for k, total in zip(keys, self._vars.push_pull([self._aux_names[k] for k in keys], values)):
+        for k, total in zip(keys, self._vars.push_pull([self._names[k] for k in keys], values)):
             with mx.autograd.pause():
                 for dst in self._aux[k]:
                     _assign(dst, total / np.float32(factor))
