@@ -642,9 +642,9 @@ class Psrt(mx.kvstore.KVStore):
         SGD with momentum: MXNet's buffer takes each step's gradient times
         that step's rate (v = m v - lr (g + wd w)), the servers' (PyTorch's)
         takes the gradient and multiplies the whole buffer by the current
-        rate. Keeping the servers' rate at the key's first one, r, and
-        pushing s g + (s - 1) wd w with s = lr / r makes the two equal under
-        any schedule."""
+        rate. Keeping the servers' rate at the key's base rate r (the
+        optimizer's lr times lr_mult) and pushing s g + (s - 1) wd w with
+        s = lr / r makes the two equal under any schedule."""
         grads = list(grads)
         opt = self._optimizer
         idx = [i for i, k in enumerate(keys) if self._configs[k] is not _ASSIGN]
