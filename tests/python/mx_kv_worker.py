@@ -68,8 +68,8 @@ def plain_store():
 
 def compression():
     kv = mx.kv.create("psrt")
-    msg = refused("2-bit compression", kv.set_gradient_compression, {"type": "2bit", "threshold": 0.5})
-    assert "'2bit' is not supported" in msg and "fp16" in msg, msg
+    msg = refused("1-bit compression", kv.set_gradient_compression, {"type": "1bit"})
+    assert "'1bit' is not supported" in msg and "fp16" in msg, msg
     kv.set_gradient_compression({"type": "fp16"})
     kv.init("h", mx.nd.ones((8,)) * 0.1)
     out = mx.nd.zeros((8,))
@@ -79,6 +79,19 @@ def compression():
     assert np.allclose(got, 1 / 3, atol=1e-3) and (got == got.astype(np.float16)).all(), got
     msg = refused("compression after init", kv.set_gradient_compression, {"type": "fp16"})
     assert "before the first key" in msg, msg
+
+
+def two_bit():
+    """MXNet's 2-bit quantization: t, 0 or -t per value, the rest carried."""
+    kv = mx.kv.create("psrt")
+    kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
+    kv.init("q", mx.nd.zeros((4,)))
+    grad = mx.nd.array([0.3, 0.6, -0.7, 0.1 + 0.2 * kv.rank])
+    out = mx.nd.zeros((4,))
+    kv.pushpull("q", grad, out=out)  # a plain key: the workers' mean of what they sent
+    assert (out.asnumpy() == [0, 0.5, -0.5, 0]).all(), out
+    kv.pushpull("q", grad, out=out)  # residuals 0.3, 0.1, -0.2, 0.1|0.3 plus the gradient
+    assert (out.asnumpy() == [0.5, 0.5, -0.5, 0.25]).all(), out
 
 
 def table_init():
@@ -107,7 +120,7 @@ def barrier():
 
 
 CHECKS = {"optimizer_keys": optimizer_keys, "plain_store": plain_store, "compression": compression,
-          "table_init": table_init, "barrier": barrier}
+          "two_bit": two_bit, "table_init": table_init, "barrier": barrier}
 
 
 def main():

@@ -87,10 +87,12 @@ def assert_both_ranks_passed(job, what):
 # pushed value without out), the type MXNet's dist branches look for.
 # plain_store: no set_optimizer, the servers keep the workers' mean; then
 # set_optimizer runs on the values the keys hold. compression: fp16 as
-# set_gradient_compression, 2-bit refused. table_init: a row_sparse key
-# starts at its zeros, a ones value is refused. barrier: kv._barrier() waits
-# for every worker.
-@pytest.mark.parametrize("check", ["optimizer_keys", "plain_store", "compression", "table_init", "barrier"])
+# set_gradient_compression, 1-bit refused. two_bit: MXNet's 2-bit
+# quantization with its residual. table_init: a row_sparse key starts at its
+# zeros, a ones value is refused. barrier: kv._barrier() waits for every
+# worker.
+@pytest.mark.parametrize("check", ["optimizer_keys", "plain_store", "compression", "two_bit", "table_init",
+                                   "barrier"])
 def test_kvstore_api(kv_job, check):
     assert_both_ranks_passed(kv_job, check)
 

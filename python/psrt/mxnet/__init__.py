@@ -248,6 +248,8 @@ class Psrt(mx.kvstore.KVStore):
         self._prefix = "kv" if Psrt._created == 0 else "kv%d" % Psrt._created
         Psrt._created += 1
         self._compression = psrt.Compression.job_default
+        self._two_bit = None   # the 2bit compression's threshold, if set
+        self._residuals = {}   # dense key -> what 2bit quantization has not sent yet
         self._vars = _host.HostVariables(self._client, self._compression)
         self._tables = {}  # key -> _tables.HostTable
         self._optimizer = None
@@ -302,16 +304,27 @@ class Psrt(mx.kvstore.KVStore):
 
     def set_gradient_compression(self, compression_params):
         """{'type': 'fp16'} or {'type': 'bf16'}: gradients (and weights)
-        travel as 16-bit floats, the servers keep float32; call it before
+        travel as 16-bit floats, the servers keep float32. {'type': '2bit',
+        'threshold': t}: MXNet's 2-bit quantization (each dense gradient
+        becomes t, 0 or -t, the rest is carried to the next push), the
+        values then travel as the job's compression says. Call it before
         init (Gluon's Trainer does, from compression_params)."""
-        kind = str(dict(compression_params).get("type", "")).lower()
-        if kind not in _COMPRESSIONS:
+        params = dict(compression_params)
+        kind = str(params.get("type", "")).lower()
+        if kind not in _COMPRESSIONS and kind != "2bit":
             raise psrt.PsrtError("psrt kvstore: gradient compression %r is not supported; use {'type': 'fp16'} "
                                  "or {'type': 'bf16'} (16-bit gradients and weights on the wire, float32 on "
-                                 "the servers), or the job's 'compression' setting" % kind)
+                                 "the servers), {'type': '2bit', 'threshold': t}, or the job's 'compression' "
+                                 "setting" % kind)
         if self._names or self._tables:
             raise psrt.PsrtError("psrt kvstore: set_gradient_compression must come before the first key is "
                                  "used (keys are registered with their compression)")
+        if kind == "2bit":
+            threshold = float(params.get("threshold", 0.5))
+            if not threshold > 0:
+                raise psrt.PsrtError("psrt kvstore: 2bit compression needs a threshold > 0; got %s" % threshold)
+            self._two_bit = threshold
+            return
         self._compression = _COMPRESSIONS[kind]
         self._vars = _host.HostVariables(self._client, self._compression)
 
@@ -623,13 +636,31 @@ class Psrt(mx.kvstore.KVStore):
             if any(_is_sparse(x) for x in _outputs(v)):
                 _check_rows_of_dense(k, None if plain else self._optimizer)
             scale = 1.0 if plain else float(self._optimizer.rescale_grad)
+            if self._two_bit is not None:
+                # MXNet quantizes what the worker computed; its servers
+                # apply rescale_grad to the sum.
+                grads.append(self._quantized(k, _scaled(v, 1.0)) * np.float32(scale))
+            else:
+                grads.append(_scaled(v, scale))
             if not plain:
                 # MXNet's servers count each key's updates: the count drives
                 # its lr_scheduler (num_update).
                 self._optimizer._update_count(k)
             self._pushed.add(k)
-            grads.append(_scaled(v, scale))
         return grads
+
+    def _quantized(self, key, grad):
+        """MXNet's 2-bit quantization with error feedback: the residual
+        takes the gradient; where it reaches +-threshold that is sent and
+        taken off it, elsewhere 0 is sent."""
+        residual = self._residuals.get(key)
+        if residual is None:
+            residual = self._residuals[key] = np.zeros_like(grad)
+        residual += grad
+        t = np.float32(self._two_bit)
+        sent = np.where(residual >= t, t, np.where(residual <= -t, -t, np.float32(0))).astype(np.float32)
+        residual -= sent
+        return sent
 
     def _prepared(self, keys, grads):
         """The gradients to push to the optimizer's keys.
