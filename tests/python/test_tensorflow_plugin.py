@@ -73,28 +73,17 @@ def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, eager, at
 
 # Real models' layers: self-attention; BatchNormalization, whose moving
 # statistics must be the mean of the workers' (each worker's own differ);
-# a frozen keras.applications backbone (the same weights on every worker, as
-# pretrained ones are) under a head that starts from rank 0's values. The
-# statistics and the backbone are among the arrays compared.
+# a frozen keras.applications backbone whose weights every worker draws
+# from its own seed, so that they must become rank 0's (as the trainable
+# ones do). The statistics and the backbone are among the arrays compared.
 @pytest.mark.parametrize("model,fit,atol", [("mha", False, 1e-5), ("bn", True, 1e-5), ("frozen", False, 1e-5)])
 def test_sync_two_workers_on_real_layers_equal_one_process(model, fit, atol):
     steps = 6
     got = trained_arrays(os.path.join(HERE, "tf_worker.py"),
-                         ["--model", model, "--steps", str(steps)] + (["--fit"] if fit else []))
+                         ["--model", model, "--steps", str(steps), "--backbone-seed", "-1"] +
+                         (["--fit"] if fit else []))
     want, _ = reference(steps, 2, model=model, fit=fit)
     assert_trained_like(got, want, initial(model), atol)
-
-
-def test_frozen_weights_that_differ_between_workers_are_refused():
-    """Rank 1 draws its own backbone: the head would learn from two different
-    backbones (the old plugin trained so, silently)."""
-    with tempfile.TemporaryDirectory() as d:
-        code, log = run_job(os.path.join(HERE, "tf_worker.py"),
-                            ["--model", "frozen", "--backbone-seed", "-1", "--steps", "2",
-                             "--out", os.path.join(d, "final.npz")])
-    assert code != 0, log
-    assert "psrt.keras.DistributedOptimizer: the non-trainable variable '" in log, log
-    assert "differs from rank 0's (or the restored checkpoint's)" in log, log
 
 
 # Clipping applies to the mean gradient, as one process clips it; the
@@ -130,13 +119,14 @@ def test_sync_two_workers_mixed_precision_skip_steps_together(fit):
 
 # Async and ssp: no step-wide mean exists, so each worker clips its own
 # gradient and BatchNormalization's statistics are the last pushed; the
-# model still learns its two fixed batches per worker.
+# model still learns its two fixed batches per worker: in 40 Adam steps the
+# loss falls below half (measured: to 0.08-0.23 of the first steps').
 @pytest.mark.parametrize("mode", [{"mode": "async"}, {"mode": "ssp", "staleness": 1}])
 def test_async_and_ssp_learn_with_clipping_and_batch_norm(mode):
     with tempfile.TemporaryDirectory() as d:
         code, log = run_job(os.path.join(HERE, "tf_worker.py"),
-                            ["--model", "bn", "--clip", "global_clipnorm=1.0", "--fixed", "--steps", "30",
-                             "--out", os.path.join(d, "final.npz")], ps=mode)
+                            ["--model", "bn", "--optimizer", "adam", "--clip", "global_clipnorm=1.0", "--fixed",
+                             "--steps", "40", "--out", os.path.join(d, "final.npz")], ps=mode)
     assert code == 0, log
     found = re.findall(r"rank (\d) loss first ([\d.]+) last ([\d.]+)", log)
     assert sorted(r for r, _, _ in found) == ["0", "1"], log

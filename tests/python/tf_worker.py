@@ -34,8 +34,8 @@ def input_shape(model):
 
 
 def build_model(seed, model="mlp", mixed=False, backbone_seed=0):
-    """The model, its weights drawn from `seed`; the frozen backbone's from
-    `backbone_seed` (pretrained weights are the same on every worker)."""
+    """The model, its weights drawn from `seed`, the frozen backbone's from
+    `backbone_seed`."""
     keras.utils.set_random_seed(seed)
     inputs = keras.Input(input_shape(model))
     if model == "mlp":

@@ -19,17 +19,16 @@ features included:
 - ``keras.optimizers.LossScaleOptimizer`` (``mixed_float16``, also as
   ``model.compile`` adds it) decides on the mean of the scaled gradients,
   pulled the same way, so an overflow skips the step on every worker and the
-  loss scale follows one schedule; the servers get unscaled gradients.
+  loss scale follows one schedule; the servers get unscaled gradients and
+  nothing of a skipped step.
   ``loss_scale_factor`` (a fixed scale) divides before the push.
-- BatchNormalization's moving mean and variance (the non-trainable
-  variables of trainable layers, which change in the forward pass) are keys
-  of kind ``assign`` too: every step pushes them and takes back the mean
-  over the workers (async/ssp: the value the last worker pushed), so
-  checkpoints hold them. The model's other non-trainable variables (frozen
-  layers) must be the same on every worker: their checksums go to the
-  servers with registration, and a worker whose differ from rank 0's
-  refuses to train. ``model.fit`` finds the model by itself; custom loops
-  pass ``model=``.
+- The model's non-trainable variables are keys of kind ``assign`` too, so
+  every worker starts from rank 0's values (frozen layers' weights) and
+  checkpoints hold them. Those of trainable layers (BatchNormalization's
+  moving mean and variance) change in the forward pass: every step pushes
+  them and takes back the mean over the workers (async/ssp: the value the
+  last worker pushed). Frozen weights are never pushed. ``model.fit`` finds
+  the model by itself; custom loops pass ``model=``.
 
 ``layers.Embedding`` keeps its rows on the servers as a sparse table; this
 optimizer's ``apply`` pushes the tables' row gradients of the step as well
@@ -37,7 +36,6 @@ optimizer's ``apply`` pushes the tables' row gradients of the step as well
 """
 
 import sys
-import zlib
 
 import numpy as np
 import tensorflow as tf
@@ -146,88 +144,61 @@ def _register(host, name, value, optimizer, compression):
         host._compression = kept
 
 
-def _checksums(values):
-    """Two float32 numbers per array, exact (16 bits each): its CRC-32."""
-    out = []
-    for v in values:
-        crc = zlib.crc32(np.ascontiguousarray(v, dtype=np.float32).tobytes())
-        out += [crc >> 16, crc & 0xFFFF]
-    return np.array(out, dtype=np.float32)
-
-
 class _Keys:
-    """One optimizer's keys on the servers and the host side of its step.
-
-    Every key is pushed once per step (sync checkpoints wait for every key
-    to reach the step): the model's variables, the moving statistics, the
-    mean-gradient companions (sync with clipping or loss scaling), and a
-    control key of [1, the frozen variables' checksums]."""
+    """One optimizer's keys on the servers and the host side of its step:
+    the model's variables, the moving statistics and frozen weights (kind
+    assign), the mean-gradient companions and a control key (sync with
+    clipping or loss scaling)."""
 
     def __init__(self, opt, dense, model):
         client = psrt.client()
-        sync = client.is_sync()
+        self.sync = sync = client.is_sync()
         config = opt._psrt_config
         moving, fixed = _non_trainable(model) if model is not None else ([], [])
         moving = [v for v in moving if id(v) not in _claimed]
         fixed = [v for v in fixed if id(v) not in _claimed]
         self.moving = moving
-        names = _host.unique_names([v.path for v in dense + moving])
+        names = _host.unique_names([v.path for v in dense + moving + fixed])
         self.names = names[:len(dense)]
-        self.moving_names = names[len(dense):]
+        self.moving_names = names[len(dense):len(dense) + len(moving)]
         self.clip = any(getattr(opt, k, None) for k in _CLIPPING)
         # The mean gradient comes back before the update (sync mode only:
         # async pushes apply at once, so no step-wide mean exists).
         self.averaged = sync and (self.clip or opt._psrt_loss_scale is not None)
         self.grad_names = [n + "@grad" for n in self.names] if self.averaged else []
+        # Each worker pushes 1 to the control key: the servers' mean is 1,
+        # their sum (gradient_aggregation "sum") the number of workers that
+        # pushed.
+        self.control_name = (self.names[0] if self.names else "keras") + "@workers"
+        self.count = 1.0
         self.shapes = [tuple(v.shape) for v in dense]
         # An assign key takes no learning rate; the host keeps the one it
         # was last registered with, so give it the optimizer's.
         assign = {"name": _ASSIGN, "lr": config["lr"]}
         exact = psrt.Compression.none
         self.host = host = _host.HostVariables(client, opt._psrt_compression)
-        for i, (name, v) in enumerate(zip(names, dense + moving)):
+        for i, (name, v) in enumerate(zip(names, dense + moving + fixed)):
             value = keras.ops.convert_to_numpy(v).astype(np.float32)
             if i < len(dense):
                 value = host.register(name, value, config)
             else:
-                # Statistics travel exactly: every worker holds the same bits.
+                # Statistics and frozen weights travel exactly: every worker
+                # holds the same bits. Frozen weights are never pushed.
                 value = _register(host, name, value, assign, exact)
             v.assign(tf.cast(value.reshape(v.shape), v.dtype))
         for name, v in zip(self.grad_names, dense):
             host.register(name, np.zeros(v.shape, np.float32), assign)
-        # The control key: each worker pushes 1 first, so the servers' mean
-        # is 1 and their sum (gradient_aggregation "sum") the number of
-        # workers that pushed; then its frozen variables' checksums, which
-        # registration answers with rank 0's (or a restored checkpoint's).
-        self.control = None
-        self.count = 1.0
-        if self.averaged or fixed:
-            self.control_name = (self.names[0] if self.names else "keras") + "@control"
-            self.control = np.concatenate([np.ones((1,), np.float32),
-                                           _checksums([keras.ops.convert_to_numpy(v) for v in fixed])])
-            theirs = _register(host, self.control_name, self.control, assign, exact)
-            differ = [v.path for i, v in enumerate(fixed)
-                      if (self.control[1 + 2 * i:3 + 2 * i] != theirs[1 + 2 * i:3 + 2 * i]).any()]
-            if differ:
-                raise _refuse("the non-trainable variable '%s'%s differs from rank 0's (or the restored "
-                              "checkpoint's); every worker must hold the same frozen weights: load the same "
-                              "weights, or call keras.utils.set_random_seed with the same seed on every "
-                              "worker before building the model"
-                              % (differ[0], " (and %d more)" % (len(differ) - 1) if len(differ) > 1 else ""))
+        if self.averaged:
+            _register(host, self.control_name, np.ones((1,), np.float32), assign, exact)
         _claimed.update(id(v) for v in dense + moving + fixed)
-
-    def _with_control(self, names, values):
-        if self.control is None:
-            return names, values
-        return names + [self.control_name], list(values) + [self.control]
 
     def mean(self, grads, stats):
         """Sync with companions: the workers' aggregated gradient and the
         mean statistics. Otherwise the statistics only; the gradients stay
         this worker's."""
         if self.averaged:
-            names, values = self._with_control(self.grad_names + self.moving_names, list(grads) + list(stats))
-            out = self.host.push_pull(names, values)
+            out = self.host.push_pull(self.grad_names + self.moving_names + [self.control_name],
+                                      list(grads) + list(stats) + [np.ones((1,), np.float32)])
             self.count = float(out[-1][0])
             return out[:-1]
         stats = self.host.push_pull(self.moving_names, stats) if self.moving_names else []
@@ -240,21 +211,19 @@ class _Keys:
         if self.averaged and self.count != 1.0:
             grads = [np.asarray(g, np.float32) / np.float32(self.count) for g in grads]
         names = self.names + (self.moving_names if len(stats) else [])
-        return self._round_trip(names, list(grads) + list(stats), lr)
-
-    def skip(self, lr):
-        """A step that one process would skip (its gradient overflowed): NaN
-        gradients, which the servers do not apply ("nonfinite": "skip") while
-        the version moves on, as sync mode needs of every key every step."""
-        return self._round_trip(self.names, [np.full(s, np.nan, np.float32) for s in self.shapes], lr)
-
-    def _round_trip(self, names, values, lr):
-        n = len(names)
-        if not self.averaged:
-            names, values = self._with_control(names, values)
         if not names:
             return [np.float32(0.0)]
-        return self.host.push_pull(names, values, float(lr))[:max(n, 1)]
+        return self.host.push_pull(names, list(grads) + list(stats), float(lr))
+
+    def skip(self, lr):
+        """A step that the loss scale skips. Sync: every worker skips it, so
+        nothing is pushed. Async and ssp: this worker pushes NaN, which the
+        servers do not apply ("nonfinite": "skip") while its clock moves on,
+        so that bounded staleness does not wait for it."""
+        if self.sync or not self.names:
+            return [np.float32(0.0)]
+        self.host.push_pull(self.names, [np.full(s, np.nan, np.float32) for s in self.shapes], float(lr))
+        return [np.float32(0.0)]
 
 
 def _float_grads(grads, variables):
@@ -343,8 +312,7 @@ class _Distributed:
     def _psrt_skip(self):
         keys = self._psrt_keys
         lr = tf.cast(self.learning_rate, tf.float32)
-        tf.numpy_function(lambda lr_value: keys.skip(lr_value), [lr],
-                          [tf.float32] * max(len(keys.names), 1), stateful=True)
+        tf.numpy_function(lambda lr_value: keys.skip(lr_value), [lr], [tf.float32], stateful=True)
 
     def apply(self, grads, trainable_variables=None):
         variables = list(trainable_variables) if trainable_variables is not None else \
@@ -371,8 +339,8 @@ class _Distributed:
 class _DistributedLossScale:
     """Mixed into keras.optimizers.LossScaleOptimizer: the overflow test and
     the loss scale's schedule run on the mean of the workers' scaled
-    gradients (sync mode), so every worker skips the same steps; a skipped
-    step pushes NaN, which the servers skip."""
+    gradients (sync mode), so every worker skips the same steps (see
+    _Keys.skip)."""
 
     def apply(self, grads, trainable_variables=None):
         if not self.built:
@@ -410,10 +378,10 @@ def DistributedOptimizer(optimizer, compression=psrt.Compression.job_default, mo
         learning-rate schedules work (the current rate reaches the servers
         each step). Or a keras.optimizers.LossScaleOptimizer around one.
       compression: psrt.Compression.fp16 or bf16 halves the bytes on the wire.
-      model: the keras.Model trained, so that BatchNormalization's
-        statistics are averaged every step and frozen weights that differ
-        from rank 0's are refused. model.fit finds it without this; custom
-        training loops pass it.
+      model: the keras.Model trained, so that its frozen weights start from
+        rank 0's values and BatchNormalization's statistics are averaged
+        every step. model.fit finds it without this; custom training loops
+        pass it.
     """
     if isinstance(optimizer, (_Distributed, _DistributedLossScale)):
         raise _refuse("the optimizer is distributed already")
