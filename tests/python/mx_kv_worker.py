@@ -108,15 +108,16 @@ def table_init():
 
 
 def barrier():
-    """kv._barrier() waits for every worker (rank 1 comes 1 s late)."""
+    """kv._barrier() waits for every worker (rank 1 comes 2 s late; the
+    ranks leave the first barrier at nearly the same time)."""
     kv = mx.kv.create("psrt")
     kv._barrier()
     if kv.rank == 1:
-        time.sleep(1.0)
+        time.sleep(2.0)
     start = time.monotonic()
     kv._barrier()
     waited = time.monotonic() - start
-    assert waited > 0.8 if kv.rank == 0 else waited < 0.8, waited
+    assert kv.rank == 1 or waited > 1.0, waited
 
 
 CHECKS = {"optimizer_keys": optimizer_keys, "plain_store": plain_store, "compression": compression,
