@@ -166,7 +166,7 @@ def load_is_refused(rank):
 
 def async_cases(rank):
     """Async (and ssp): update_on_kvstore=False is refused as on dist_async,
-    and the model learns: the loss on fixed data falls to below half."""
+    and the model learns: the loss on fixed data falls below half."""
     net = mx_worker.build_net(seed=0)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore="psrt",
                             update_on_kvstore=False)
@@ -183,7 +183,7 @@ def async_cases(rank):
     loss_fn = gluon.loss.L2Loss()
     fixed = [mx_worker.batch(100 + i, rank) for i in range(4)]
     losses = []
-    for step in range(60):
+    for step in range(120):
         x, y = fixed[step % 4]
         with autograd.record():
             loss = loss_fn(net(x), y)
