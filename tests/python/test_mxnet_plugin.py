@@ -119,9 +119,8 @@ def gluon_job(cases, ps=None, args=()):
 def gluon_reference(case, workers=2, aggregation="mean"):
     """One process with MXNet's own optimizer (no kvstore) on the mean of the
     workers' gradients, each computed from the same weights and running
-    statistics; the running statistics become rank 0's after the first step
-    (Gluon broadcasts them then, after the first forward pass) and the
-    workers' mean after every later one."""
+    statistics; the running statistics become the workers' mean after
+    every step."""
     import mx_gluon_worker as gw
     net, name, params, batch, loss_fn = gw.case_setup(case)
     if case == "sparse":
@@ -143,7 +142,7 @@ def gluon_reference(case, workers=2, aggregation="mean"):
             grads.append([p.grad().copy() for p in trained])
             stats.append([p.data().copy() for p in aux])
         for i, p in enumerate(aux):
-            p.data()[:] = stats[0][i] if step == 0 else sum(s[i] for s in stats) / workers
+            p.data()[:] = sum(s[i] for s in stats) / workers
         for i, p in enumerate(trained):
             p.grad()[:] = sum(g[i] for g in grads) / (workers if aggregation == "mean" else 1)
         trainer.step(x.shape[0])

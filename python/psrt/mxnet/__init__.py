@@ -360,6 +360,7 @@ class Psrt(mx.kvstore.KVStore):
     def broadcast(self, key, value, out, priority=0):
         """Registers the key (rank 0's value wins) and writes the value every
         worker now holds into `out`."""
+        own = {}
         for k, v, o in zip(*self._pairs(key, value), self._pairs(key, out)[1]):
             arrays = [a for a in _outputs(o) if not _is_sparse(a)]
             # Gluon broadcasts each parameter from its own first array; those
@@ -369,8 +370,14 @@ class Psrt(mx.kvstore.KVStore):
             if (arrays and _outputs(v)[0] is arrays[0] and all(a.grad is None for a in arrays)
                     and k not in self._names and k not in self._pending):
                 self._aux[k] = arrays
+                own[k] = sum(a.asnumpy() for a in arrays) / len(arrays)
         self.init(key, value)
         self.pull(key, out)
+        if own and self._client.is_sync() and not self._client.restored_step():
+            # Gluon broadcasts after the first forward pass, which moved each
+            # worker's statistics: their mean, not rank 0's, as at every
+            # later step. A restored job takes the checkpoint's.
+            self._average(list(own), [own[k] for k in own])
 
     def pushpull(self, key, value, out=None, priority=0):
         """Pushes `value`, writes the key's new value into `out` (or, as
@@ -745,11 +752,13 @@ class Psrt(mx.kvstore.KVStore):
             changed = self._vars.push_pull([name], [changed])[0]
             self._aux_names = {k: self._names[k] for k, c in zip(candidates, changed) if c > 0}
         keys = [k for k in self._aux_names if k in self._aux and k not in self._pushed]
-        if not keys:
-            return
+        if keys:
+            # Several devices per worker: their mean first.
+            self._average(keys, [sum(a.asnumpy() for a in self._aux[k]) / len(self._aux[k]) for k in keys])
+
+    def _average(self, keys, values):
+        """Writes the workers' mean of `values` into the keys' arrays."""
         factor = self._aggregation()
-        # Several devices per worker: their mean first.
-        values = [sum(a.asnumpy() for a in self._aux[k]) / len(self._aux[k]) for k in keys]
         for k, total in zip(keys, self._vars.push_pull([self._names[k] for k in keys], values)):
             with mx.autograd.pause():
                 for dst in self._aux[k]:
