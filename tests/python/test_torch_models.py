@@ -81,3 +81,10 @@ def test_unfreezing_after_the_optimizer_was_made_is_refused():
     assert code != 0
     assert "requires grad now since the optimizer was made" in log, log[-4000:]
     assert "Make a new DistributedOptimizer after freezing or unfreezing layers" in log
+
+
+def test_sync_batchnorm_is_refused_clearly():
+    code, log = train(["sync_batchnorm"], ["--steps", "1"], expect_ok=False)
+    assert code != 0
+    assert ("psrt.DistributedOptimizer: nn.SyncBatchNorm needs a torch.distributed process group, which a "
+            "psrt job does not start") in log, log[-4000:]

@@ -53,7 +53,8 @@ def main():
             out = host.push_pull(["weight", "bias"], [grads["weight"], grads["bias"]])
         weights = [o.ravel() for o in out]
     else:
-        opt = psrt.torch.DistributedOptimizer(opt, model.named_parameters())
+        # Rank 0 never averages gradients into .grad: neither does rank 1.
+        opt = psrt.torch.DistributedOptimizer(opt, model.named_parameters(), mean_grads=False)
         print("rank 1: pulled weight at version %d, bias at version %d"
               % (client.pulled_version("weight"), client.pulled_version("bias")), flush=True)
         open(os.path.join(markers, "registered"), "w").close()

@@ -268,6 +268,10 @@ CASES = {
                       {"clip": 0.1, "horovod": True}),
     "functional": (_Functional, _functional_loss, lambda p: torch.optim.SGD(p, lr=0.1), {}),
     "compiled": (_compiled, _small_image_loss, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), {}),
+    # Refused (not in a group): nn.SyncBatchNorm.
+    "sync_batchnorm": (lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.SyncBatchNorm(8), nn.AdaptiveAvgPool2d(1),
+                                             nn.Flatten(), nn.Linear(8, 10)),
+                       _small_image_loss, lambda p: torch.optim.SGD(p, lr=0.1), {}),
     "amp": (_AmpEncoder, _amp_loss, lambda p: torch.optim.SGD(p, lr=0.1), {"amp": True, "clip": 1.0}),
     "accumulation": (_EmbeddingTransformer, _embedding_transformer_loss, lambda p: _adam(p, 1e-3),
                      {"passes": 2}),

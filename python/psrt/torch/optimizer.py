@@ -252,6 +252,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # first step, which decides.
         self._mean_grads = mean_grads
         self._hold = mean_grads is not False
+        self._decision = None  # sync, mean_grads=None: where the workers agree on it
+        if mean_grads is None and self._sync and self._variables:
+            self._join_decision()
         self._grad_step = None     # the mean-gradient keys' step (registered when first needed)
         self._exchange_queued = False
         # Buffers are found at the first forward of a module holding these
@@ -329,6 +332,26 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 v.scratch = torch.empty_like(v.pulled)
                 self._buffers.append(v)
                 self._by_param[id(b)] = v
+
+    def _join_decision(self):
+        """Sync: the first step's decision lives on the servers (an assign key
+        holding the mean of the workers' "changed" flags), so every worker
+        holds gradients or none does; a worker that joins later takes it."""
+        self._decision = _Variable(self._variables[0].name + "@mean_grads", torch.zeros(1))
+        self._register(self._decision, {"name": "assign"}, psrt.Compression.none)
+        if self._client.pulled_version(self._decision.name) > 0:
+            self._mean_grads = self._hold = bool(self._decision.param.item() > 0)
+
+    def _decide(self, edited):
+        """The first step: gradients keep waiting for step() only if some
+        worker changed them."""
+        if self._decision is not None:
+            v = self._decision
+            v.param.fill_(1.0 if edited else 0.0)
+            self._client.wait(self._client.push_pull([v.name], [v.param.data_ptr()], [v.pulled.data_ptr()],
+                                                     self._client.pulled_version(v.name)))
+            edited = bool(v.pulled.item() > 0)
+        self._mean_grads = self._hold = edited
 
     def _make_hook(self, v):
         def hook(param):
@@ -483,6 +506,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """A module's forward waits for its own tensors' new values; while
         any are arriving, the outermost call runs under _LandOnUse."""
         first_call = id(module) not in self._watched
+        if first_call and isinstance(module, torch.nn.SyncBatchNorm):
+            raise psrt.PsrtError(
+                "psrt.DistributedOptimizer: nn.SyncBatchNorm needs a torch.distributed process "
+                "group, which a psrt job does not start; use nn.BatchNorm*d, whose running "
+                "statistics psrt averages over workers at every step")
         if first_call and self._sync_buffers:
             self._register_buffers(module)
         if self._mode_depth:
@@ -545,10 +573,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "step() (gradient clipping, GradScaler, ...), after it was sent to the servers. "
                 "Pass mean_grads=True to DistributedOptimizer when gradients are changed on some "
                 "steps only, or from a later step on" % edited.name)
-        if self._mean_grads is None and self._hold:
-            # The first step decides: gradients keep waiting for step() only
-            # if the user changes them.
-            self._mean_grads = self._hold = edited is not None
+        if self._mean_grads is None:
+            self._decide(edited is not None)
         if self._learning:
             self._learning = False
             self._land_at_step = [v for v in self._variables + self._buffers if id(v.param) not in self._seen]

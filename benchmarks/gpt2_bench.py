@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Tokens/s of a GPT-2-small-shaped Transformer through psrt against DDP-gloo.
+
+The model is Hugging Face's GPT2LMHeadModel with GPT-2 small's shape (12
+layers, width 768, 12 heads, a 50257-token vocabulary, the head tied to the
+token embedding: 124M parameters, 0.5 GB of float32 gradients a step), with
+Adam, 2 workers on this machine and the same batch for every contender:
+
+  ddp_gloo       torch DistributedDataParallel, gloo, float32 gradients
+  ddp_gloo_fp16  the same with fp16_compress_hook
+  psrt_fp32      psrt-run --local=2 (2 servers, 2 workers), float32 on the wire
+  psrt_fp16      the same with fp16 gradients and weights on the wire
+
+each without and with clip_grad_norm_(1.0) (psrt then averages the
+gradients into .grad before step(): one more round trip). Rank 0 times each
+phase of a step after a warm-up: forward (with psrt, also the wait for the
+new weights a module needs), backward (gradients go out as they appear) and
+step (clip included). The driver samples the resident memory of every
+psrt-server process during the run. Writes OUT/gpt2.json and prints the
+ratios against the DDP run of the same kind measured in the same run.
+"""
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_bench import run  # noqa: E402  (same directory)
+
+SEQ = 32
+
+
+def build_model(torch):
+    import transformers
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_positions=SEQ, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def train(torch, model, opt, args, rank, step):
+    g = torch.Generator().manual_seed(rank)
+    ids = torch.randint(0, model.config.vocab_size, (args.batch, SEQ), generator=g)
+    phases = [0.0, 0.0, 0.0]  # forward, backward, step
+    start = None
+    for i in range(args.warmup + args.steps):
+        if i == args.warmup:
+            start, phases = time.monotonic(), [0.0, 0.0, 0.0]
+        t0 = time.monotonic()
+        opt.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        t1 = time.monotonic()
+        loss.backward()
+        t2 = time.monotonic()
+        if args.clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        step()
+        t3 = time.monotonic()
+        phases = [phases[0] + t1 - t0, phases[1] + t2 - t1, phases[2] + t3 - t2]
+    seconds = time.monotonic() - start
+    if rank == 0:
+        print("PHASES " + json.dumps({k: 1e3 * v / args.steps for k, v in
+                                      zip(("forward_ms", "backward_ms", "step_ms"), phases)}), flush=True)
+        print("RESULT %f" % (args.steps * args.batch * SEQ * 2 / seconds), flush=True)
+
+
+def psrt_worker(args):
+    import torch
+    import psrt.torch as psrt
+    torch.set_num_threads(1)
+    psrt.init()
+    model = build_model(torch)
+    opt = psrt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4),
+                                    named_parameters=model.named_parameters())
+    train(torch, model, opt, args, psrt.rank(), opt.step)
+
+
+def ddp_worker(rank, args, port):
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=2)
+    model = torch.nn.parallel.DistributedDataParallel(build_model(torch))
+    if args.fp16_hook:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    train(torch, model, opt, args, rank, opt.step)
+    dist.destroy_process_group()
+
+
+class ServerMemory:
+    """Samples the summed resident memory of the psrt-server processes."""
+
+    def __init__(self):
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self):
+        while not self._stop.wait(0.2):
+            total = 0
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open("/proc/%s/status" % pid) as f:
+                        status = f.read()
+                except OSError:
+                    continue
+                if "\nName:\tpsrt-server\n" in "\n" + status:
+                    total += int(status.split("VmRSS:")[1].split()[0])
+            self.peak_mb = max(self.peak_mb, total / 1024.0)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        return self.peak_mb
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--build", default="build")
+    p.add_argument("--out", default=None)
+    p.add_argument("--role", default="driver", choices=["driver", "psrt", "ddp"])
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--port", type=int, default=29519)
+    p.add_argument("--clip", action="store_true")
+    p.add_argument("--fp16-hook", action="store_true", help="ddp: with fp16_compress_hook")
+    args = p.parse_args()
+    if args.role == "psrt":
+        return psrt_worker(args)
+    if args.role == "ddp":
+        import torch.multiprocessing as mp
+        mp.spawn(ddp_worker, args=(args, args.port), nprocs=2)
+        return
+
+    build = os.path.abspath(args.build)
+    out = args.out or os.path.join(build, "bench")
+    os.makedirs(out, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=os.path.join(build, "python"))
+    me = [sys.executable, os.path.abspath(__file__)]
+    results = {"tokens_per_step": args.batch * SEQ * 2, "steps": args.steps, "phases_ms": {},
+               "server_rss_mb": {}}
+    for clip in (False, True):
+        suffix = "_clip" if clip else ""
+        common = ["--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+        common += ["--clip"] if clip else []
+        for name, extra in (("ddp_gloo", []), ("ddp_gloo_fp16", ["--fp16-hook"])):
+            results[name + suffix], results["phases_ms"][name + suffix] = run(me + ["--role", "ddp"] + extra + common)
+        for name, compression, baseline in (("psrt_fp32", "none", "ddp_gloo"), ("psrt_fp16", "fp16", "ddp_gloo_fp16")):
+            dist = {"parameter_server": {"enabled": True, "compression": compression,
+                                         "pull_compression": compression}}
+            memory = ServerMemory()
+            results[name + suffix], results["phases_ms"][name + suffix] = run(
+                [os.path.join(build, "bin", "psrt-run"), "--local=2", "--distribution=" + json.dumps(dist),
+                 "--"] + me + ["--role", "psrt"] + common, env)
+            results["server_rss_mb"][name + suffix] = memory.stop()
+            results["%s%s_vs_%s%s" % (name, suffix, baseline, suffix)] = results[name + suffix] / results[baseline + suffix]
+        for name in ("psrt_fp32", "psrt_fp16", "ddp_gloo", "ddp_gloo_fp16"):
+            if clip:
+                results[name + "_clip_vs_" + name] = results[name + "_clip"] / results[name]
+    print("%-14s %12s %12s %10s %16s" % ("run", "tokens/s", "vs DDP", "clip cost", "server RSS (MB)"))
+    for name in ("ddp_gloo", "ddp_gloo_fp16", "psrt_fp32", "psrt_fp16"):
+        for suffix in ("", "_clip"):
+            key = name + suffix
+            base = {"psrt_fp32": "ddp_gloo", "psrt_fp16": "ddp_gloo_fp16"}.get(name)
+            vs = "%.2fx" % results["%s_vs_%s%s" % (key, base, suffix)] if base else "-"
+            cost = "%.2fx" % results[name + "_clip_vs_" + name] if suffix else "-"
+            rss = "%.0f" % results["server_rss_mb"][key] if key in results["server_rss_mb"] else "-"
+            print("%-14s %12.1f %12s %10s %16s" % (key, results[key], vs, cost, rss))
+    print("per step (ms): forward / backward / step")
+    for name, ph in results["phases_ms"].items():
+        print("  %-16s %9.1f %9.1f %9.1f" % (name, ph["forward_ms"], ph["backward_ms"], ph["step_ms"]))
+    with open(os.path.join(out, "gpt2.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print("gpt2_bench: wrote", os.path.join(out, "gpt2.json"))
+
+
+if __name__ == "__main__":
+    main()
