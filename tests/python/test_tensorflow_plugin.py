@@ -14,7 +14,7 @@ keras = pytest.importorskip("keras")
 import tf_worker  # noqa: E402
 
 
-def reference(steps, workers, kind="sgd", model="mlp", clip=None, mixed=False, fit=False):
+def reference(steps, workers, kind="sgd", model="mlp", clip=None, mixed=False, fit=False, loss_scale_factor=None):
     """One process, the same Keras optimizer, on the mean gradient over the
     workers' batches; BatchNormalization's statistics are the mean of what
     each worker's forward pass makes of them. Returns what tf_worker saves
@@ -23,7 +23,7 @@ def reference(steps, workers, kind="sgd", model="mlp", clip=None, mixed=False, f
         keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         net = tf_worker.build_model(seed=0, model=model, mixed=mixed)
-        opt = tf_worker.make_optimizer(kind, clip)
+        opt = tf_worker.make_optimizer(kind, clip, loss_scale_factor=loss_scale_factor)
         if mixed:
             # model.compile's own LossScaleOptimizer keeps Keras's defaults.
             opt = (keras.optimizers.LossScaleOptimizer(opt) if fit else
@@ -38,9 +38,7 @@ def reference(steps, workers, kind="sgd", model="mlp", clip=None, mixed=False, f
                     v.assign(s)
                 x, y = tf_worker.batch(step, rank, model, mixed)
                 with tf.GradientTape() as tape:
-                    loss = tf.reduce_mean(tf.square(net(x, training=True) - y))
-                    if mixed:
-                        loss = opt.scale_loss(loss)
+                    loss = opt.scale_loss(tf.reduce_mean(tf.square(net(x, training=True) - y)))
                 grads.append(tape.gradient(loss, net.trainable_variables))
                 stats.append([v.numpy() for v in moving])
             for i, v in enumerate(moving):
@@ -61,13 +59,17 @@ def initial(model="mlp", mixed=False):
 
 # Keras's Adam adds epsilon to sqrt(v) before bias correction, the servers'
 # (PyTorch's) after it: the results differ by about epsilon over sqrt(v),
-# up to 5e-4 after 10 steps for parameters with tiny gradients.
-@pytest.mark.parametrize("kind,eager,atol", [("sgd", False, 1e-5), ("adam", False, 5e-4), ("sgd", True, 1e-5)])
-def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, eager, atol):
+# up to 5e-4 after 10 steps for parameters with tiny gradients. A fixed
+# loss_scale_factor scales the loss; the gradients are unscaled before the
+# push.
+@pytest.mark.parametrize("kind,eager,atol,factor", [("sgd", False, 1e-5, None), ("adam", False, 5e-4, None),
+                                                    ("sgd", True, 1e-5, None), ("sgd", False, 1e-5, 1024.0)])
+def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, eager, atol, factor):
     steps = 10
     got = trained_arrays(os.path.join(HERE, "tf_worker.py"),
-                         ["--optimizer", kind, "--steps", str(steps)] + (["--eager"] if eager else []))
-    want, _ = reference(steps, 2, kind)
+                         ["--optimizer", kind, "--steps", str(steps)] + (["--eager"] if eager else []) +
+                         (["--loss-scale-factor", str(factor)] if factor else []))
+    want, _ = reference(steps, 2, kind, loss_scale_factor=factor)
     assert_trained_like(got, want, initial(), atol)
 
 

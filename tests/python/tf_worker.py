@@ -5,7 +5,8 @@ frozen keras.applications backbone under a Dense head) on random regression
 data, rank r's batch at step s drawn from seed (s, r), trained through
 psrt.keras.DistributedOptimizer in a custom loop (tf.function by default, or
 eager) or with model.fit (--fit). --clip sets one of Keras's clipping
-arguments, --mixed trains under mixed_float16 with a LossScaleOptimizer.
+arguments, --mixed trains under mixed_float16 with a LossScaleOptimizer,
+--loss-scale-factor sets the optimizer's fixed loss scale.
 Rank 0 writes the final variables (numpy .npz; see saved()) to --out; with
 --fixed each rank prints its loss over the first and the last two steps.
 """
@@ -71,8 +72,8 @@ def batch(step, rank, model="mlp", mixed=False, n=16):
     return x, y.astype(np.float32)
 
 
-def make_optimizer(kind, clip=None, mixed=False):
-    kwargs = {}
+def make_optimizer(kind, clip=None, mixed=False, loss_scale_factor=None):
+    kwargs = {"loss_scale_factor": loss_scale_factor} if loss_scale_factor else {}
     if clip:
         name, value = clip.split("=")
         kwargs[name] = float(value)
@@ -105,6 +106,7 @@ def main():
     p.add_argument("--model", default="mlp", choices=MODELS)
     p.add_argument("--clip", help="clipnorm=V, global_clipnorm=V or clipvalue=V")
     p.add_argument("--mixed", action="store_true", help="mixed_float16 with a LossScaleOptimizer")
+    p.add_argument("--loss-scale-factor", type=float, help="the optimizer's fixed loss scale")
     p.add_argument("--fit", action="store_true", help="model.fit instead of a custom loop")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--eager", action="store_true")
@@ -129,16 +131,15 @@ def main():
                   batch_size=len(batches[0][0]), epochs=1, shuffle=False, verbose=0)
         opt = model.optimizer
     else:
-        opt = psrt.keras.DistributedOptimizer(make_optimizer(args.optimizer, args.clip, args.mixed),
-                                              compression=psrt.Compression.none, model=model)
+        opt = psrt.keras.DistributedOptimizer(
+            make_optimizer(args.optimizer, args.clip, args.mixed, args.loss_scale_factor),
+            compression=psrt.Compression.none, model=model)
         opt.build(model.trainable_variables)
-        scaled = isinstance(opt, keras.optimizers.LossScaleOptimizer)
 
         def train_step(x, y):
             with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-                if scaled:
-                    loss = opt.scale_loss(loss)
+                # The loss scale's (or loss_scale_factor's); else unchanged.
+                loss = opt.scale_loss(tf.reduce_mean(tf.square(model(x, training=True) - y)))
             grads = tape.gradient(loss, model.trainable_variables)
             opt.apply_gradients(zip(grads, model.trainable_variables))
             return loss
