@@ -757,12 +757,15 @@ class Psrt(mx.kvstore.KVStore):
             self._average(keys, [sum(a.asnumpy() for a in self._aux[k]) / len(self._aux[k]) for k in keys])
 
     def _average(self, keys, values):
-        """Writes the workers' mean of `values` into the keys' arrays."""
-        factor = self._aggregation()
-        for k, total in zip(keys, self._vars.push_pull([self._names[k] for k in keys], values)):
+        """Writes the workers' mean of `values` into the keys' arrays. The
+        servers hold the mean too (summing servers get each value divided by
+        the worker count), so a checkpoint keeps it."""
+        factor = np.float32(self._aggregation())
+        values = [v / factor for v in values] if factor != 1 else values
+        for k, mean in zip(keys, self._vars.push_pull([self._names[k] for k in keys], values)):
             with mx.autograd.pause():
                 for dst in self._aux[k]:
-                    _assign(dst, total / np.float32(factor))
+                    _assign(dst, mean)
 
     def _push_rows(self, key, value):
         """Pushes a table's row gradient(s); returns the (ids, rows) pieces."""
