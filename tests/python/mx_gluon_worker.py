@@ -22,7 +22,8 @@ import psrt.mxnet
 
 import mx_worker
 
-STEPS = {"string": 3, "object": 3, "devices": 3, "local_update": 3, "clip": 3, "sparse": 3, "mults": 4, "resnet": 2, "bn": 3}
+STEPS = {"string": 3, "object": 3, "devices": 3, "local_update": 3, "clip": 3, "sparse": 3, "mults": 4, "resnet": 2,
+         "bn": 3}
 SGD = ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3})
 RESNET_SGD = ("sgd", {"learning_rate": 0.02, "momentum": 0.9})
 CLIP = ("sgd", {"learning_rate": 0.5, "clip_gradient": 0.02})
