@@ -74,6 +74,12 @@ echo "bench: torch_bench"
 "$root/.venv/bin/python" "$root/benchmarks/torch_bench.py" --build "$build" --out "$out" | tee "$out/torch.txt"
 reports+=("$out/torch.json" "$out/torch.txt")
 
+# A GPT-2-small-shaped Transformer (124M parameters, Adam) against DDP-gloo,
+# with and without gradient clipping, and the servers' resident memory.
+echo "bench: gpt2_bench"
+"$root/.venv/bin/python" "$root/benchmarks/gpt2_bench.py" --build "$build" --out "$out" | tee "$out/gpt2.txt"
+reports+=("$out/gpt2.json" "$out/gpt2.txt")
+
 # The TensorFlow and MXNet plugins against MultiWorkerMirroredStrategy and
 # MXNet's dist_sync.
 echo "bench: frameworks_bench"

@@ -283,16 +283,19 @@ def build(case, seed):
     return CASES[case][0]()
 
 
-def train_step(case, model, opt, scaler, step, ranks, after_backward=None, recipe=None):
+def train_step(case, model, opt, scaler, step, ranks, after_backward=None, recipe=None, check_clip=True):
     """One step of the case's recipe (or `recipe`): backward over the batches
     of `ranks` (one rank in a worker), then `after_backward` (the reference
-    averages there), then the recipe's unscale, clip and step."""
+    averages there), then the recipe's unscale, clip and step. Returns the
+    mean loss."""
     _, loss_fn, _, case_recipe = CASES[case]
     recipe = case_recipe if recipe is None else recipe
+    losses = []
     passes = recipe.get("passes", 1)
     for rank in ranks:
         for k in range(passes):
             loss = loss_fn(model, step * passes + k, rank)
+            losses.append(loss.item())
             (scaler.scale(loss) if scaler is not None else loss).backward()
         if after_backward is not None:
             after_backward(rank)
@@ -305,7 +308,7 @@ def train_step(case, model, opt, scaler, step, ranks, after_backward=None, recip
                                               recipe["clip"])
         # The case must clip for the test to say something (an overflowed
         # step's norm is not finite).
-        assert not torch.isfinite(norm) or norm > recipe["clip"], "norm %s does not clip" % norm
+        assert not check_clip or not torch.isfinite(norm) or norm > recipe["clip"], "norm %s does not clip" % norm
     with opt.skip_synchronize() if recipe.get("horovod") and hasattr(opt, "skip_synchronize") \
             else contextlib.nullcontext():
         if scaler is not None:
@@ -314,6 +317,7 @@ def train_step(case, model, opt, scaler, step, ranks, after_backward=None, recip
         else:
             opt.step()
     opt.zero_grad()
+    return sum(losses) / len(losses)
 
 
 def make_scaler(case):
@@ -369,6 +373,8 @@ def main():
     p.add_argument("--clip-from", type=int, help="clip gradients from this step on only (a test of the error)")
     p.add_argument("--unfreeze-at", type=int, help="unfreeze the backbone at this step (a test of the error)")
     p.add_argument("--mean-grads", choices=["auto", "always", "never"], default="auto")
+    p.add_argument("--fixed-batch", action="store_true",
+                   help="every step on the first step's batches (async and ssp: the model must learn them)")
     args = p.parse_args()
     torch.set_num_threads(1)
     psrt.init()
@@ -390,7 +396,9 @@ def main():
             if step == args.unfreeze_at:
                 for q in model.parameters():
                     q.requires_grad_(True)
-            train_step(case, model, opt, scaler, step, [rank], recipe=recipe)
+            loss = train_step(case, model, opt, scaler, 0 if args.fixed_batch else step, [rank], recipe=recipe,
+                              check_clip=not args.fixed_batch)
+            print("rank %d: %s step %d loss %.6f" % (rank, case, step, loss), flush=True)
         opt.synchronize()
         results[case] = final_state(model, scaler)
         print("rank %d: %s trained %d steps" % (rank, case, args.steps), flush=True)

@@ -301,14 +301,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # --- setup -------------------------------------------------------------
 
     def _register(self, v, server_cfg, compression=None):
+        self._register_tensor(v.name, v.param, server_cfg, compression)
+
+    def _register_tensor(self, name, tensor, server_cfg, compression=None):
         """Registers the tensor; afterwards it holds rank 0's values (or the
-        restored checkpoint's)."""
+        restored checkpoint's, or the servers' when the key exists)."""
         compression = self._compression if compression is None else compression
-        host = v.param.detach().to("cpu", copy=True).contiguous()
-        self._client.register_variable(v.name, list(host.shape), host.data_ptr(), server_cfg,
+        host = tensor.detach().to("cpu", copy=True).contiguous()
+        self._client.register_variable(name, list(host.shape), host.data_ptr(), server_cfg,
                                        compression.value, compression.value)
         with torch.no_grad():
-            v.param.copy_(host)
+            tensor.copy_(host)
 
     def _register_buffers(self, module):
         """Registers the floating-point buffers under a module seen for the
@@ -429,13 +432,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _exchange_mean_grads(self):
         if self._grad_step is None:
-            zeros = torch.zeros(1)
             for v in self._variables:
                 v.scratch = torch.zeros_like(v.pulled)
-                zeros = zeros if zeros.numel() == v.param.numel() else torch.zeros(v.param.numel())
-                self._client.register_variable(v.name + "@grad", list(v.param.shape), zeros.data_ptr(),
-                                               {"name": "assign"}, self._compression.value,
-                                               self._compression.value)
+                self._register_tensor(v.name + "@grad", v.scratch, {"name": "assign"})
             self._grad_step = min(self._client.pulled_version(v.name + "@grad") for v in self._variables)
         grads = []
         for v in self._variables:
