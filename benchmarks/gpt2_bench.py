@@ -28,7 +28,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_bench import run  # noqa: E402  (same directory)
+from torch_bench import driver_setup, run, run_role  # noqa: E402  (same directory)
 
 SEQ = 32
 VOCAB = 50257  # GPT-2's
@@ -132,18 +132,9 @@ def main():
     p.add_argument("--clip", action="store_true")
     p.add_argument("--fp16-hook", action="store_true", help="ddp: with fp16_compress_hook")
     args = p.parse_args()
-    if args.role == "psrt":
-        return psrt_worker(args)
-    if args.role == "ddp":
-        import torch.multiprocessing as mp
-        mp.spawn(ddp_worker, args=(args, args.port), nprocs=2)
+    if run_role(args, psrt_worker, ddp_worker):
         return
-
-    build = os.path.abspath(args.build)
-    out = args.out or os.path.join(build, "bench")
-    os.makedirs(out, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=os.path.join(build, "python"))
-    me = [sys.executable, os.path.abspath(__file__)]
+    build, out, env, me = driver_setup(args, __file__)
     results = {"tokens_per_step": args.batch * SEQ * 2, "steps": args.steps, "phases_ms": {},
                "server_rss_mb": {}}
     for clip in (False, True):

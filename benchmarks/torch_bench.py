@@ -106,6 +106,29 @@ def run(cmd, env=None):
     return float(m.group(1)), json.loads(ph.group(1))
 
 
+def run_role(args, psrt_worker, ddp_worker):
+    """Runs this process's worker role (--role psrt or ddp); False for the
+    driver."""
+    if args.role == "psrt":
+        psrt_worker(args)
+        return True
+    if args.role == "ddp":
+        import torch.multiprocessing as mp
+        mp.spawn(ddp_worker, args=(args, args.port), nprocs=2)
+        return True
+    return False
+
+
+def driver_setup(args, script):
+    """The build folder, the report folder (made), the workers' environment
+    and the command that starts `script` again in a role."""
+    build = os.path.abspath(args.build)
+    out = args.out or os.path.join(build, "bench")
+    os.makedirs(out, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=os.path.join(build, "python"))
+    return build, out, env, [sys.executable, os.path.abspath(script)]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--build", default="build")
@@ -118,18 +141,9 @@ def main():
     p.add_argument("--port", type=int, default=29517)
     p.add_argument("--fp16-hook", action="store_true", help="ddp: with fp16_compress_hook")
     args = p.parse_args()
-    if args.role == "psrt":
-        return psrt_worker(args)
-    if args.role == "ddp":
-        import torch.multiprocessing as mp
-        mp.spawn(ddp_worker, args=(args, args.port), nprocs=2)
+    if run_role(args, psrt_worker, ddp_worker):
         return
-
-    build = os.path.abspath(args.build)
-    out = args.out or os.path.join(build, "bench")
-    os.makedirs(out, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=os.path.join(build, "python"))
-    me = [sys.executable, os.path.abspath(__file__)]
+    build, out, env, me = driver_setup(args, __file__)
     results = {}
     for model, steps in (("digits", 300), ("large", 15)):
         steps = args.steps or steps
