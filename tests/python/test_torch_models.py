@@ -43,12 +43,10 @@ def train(cases, extra=(), expect_ok=True):
         return [torch.load(out + ".rank%d" % r) for r in range(2)]
 
 
-@pytest.mark.parametrize("group", sorted(GROUPS))
-def test_model_zoo_two_workers_equal_one_process_on_the_mean_gradient(group):
-    ranks = train(GROUPS[group])
-    for case in GROUPS[group]:
-        want = torch_models.reference(case)
-        initial = torch_models.build(case, 0).state_dict()
+def check_against_reference(cases, ranks, device="cpu"):
+    for case in cases:
+        want = torch_models.reference(case, device=device)
+        initial = {k: v.cpu() for k, v in torch_models.build(case, 0).state_dict().items()}
         moved = False
         for key, w in want["state"].items():
             a, b = ranks[0][case]["state"][key], ranks[1][case]["state"][key]
@@ -57,9 +55,22 @@ def test_model_zoo_two_workers_equal_one_process_on_the_mean_gradient(group):
             moved = moved or not torch.allclose(a.float(), initial[key].float(), atol=1e-3)
         assert moved, "%s: training changed nothing" % case
         assert ranks[0][case]["scale"] == ranks[1][case]["scale"] == want["scale"], case
-    if "amp" in GROUPS[group]:
+    if "amp" in cases:
         # The overflowed step halved the scale on both ranks, as in one process.
         assert ranks[0]["amp"]["scale"] == 512.0
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_model_zoo_two_workers_equal_one_process_on_the_mean_gradient(group):
+    check_against_reference(GROUPS[group], train(GROUPS[group]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_cuda_models_equal_one_process_on_the_mean_gradient():
+    """The cases that need no package beyond torch, on the GPU: GradScaler
+    with float16 autocast, clipping, a Transformer, an LSTM."""
+    cases = ["transformer", "lstm", "amp", "functional", "accumulation"]
+    check_against_reference(cases, train(cases, ["--device", "cuda"]), device="cuda")
 
 
 def test_a_gradient_changed_after_it_was_sent_is_an_error_naming_mean_grads():

@@ -23,6 +23,14 @@ import torch.nn.functional as F
 
 STEPS = 3
 FUSION_BYTES = 1 << 16  # buckets go out during backward() even for small models
+DEVICE = torch.device("cpu")  # --device / reference(device=): where models and batches live
+
+
+def _on(*tensors):
+    """Batches are drawn on the CPU (the same numbers on any device) and
+    moved to DEVICE."""
+    moved = tuple(t.to(DEVICE) for t in tensors)
+    return moved if len(moved) > 1 else moved[0]
 
 
 class _Seq2Seq(nn.Module):
@@ -119,12 +127,12 @@ def _tokens(step, rank, vocab=50, n=3, length=8):
     ids = torch.randint(1, vocab, (n, length), generator=g)
     pad = torch.zeros(n, length, dtype=torch.bool)
     pad[0, -3:] = True  # the first sequence is shorter
-    return ids, pad
+    return _on(ids, pad)
 
 
 def _images(step, rank, n=4, size=64):
     g = _gen(step, rank)
-    return torch.randn(n, 3, size, size, generator=g), torch.randint(0, 10, (n,), generator=g)
+    return _on(torch.randn(n, 3, size, size, generator=g), torch.randint(0, 10, (n,), generator=g))
 
 
 def _hf_config(kind):
@@ -151,7 +159,7 @@ def _transformer():
 
 def _transformer_loss(model, step, rank):
     g = _gen(step, rank)
-    src, tgt = torch.randn(3, 5, 6, generator=g), torch.randn(3, 4, 6, generator=g)
+    src, tgt = _on(torch.randn(3, 5, 6, generator=g), torch.randn(3, 4, 6, generator=g))
     return F.mse_loss(model(src, tgt), tgt.roll(1, dims=1))
 
 
@@ -222,14 +230,15 @@ def _amp_loss(model, step, rank):
     x, y = torch.randn(4, 5, 6, generator=g), torch.randn(4, 1, generator=g)
     if step == 1 and rank == 1:
         x[0, 0, 0] = 3e38  # this worker's scaled loss overflows: the step is skipped everywhere
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    x, y = _on(x, y)
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16 if DEVICE.type == "cpu" else torch.float16):
         out = model(x)
     return F.mse_loss(out.float(), y)
 
 
 def _functional_loss(model, step, rank):
     g = _gen(step, rank)
-    x = torch.randn(8, 8, generator=g)
+    x = _on(torch.randn(8, 8, generator=g))
     return F.mse_loss(model.forward(x), x.sum(dim=1, keepdim=True).sin())
 
 
@@ -280,7 +289,7 @@ CASES = {
 
 def build(case, seed):
     torch.manual_seed(seed)
-    return CASES[case][0]()
+    return CASES[case][0]().to(DEVICE)
 
 
 def train_step(case, model, opt, scaler, step, ranks, after_backward=None, recipe=None, check_clip=True):
@@ -321,18 +330,20 @@ def train_step(case, model, opt, scaler, step, ranks, after_backward=None, recip
 
 
 def make_scaler(case):
-    return torch.amp.GradScaler("cpu", init_scale=1024.0) if CASES[case][3].get("amp") else None
+    return torch.amp.GradScaler(DEVICE.type, init_scale=1024.0) if CASES[case][3].get("amp") else None
 
 
 def final_state(model, scaler):
-    return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+    return {"state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
             "scale": scaler.get_scale() if scaler is not None else None}
 
 
-def reference(case, steps=STEPS, workers=2):
+def reference(case, steps=STEPS, workers=2, device="cpu"):
     """One process on the mean gradient: each worker's forward and backward
     from the same weights and buffers, their gradients and floating-point
     buffers averaged, then the recipe."""
+    global DEVICE
+    DEVICE = torch.device(device)
     torch.set_num_threads(1)
     model = build(case, 0)
     opt = CASES[case][2](list(model.parameters()))
@@ -375,7 +386,10 @@ def main():
     p.add_argument("--mean-grads", choices=["auto", "always", "never"], default="auto")
     p.add_argument("--fixed-batch", action="store_true",
                    help="every step on the first step's batches (async and ssp: the model must learn them)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: the models and batches on this rank's GPU")
     args = p.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
     torch.set_num_threads(1)
     psrt.init()
     rank = psrt.rank()
