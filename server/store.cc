@@ -1391,12 +1391,8 @@ int64_t Store::WaitSnapshot(absl::Time deadline) {
       absl::MutexLock lock(&k->mu);
       // A key still waiting for rank 0's initial value counts: it reaches
       // the step like the others, and a shard without it is not whole. An
-      // assign key is taken as it is (registered since the arming, or not
-      // yet: then it is left out).
-      if (k->FreeRunning()) {
-        if (!k->snap_ready && k->serving && k->initialized) CopyForSnapshot(k);
-        continue;
-      }
+      // assign key is taken as it is once it has that value.
+      if (k->FreeRunning() && k->initialized && !k->snap_ready && k->serving) CopyForSnapshot(k);
       if (!k->snap_ready && k->serving) ++waiting;
     }
     if (waiting == 0 || closing_ || absl::Now() >= deadline) return waiting;

@@ -26,12 +26,13 @@ class HostVariables:
         self._steps = {}  # name -> the version its next push is for
         self._lr = None
 
-    def register(self, name, value, optimizer):
-        """Registers a variable; returns its current value (rank 0's, or a
-        restored checkpoint's)."""
+    def register(self, name, value, optimizer, compression=None):
+        """Registers a variable (with the store's compression unless given);
+        returns its current value (rank 0's, or a restored checkpoint's)."""
+        compression = self._compression if compression is None else compression
         host = np.array(value, dtype=np.float32, order="C", copy=True)
         self._client.register_variable(name, list(host.shape), host.ctypes.data, optimizer,
-                                       self._compression.value, self._compression.value)
+                                       compression.value, compression.value)
         self._out[name] = np.empty_like(host)
         self._lr = optimizer["lr"]
         # Sync: the servers' version (a restored job resumes there); otherwise

@@ -1218,6 +1218,23 @@ TEST(StoreSnapshotTest, AssignKeysAreTakenAsTheyAreAndDoNotSetTheStep) {
   EXPECT_EQ(versions, (std::map<std::string, int64_t>{{"frozen", 0}, {"mean", 3}, {"w", 1}}));
 }
 
+TEST(StoreSnapshotTest, AnAssignKeyWaitingForRankZerosValueIsWaitedFor) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(1, {Spec("stats", 0, {3}, 0, 3, std::nullopt, "assign", 0.0)})).ok());
+  ASSERT_TRUE(store.ArmSnapshot(5).ok());
+  EXPECT_EQ(store.WaitSnapshot(absl::Now()), 1);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Spec("stats", 0, {3}, 0, 3, std::vector<float>{1, 2, 3}, "assign",
+                                                 0.0)}))
+                  .ok());
+  EXPECT_EQ(store.WaitSnapshot(absl::Now()), 0);  // taken as it is, at version 0
+  std::string shard;
+  v1::SaveShardResponse info;
+  store.EncodeSnapshot(&shard, &info);
+  ASSERT_EQ(info.keys_size(), 1);
+  EXPECT_EQ(info.keys(0).version(), 0);
+}
+
 Store::RestoredKey Restored(const std::string& variable, std::vector<float> weights, int64_t version) {
   Store::RestoredKey r;
   r.spec = Simple(variable, std::nullopt, static_cast<int64_t>(weights.size()));

@@ -134,16 +134,6 @@ def _non_trainable(model):
 _claimed = set()
 
 
-def _register(host, name, value, optimizer, compression):
-    """Registers `value` under `name` with its own compression (the host's
-    is for the model's gradients); returns rank 0's value."""
-    kept, host._compression = host._compression, compression
-    try:
-        return host.register(name, value, optimizer)
-    finally:
-        host._compression = kept
-
-
 class _Keys:
     """One optimizer's keys on the servers and the host side of its step:
     the model's variables, the moving statistics and frozen weights (kind
@@ -184,12 +174,12 @@ class _Keys:
             else:
                 # Statistics and frozen weights travel exactly: every worker
                 # holds the same bits. Frozen weights are never pushed.
-                value = _register(host, name, value, assign, exact)
+                value = host.register(name, value, assign, exact)
             v.assign(tf.cast(value.reshape(v.shape), v.dtype))
         for name, v in zip(self.grad_names, dense):
             host.register(name, np.zeros(v.shape, np.float32), assign)
         if self.averaged:
-            _register(host, self.control_name, np.ones((1,), np.float32), assign, exact)
+            host.register(self.control_name, np.ones((1,), np.float32), assign, exact)
         _claimed.update(id(v) for v in dense + moving + fixed)
 
     def mean(self, grads, stats):
