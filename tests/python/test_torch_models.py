@@ -121,3 +121,26 @@ def test_async_and_ssp_learn_each_workers_batch(mode):
             losses = [float(v) for v in re.findall(r"rank %d: %s step \d+ loss ([0-9.eE+-]+)" % (rank, case), log)]
             assert len(losses) == 30, (case, rank, losses)
             assert min(losses[-10:]) < losses[0] / 3, (case, rank, losses)
+
+
+def test_a_restored_job_goes_on_as_if_uninterrupted():
+    """BatchNorm's averaged statistics, momentum, a frozen backbone's rank 0
+    values and the mean-gradient keys (a clipped LSTM) come back from a
+    checkpoint: 2 steps, a checkpoint, then a restored job to step 4 ends
+    where one process ends after 4 steps."""
+    cases = ["small_cnn", "frozen_backbone", "lstm"]
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = {"checkpoint": {"uri": "file://" + os.path.join(d, "ckpt")}}
+        code, log = run_job(SCRIPT, cases + ["--steps", "2", "--out", os.path.join(d, "first")], ckpt)
+        assert code == 0, log[-6000:]
+        out = os.path.join(d, "final")
+        code, log = run_job(SCRIPT, cases + ["--steps", "4", "--out", out], dict(ckpt, restore="latest"))
+        assert code == 0, log[-6000:]
+        assert re.search(r"rank 0: small_cnn step 2 loss", log) and not re.search(r"small_cnn step 1 loss", log), \
+            log[-6000:]
+        ranks = [torch.load(out + ".rank%d" % r) for r in range(2)]
+    for case in cases:
+        want = torch_models.reference(case, steps=4)
+        for key, w in want["state"].items():
+            torch.testing.assert_close(ranks[0][case]["state"][key], w, rtol=1e-4, atol=1e-5,
+                                       msg=lambda m: "%s %s: %s" % (case, key, m))

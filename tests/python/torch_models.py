@@ -276,6 +276,7 @@ CASES = {
     "horovod_idiom": (_LstmLm, _lstm_loss, lambda p: torch.optim.SGD(p, lr=1.0),
                       {"clip": 0.1, "horovod": True}),
     "functional": (_Functional, _functional_loss, lambda p: torch.optim.SGD(p, lr=0.1), {}),
+    "small_cnn": (_SmallCnn, _small_image_loss, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), {}),
     "compiled": (_compiled, _small_image_loss, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), {}),
     # Refused (not in a group): nn.SyncBatchNorm.
     "sync_batchnorm": (lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.SyncBatchNorm(8), nn.AdaptiveAvgPool2d(1),
@@ -403,7 +404,8 @@ def main():
                                         backward_passes_per_step=CASES[case][3].get("passes", 1),
                                         fusion_bytes=FUSION_BYTES, **options)
         scaler = make_scaler(case)
-        for step in range(args.steps):
+        first = opt.global_step  # > 0 in a restored job: it goes on from there
+        for step in range(first, args.steps):
             recipe = dict(CASES[case][3])
             if args.clip_from is not None and step >= args.clip_from:
                 recipe["clip"] = 1e-3

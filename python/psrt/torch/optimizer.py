@@ -17,7 +17,7 @@ When the user edits gradients between ``backward()`` and ``step()``
 (``clip_grad_norm_``, ``GradScaler``), the gradients stay until ``step()``
 and, in sync mode, the end of ``backward()`` writes the mean over workers
 into ``.grad`` first (as DDP does), so every edit sees what one process on the
-mean gradient sees (``mean_grads``). Floating-point buffers (BatchNorm's
+mean gradient sees (``mean_grads``). Buffers (BatchNorm's
 running statistics) are averaged over workers at every step.
 
 Everything else (partitioning, compression, consistency, retries) happens
@@ -79,7 +79,7 @@ class _Variable:
         self.group = group    # None for a buffer
         # Pulled values land here, on the tensor's device; landing copies
         # them in (autograd may still read the tensor until then).
-        self.pulled = torch.empty_like(param.detach(), memory_format=torch.contiguous_format)
+        self.pulled = torch.empty_like(param.detach(), dtype=torch.float32, memory_format=torch.contiguous_format)
         self.grad = None      # what is being pushed: kept alive until the wait
         self.queued = False   # pushed (or in the bucket) this step
         self.passes = 0       # backward passes accumulated since the last push
@@ -186,10 +186,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         changed; ``True`` always (edits that start later, or happen on some
         steps only); ``False`` never. Without it a gradient changed after it
         was sent is an error at ``step()``.
-      sync_buffers: floating-point buffers of the model (BatchNorm's running
-        mean and variance) are averaged over workers at every step (in async
-        and ssp modes the latest worker's are taken); integer buffers are
-        left alone. ``False`` keeps each worker's own.
+      sync_buffers: the model's float32 and int64 buffers (BatchNorm's
+        running mean and variance, and its num_batches_tracked, which is the
+        same on every worker) are averaged over workers at every step (in
+        async and ssp modes the latest worker's are taken) and checkpointed.
+        ``False`` keeps each worker's own.
     """
 
     def __init__(self, optimizer, named_parameters, compression=psrt.Compression.job_default,
@@ -307,14 +308,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Registers the tensor; afterwards it holds rank 0's values (or the
         restored checkpoint's, or the servers' when the key exists)."""
         compression = self._compression if compression is None else compression
-        host = tensor.detach().to("cpu", copy=True).contiguous()
+        host = tensor.detach().to("cpu", torch.float32, copy=True).contiguous()
         self._client.register_variable(name, list(host.shape), host.data_ptr(), server_cfg,
                                        compression.value, compression.value)
         with torch.no_grad():
             tensor.copy_(host)
 
     def _register_buffers(self, module):
-        """Registers the floating-point buffers under a module seen for the
+        """Registers the float32 and int64 buffers under a module seen for the
         first time that holds these parameters, named as in the state_dict()
         of the module named_parameters came from (every worker builds the
         same model, so the names agree)."""
@@ -328,7 +329,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if prefix is None:
             return
         for n, b in module.named_buffers():
-            if b.dtype == torch.float32 and id(b) not in self._by_param:
+            # Integer buffers (num_batches_tracked) travel as float32, exact
+            # below 2^24, so checkpoints hold them too.
+            if b.dtype in (torch.float32, torch.int64) and id(b) not in self._by_param:
                 v = _Variable("buffer:" + prefix + n, b)
                 self._register(v, {"name": "assign"}, psrt.Compression.none)
                 v.step = self._client.pulled_version(v.name)
