@@ -68,8 +68,8 @@ def test_model_zoo_two_workers_equal_one_process_on_the_mean_gradient(group):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_cuda_models_equal_one_process_on_the_mean_gradient():
     """The cases that need no package beyond torch, on the GPU: GradScaler
-    with float16 autocast, clipping, a Transformer, an LSTM."""
-    cases = ["transformer", "lstm", "amp", "functional", "accumulation"]
+    with float16 autocast, clipping, a Transformer, an LSTM, BatchNorm."""
+    cases = ["transformer", "lstm", "amp", "functional", "accumulation", "small_cnn"]
     check_against_reference(cases, train(cases, ["--device", "cuda"]), device="cuda")
 
 
