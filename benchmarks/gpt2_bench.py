@@ -25,10 +25,9 @@ import json
 import os
 import sys
 import threading
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_bench import driver_setup, run, run_role  # noqa: E402  (same directory)
+from torch_bench import driver_setup, run, run_role, timed_steps  # noqa: E402  (same directory)
 
 SEQ = 32
 VOCAB = 50257  # GPT-2's
@@ -44,26 +43,18 @@ def build_model(torch):
 def train(torch, model, opt, args, rank, step):
     g = torch.Generator().manual_seed(rank)
     ids = torch.randint(0, VOCAB, (args.batch, SEQ), generator=g)
-    phases = [0.0, 0.0, 0.0]  # forward, backward, step
-    start = None
-    for i in range(args.warmup + args.steps):
-        if i == args.warmup:
-            start, phases = time.monotonic(), [0.0, 0.0, 0.0]
-        t0 = time.monotonic()
+
+    def forward():
         opt.zero_grad()
-        loss = model(input_ids=ids, labels=ids).loss
-        t1 = time.monotonic()
-        loss.backward()
-        t2 = time.monotonic()
+        return model(input_ids=ids, labels=ids).loss
+
+    def clip_and_step():
         if args.clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         step()
-        t3 = time.monotonic()
-        phases = [phases[0] + t1 - t0, phases[1] + t2 - t1, phases[2] + t3 - t2]
-    seconds = time.monotonic() - start
+
+    seconds = timed_steps(args, rank, forward, clip_and_step)
     if rank == 0:
-        print("PHASES " + json.dumps({k: 1e3 * v / args.steps for k, v in
-                                      zip(("forward_ms", "backward_ms", "step_ms"), phases)}), flush=True)
         print("RESULT %f" % (args.steps * args.batch * SEQ * 2 / seconds), flush=True)
 
 

@@ -39,25 +39,21 @@ def build_model(torch, widths):
     return torch.nn.Sequential(*layers)
 
 
-def train(torch, model, opt, step_fn, args, rank):
-    widths = MODELS[args.model]
-    g = torch.Generator().manual_seed(rank)
-    x = torch.randn(args.batch, widths[0], generator=g)
-    y = torch.randint(0, widths[-1], (args.batch,), generator=g)
-    loss_fn = torch.nn.CrossEntropyLoss()
+def timed_steps(args, rank, forward, step):
+    """Runs args.warmup + args.steps steps: forward() (returns the loss), its
+    backward, step(). Rank 0 prints each phase's mean (ms) on a PHASES line;
+    returns the seconds of the timed steps."""
     start = None
     phases = [0.0, 0.0, 0.0]  # forward, backward, step
-    for step in range(args.warmup + args.steps):
-        if step == args.warmup:
-            start = time.monotonic()
-            phases = [0.0, 0.0, 0.0]
+    for i in range(args.warmup + args.steps):
+        if i == args.warmup:
+            start, phases = time.monotonic(), [0.0, 0.0, 0.0]
         t0 = time.monotonic()
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
+        loss = forward()
         t1 = time.monotonic()
         loss.backward()
         t2 = time.monotonic()
-        step_fn()
+        step()
         t3 = time.monotonic()
         phases = [phases[0] + t1 - t0, phases[1] + t2 - t1, phases[2] + t3 - t2]
     seconds = time.monotonic() - start
@@ -65,6 +61,20 @@ def train(torch, model, opt, step_fn, args, rank):
         print("PHASES " + json.dumps({k: 1e3 * v / args.steps for k, v in
                                       zip(("forward_ms", "backward_ms", "step_ms"), phases)}), flush=True)
     return seconds
+
+
+def train(torch, model, opt, step_fn, args, rank):
+    widths = MODELS[args.model]
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(args.batch, widths[0], generator=g)
+    y = torch.randint(0, widths[-1], (args.batch,), generator=g)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def forward():
+        opt.zero_grad()
+        return loss_fn(model(x), y)
+
+    return timed_steps(args, rank, forward, step_fn)
 
 
 def psrt_worker(args):
