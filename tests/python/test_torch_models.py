@@ -144,3 +144,22 @@ def test_a_restored_job_goes_on_as_if_uninterrupted():
         for key, w in want["state"].items():
             torch.testing.assert_close(ranks[0][case]["state"][key], w, rtol=1e-4, atol=1e-5,
                                        msg=lambda m: "%s %s: %s" % (case, key, m))
+
+
+def test_a_model_compiled_in_place_is_refused_unless_its_buffers_stay_local():
+    """module.compile() runs psrt's hooks inside compiled code, so no module
+    call is seen: the weights land at step() (right, without overlap), but
+    BatchNorm's statistics cannot be averaged, which is refused at the first
+    step; with sync_buffers=False the weights still match one process (the
+    statistics do not enter a training-mode forward)."""
+    code, log = train(["compiled_in_place"], ["--steps", "2"], expect_ok=False)
+    assert code != 0
+    assert "psrt.DistributedOptimizer: the model ran compiled in place (module.compile())" in log, log[-4000:]
+    assert "pass sync_buffers=False" in log
+    ranks = train(["compiled_in_place"], ["--no-sync-buffers"])
+    want = torch_models.reference("compiled_in_place")
+    params = [k for k, _ in torch_models.build("compiled_in_place", 0).named_parameters()]
+    for key in params:
+        a = ranks[0]["compiled_in_place"]["state"][key]
+        assert torch.equal(a, ranks[1]["compiled_in_place"]["state"][key]), key
+        torch.testing.assert_close(a, want["state"][key], rtol=1e-4, atol=1e-5)

@@ -248,6 +248,13 @@ def _compiled():
     return torch.compile(_SmallCnn(), backend="aot_eager")
 
 
+def _compiled_in_place():
+    """module.compile(): the module's own call is compiled, hooks included."""
+    model = _SmallCnn()
+    model.compile(backend="aot_eager")
+    return model
+
+
 def _small_image_loss(model, step, rank):
     x, y = _images(step, rank, size=16)
     return F.cross_entropy(model(x), y)
@@ -278,6 +285,8 @@ CASES = {
     "functional": (_Functional, _functional_loss, lambda p: torch.optim.SGD(p, lr=0.1), {}),
     "small_cnn": (_SmallCnn, _small_image_loss, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), {}),
     "compiled": (_compiled, _small_image_loss, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), {}),
+    "compiled_in_place": (_compiled_in_place, _small_image_loss,
+                          lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), {}),
     # Refused (not in a group): nn.SyncBatchNorm.
     "sync_batchnorm": (lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.SyncBatchNorm(8), nn.AdaptiveAvgPool2d(1),
                                              nn.Flatten(), nn.Linear(8, 10)),
@@ -388,6 +397,7 @@ def main():
     p.add_argument("--fixed-batch", action="store_true",
                    help="every step on the first step's batches (async and ssp: the model must learn them)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda: the models and batches on this rank's GPU")
+    p.add_argument("--no-sync-buffers", action="store_true", help="each worker keeps its own buffers")
     args = p.parse_args()
     global DEVICE
     DEVICE = torch.device(args.device)
@@ -399,6 +409,8 @@ def main():
         model = build(case, rank)  # rank 0's initial values must win
         inner = CASES[case][2](list(model.parameters()))
         options = {} if args.mean_grads == "auto" else {"mean_grads": args.mean_grads == "always"}
+        if args.no_sync_buffers:
+            options["sync_buffers"] = False
         opt = psrt.DistributedOptimizer(inner, named_parameters=[(case + "/" + n, q)
                                                                  for n, q in model.named_parameters()],
                                         backward_passes_per_step=CASES[case][3].get("passes", 1),

@@ -127,6 +127,12 @@ class _LandOnUse(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+# Forward hooks that ran inside compiled code (dynamo replays this count's
+# change each time that code runs): a module compiled in place shows itself
+# to no hook otherwise.
+_traced_hook_calls = {"n": 0}
+
+
 def _is_compiled_wrapper(module):
     """Whether `module` is torch.compile's wrapper (OptimizedModule); none can
     be before torch._dynamo is imported, which this does not do."""
@@ -262,6 +268,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # parameters (named_parameters does not name them).
         self._sync_buffers = sync_buffers
         self._buffers = []
+        self._model_seen = False  # a module holding these parameters ran forward outside compiled code
         # Until the first step(), every module call runs under _LandOnUse to
         # learn which tensors are read inside some module's forward; the
         # others (a functional model, a forward called directly, a model
@@ -285,7 +292,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._mode_depth = 0
 
         def before_forward(module, args):
-            if me() is not None and not torch.compiler.is_compiling():
+            if torch.compiler.is_compiling():
+                _traced_hook_calls["n"] += 1
+            elif me() is not None:
                 me()._before_forward(module)
 
         def after_forward(module, args, output):
@@ -328,6 +337,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 break
         if prefix is None:
             return
+        self._model_seen = True
         for n, b in module.named_buffers():
             # Integer buffers (num_batches_tracked) travel as float32, exact
             # below 2^24, so checkpoints hold them too.
@@ -578,6 +588,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._mean_grads is None:
             self._decide(edited is not None)
         if self._learning:
+            if self._sync_buffers and not self._model_seen and _traced_hook_calls["n"]:
+                raise psrt.PsrtError(
+                    "psrt.DistributedOptimizer: the model ran compiled in place (module.compile()), "
+                    "so psrt sees none of its modules and cannot average their buffers (BatchNorm's "
+                    "statistics); compile with model = torch.compile(model) instead, or pass "
+                    "sync_buffers=False to keep each worker's own")
             self._learning = False
             self._land_at_step = [v for v in self._variables + self._buffers if id(v.param) not in self._seen]
             self._seen = None
