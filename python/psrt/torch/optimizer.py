@@ -256,9 +256,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._frozen.append(_Variable(n, p))
                 self._register(self._frozen[-1], {"name": "assign"}, psrt.Compression.none)
         # Gradients wait for step() (see mean_grads): always, never, or at the
-        # first step, which decides.
+        # first step, which decides (None until then; see _hold).
         self._mean_grads = mean_grads
-        self._hold = mean_grads is not False
         self._decision = None  # sync, mean_grads=None: where the workers agree on it
         if mean_grads is None and self._sync and self._variables:
             self._join_decision()
@@ -356,7 +355,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._decision = _Variable(self._variables[0].name + "@mean_grads", torch.zeros(1))
         self._register(self._decision, {"name": "assign"}, psrt.Compression.none)
         if self._client.pulled_version(self._decision.name) > 0:
-            self._mean_grads = self._hold = bool(self._decision.param.item() > 0)
+            self._mean_grads = bool(self._decision.param.item() > 0)
 
     def _decide(self, edited):
         """The first step: gradients keep waiting for step() only if some
@@ -367,7 +366,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._client.wait(self._client.push_pull([v.name], [v.param.data_ptr()], [v.pulled.data_ptr()],
                                                      self._client.pulled_version(v.name)))
             edited = bool(v.pulled.item() > 0)
-        self._mean_grads = self._hold = edited
+        self._mean_grads = edited
+
+    @property
+    def _hold(self):
+        """Gradients wait for step(): with mean_grads, and at the first step
+        while it is undecided."""
+        return self._mean_grads is not False
 
     def _make_hook(self, v):
         def hook(param):
@@ -578,7 +583,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for v in self._variables:
             if not v.param.requires_grad:
                 raise _frozen_error(v.name, "no longer requires grad")
-        edited = self._edited()
+        # Edits matter where gradients were sent already, or to the first
+        # step's decision; afterwards, with mean_grads, they are the point.
+        edited = self._edited() if self._mean_grads is not True else None
         if not self._hold and edited is not None:
             raise psrt.PsrtError(
                 "psrt.DistributedOptimizer: the gradient of '%s' changed between backward() and "
