@@ -79,7 +79,8 @@ int psrt_register_table(psrt_client* client, const char* name, const psrt_table*
 int64_t psrt_pull_rows(psrt_client* client, const char* table, const int64_t* ids, int64_t n,
                        float* out, int64_t min_version);
 /* Pushes the gradients (n * dim floats) of n distinct ids' rows, computed
- * at `version`. Sync: every worker pushes once per step, n may be 0. */
+ * at `version`. Sync: every worker pushes once per step, n may be 0; the
+ * part for a server not pulled from at `version` waits for the step there. */
 int64_t psrt_push_rows(psrt_client* client, const char* table, const int64_t* ids, int64_t n,
                        const float* grads, int64_t version);
 

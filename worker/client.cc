@@ -309,6 +309,7 @@ class Client::Impl {
   struct Shard {
     int server = 0;
     int64_t bytes = 0;
+    bool await_step = false;  // see Request::await_step
     struct Item {
       std::string variable;
       Partition part;
@@ -705,6 +706,11 @@ class Client::Impl {
     Shard shard;
     std::shared_ptr<Op> op;
     bool push = false, pull = false;
+    // A sync table push to a server whose part this worker has not pulled
+    // at `version`: first a pull of no rows at `version`, which the server
+    // answers once the step before is applied there; then the push (sent
+    // earlier, it would be refused as ahead of its key).
+    bool await_step = false;
     uint64_t push_id = 0;
     int64_t version = 0;
     Lease lease;
@@ -737,7 +743,11 @@ class Client::Impl {
 
   // A table's push or pull, split by the server each id's row lives on. A
   // sync push goes to every server, with no rows for some: each counts
-  // every worker's push for the step.
+  // every worker's push for the step. A pull skips the servers with none of
+  // its ids, so a worker may not have seen a server reach the step it
+  // pushes for (another worker's push of the step before may still be on
+  // its way there): that part of the push waits for the step first
+  // (Request::await_step).
   Handle StartRows(const std::string& table, const int64_t* ids, int64_t n, const float* grads,
                    float* out, int64_t version, bool push) {
     absl::StatusOr<Variable> var = Find(table);
@@ -759,6 +769,16 @@ class Client::Impl {
       set.at.push_back(i);
       if (push) set.grads.insert(set.grads.end(), grads + i * dim, grads + (i + 1) * dim);
     }
+    std::vector<bool> await(num_servers, false);
+    if (push && config.mode() == "sync") {
+      absl::MutexLock lock(&mu);
+      auto found = variables.find(table);
+      for (int s = 0; s < num_servers; ++s) {
+        await[s] = found == variables.end() ||
+                   s >= static_cast<int>(found->second.pulled_versions.size()) ||
+                   found->second.pulled_versions[s] < version;
+      }
+    }
     std::vector<Shard> shards;
     for (int s = 0; s < num_servers; ++s) {
       const RowSet& set = *sets[s];
@@ -777,6 +797,7 @@ class Client::Impl {
       it.pull_dtype = var->pull_dtype;
       it.rows = sets[s];
       it.dim = dim;
+      shard.await_step = await[s];
     }
     return Start(std::move(shards), version, push, !push);
   }
@@ -795,6 +816,7 @@ class Client::Impl {
       r->pull = pull;
       r->push_id = push_id;
       r->version = version;
+      r->await_step = r->shard.await_step;
       {
         absl::MutexLock lock(&calls_mu);
         ++requests;
@@ -825,6 +847,17 @@ class Client::Impl {
   void Send(const std::shared_ptr<Request>& r) {
     r->target = Route(r->shard.server);
     r->target_moves = moved[r->target].load();
+    if (r->await_step) {
+      const Shard::Item& it = r->shard.items.front();
+      OutKey k;
+      k.variable = it.variable;
+      k.partition = it.part.index;
+      k.version = r->version;
+      k.dtype = it.pull_dtype;
+      r->req = EncodePullRequest(options.rank, {k});
+      if (r->attempts == 0) r->start = absl::Now();
+      return Attempt(r);
+    }
     r->lease = Take(r->target);
     absl::StatusOr<std::vector<OutKey>> keys = Encode(r->shard, r->version, r->push, r->pull, &r->lease);
     if (!keys.ok()) {
@@ -849,7 +882,10 @@ class Client::Impl {
       if (closing) return Finish(r, absl::CancelledError("the client is closing"));
       live_calls.insert(r->ctx.get());
     }
-    const std::string& method = r->push && r->pull ? kPushPullMethod : r->push ? kPushMethod : kPullMethod;
+    const std::string& method = r->await_step        ? kPullMethod
+                                : r->push && r->pull ? kPushPullMethod
+                                : r->push            ? kPushMethod
+                                                     : kPullMethod;
     r->resp.Clear();
     r->stub = DataStub(r->target, r->target_moves);
     if (r->stub == nullptr) {
@@ -870,6 +906,14 @@ class Client::Impl {
       live_calls.erase(r->ctx.get());
     }
     if (st.ok()) {
+      if (r->await_step) {
+        // The server has applied the step before: now the push itself.
+        r->await_step = false;
+        r->attempts = 0;
+        r->backoff = absl::Milliseconds(50);
+        if (r->shard.bytes >= kPoolBytes) return pool->Schedule([this, r] { Send(r); });
+        return Send(r);
+      }
       if (!r->pull) return Finish(r, absl::OkStatus());
       if (r->shard.bytes >= kPoolBytes) {
         return pool->Schedule([this, r] { Finish(r, Store(r->resp, r->shard, r->lease)); });

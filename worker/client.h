@@ -129,7 +129,9 @@ class Client {
                   int64_t min_version);
   // Pushes the gradients (n * dim floats) of the rows of `n` distinct ids,
   // computed at `version`. In sync mode every worker pushes once per step
-  // (n may be 0): the servers apply the step's mean gradient per row.
+  // (n may be 0): the servers apply the step's mean gradient per row. The
+  // part for a server this worker has not pulled from at `version` (none
+  // of its ids there) waits until that server has applied the step before.
   // Table buffers are host memory and must live until Wait returns.
   Handle PushRows(const std::string& table, const int64_t* ids, int64_t n, const float* grads,
                   int64_t version);

@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstring>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,8 +18,10 @@
 #include "common/grpc_util.h"
 #include "gtest/gtest.h"
 #include "kernels/row_optimizer.h"
+#include "psrt/v1/coordinator.grpc.pb.h"
 #include "psrt/v1/ps.grpc.pb.h"
 #include "tests/integration/test_cluster.h"
+#include "worker/client.h"
 
 namespace psrt {
 namespace {
@@ -256,6 +259,109 @@ TEST_F(TableTest, RowsNotSeenForTheEvictionStepsAreDroppedAndStartOverIfSeenAgai
   EXPECT_FLOAT_EQ(rows[0], Init(ids[0])[0] - 5 * static_cast<float>(kLr));
   // The dropped row comes back as new: its update is gone.
   EXPECT_EQ(0, std::memcmp(rows.data() + kDim, Init(ids[1]).data(), kDim * 4));
+}
+
+// Two workers through the client library, in sync mode. Worker 0's batches
+// only ever hold ids of server 0, so it never pulls from server 1; worker 1
+// (raw requests, to control which server hears from it when) has pushed step
+// 0 to server 0 but not yet to server 1. Worker 0's push for step 1 must wait
+// on server 1 for step 0 (as a pull would) rather than reach it early and be
+// refused (OUT_OF_RANGE, "is for version 1 but the key is at version 0").
+TEST(TableSyncTest, APushWaitsForItsStepOnAServerTheWorkerHasNotPulledFrom) {
+  testing::ClusterOptions options;
+  options.distribution =
+      R"({"parameter_server":{"enabled":true,"mode":"sync","servers_per_host":2,"workers_per_host":2}})";
+  options.test_workers = 0;
+  absl::StatusOr<std::unique_ptr<testing::TestCluster>> cluster =
+      testing::TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << "starting the cluster: " << cluster.status();
+  std::vector<std::future<absl::StatusOr<std::unique_ptr<Client>>>> connecting;
+  for (int r = 0; r < 2; ++r) {
+    connecting.push_back(std::async(std::launch::async, [&, r] {
+      ClientOptions o;
+      o.coordinator = (*cluster)->coordinator_address();
+      o.token = (*cluster)->token();
+      o.rank = r;
+      o.host = "127.0.0.1";
+      o.rpc_timeout = absl::Seconds(30);
+      o.connect_timeout = absl::Seconds(20);
+      return Client::Connect(o);
+    }));
+  }
+  std::vector<std::unique_ptr<Client>> clients;
+  for (auto& f : connecting) {
+    absl::StatusOr<std::unique_ptr<Client>> c = f.get();
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(std::move(*c));
+  }
+  TableOptions table;
+  table.dim = kDim;
+  table.vocab = kVocab;
+  table.seed = kSeed;
+  table.optimizer = DefaultOptimizer(OptimizerKind::kSgd, kLr);
+  std::vector<std::future<absl::Status>> registering;
+  for (auto& c : clients) {
+    registering.push_back(
+        std::async(std::launch::async, [&c, &table] { return c->RegisterTable("t", table); }));
+  }
+  for (auto& f : registering) ASSERT_TRUE(f.get().ok());
+
+  // Worker 1's raw pushes need the servers' addresses: the barrier's shard map.
+  auto coordinator = v1::Coordinator::NewStub(MakeChannel((*cluster)->coordinator_address()));
+  v1::BarrierRequest barrier;
+  barrier.mutable_id()->set_role(v1::ROLE_WORKER);
+  barrier.mutable_id()->set_index(1);
+  v1::BarrierResponse map;
+  {
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, (*cluster)->token(), absl::Seconds(10));
+    grpc::Status st = coordinator->Barrier(&ctx, barrier, &map);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  ASSERT_EQ(map.shard_map().server_addresses_size(), 2);
+  auto push_as_worker_1 = [&](int s, int64_t version) {
+    auto stub = v1::ParameterServer::NewStub(MakeChannel(map.shard_map().server_addresses(s)));
+    v1::PushRequest req;
+    req.set_worker_rank(1);
+    *req.add_keys() = Rows("t", s, version, {});
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, (*cluster)->token(), absl::Seconds(10));
+    v1::PushResponse resp;
+    return stub->Push(&ctx, req, &resp);
+  };
+
+  Client& w0 = *clients[0];
+  const std::vector<int64_t> ids = IdsOf(0, 2);
+  std::vector<float> rows(ids.size() * kDim);
+  const std::vector<float> grads(ids.size() * kDim, 1.0f);
+  // Step 0: worker 0 pulls and pushes; worker 1 pushes to server 0 only.
+  ASSERT_TRUE(w0.Wait(w0.PullRows("t", ids.data(), 2, rows.data(), 0)).ok());
+  ASSERT_TRUE(w0.Wait(w0.PushRows("t", ids.data(), 2, grads.data(), 0)).ok());
+  grpc::Status st = push_as_worker_1(0, 0);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  // Step 1: server 0 has applied step 0, server 1 has not.
+  ASSERT_TRUE(w0.Wait(w0.PullRows("t", ids.data(), 2, rows.data(), 1)).ok());
+  std::future<absl::Status> pushed = std::async(std::launch::async, [&] {
+    return w0.Wait(w0.PushRows("t", ids.data(), 2, grads.data(), 1));
+  });
+  ASSERT_EQ(pushed.wait_for(std::chrono::milliseconds(500)), std::future_status::timeout)
+      << "worker 0's push for step 1 ended before server 1 applied step 0: " << pushed.get();
+  st = push_as_worker_1(1, 0);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  absl::Status s = pushed.get();
+  ASSERT_TRUE(s.ok()) << s;
+  // Worker 1's step 1 (through the client: no rows); then both steps are
+  // applied, each the mean of one gradient of 1 and none.
+  ASSERT_TRUE(clients[1]->Wait(clients[1]->PushRows("t", nullptr, 0, nullptr, 1)).ok());
+  ASSERT_TRUE(w0.Wait(w0.PullRows("t", ids.data(), 2, rows.data(), 2)).ok());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::vector<float> init = Init(ids[i]);
+    for (int64_t j = 0; j < kDim; ++j) {
+      EXPECT_FLOAT_EQ(rows[i * kDim + j], init[j] - 2 * 0.5f * static_cast<float>(kLr))
+          << "row " << ids[i];
+    }
+  }
+  EXPECT_TRUE((*cluster)->CheckAllAlive().ok());
 }
 
 }  // namespace
