@@ -9,7 +9,11 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <map>
 #include <random>
+#include <vector>
+
+#include <grpcpp/support/server_interceptor.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -91,10 +95,84 @@ void ConfigureServerBuilder(grpc::ServerBuilder* builder, int64_t max_message_by
   TuneForTensors([&](const char* name, int v) { builder->AddChannelArgument(name, v); });
 }
 
-absl::StatusOr<ServingServer> StartServer(const std::string& bind, int port,
-                                          grpc::Service* service) {
+namespace {
+
+// The token from the metadata, in constant time: how long a comparison takes
+// says nothing about where a guessed token first differs.
+grpc::Status CheckTokenIn(const std::multimap<grpc::string_ref, grpc::string_ref>& md,
+                          const std::string& token) {
+  if (token.empty()) return grpc::Status::OK;
+  auto it = md.find(kTokenMetadata);
+  if (it == md.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "this call carries no psrt job token");
+  }
+  if (it->second.size() != token.size() ||
+      CRYPTO_memcmp(it->second.data(), token.data(), token.size()) != 0) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "this call's job token is not this job's");
+  }
+  return grpc::Status::OK;
+}
+
+// Every call's answer, whatever the method: an UNAUTHENTICATED one when the
+// token is wrong, even where gRPC answered before the handler ran (a body
+// that does not parse), so that nothing about a request is told to a
+// caller without the token; and an error text cut to kMaxErrorBytes,
+// since one past gRPC's 16 KiB metadata limit would reach the caller as
+// "Stream removed" instead. The handlers check the token themselves too:
+// an interceptor cannot keep them from running.
+class GuardInterceptor : public grpc::experimental::Interceptor {
+ public:
+  explicit GuardInterceptor(const std::string* token) : token_(token) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    using grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
+      const auto* md = methods->GetRecvInitialMetadata();
+      if (md != nullptr) refused_ = CheckTokenIn(*md, *token_);
+    }
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
+      if (!refused_.ok()) {
+        methods->ModifySendStatus(refused_);
+      } else {
+        const grpc::Status s = methods->GetSendStatus();
+        if (s.error_message().size() > kMaxErrorBytes) {
+          methods->ModifySendStatus(grpc::Status(s.error_code(), BoundErrorText(s.error_message())));
+        }
+      }
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* token_;
+  grpc::Status refused_;
+};
+
+class GuardFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit GuardFactory(std::string token) : token_(std::move(token)) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo*) override {
+    return new GuardInterceptor(&token_);
+  }
+
+ private:
+  const std::string token_;
+};
+
+}  // namespace
+
+std::string BoundErrorText(absl::string_view text) {
+  if (text.size() <= kMaxErrorBytes) return std::string(text);
+  return absl::StrCat(text.substr(0, kMaxErrorBytes - 64), "... (cut: ", text.size(), " bytes in all)");
+}
+
+absl::StatusOr<ServingServer> StartServer(const std::string& bind, int port, grpc::Service* service,
+                                          const std::string& token) {
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(&builder);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> guards;
+  guards.push_back(std::make_unique<GuardFactory>(token));
+  builder.experimental().SetInterceptorCreators(std::move(guards));
   ServingServer out;
   const absl::StatusOr<TlsConfig>& tls = Tls();
   if (!tls.ok()) return tls.status();
@@ -122,21 +200,7 @@ void PrepareContext(grpc::ClientContext* ctx, const std::string& token,
 }
 
 grpc::Status CheckToken(const grpc::ServerContextBase* ctx, const std::string& token) {
-  if (token.empty()) return grpc::Status::OK;
-  const auto& md = ctx->client_metadata();
-  auto it = md.find(kTokenMetadata);
-  if (it == md.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "this call carries no psrt job token");
-  }
-  // In constant time: how long a comparison takes says nothing about where
-  // a guessed token first differs.
-  if (it->second.size() != token.size() ||
-      CRYPTO_memcmp(it->second.data(), token.data(), token.size()) != 0) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "this call's job token is not this job's");
-  }
-  return grpc::Status::OK;
+  return CheckTokenIn(ctx->client_metadata(), token);
 }
 
 grpc::Status ToGrpc(const absl::Status& s) {

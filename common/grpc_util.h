@@ -57,7 +57,17 @@ struct ServingServer {
 };
 // Serves `service` on bind:port (0 picks a free port) with the limits of
 // ConfigureServerBuilder; UNAVAILABLE naming the address when it cannot.
-absl::StatusOr<ServingServer> StartServer(const std::string& bind, int port, grpc::Service* service);
+// Every call's token is checked before anything about the request is
+// answered, and every error text is cut to kMaxErrorBytes.
+absl::StatusOr<ServingServer> StartServer(const std::string& bind, int port, grpc::Service* service,
+                                          const std::string& token);
+
+// Longest error text a psrt service sends: gRPC drops a call whose status
+// metadata passes 16 KiB, and a text is sent percent-encoded (up to 3x).
+inline constexpr size_t kMaxErrorBytes = 2048;
+// `text`, or its first part and how long it was when longer than
+// kMaxErrorBytes.
+std::string BoundErrorText(absl::string_view text);
 
 // Sets the token and a deadline on an outgoing call.
 void PrepareContext(grpc::ClientContext* ctx, const std::string& token,

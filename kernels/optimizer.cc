@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <vector>
 
 #include "Eigen/Core"
 #include "absl/strings/str_cat.h"
@@ -46,6 +47,16 @@ absl::Status CheckGreater(const char* field, double value, double lo) {
   if (!(value > lo)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Invalid ", field, " value: ", value, " (must be > ", lo, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// |value| < 3.4e38 (FLT_MAX): it stays finite as the float32 the kernels use.
+absl::Status CheckFloat32(const char* field, double value) {
+  if (!std::isfinite(static_cast<float>(value))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Invalid ", field, " value: ", value,
+        " (not finite as float32, the precision updates run in: |value| < 3.4e38)"));
   }
   return absl::OkStatus();
 }
@@ -136,7 +147,8 @@ constexpr kernels_internal::OptimizerKernels kEigenKernels = {
 
 }  // namespace
 
-absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
+// torch.optim's own checks (NaN fails them too).
+static absl::Status CheckTorchRules(const OptimizerConfig& c) {
   absl::Status s;
   switch (c.kind) {
     case OptimizerKind::kSgd:
@@ -183,6 +195,92 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("Invalid optimizer kind: ", static_cast<int>(c.kind)));
+}
+
+absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
+  if (absl::Status s = CheckTorchRules(c); !s.ok()) return s;
+  if (c.kind == OptimizerKind::kAssign) return absl::OkStatus();
+  // The kernels compute in float32: a value finite as a double (1e300) or
+  // one they divide by that rounds to 0 would make every weight Inf or NaN
+  // at the first update.
+  struct Field {
+    const char* name;
+    double value;
+  };
+  std::vector<Field> fields = {{"weight_decay", c.weight_decay}};
+  switch (c.kind) {
+    case OptimizerKind::kSgd:
+      fields.insert(fields.end(), {{"momentum", c.momentum}, {"dampening", c.dampening}});
+      break;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      fields.insert(fields.end(), {{"beta1", c.beta1}, {"beta2", c.beta2}, {"eps", c.eps}});
+      break;
+    case OptimizerKind::kAdaGrad:
+      fields.insert(fields.end(), {{"lr_decay", c.lr_decay},
+                                   {"initial_accumulator_value", c.initial_accumulator_value},
+                                   {"eps", c.eps}});
+      break;
+    case OptimizerKind::kFtrl:
+      fields.insert(fields.end(), {{"initial_accumulator_value", c.initial_accumulator_value},
+                                   {"l1", c.l1}, {"l2", c.l2}, {"ftrl_beta", c.ftrl_beta}});
+      break;
+    case OptimizerKind::kAssign:
+      break;
+  }
+  for (const Field& f : fields) {
+    if (absl::Status s = CheckFloat32(f.name, f.value); !s.ok()) return s;
+  }
+  const bool has_eps = c.kind == OptimizerKind::kAdam || c.kind == OptimizerKind::kAdamW ||
+                       c.kind == OptimizerKind::kAdaGrad;
+  if (has_eps && !(static_cast<float>(c.eps) > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Invalid eps value: ", c.eps,
+        " (must be > 0 in float32: with 0, an element whose gradients have all been 0 becomes 0/0, "
+        "NaN)"));
+  }
+  return ValidateLearningRate(c, c.lr);
+}
+
+absl::Status ValidateLearningRate(const OptimizerConfig& c, double lr) {
+  if (c.kind == OptimizerKind::kAssign) return absl::OkStatus();
+  if (!(lr >= 0.0) || (c.kind == OptimizerKind::kFtrl && !(lr > 0.0))) {
+    return absl::InvalidArgumentError(absl::StrCat("Invalid lr value: ", lr, " (must be ",
+                                                   c.kind == OptimizerKind::kFtrl ? ">" : ">=", " 0)"));
+  }
+  if (absl::Status s = CheckFloat32("lr", lr); !s.ok()) return s;
+  // The scalars of the first update, the largest ones (bias correction and
+  // lr decay only shrink them later), must be finite in float32 too.
+  float scalars[3] = {0, 0, 0};
+  switch (c.kind) {
+    case OptimizerKind::kSgd:
+      scalars[0] = kernels_internal::MakeSgdParams(c, lr, 1).neg_lr;
+      break;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW: {
+      const kernels_internal::AdamParams p = kernels_internal::MakeAdamParams(c, lr, 1);
+      scalars[0] = p.neg_step_size;
+      scalars[1] = p.decay;
+      break;
+    }
+    case OptimizerKind::kAdaGrad:
+      scalars[0] = kernels_internal::MakeAdaGradParams(c, lr, 1).neg_clr;
+      break;
+    case OptimizerKind::kFtrl:
+      scalars[0] = 1.0f / static_cast<float>(lr);  // FtrlRow divides by lr
+      break;
+    case OptimizerKind::kAssign:
+      break;
+  }
+  for (float v : scalars) {
+    if (!std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Invalid lr value: ", lr, " (with ", OptimizerName(c.kind),
+          "'s other settings its first update's step is ", v,
+          ", beyond float32, the precision updates run in)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 int NumSlots(const OptimizerConfig& c) {

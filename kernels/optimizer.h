@@ -49,8 +49,15 @@ struct OptimizerConfig {
 // Checks the fields used by `c.kind` the way torch.optim's constructors do
 // (lr >= 0, 0 <= beta < 1, eps >= 0, Nesterov needs momentum > 0 and zero
 // dampening, ...). NaN is rejected too. The message names the field and the
-// bad value.
+// bad value. Beyond torch's rules, every hyperparameter must be finite as
+// float32 (the precision updates run in), eps > 0 (0 turns an element whose
+// gradients were all 0 into NaN), and so must the first update's scalars
+// (ValidateLearningRate).
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& c);
+// A learning rate for `c` (set at run time): >= 0 (FTRL > 0), finite as
+// float32, and the first update's step size (lr over Adam's bias
+// correction, FTRL's 1/lr) finite in float32 too.
+absl::Status ValidateLearningRate(const OptimizerConfig& c, double lr);
 
 // Number of per-element float slots this optimizer keeps: SGD 1 if
 // momentum > 0 else 0; Adam/AdamW 2 (exp_avg, exp_avg_sq); AdaGrad 1 (sum);

@@ -15,16 +15,46 @@
 
 namespace psrt {
 
-absl::Status ShardSaver::Save(const v1::SaveShardRequest& req, v1::SaveShardResponse* resp) {
+absl::Status ShardSaver::Save(const v1::SaveShardRequest& req, absl::Time deadline,
+                              v1::SaveShardResponse* resp) {
   if (req.root_uri().empty() || req.name().empty()) {
     return absl::InvalidArgumentError("SaveShard needs root_uri and name");
+  }
+  // Clients choose root_uri: a server writes only where the job keeps its
+  // checkpoints, never at a path a token holder names.
+  if (root_.empty()) {
+    return absl::PermissionDeniedError(
+        "this job has no checkpoint.uri, so its servers write no checkpoint");
+  }
+  if (req.root_uri() != root_) {
+    return absl::PermissionDeniedError(absl::StrCat("SaveShard names root_uri '", req.root_uri(),
+                                                    "'; this server writes checkpoints only under the job's "
+                                                    "checkpoint.uri, '", root_, "'"));
   }
   if (absl::Status s = ValidateObjectPath(req.shard_path()); !s.ok()) return s;
   if (!(req.wait_s() >= 0 && req.wait_s() <= 60)) {
     return absl::InvalidArgumentError(absl::StrCat("wait_s must be in [0, 60]; got ", req.wait_s()));
   }
-  const std::string id = absl::StrCat(req.root_uri(), "\n", req.name());
+  const absl::Time until = std::min(deadline, absl::Now() + absl::Seconds(req.wait_s()));
+  {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !busy_; };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&idle), until)) {
+      resp->set_done(false);  // another call is saving: ask again
+      resp->set_keys_waiting(store_->num_keys());
+      return absl::OkStatus();
+    }
+    busy_ = true;
+  }
+  absl::Status s = SaveTurn(req, until, resp);
   absl::MutexLock lock(&mu_);
+  busy_ = false;
+  return s;
+}
+
+absl::Status ShardSaver::SaveTurn(const v1::SaveShardRequest& req, absl::Time until,
+                                  v1::SaveShardResponse* resp) {
+  const std::string id = absl::StrCat(req.root_uri(), "\n", req.name());
   if (written_ == id) {
     *resp = result_;  // asked again: the shard is written
     return absl::OkStatus();
@@ -34,7 +64,7 @@ absl::Status ShardSaver::Save(const v1::SaveShardRequest& req, v1::SaveShardResp
     if (absl::Status s = store_->ArmSnapshot(req.step()); !s.ok()) return s;
     armed_ = id;
   }
-  const int64_t waiting = store_->WaitSnapshot(absl::Now() + absl::Seconds(req.wait_s()));
+  const int64_t waiting = store_->WaitSnapshot(until);
   if (waiting > 0 || (!req.allow_empty() && store_->num_keys() == 0)) {
     resp->set_done(false);
     resp->set_keys_waiting(waiting);
@@ -46,12 +76,11 @@ absl::Status ShardSaver::Save(const v1::SaveShardRequest& req, v1::SaveShardResp
   armed_.clear();  // a failed write copies the keys again on the next call
   // The copies are encoded: the next periodic step can be armed before the
   // (slow) write, which keeps fast steps from passing it meanwhile.
-  if (req.step() >= 0 && req.root_uri() == periodic_root_) ArmNextPeriodic(req.step());
-  if (storage_ == nullptr || storage_uri_ != req.root_uri()) {
-    absl::StatusOr<std::unique_ptr<Storage>> storage = OpenStorage(req.root_uri());
+  if (req.step() >= 0) ArmNextPeriodic(req.step());
+  if (storage_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<Storage>> storage = OpenStorage(root_);
     if (!storage.ok()) return storage.status();
     storage_ = *std::move(storage);
-    storage_uri_ = req.root_uri();
   }
   if (absl::Status s = storage_->Put(req.shard_path(), buffer_); !s.ok()) return s;
   Failpoint("checkpoint.shard_written");
@@ -68,10 +97,8 @@ absl::Status ShardSaver::Save(const v1::SaveShardRequest& req, v1::SaveShardResp
   return absl::OkStatus();
 }
 
-void ShardSaver::ArmPeriodic(const std::string& root_uri, int64_t every_steps, int64_t start_step) {
-  absl::MutexLock lock(&mu_);
-  periodic_root_ = root_uri;
-  every_steps_ = every_steps;
+void ShardSaver::ArmPeriodic(int64_t every_steps, int64_t start_step) {
+  every_steps_ = every_steps;  // before serving: no call holds the turn
   ArmNextPeriodic(start_step);
 }
 
@@ -79,7 +106,7 @@ void ShardSaver::ArmNextPeriodic(int64_t after) {
   if (every_steps_ <= 0) return;
   const int64_t next = (after / every_steps_ + 1) * every_steps_;
   // Training may already be past it; the coordinator then picks a later step.
-  if (store_->ArmSnapshot(next).ok()) armed_ = absl::StrCat(periodic_root_, "\n", CheckpointName(next));
+  if (store_->ArmSnapshot(next).ok()) armed_ = absl::StrCat(root_, "\n", CheckpointName(next));
 }
 
 namespace {

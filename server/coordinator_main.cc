@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
     absl::MutexLock lock(&running_mu);
     running = nullptr;
   };
-  absl::StatusOr<psrt::ServingServer> serving = psrt::StartServer(bind, port, &service);
+  absl::StatusOr<psrt::ServingServer> serving = psrt::StartServer(bind, port, &service, token);
   if (!serving.ok()) {
     psrt::LogError(serving.status().message());
     return 1;

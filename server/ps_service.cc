@@ -17,11 +17,21 @@ PsService::PsService(Store* store, Metrics* metrics, std::string token, int max_
       max_calls_per_worker_(max_calls_per_worker),
       calls_(new std::atomic<int>[store->num_workers()]()) {}
 
-absl::Status PsService::Enter(int worker) {
+absl::Status PsService::Enter(int worker, bool pull) {
   if (!store_->CheckWorker(worker).ok()) return absl::OkStatus();  // the store refuses it
+  // A quarter of the calls are kept for pushes (and push-pulls), which
+  // release waiting pulls: a worker's own pulls never starve its pushes.
+  const int reserved = max_calls_per_worker_ > 1 ? (max_calls_per_worker_ + 3) / 4 : 0;
+  const int limit = pull ? max_calls_per_worker_ - reserved : max_calls_per_worker_;
   const int before = calls_[worker].fetch_add(1, std::memory_order_relaxed);
-  if (max_calls_per_worker_ > 0 && before >= max_calls_per_worker_) {
+  if (max_calls_per_worker_ > 0 && before >= limit) {
     calls_[worker].fetch_sub(1, std::memory_order_relaxed);
+    if (pull) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "worker ", worker, " has ", before, " calls in flight to this server, the most a pull may find: its limit "
+          "(limits.max_calls_per_worker) is ", max_calls_per_worker_, ", of which ", reserved,
+          " are kept for pushes"));
+    }
     return absl::ResourceExhaustedError(absl::StrCat(
         "worker ", worker, " has ", before, " calls in flight to this server, its limit (limits.max_calls_per_worker)"));
   }
@@ -137,7 +147,7 @@ Store::PullDone PsService::Reply(grpc::ServerUnaryReactor* reactor, grpc::ByteBu
 grpc::ServerUnaryReactor* PsService::Serve(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
     absl::Status (*parse)(const grpc::ByteBuffer&, WireMessage*),
-    const std::function<void(const WireMessage&, grpc::ServerUnaryReactor*)>& handle) {
+    const std::function<void(const WireMessage&, grpc::ServerUnaryReactor*)>& handle, bool pull) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) {
     reactor->Finish(s);
@@ -145,7 +155,7 @@ grpc::ServerUnaryReactor* PsService::Serve(
   }
   WireMessage& msg = Scratch();
   absl::Status s = parse(*req, &msg);
-  if (s.ok()) s = Enter(msg.worker_rank);
+  if (s.ok()) s = Enter(msg.worker_rank, pull);
   if (s.ok()) {
     if (s = ResolveShared(&msg); s.ok()) {
       handle(msg, reactor);  // its reply Leaves
@@ -166,16 +176,18 @@ grpc::ServerUnaryReactor* PsService::Push(grpc::CallbackServerContext* ctx,
                  *resp = grpc::ByteBuffer(nullptr, 0);  // an empty PushResponse
                  Leave(msg.worker_rank);
                  r->Finish(Finish(s));
-               });
+               },
+               /*pull=*/false);
 }
 
 grpc::ServerUnaryReactor* PsService::Pull(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
-  return Serve(ctx, req, ParsePullRequest,
-               [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
-                 store_->PullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); },
-                                   Reply(r, resp, msg.worker_rank));
-               });
+  return Serve(
+      ctx, req, ParsePullRequest,
+      [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
+        store_->PullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }, Reply(r, resp, msg.worker_rank));
+      },
+      /*pull=*/true);
 }
 
 grpc::ServerUnaryReactor* PsService::PushPull(grpc::CallbackServerContext* ctx,
@@ -184,7 +196,8 @@ grpc::ServerUnaryReactor* PsService::PushPull(grpc::CallbackServerContext* ctx,
                [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
                  store_->PushPullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); },
                                        Reply(r, resp, msg.worker_rank));
-               });
+               },
+               /*pull=*/false);
 }
 
 grpc::Status PsService::SetLearningRate(grpc::ServerContext* ctx,
@@ -225,7 +238,7 @@ grpc::Status PsService::Seed(grpc::ServerContext* ctx, const v1::SeedRequest* re
 grpc::Status PsService::SaveShard(grpc::ServerContext* ctx, const v1::SaveShardRequest* req,
                                   v1::SaveShardResponse* resp) {
   if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
-  absl::Status s = saver_.Save(*req, resp);
+  absl::Status s = saver_.Save(*req, Deadline(ctx), resp);
   // A step already passed is the coordinator's cue to pick a later one.
   if (s.code() == absl::StatusCode::kFailedPrecondition) return ToGrpc(s);
   return Finish(s);

@@ -61,12 +61,13 @@ class PsService final : public PsServiceBase {
   grpc::ServerUnaryReactor* Serve(
       grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
       absl::Status (*parse)(const grpc::ByteBuffer&, WireMessage*),
-      const std::function<void(const WireMessage&, grpc::ServerUnaryReactor*)>& handle);
+      const std::function<void(const WireMessage&, grpc::ServerUnaryReactor*)>& handle, bool pull);
   // Answers a pull or push-pull when the store calls back.
   Store::PullDone Reply(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* resp, int worker);
   // Counts a data call of `worker` in flight; RESOURCE_EXHAUSTED past the
-  // limit. Every OK Enter is matched by one Leave.
-  absl::Status Enter(int worker);
+  // limit (for a pull, past the limit less the share kept for pushes).
+  // Every OK Enter is matched by one Leave.
+  absl::Status Enter(int worker, bool pull);
   void Leave(int worker);
   // Checks each shared-memory span of `m` against the sender's regions and
   // points the keys at it: a push's values, a pull's room for its answer.

@@ -100,12 +100,12 @@ int main(int argc, char** argv) {
       psrt::LogError("checkpoint.uri: ", root.status().message());
       return 1;
     }
+    service.saver()->Confine((*root)->uri());
     if (store_options.sync && config->checkpoint().every_steps() > 0) {
-      service.saver()->ArmPeriodic((*root)->uri(), config->checkpoint().every_steps(),
-                                   config->restored_step());
+      service.saver()->ArmPeriodic(config->checkpoint().every_steps(), config->restored_step());
     }
   }
-  absl::StatusOr<psrt::ServingServer> serving = psrt::StartServer(bind, port, &service);
+  absl::StatusOr<psrt::ServingServer> serving = psrt::StartServer(bind, port, &service, token);
   if (!serving.ok()) {
     psrt::LogError(serving.status().message());
     return 1;

@@ -692,9 +692,11 @@ absl::Status Store::Push(const WireMessage& req) {
           "push to key '", k->name, "' has ", kd.data.size(), " bytes; the key holds ", k->n, " ",
           DTypeName(kd.dtype), " (", k->n * bpv, " bytes)"));
     }
-    if (!std::isfinite(kd.scale) || kd.scale < 0) {
+    // Values are divided by the scale: its inverse must be finite too.
+    if (!std::isfinite(kd.scale) || kd.scale < 0 || (kd.scale != 0 && !std::isfinite(1.0f / kd.scale))) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "push to key '", k->name, "' has scale ", kd.scale, "; a scale is finite and positive (0 stands for 1)"));
+          "push to key '", k->name, "' has scale ", kd.scale,
+          "; a scale is finite and positive, at least 3e-39 (0 stands for 1)"));
     }
     absl::MutexLock lock(&k->mu);
     if (!k->initialized) {
@@ -1127,6 +1129,13 @@ int64_t Store::pending_pulls() const {
   return static_cast<int64_t>(pending_.size());
 }
 
+// The dtype a pull asks its weights in (unspecified: float32).
+static absl::Status CheckPullDtype(const std::string& key, v1::DType dtype) {
+  if (dtype == v1::DTYPE_UNSPECIFIED || BytesPerValue(dtype) != 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("pull of key '", key, "' asks for dtype ", dtype,
+                                                 "; weights are sent as float32, float16 or bfloat16"));
+}
+
 void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled cancelled,
                       PullDone done) {
   if (absl::Status s = CheckWorker(req.worker_rank); !s.ok()) return done(s, {});
@@ -1140,12 +1149,7 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
                       "pull of key '", (*key)->name, "' carries data; a pull names keys and versions only")),
                   {});
     }
-    if (kd.dtype != v1::DTYPE_UNSPECIFIED && BytesPerValue(kd.dtype) == 0) {
-      return done(absl::InvalidArgumentError(absl::StrCat(
-                      "pull of key '", (*key)->name, "' asks for dtype ", kd.dtype,
-                      "; weights are sent as float32, float16 or bfloat16")),
-                  {});
-    }
+    if (absl::Status s = CheckPullDtype((*key)->name, kd.dtype); !s.ok()) return done(s, {});
     if (!(*key)->is_table && !kd.ids.empty()) {
       return done(absl::InvalidArgumentError(absl::StrCat("pull of key '", (*key)->name,
                                                           "' names ids, but the variable is not a table")),
@@ -1202,6 +1206,12 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
 
 void Store::PushPullAsync(const WireMessage& req, absl::Time deadline, Cancelled cancelled,
                           PullDone done) {
+  // The pull part is checked first: a refused push-pull pushes nothing.
+  for (const WireKey& kd : req.keys) {
+    if (absl::Status s = CheckPullDtype(KeyName(kd.variable, kd.partition), kd.pull_dtype); !s.ok()) {
+      return done(s, {});
+    }
+  }
   if (absl::Status s = Push(req); !s.ok()) return done(s, {});
   WireMessage pull;
   pull.worker_rank = req.worker_rank;
@@ -1300,8 +1310,9 @@ absl::Status Store::PushPull(const v1::PushPullRequest& req, absl::Time deadline
 
 absl::StatusOr<int64_t> Store::SetLearningRate(const v1::SetLearningRateRequest& req) {
   if (absl::Status s = CheckWorker(req.worker_rank()); !s.ok()) return s;
-  if (!(req.lr() >= 0) || !std::isfinite(req.lr())) {
-    return absl::InvalidArgumentError(absl::StrCat("learning rate must be finite and >= 0; got ", req.lr()));
+  if (!(req.lr() >= 0) || !std::isfinite(static_cast<float>(req.lr()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "learning rate must be >= 0 and finite as float32, the precision updates run in; got ", req.lr()));
   }
   std::vector<Key*> keys;
   {
@@ -1313,6 +1324,14 @@ absl::StatusOr<int64_t> Store::SetLearningRate(const v1::SetLearningRateRequest&
   if (keys.empty() && !req.variable().empty()) {
     return absl::NotFoundError(absl::StrCat("variable '", req.variable().substr(0, kMaxNameBytes),
                                             "' has no key on this server; register it first"));
+  }
+  // Checked against every key's optimizer before any key changes.
+  for (Key* k : keys) {
+    absl::MutexLock lock(&k->mu);
+    if (!k->initialized) continue;
+    if (absl::Status s = ValidateLearningRate(k->optimizer, req.lr()); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("learning rate for key '", k->name, "': ", s.message()));
+    }
   }
   for (Key* k : keys) {
     absl::MutexLock lock(&k->mu);

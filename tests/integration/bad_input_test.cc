@@ -9,7 +9,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
+#include <functional>
+#include <tuple>
 #include <memory>
 #include <string>
 #include <thread>
@@ -30,7 +35,7 @@ namespace {
 
 constexpr char kDistribution[] =
     R"({"parameter_server":{"enabled":true,"mode":"sync","workers_per_host":1,)"
-    R"("limits":{"max_calls_per_worker":2}}})";
+    R"("limits":{"max_calls_per_worker":4}}})";
 constexpr int64_t kN = 1024;           // elements of "w"
 constexpr float kLr = 0.5f;
 constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
@@ -599,10 +604,10 @@ TEST_F(BadInputTest, TheCoordinatorNamesUnknownRolesAndIndicesPlainly) {
 TEST_F(BadInputTest, UndecodableRequestsAreInvalidArgumentOnEveryMethod) {
   // A length-delimited field 1 running past the end of the message.
   const std::string garbage("\x0a\xff\xff\x03", 4);
-  auto call = [&](const std::string& address, const std::string& method) {
+  auto call = [&](const std::string& address, const std::string& method, const std::string& token) {
     grpc::GenericStub stub(MakeChannel(address));
     grpc::ClientContext ctx;
-    Prepare(&ctx);
+    PrepareContext(&ctx, token, kRpcTimeout);
     grpc::Slice slice(garbage);
     grpc::ByteBuffer req(&slice, 1), resp;
     grpc::Status status;
@@ -620,19 +625,23 @@ TEST_F(BadInputTest, UndecodableRequestsAreInvalidArgumentOnEveryMethod) {
       {"SetLearningRate", "SetLearningRateRequest"}, {"Stats", "StatsRequest"},
       {"SaveShard", "SaveShardRequest"}, {"AttachSharedMemory", "AttachSharedMemoryRequest"},
       {"Replicate", "ReplicateRequest"}, {"Seed", "SeedRequest"}};
-  for (const auto& [method, type] : server_methods) {
-    SCOPED_TRACE(method);
-    EXPECT_TRUE(Refused(call(cluster_->server_address(0), "/psrt.v1.ParameterServer/" + method),
-                        grpc::INVALID_ARGUMENT, {"psrt.v1." + type}));
-  }
   const std::vector<std::pair<std::string, std::string>> coordinator_methods = {
       {"Register", "RegisterRequest"}, {"Barrier", "BarrierRequest"},
       {"Heartbeat", "HeartbeatRequest"}, {"ReportExit", "ReportExitRequest"},
       {"GetJobStatus", "JobStatusRequest"}, {"Checkpoint", "CheckpointRequest"}};
+  std::vector<std::tuple<std::string, std::string, std::string>> all;
+  for (const auto& [method, type] : server_methods) {
+    all.emplace_back(cluster_->server_address(0), "/psrt.v1.ParameterServer/" + method, type);
+  }
   for (const auto& [method, type] : coordinator_methods) {
+    all.emplace_back(cluster_->coordinator_address(), "/psrt.v1.Coordinator/" + method, type);
+  }
+  for (const auto& [address, method, type] : all) {
     SCOPED_TRACE(method);
-    EXPECT_TRUE(Refused(call(cluster_->coordinator_address(), "/psrt.v1.Coordinator/" + method),
-                        grpc::INVALID_ARGUMENT, {"psrt.v1." + type}));
+    EXPECT_TRUE(Refused(call(address, method, token()), grpc::INVALID_ARGUMENT, {"psrt.v1." + type}));
+    // Without the job's token, nothing is said about the request.
+    EXPECT_TRUE(Refused(call(address, method, ""), grpc::UNAUTHENTICATED, {"carries no psrt job token"}));
+    EXPECT_TRUE(Refused(call(address, method, "x" + token()), grpc::UNAUTHENTICATED, {"not this job's"}));
   }
   ExpectUntouched();
 }
@@ -733,23 +742,163 @@ TEST_F(BadInputTest, ServerSurvivesEveryMalformedRequestThenTrainsCorrectly) {
 
 // A pull of a version nobody will push ends at the caller's deadline.
 TEST_F(BadInputTest, AWorkerPastItsCallsInFlightIsRefusedNamingTheLimit) {
-  // Two pulls wait for a version nobody pushes; a third is one too many.
+  // Of the worker's 4 calls, 1 is kept for pushes: 3 pulls wait for a
+  // version nobody pushed yet, and a fourth is one too many.
   std::vector<std::thread> waiting;
-  for (int i = 0; i < 2; ++i) {
-    waiting.emplace_back([&] {
+  std::vector<grpc::Status> answers(3);
+  for (int i = 0; i < 3; ++i) {
+    waiting.emplace_back([&, i] {
       v1::PullResponse ignored;
-      Pull(PullOf("w", 0, 1), &ignored, absl::Seconds(2));
+      answers[i] = Pull(PullOf("w", 0, 1), &ignored, absl::Seconds(5));
     });
   }
-  absl::SleepFor(absl::Milliseconds(300));
+  absl::SleepFor(absl::Milliseconds(500));
   v1::PullResponse resp;
   EXPECT_TRUE(Refused(Pull(PullOf("w", 0, 0), &resp), grpc::RESOURCE_EXHAUSTED,
-                      {"worker 0 has 2 calls in flight", "limits.max_calls_per_worker"}));
+                      {"worker 0 has 3 calls in flight", "limits.max_calls_per_worker", "1 are kept for pushes"}));
+  // The push the pulls wait for still goes through, and releases them.
+  const grpc::Status pushed = Push(PushOf(Key("w", 0, 0, v1::DTYPE_FLOAT32, Bytes(Grad()))));
+  EXPECT_TRUE(pushed.ok()) << "the worker's push was starved by its own pulls: " << Describe(pushed);
   for (std::thread& t : waiting) t.join();
-  // Once they ended, the worker's calls go through again.
-  EXPECT_TRUE(Pull(PullOf("w", 0, 0), &resp).ok());
+  for (const grpc::Status& a : answers) EXPECT_TRUE(a.ok()) << "a waiting pull: " << Describe(a);
+  EXPECT_TRUE(Pull(PullOf("w", 0, 1), &resp).ok());
 }
 
+TEST_F(BadInputTest, ARefusedPushPullPushesNothing) {
+  // The pull part is invalid: the push part must not have been applied.
+  v1::PushPullRequest pp;
+  *pp.mutable_push() = PushOf(Key("w", 0, 0, v1::DTYPE_FLOAT32, Bytes(Grad())));
+  pp.mutable_push()->mutable_keys(0)->set_pull_dtype(static_cast<v1::DType>(42));
+  EXPECT_TRUE(Refused(PushPull(pp), grpc::INVALID_ARGUMENT, {"'w#0'", "dtype 42"}));
+  ExpectUntouched();
+}
+
+TEST_F(BadInputTest, HyperparametersMustStayFiniteAsTheFloat32UpdatesRunIn) {
+  struct Case {
+    const char* optimizer;
+    std::function<void(v1::OptimizerConfig*)> set;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {"sgd", [](v1::OptimizerConfig* o) { o->set_lr(INFINITY); }, {"lr", "inf"}},
+      {"sgd", [](v1::OptimizerConfig* o) { o->set_lr(1e300); }, {"lr", "1e+300", "float32"}},
+      {"sgd", [](v1::OptimizerConfig* o) { o->set_momentum(INFINITY); }, {"momentum", "inf"}},
+      {"sgd", [](v1::OptimizerConfig* o) { o->set_weight_decay(INFINITY); }, {"weight_decay", "inf"}},
+      {"sgd", [](v1::OptimizerConfig* o) { o->set_dampening(-INFINITY); }, {"dampening", "-inf"}},
+      {"adam", [](v1::OptimizerConfig* o) { o->set_eps(INFINITY); }, {"eps", "inf"}},
+      {"adam", [](v1::OptimizerConfig* o) { o->set_eps(0); }, {"eps", "must be > 0"}},
+      {"adam", [](v1::OptimizerConfig* o) { o->set_eps(1e-60); }, {"eps", "float32"}},
+      // Finite as float32, but the first step, lr / (1 - beta1), is not.
+      {"adam", [](v1::OptimizerConfig* o) { o->set_lr(1e38); o->set_beta1(0.99); }, {"lr", "1e+38", "first update"}},
+      {"adagrad", [](v1::OptimizerConfig* o) { o->set_lr_decay(INFINITY); }, {"lr_decay", "inf"}},
+      {"adagrad", [](v1::OptimizerConfig* o) { o->set_initial_accumulator_value(INFINITY); },
+       {"initial_accumulator_value", "inf"}},
+  };
+  for (const Case& c : cases) {
+    v1::KeySpec spec = WSpec();
+    spec.set_variable("p");
+    spec.mutable_optimizer()->set_name(c.optimizer);
+    spec.mutable_optimizer()->set_eps(1e-8);
+    c.set(spec.mutable_optimizer());
+    SCOPED_TRACE(spec.optimizer().ShortDebugString());
+    std::vector<std::string> says = c.says;
+    says.push_back("'p#0'");
+    EXPECT_TRUE(Refused(Register(RegisterOf(spec)), grpc::INVALID_ARGUMENT, says));
+    EXPECT_TRUE(Refused(Pull(PullOf("p", 0, 0)), grpc::NOT_FOUND, {"'p#0'"})) << "a refused registration created the key";
+  }
+  // At run time: a learning rate finite as a double only, or one that makes
+  // an Adam key's first step overflow, changes no key.
+  v1::KeySpec adam = WSpec();
+  adam.set_variable("a");
+  adam.mutable_optimizer()->set_name("adam");
+  adam.mutable_optimizer()->set_beta1(0.99);
+  ASSERT_TRUE(Register(RegisterOf(adam)).ok());
+  v1::SetLearningRateRequest lr;
+  lr.set_lr(1e300);
+  EXPECT_TRUE(Refused(SetLearningRate(lr), grpc::INVALID_ARGUMENT, {"learning rate", "1e+300", "float32"}));
+  lr.set_lr(1e38);
+  EXPECT_TRUE(Refused(SetLearningRate(lr), grpc::INVALID_ARGUMENT, {"learning rate for key 'a#0'", "first update"}));
+  // A scale whose inverse overflows would turn the gradient into Inf.
+  v1::KeyData tiny = Key("w", 0, 0, v1::DTYPE_FLOAT16, std::string(kN * 2, '\x01'));
+  tiny.set_scale(1e-45f);
+  EXPECT_TRUE(Refused(Push(PushOf(tiny)), grpc::INVALID_ARGUMENT, {"'w#0'", "scale"}));
+  ExpectUntouched();  // w trains at kLr still: one step shows it
+  ASSERT_TRUE(Push(PushOf(Key("w", 0, 0, v1::DTYPE_FLOAT32, Bytes(Grad())))).ok());
+  v1::PullResponse resp;
+  ASSERT_TRUE(Pull(PullOf("w", 0, 1), &resp).ok());
+  const std::vector<float> got = Floats(resp.keys(0).data()), init = Init(), grad = Grad();
+  for (int64_t i = 0; i < kN; ++i) ASSERT_EQ(got[i], init[i] - kLr * grad[i]) << "element " << i;
+}
+
+TEST_F(BadInputTest, ErrorTextsAreCutToWhatGrpcCanDeliver) {
+  // A 64 KiB name echoed back, and a shape of 3000 entries.
+  const std::string name(64 << 10, 'n');
+  const grpc::Status unknown = Push(PushOf(Key(name, 0, 0, v1::DTYPE_FLOAT32, Bytes(Grad()))));
+  EXPECT_TRUE(Refused(unknown, grpc::NOT_FOUND, {"nnnn", "bytes in all)"}));
+  EXPECT_LE(unknown.error_message().size(), kMaxErrorBytes);
+  v1::KeySpec reshaped = WSpec();
+  reshaped.clear_shape();
+  for (int i = 0; i < 3000; ++i) reshaped.add_shape(1000000);
+  const grpc::Status shape = Register(RegisterOf(reshaped));
+  EXPECT_TRUE(Refused(shape, grpc::INVALID_ARGUMENT, {"'w#0'"})) << Describe(shape);
+  EXPECT_LE(shape.error_message().size(), kMaxErrorBytes);
+  ExpectUntouched();
+}
+
+TEST(SaveShardTest, AServerWritesOnlyUnderTheJobsCheckpointUriAndAnswersByTheCallersDeadline) {
+  char dir_template[] = "/tmp/psrt-saveshard-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  testing::ClusterOptions options;
+  options.distribution = absl::StrCat(R"({"parameter_server":{"enabled":true,"mode":"sync","workers_per_host":1,)",
+                                      R"("checkpoint":{"uri":"file://)", dir, R"(/ckpt"}}})");
+  absl::StatusOr<std::unique_ptr<testing::TestCluster>> cluster = testing::TestCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto stub = v1::ParameterServer::NewStub(MakeChannel((*cluster)->server_address(0)));
+  {
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, (*cluster)->token(), kRpcTimeout);
+    v1::RegisterKeysResponse resp;
+    ASSERT_TRUE(stub->RegisterKeys(&ctx, RegisterOf(WSpec()), &resp).ok());
+  }
+  auto save = [&](const std::string& root, int64_t step, absl::Duration timeout, v1::SaveShardResponse* resp) {
+    v1::SaveShardRequest req;
+    req.set_root_uri(root);
+    req.set_name(absl::StrCat("step-", step));
+    req.set_shard_path(absl::StrCat("step-", step, "/shard-00000-of-00001.psrt"));
+    req.set_step(step);
+    req.set_wait_s(3);
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, (*cluster)->token(), timeout);
+    return stub->SaveShard(&ctx, req, resp);
+  };
+  // A destination of the client's choosing: refused, nothing written there.
+  v1::SaveShardResponse resp;
+  const std::string elsewhere = dir + "/elsewhere";
+  EXPECT_TRUE(Refused(save("file://" + elsewhere, -1, kRpcTimeout, &resp), grpc::PERMISSION_DENIED,
+                      {"only under the job's checkpoint.uri", dir + "/ckpt"}));
+  EXPECT_NE(access(elsewhere.c_str(), F_OK), 0) << "a refused SaveShard wrote under " << elsewhere;
+  // Four at once for a step nobody reaches: each answers "not done" by its
+  // 3 s wait, none queues past it behind the others.
+  std::vector<std::thread> calls;
+  std::vector<grpc::Status> answers(4);
+  std::vector<absl::Duration> took(4);
+  for (int i = 0; i < 4; ++i) {
+    calls.emplace_back([&, i] {
+      const absl::Time start = absl::Now();
+      v1::SaveShardResponse r;
+      answers[i] = save("file://" + dir + "/ckpt", 5, absl::Seconds(6), &r);
+      took[i] = absl::Now() - start;
+      if (answers[i].ok()) EXPECT_FALSE(r.done()) << "call " << i;
+    });
+  }
+  for (std::thread& t : calls) t.join();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(answers[i].ok()) << "call " << i << ": " << Describe(answers[i]);
+    EXPECT_LT(took[i], absl::Milliseconds(4500)) << "call " << i << " outlived its 3 s wait";
+  }
+  std::filesystem::remove_all(dir);
+}
 TEST_F(BadInputTest, PullOfUnpushedVersionEndsAtDeadline) {
   v1::PullResponse resp;
   const absl::Time start = absl::Now();

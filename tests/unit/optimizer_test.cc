@@ -466,6 +466,41 @@ std::vector<BadConfig> BadConfigs() {
       [](OptimizerConfig& c) { c.lr = -2.0; }, {"lr", "-2"});
   add("UnknownKind", static_cast<OptimizerKind>(9), [](OptimizerConfig&) {},
       {"kind", "9"});
+  // Finite as doubles or not, every value must be finite as the float32 the
+  // kernels use, and so must the first update's step.
+  const double inf = std::numeric_limits<double>::infinity();
+  add("SgdInfLr", OptimizerKind::kSgd, [&](OptimizerConfig& c) { c.lr = inf; }, {"lr", "inf"});
+  add("SgdLrPastFloat32", OptimizerKind::kSgd, [](OptimizerConfig& c) { c.lr = 1e300; },
+      {"lr", "1e+300", "float32"});
+  add("SgdInfMomentum", OptimizerKind::kSgd, [&](OptimizerConfig& c) { c.momentum = inf; },
+      {"momentum", "inf"});
+  add("SgdMinusInfDampening", OptimizerKind::kSgd, [&](OptimizerConfig& c) { c.dampening = -inf; },
+      {"dampening", "-inf"});
+  add("SgdInfWeightDecay", OptimizerKind::kSgd, [&](OptimizerConfig& c) { c.weight_decay = inf; },
+      {"weight_decay", "inf"});
+  add("AdamZeroEps", OptimizerKind::kAdam, [](OptimizerConfig& c) { c.eps = 0; }, {"eps", "must be > 0"});
+  add("AdamEpsZeroAsFloat32", OptimizerKind::kAdam, [](OptimizerConfig& c) { c.eps = 1e-50; },
+      {"eps", "1e-50"});
+  add("AdamInfEps", OptimizerKind::kAdam, [&](OptimizerConfig& c) { c.eps = inf; }, {"eps", "inf"});
+  add("AdamFirstStepOverflows", OptimizerKind::kAdam,
+      [](OptimizerConfig& c) {
+        c.lr = 1e38;
+        c.beta1 = 0.99;
+      },
+      {"lr", "1e+38", "first update", "adam"});
+  add("AdamWDecayOverflows", OptimizerKind::kAdamW,
+      [](OptimizerConfig& c) {
+        c.lr = 1e30;
+        c.weight_decay = 1e30;
+      },
+      {"lr", "first update"});
+  add("AdaGradInfLrDecay", OptimizerKind::kAdaGrad, [&](OptimizerConfig& c) { c.lr_decay = inf; },
+      {"lr_decay", "inf"});
+  add("AdaGradInfInitialAccumulator", OptimizerKind::kAdaGrad,
+      [&](OptimizerConfig& c) { c.initial_accumulator_value = inf; }, {"initial_accumulator_value", "inf"});
+  add("AdaGradZeroEps", OptimizerKind::kAdaGrad, [](OptimizerConfig& c) { c.eps = 0; }, {"eps", "> 0"});
+  add("FtrlLrWhoseInverseOverflows", OptimizerKind::kFtrl, [](OptimizerConfig& c) { c.lr = 1e-39; },
+      {"lr", "1e-39", "first update"});
   return out;
 }
 
@@ -485,6 +520,24 @@ INSTANTIATE_TEST_SUITE_P(All, ValidateRejects,
                          [](const ::testing::TestParamInfo<BadConfig>& info) {
                            return info.param.name;
                          });
+
+TEST(ValidateLearningRate, ChecksTheRateAgainstTheOptimizersOtherSettings) {
+  OptimizerConfig adam;
+  adam.kind = OptimizerKind::kAdam;
+  adam.beta1 = 0.99;
+  EXPECT_TRUE(ValidateLearningRate(adam, 1e30).ok());
+  // 1e37 / (1 - 0.99) passes float32's largest value.
+  const absl::Status s = ValidateLearningRate(adam, 1e37);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("first update"));
+  OptimizerConfig sgd;
+  EXPECT_TRUE(ValidateLearningRate(sgd, 1e37).ok());
+  EXPECT_FALSE(ValidateLearningRate(sgd, 1e39).ok());
+  EXPECT_FALSE(ValidateLearningRate(sgd, -1).ok());
+  OptimizerConfig assign;
+  assign.kind = OptimizerKind::kAssign;
+  EXPECT_TRUE(ValidateLearningRate(assign, 1e300).ok()) << "assign keys have no learning rate";
+}
 
 }  // namespace
 }  // namespace psrt
