@@ -259,18 +259,21 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Commit(
   int64_t bytes = 0;
   // Assign keys (the mean gradient, buffers, frozen weights) do not follow
   // the step (server/store.cc, FreeRunning).
-  absl::flat_hash_set<std::string> free_running;
+  // Nor do keys that some worker never registered (SaveShardResponse).
+  absl::flat_hash_set<std::string> free_running, stray;
   for (const v1::SaveShardResponse& shard : shards) {
     for (const v1::ManifestVariable& v : shard.variables()) {
       if (v.optimizer().name() == "assign") free_running.insert(v.name());
     }
+    stray.insert(shard.stray_keys().begin(), shard.stray_keys().end());
   }
   for (size_t i = 0; i < shards.size(); ++i) {
     *m.add_shards() = shards[i].shard();
     bytes += shards[i].shard().bytes();
     pause = std::max(pause, shards[i].max_pause_s());
     for (const v1::ManifestKey& k : shards[i].keys()) {
-      if (sync() && k.version() != step && !free_running.contains(k.variable())) {
+      if (sync() && k.version() != step && !free_running.contains(k.variable()) &&
+          !stray.contains(absl::StrCat(k.variable(), "#", k.partition()))) {
         return absl::InternalError(absl::StrCat("checkpoint ", name, ": key '", k.variable(), "#",
                                                 k.partition(), "' was saved at version ", k.version(),
                                                 ", not at the step ", step));

@@ -725,8 +725,11 @@ grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext* ctx, const v1::
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "the job is ending; its final checkpoint is written (or it failed)");
     }
+    MaybeStartCheckpointsLocked();  // the monitor's next round may not have yet
     if (!checkpoints_started_) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the job's processes have not all registered yet");
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          absl::StrCat("the job's processes have not all registered yet: ",
+                                       absl::StrJoin(MissingLocked(), ", ")));
     }
   }
   absl::StatusOr<v1::CheckpointResponse> r =

@@ -85,6 +85,10 @@ struct Store::Key {
   bool FreeRunning() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return !is_table && optimizer.kind == OptimizerKind::kAssign;
   }
+  // The workers that registered this key here (by rank).
+  std::vector<char> registrants ABSL_GUARDED_BY(mu);
+  bool partial_told ABSL_GUARDED_BY(mu) = false;  // its warning is logged
+  bool snap_stray ABSL_GUARDED_BY(mu) = false;    // the copy is of a Stray key
 };
 
 // A pull whose keys are not all ready. It holds no thread: each key's
@@ -376,6 +380,8 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
     Completed completed;
     {
       absl::MutexLock lock(&key->mu);
+      if (key->registrants.empty()) key->registrants.assign(options_.num_workers, 0);
+      key->registrants[req.worker_rank()] = 1;
       bytes_in_->Add(spec.init().size());
       // Rank 0's value and optimizer settings win, once; a restarted rank 0
       // keeps the trained weights.
@@ -1377,6 +1383,27 @@ void Store::CopyForSnapshot(Key* k) {
   }
 }
 
+bool Store::Stray(Key* k, int64_t step) {
+  if (!options_.sync || step <= 0 || k->version != 0 || k->registrants.empty()) return false;
+  std::vector<int> by, not_by;
+  for (int w = 0; w < options_.num_workers; ++w) {
+    if (k->registrants[w]) {
+      by.push_back(w);
+    } else if (k->active.empty() || k->active[w]) {
+      not_by.push_back(w);
+    }
+  }
+  if (not_by.empty()) return false;
+  if (!k->partial_told) {
+    k->partial_told = true;
+    LogWarning("key '", k->name, "' was registered by worker", by.size() > 1 ? "s " : " ", absl::StrJoin(by, ", "),
+               " but never by worker", not_by.size() > 1 ? "s " : " ", absl::StrJoin(not_by, ", "),
+               ", so it cannot take a step: checkpoints ",
+               k->initialized ? "take it as it is (version 0)" : "leave it out (it has no value)");
+  }
+  return true;
+}
+
 absl::Status Store::ArmSnapshot(int64_t step) {
   const std::vector<Key*> keys = AllKeys();
   // Forget the last copies before arming, so a key that reaches the step
@@ -1391,7 +1418,8 @@ absl::Status Store::ArmSnapshot(int64_t step) {
   for (Key* k : keys) {
     absl::MutexLock lock(&k->mu);
     if (!k->initialized || k->snap_ready || !k->serving) continue;
-    if (step < 0 || k->version == step || k->FreeRunning()) {
+    k->snap_stray = Stray(k, step);
+    if (step < 0 || k->version == step || k->FreeRunning() || k->snap_stray) {
       CopyForSnapshot(k);
     } else if (k->version > step) {
       snapshot_step_ = kNotArmed;
@@ -1411,8 +1439,9 @@ int64_t Store::WaitSnapshot(absl::Time deadline) {
       // A key still waiting for rank 0's initial value counts: it reaches
       // the step like the others, and a shard without it is not whole. An
       // assign key is taken as it is once it has that value.
-      if (k->FreeRunning() && k->initialized && !k->snap_ready && k->serving) CopyForSnapshot(k);
-      if (!k->snap_ready && k->serving) ++waiting;
+      const bool stray = !k->snap_ready && (k->snap_stray = Stray(k, snapshot_step_));
+      if ((k->FreeRunning() || stray) && k->initialized && !k->snap_ready && k->serving) CopyForSnapshot(k);
+      if (!k->snap_ready && k->serving && !stray) ++waiting;
     }
     if (waiting == 0 || closing_ || absl::Now() >= deadline) return waiting;
     absl::SleepFor(absl::Milliseconds(2));
@@ -1438,6 +1467,7 @@ void Store::EncodeSnapshot(std::string* out, v1::SaveShardResponse* info) {
     mk->set_num_elements(k->snap.num_elements);
     mk->set_version(k->snap.version);
     mk->set_rows(static_cast<int64_t>(k->snap.row_ids.size()));
+    if (k->snap_stray) info->add_stray_keys(k->name);
     if (variables.insert(k->spec.variable()).second) {
       v1::ManifestVariable* v = info->add_variables();
       v->set_name(k->spec.variable());

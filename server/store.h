@@ -209,6 +209,11 @@ class Store {
   // Sizes a key's state for `optimizer` (slots initialised, weights unset).
   void InitKey(Key* key, const OptimizerConfig& optimizer);  // holds key->mu
   void CopyForSnapshot(Key* key);  // holds key->mu
+  // Sync: a key some active worker never registered, still at version 0 at
+  // a checkpoint of a later step: it cannot reach the step, so the
+  // checkpoint takes it as it is (or leaves it out without a value) instead
+  // of waiting for it. Warns once per key.
+  bool Stray(Key* key, int64_t step);  // holds key->mu
   absl::Status WaitForRestore();
   // One key of a validated push.
   void ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd);  // holds k->mu

@@ -912,5 +912,70 @@ TEST_F(BadInputTest, PullOfUnpushedVersionEndsAtDeadline) {
   ExpectUntouched();
 }
 
+// One rank registers a variable the other never does (a bug in a training
+// script): it cannot take a step, but it must block neither checkpoints nor
+// the job's end (its final checkpoint).
+TEST(PartialRegistrationTest, AVariableOneRankAloneRegisteredBlocksNeitherCheckpointsNorTheEnd) {
+  char dir_template[] = "/tmp/psrt-partial-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  testing::ClusterOptions options;
+  options.distribution = absl::StrCat(R"({"parameter_server":{"enabled":true,"mode":"sync","workers_per_host":2,)",
+                                      R"("checkpoint":{"uri":"file://)", dir, R"("}}})");
+  absl::StatusOr<std::unique_ptr<testing::TestCluster>> started = testing::TestCluster::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  testing::TestCluster& cluster = **started;
+  ASSERT_EQ(cluster.config().num_workers(), 2);
+  auto stub = v1::ParameterServer::NewStub(MakeChannel(cluster.server_address(0)));
+  auto call = [&](auto method, const auto& req, auto* resp) {
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, cluster.token(), kRpcTimeout);
+    return ((*stub).*method)(&ctx, req, resp);
+  };
+  v1::KeySpec stray = WSpec();
+  stray.set_variable("stray");
+  v1::RegisterKeysRequest rank0 = RegisterOf(WSpec(), 0);
+  *rank0.add_keys() = stray;
+  v1::RegisterKeysResponse registered;
+  ASSERT_TRUE(call(&v1::ParameterServer::Stub::RegisterKeys, rank0, &registered).ok());
+  v1::KeySpec w1 = WSpec();
+  w1.clear_init();
+  ASSERT_TRUE(call(&v1::ParameterServer::Stub::RegisterKeys, RegisterOf(w1, 1), &registered).ok());
+  for (int step = 0; step < 3; ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      v1::PushResponse pushed;
+      const grpc::Status s = call(&v1::ParameterServer::Stub::Push,
+                                  PushOf(Key("w", 0, step, v1::DTYPE_FLOAT32, Bytes(Grad())), rank), &pushed);
+      ASSERT_TRUE(s.ok()) << "step " << step << ", rank " << rank << ": " << Describe(s);
+    }
+  }
+  // A checkpoint now: at step 3, with 'stray' as it is.
+  auto coordinator = v1::Coordinator::NewStub(MakeChannel(cluster.coordinator_address()));
+  {
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, cluster.token(), absl::Seconds(20));
+    v1::CheckpointResponse saved;
+    const grpc::Status s = coordinator->Checkpoint(&ctx, v1::CheckpointRequest(), &saved);
+    ASSERT_TRUE(s.ok()) << "a checkpoint with a variable only rank 0 registered: " << Describe(s);
+    EXPECT_EQ(saved.step(), 3);
+  }
+  // Both workers finish: the final checkpoint is written and the job ends.
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::ProcessId id;
+    id.set_role(v1::ROLE_WORKER);
+    id.set_index(rank);
+    ASSERT_TRUE(cluster.worker_link(rank)->ReportExit(id, 0, "").ok());
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  v1::JobState state = v1::JOB_RUNNING;
+  while (state == v1::JOB_RUNNING && absl::Now() < deadline) {
+    absl::StatusOr<v1::JobStatusResponse> status = cluster.worker_link(0)->GetJobStatus();
+    if (status.ok()) state = status->state();
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(state, v1::JOB_SUCCEEDED) << "the job did not end 20 s after its workers did";
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace psrt
