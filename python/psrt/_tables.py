@@ -9,6 +9,25 @@ import numpy as np
 import psrt
 
 
+def int_ids(table, ids):
+    """`ids` as an int64 array. Float ids (MXNet's NDArrays and Keras's
+    inputs are float32 unless asked otherwise; both frameworks cast them)
+    pass only as whole numbers the dtype holds exactly: a cast would
+    truncate 2.5 to 2, and a float32 past 2**24 may be another id rounded.
+    Other dtypes are refused."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind in "iu":
+        return ids.astype(np.int64, copy=False)
+    if ids.dtype.kind != "f":
+        raise psrt.PsrtError("table '%s': ids of dtype %s; ids are integers" % (table, ids.dtype))
+    exact = 2 ** (np.finfo(ids.dtype).nmant + 1)
+    bad = ~((np.floor(ids) == ids) & (np.abs(ids) <= exact))
+    if bad.any():
+        raise psrt.PsrtError("table '%s': ids of dtype %s must be whole numbers of magnitude at most %d "
+                             "(held exactly); got %r" % (table, ids.dtype, exact, ids[bad].flat[0].item()))
+    return ids.astype(np.int64)
+
+
 def merge(pieces):
     """One gradient per distinct id from several (ids, grads) pieces (one
     per lookup or device): the ids sorted, the gradients of an id summed."""
@@ -46,7 +65,7 @@ class HostTable:
     def pull(self, ids):
         """The rows (n, dim) of n distinct ids at this worker's step (sync:
         once every worker's pushes of the steps before are applied)."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        ids = np.ascontiguousarray(int_ids(self.name, ids)).reshape(-1)
         out = np.empty((ids.size, self.dim), dtype=np.float32)
         if ids.size:
             self._client.wait(self._client.pull_rows(self.name, ids.ctypes.data, ids.size, out.ctypes.data,
@@ -55,7 +74,7 @@ class HostTable:
 
     def rows(self, ids):
         """The rows of any ids (repeats allowed), shaped ids.shape + (dim,)."""
-        ids = np.asarray(ids, dtype=np.int64)
+        ids = int_ids(self.name, ids)
         distinct, inverse = np.unique(ids.reshape(-1), return_inverse=True)
         return self.pull(distinct)[inverse.reshape(-1)].reshape(ids.shape + (self.dim,))
 

@@ -78,6 +78,14 @@ def api_checks():
     out = mx.nd.sparse.zeros("row_sparse", (6, 2))
     kv.row_sparse_pull("t", out=out, row_ids=mx.nd.array([3, 1, 3], dtype="int64"))
     assert out.indices.asnumpy().tolist() == [1, 3], out.indices
+    # Float row ids (MXNet's default dtype) as exact whole numbers only.
+    kv.row_sparse_pull("t", out=out, row_ids=mx.nd.array([3, 1]))
+    assert out.indices.asnumpy().tolist() == [1, 3], out.indices
+    try:
+        kv.row_sparse_pull("t", out=out, row_ids=mx.nd.array([1.5]))
+        raise AssertionError("a float row id of 1.5 was taken")
+    except psrt.PsrtError as e:
+        assert "ids of dtype float32 must be whole numbers" in str(e) and "/t'" in str(e), e
     full = mx.nd.zeros((6, 2))
     kv.pull("t", out=full)  # dense: the whole table
     start = full.asnumpy()

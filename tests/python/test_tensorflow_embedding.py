@@ -124,3 +124,23 @@ def test_table_optimizers_take_keras_names_and_refuse_others():
         layers._optimizer_config("rmsprop", 0.1, {})
     with pytest.raises(psrt.PsrtError, match=r"sgd takes no \['momentum'\]"):
         layers._optimizer_config("sgd", 0.1, {"momentum": 0.9})
+
+
+def test_float_ids_pass_only_as_exact_whole_numbers():
+    """Keras's Embedding casts float ids (truncating 2.5 to 2); the layer
+    takes a float id only as a whole number its dtype holds exactly, and
+    otherwise fails the step naming the table and the dtype."""
+    from psrt.tensorflow import layers
+    import psrt
+    graph = tf.function(lambda x: layers.int64_ids("user", x))
+    for ids in (tf.constant([[3.0, 1.0]]), tf.constant([3, 1], tf.int32)):
+        for run in (lambda x: layers.int64_ids("user", x), graph):
+            got = run(ids)
+            assert got.dtype == tf.int64 and got.numpy().reshape(-1).tolist() == [3, 1]
+    for bad in ([2.5], [float("nan")], [2.0 ** 25]):
+        for run in (lambda x: layers.int64_ids("user", x), graph):
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match=r"table user: ids of dtype float32 must be whole numbers"):
+                run(tf.constant(bad, tf.float32))
+    with pytest.raises(psrt.PsrtError, match="table 'user': ids of dtype string; ids are integers"):
+        layers.int64_ids("user", tf.constant(["3"]))

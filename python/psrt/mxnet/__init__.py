@@ -475,7 +475,7 @@ class Psrt(mx.kvstore.KVStore):
                 raise psrt.PsrtError("psrt kvstore: row_sparse_pull of key %s: %d outputs but %d row_ids"
                                      % (k, len(dsts), len(rids)))
             for dst, r in zip(dsts, rids):
-                ids = np.unique(r.asnumpy().astype(np.int64))
+                ids = np.unique(_tables.int_ids(table.name, r.asnumpy()))
                 _write_rows(dst, ids, table.pull(ids))
 
     def save_optimizer_states(self, fname, dump_optimizer=False):

@@ -97,6 +97,30 @@ class _Lookups:
         self.table.push(pending)
 
 
+# The magnitude up to which each float dtype holds every integer.
+_EXACT = {tf.float16: 2 ** 11, tf.bfloat16: 2 ** 8, tf.float32: 2 ** 24, tf.float64: 2 ** 53}
+
+
+def int64_ids(table, inputs):
+    """`inputs` as int64 ids. Keras's Embedding casts float ids (Keras's
+    inputs are float32 unless declared otherwise), truncating 2.5 to 2: here
+    a float id must be a whole number its dtype holds exactly, or the step
+    fails with InvalidArgumentError naming the table (as _tables.int_ids)."""
+    inputs = tf.convert_to_tensor(inputs)
+    if inputs.dtype.is_integer:
+        return tf.cast(inputs, tf.int64)
+    if inputs.dtype not in _EXACT:
+        raise psrt.PsrtError("table '%s': ids of dtype %s; ids are integers" % (table, inputs.dtype.name))
+    exact = _EXACT[inputs.dtype]
+    whole = tf.reduce_all(tf.logical_and(tf.equal(tf.floor(inputs), inputs),
+                                         tf.less_equal(tf.abs(inputs), tf.cast(exact, inputs.dtype))))
+    # No quotes: a graph's assertion prints them escaped.
+    check = tf.debugging.Assert(whole, ["table %s: ids of dtype %s must be whole numbers of magnitude at "
+                                        "most %d (held exactly)" % (table, inputs.dtype.name, exact)])
+    with tf.control_dependencies([check]):
+        return tf.cast(inputs, tf.int64)
+
+
 def table_of(variable):
     """The lookups behind a layer's push trigger; None for other variables."""
     return getattr(variable, "_psrt_lookups", None)
@@ -155,7 +179,7 @@ class Embedding(keras.layers.Layer):
         return self._lookups.table.name
 
     def call(self, inputs):
-        ids = tf.cast(inputs, tf.int64)
+        ids = int64_ids(self.table_name, inputs)
         distinct, index = tf.unique(tf.reshape(ids, [-1]))
         rows = self._lookup(distinct, tf.convert_to_tensor(self.push_trigger))
         out = tf.reshape(tf.gather(rows, index), tf.concat([tf.shape(ids), [self.output_dim]], 0))

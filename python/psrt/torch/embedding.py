@@ -42,6 +42,15 @@ def _optimizer_config(optimizer, lr, kwargs):
     return cfg
 
 
+def _int_ids(table, ids):
+    """`ids` as given, refused unless of an integer dtype: nn.Embedding
+    raises for float ids, and a cast would truncate them silently."""
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise psrt.PsrtError("table '%s': ids of dtype %s; ids are integers (torch.int64 or torch.int32), "
+                             "as nn.Embedding takes them" % (table, ids.dtype))
+    return ids
+
+
 class _Table(torch.nn.Module):
     """What Embedding and EmbeddingBag share: the table on the servers, the
     pull of a batch's rows and the push of their gradients."""
@@ -81,6 +90,7 @@ class _Table(torch.nn.Module):
     def _lookup(self, ids):
         """The batch's distinct ids' rows (a leaf whose gradient push() sends)
         and each id's index into them."""
+        _int_ids(self.table_name, ids)
         self._finish_push()
         distinct, inverse = torch.unique(ids.detach().cpu().flatten(), return_inverse=True)
         rows = self._rows(distinct, self._step)
@@ -92,8 +102,8 @@ class _Table(torch.nn.Module):
     def rows(self, ids):
         """The rows of `ids` at this worker's step (sync: once every worker's
         last pushed step is applied), without gradient: to inspect or export."""
+        ids = _int_ids(self.table_name, torch.as_tensor(ids))
         self._finish_push()
-        ids = torch.as_tensor(ids)
         with torch.no_grad():
             return self._rows(ids.flatten(), self._step).view(*ids.shape, self.embedding_dim)
 
