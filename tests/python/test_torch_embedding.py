@@ -10,13 +10,20 @@ import tempfile
 import pytest
 import torch
 
+import psrt
+
 from jobs import BIN, EXAMPLES, HERE, run_job
 import torch_embedding_worker as w
 
 WORKER = os.path.join(HERE, "torch_embedding_worker.py")
 
 
-def reference(kind, bag, initial, steps):
+def reference(kind, bag, initial, steps, sit_out=(), sit_out_grad="none"):
+    """One process on the global batch. In the `sit_out` steps the table
+    takes no part in the loss: with sit_out_grad "none" it gets no gradient
+    (None, and SparseAdam leaves it alone), with "empty" it is looked up
+    with no ids (an empty sparse gradient, which SparseAdam counts as a
+    step)."""
     torch.manual_seed(0)
     head = torch.nn.Linear(w.DIM, 1)
     if bag:
@@ -33,7 +40,11 @@ def reference(kind, bag, initial, steps):
         table_opt.zero_grad()
         head_opt.zero_grad()
         # The mean over the global batch is the mean of the two halves' means.
-        torch.nn.functional.mse_loss(w.forward(table, head, ids, bag), y).backward()
+        sit = step in sit_out
+        loss = torch.nn.functional.mse_loss(w.forward(table, head, ids, bag, sit), y)
+        if sit and sit_out_grad == "empty":
+            loss = loss + table(torch.empty(0, dtype=torch.int64)).sum()
+        loss.backward()
         table_opt.step()
         head_opt.step()
     return table.weight.detach(), head.state_dict()
@@ -55,6 +66,39 @@ def test_sync_two_workers_equal_one_process_with_torch_sparse_optimizers(kind, b
     assert (got["final"] - got["initial"]).abs().max() > 1e-2
     # New rows start as N(0, 1) (nn.Embedding's), drawn from (seed, id).
     assert 0.7 < got["initial"].std() < 1.3
+
+
+def test_lazy_adam_counts_every_step_of_the_job_as_a_table_step():
+    """A table that no worker's forward uses in a step (steps 2, 3 and 6;
+    its pushes have no rows on any server, so each waits for the step
+    there) still counts that step in Adam's bias correction (docs/sparse.md):
+    as SparseAdam does for a table looked up with no ids, and not as it does
+    for a table without a gradient."""
+    steps, sit_out = 9, (2, 3, 6)
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rows.pt")
+        code, log = run_job(WORKER, ["--steps", str(steps), "--out", out, "--sit-out", "2,3,6"])
+        assert code == 0, log
+        got = torch.load(out)
+    # Float ids are refused (nn.Embedding raises), naming the table.
+    assert log.count("float ids refused: table 'table': ids of dtype torch.float32") == 2, log
+    counted, head = reference("adam", False, got["initial"], steps, sit_out, "empty")
+    torch.testing.assert_close(got["final"], counted, rtol=0, atol=1e-5)
+    for name, value in head.items():
+        torch.testing.assert_close(got["head"][name], value, rtol=0, atol=1e-5)
+    skipped, _ = reference("adam", False, got["initial"], steps, sit_out, "none")
+    assert (got["final"] - skipped).abs().max() > 1e-3
+
+
+def test_ids_of_a_float_dtype_are_refused_naming_the_table():
+    from psrt.torch.embedding import _int_ids
+    with pytest.raises(RuntimeError):
+        torch.nn.Embedding(4, 2)(torch.tensor([1.0]))  # what psrt follows
+    for dtype in (torch.float32, torch.float16, torch.float64, torch.bool):
+        with pytest.raises(psrt.PsrtError, match=r"table 'user': ids of dtype %s; ids are integers" % dtype):
+            _int_ids("user", torch.zeros(2, dtype=dtype))
+    for dtype in (torch.int64, torch.int32):
+        assert _int_ids("user", torch.zeros(2, dtype=dtype)).dtype == dtype
 
 
 def test_a_checkpoint_holds_the_tables_and_restores_onto_another_number_of_servers():

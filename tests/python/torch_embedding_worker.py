@@ -33,9 +33,18 @@ def table_args(kind):
     return {"optimizer": "sgd", "lr": 0.5}
 
 
-def forward(table, head, ids, bag):
-    features = table(ids) if bag else table(ids[:, 0])
+def forward(table, head, ids, bag, sit_out=False):
+    """The model; with `sit_out` the step leaves the table out (its
+    features are zeros), as a model whose branches differ per step does."""
+    if sit_out:
+        features = torch.zeros(ids.shape[0], DIM)
+    else:
+        features = table(ids) if bag else table(ids[:, 0])
     return head(features).squeeze(-1)
+
+
+def steps_list(text):
+    return [int(s) for s in text.split(",") if s]
 
 
 def main():
@@ -44,6 +53,7 @@ def main():
     ap.add_argument("--bag", action="store_true")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--sit-out", type=steps_list, default=[], help="steps whose forward leaves the table out")
     args = ap.parse_args()
     psrt.init()
     torch.manual_seed(0)
@@ -53,6 +63,10 @@ def main():
     else:
         table = psrt.Embedding(VOCAB, DIM, name="table", **table_args(args.optimizer))
     initial = table.rows(torch.arange(VOCAB))
+    try:
+        table(torch.tensor([[1.5, 2.0, 3.0]]))
+    except psrt.PsrtError as e:
+        print("float ids refused: %s" % e, flush=True)
     opt = psrt.DistributedOptimizer(torch.optim.SGD(head.parameters(), lr=0.1),
                                     named_parameters=head.named_parameters())
     rank, size = psrt.rank(), psrt.size()
@@ -61,7 +75,7 @@ def main():
         ids, y = batch(step)
         ids, y = ids[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
         opt.zero_grad()
-        torch.nn.functional.mse_loss(forward(table, head, ids, args.bag), y).backward()
+        torch.nn.functional.mse_loss(forward(table, head, ids, args.bag, step in args.sit_out), y).backward()
         opt.step()
     opt.synchronize()
     if rank == 0:
