@@ -4,6 +4,8 @@
 #include <functional>
 #include <string>
 
+#include "absl/time/time.h"
+
 namespace psrt {
 
 // Start-up every psrt daemon shares: log name, SIGPIPE off, TuneForDataPath,
@@ -20,8 +22,15 @@ void TuneForDataPath();
 
 // Blocks SIGINT, SIGTERM and SIGHUP in every thread started afterwards and
 // calls `on_signal` with the signal number from a thread of its own. Call it
-// before starting any thread.
-void HandleSignals(std::function<void(int)> on_signal);
+// before starting any thread. With a finite `exit_within`, a process still
+// running that long after the first signal says so and exits (status 1)
+// there and then: a peer that hangs must not keep a daemon from stopping.
+void HandleSignals(std::function<void(int)> on_signal,
+                   absl::Duration exit_within = absl::InfiniteDuration());
+
+// Whether the process that started this one has ended since InitProcess
+// (this one was re-parented): a SIGTERM then is its PR_SET_PDEATHSIG.
+bool ParentGone();
 
 // The value of environment variable `name`, or `fallback`.
 std::string EnvOr(const char* name, const std::string& fallback);

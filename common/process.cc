@@ -25,7 +25,7 @@ Exit Describe(pid_t pid, int status) {
     e.description = absl::StrCat("exited with code ", e.code);
   } else if (WIFSIGNALED(status)) {
     e.code = 128 + WTERMSIG(status);
-    e.description = absl::StrCat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+    e.description = DescribeExitCode(e.code);
   } else {
     e.code = 1;
     e.description = "ended in an unknown way";
@@ -35,8 +35,13 @@ Exit Describe(pid_t pid, int status) {
 
 }  // namespace
 
+std::string DescribeExitCode(int code) {
+  if (code <= 128 || code >= 128 + NSIG) return absl::StrCat("exited with code ", code);
+  return absl::StrCat("killed by signal ", code - 128, " (", strsignal(code - 128), ")");
+}
+
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
-                            const std::map<std::string, std::string>& env) {
+                            const std::map<std::string, std::string>& env, bool own_process_group) {
   if (argv.empty()) return absl::InvalidArgumentError("no command to start");
   // Build everything before fork: only async-signal-safe calls after it.
   std::vector<char*> args;
@@ -66,6 +71,7 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
     sigemptyset(&all);
     sigprocmask(SIG_SETMASK, &all, nullptr);
     signal(SIGPIPE, SIG_DFL);
+    if (own_process_group) setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(127);
     execvpe(args[0], args.data(), envp.data());

@@ -14,9 +14,13 @@ namespace psrt {
 
 // Starts `argv` with this process's environment plus `env`. The child dies
 // with its parent (PR_SET_PDEATHSIG), so no process of a job outlives the one
-// that started it, and gets default signal handling back.
+// that started it, and gets default signal handling back. With
+// `own_process_group` it leads a process group of its own, so a terminal's
+// Ctrl-C (SIGINT to the foreground group) reaches the parent alone, which
+// decides how its children stop.
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
-                            const std::map<std::string, std::string>& env);
+                            const std::map<std::string, std::string>& env,
+                            bool own_process_group = false);
 
 // One child that ended.
 struct Exit {
@@ -24,6 +28,9 @@ struct Exit {
   int code = 0;             // exit code, or 128 + signal
   std::string description;  // "exited with code 3", "killed by signal 9 (Killed)"
 };
+
+// "exited with code 3", or for codes above 128, "killed by signal 9 (Killed)".
+std::string DescribeExitCode(int code);
 
 // Reaps every child that has ended, without blocking.
 std::vector<Exit> ReapExited();
