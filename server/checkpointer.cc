@@ -106,6 +106,18 @@ void Checkpointer::Halt(absl::Duration grace) {
   }
 }
 
+void Checkpointer::StopTriggers() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+}
+
+void Checkpointer::Cancel() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  cancelled_ = true;
+  for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+}
+
 std::optional<v1::CheckpointResponse> Checkpointer::LastCommitted() {
   absl::MutexLock lock(&mu_);
   return last_committed_;
@@ -366,12 +378,13 @@ void Checkpointer::Loop() {
   const int64_t every = c.every_steps();
   int64_t target = every > 0 ? (start_step_ / every + 1) * every : -1;
   bool target_checked = false;  // whether it is known not to be committed
+  int64_t warned = -1;          // the step whose failure was last logged
   std::vector<v1::SaveShardResponse> responses;  // of the target's rounds
   absl::Time last = absl::Now();
   while (!stopping()) {
     if (c.every_seconds() > 0 && absl::Now() - last >= absl::Seconds(c.every_seconds())) {
       absl::StatusOr<v1::CheckpointResponse> r = SaveNow(absl::Now() + options_.save_timeout);
-      if (!r.ok()) LogWarning("periodic checkpoint failed: ", r.status().message());
+      if (!r.ok() && !stopping()) LogWarning("periodic checkpoint failed: ", r.status().message());
       last = absl::Now();
       continue;
     }
@@ -385,7 +398,8 @@ void Checkpointer::Loop() {
       absl::StatusOr<int64_t> step = CurrentStep();
       if (step.ok() && *step >= target) {
         absl::StatusOr<v1::CheckpointResponse> r = SaveNow(absl::Now() + options_.save_timeout);
-        if (!r.ok()) LogWarning("periodic checkpoint failed: ", r.status().message());
+        if (!r.ok() && !stopping())
+          LogWarning("periodic checkpoint failed: ", r.status().message());
         target = (*step / every + 1) * every;
         last = absl::Now();
       } else {
@@ -412,17 +426,21 @@ void Checkpointer::Loop() {
     absl::Status s = Round(name, target, kPollWait, &responses, &done);
     if (s.ok() && done) s = Commit(name, target, responses, started).status();
     if (!s.ok() || done) {
+      if (!s.ok() && stopping()) break;  // stopped or cancelled on purpose: not news
       if (!s.ok()) {
         failed_->Add();
-        LogWarning("checkpoint at step ", target, " failed: ", s.message());
+        if (target != warned) LogWarning("checkpoint at step ", target, " failed: ", s.message());
+        warned = target;
       }
       // Done: the next multiple (the servers armed it already). Failed: the
-      // next multiple after where training is.
+      // next multiple after where training is; with a server out of reach,
+      // the same step again a little later, never a step training did not
+      // get to.
       absl::StatusOr<int64_t> now = s.ok() ? target : CurrentStep();
-      target = std::max(target + every, now.ok() ? (*now / every + 1) * every : 0);
+      if (now.ok()) target = std::max(target + every, (*now / every + 1) * every);
       target_checked = false;
       last = absl::Now();
-      if (!s.ok()) absl::SleepFor(absl::Milliseconds(50));
+      if (!s.ok()) absl::SleepFor(now.ok() ? absl::Milliseconds(50) : absl::Milliseconds(500));
     }
   }
 }

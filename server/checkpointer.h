@@ -54,6 +54,13 @@ class Checkpointer {
   // shards may all be written already), then is cancelled: its servers are
   // gone or about to be replaced. Returns once nothing is being written.
   void Abort(absl::Duration grace);
+  // Stop the triggers without waiting (callable under a caller's lock): no
+  // periodic checkpoint is armed after it. StopTriggers lets one being
+  // written go on, and SaveNow still works (a final checkpoint); Cancel also
+  // cancels whatever is being written and refuses more (the job failed).
+  // Start arms them again.
+  void StopTriggers();
+  void Cancel();
   // The newest checkpoint this job committed (uri and step), if any.
   std::optional<v1::CheckpointResponse> LastCommitted();
 

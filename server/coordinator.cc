@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/key_map.h"
@@ -199,6 +200,8 @@ void CoordinatorService::ServerLostLocked(Process* p, const std::string& reason)
     failover_ = std::thread([this, live, restored] {
       options_.checkpointer->Abort(absl::Seconds(2));
       std::optional<v1::CheckpointResponse> last = options_.checkpointer->LastCommitted();
+      absl::MutexLock lock(&mu_);
+      if (state_ != v1::JOB_RUNNING || stopping_job_) return;  // nothing is armed once it ended
       options_.checkpointer->Start(live, last ? last->step() : restored);
     });
   }
@@ -218,6 +221,7 @@ CoordinatorService::~CoordinatorService() {
   }
   monitor_.join();
   if (finisher_.joinable()) finisher_.join();
+  if (stopper_.joinable()) stopper_.join();
   if (recoverer_.joinable()) recoverer_.join();
   if (failover_.joinable()) failover_.join();
 }
@@ -263,11 +267,80 @@ void CoordinatorService::FailLocked(const std::string& reason) {
   reason_ = reason;
   ended_at_ = absl::Now();
   LogError("job failed: ", reason);
+  // Its servers are going: a checkpoint armed now would only fail, step
+  // after step, until the coordinator exits.
+  if (options_.checkpointer != nullptr) options_.checkpointer->Cancel();
 }
 
 void CoordinatorService::Fail(const std::string& reason) {
   absl::MutexLock lock(&mu_);
   FailLocked(reason);
+}
+
+std::string CoordinatorService::NewestCheckpointText() const {
+  std::optional<v1::CheckpointResponse> last;
+  if (options_.checkpointer != nullptr) last = options_.checkpointer->LastCommitted();
+  if (last) return absl::StrCat("; the newest is ", last->uri(), " (step ", last->step(), ")");
+  if (!options_.restore_uri.empty()) {
+    return absl::StrCat("; the newest is ", options_.restore_uri, " (step ", options_.restored_step,
+                        ")");
+  }
+  return "";
+}
+
+void CoordinatorService::StopJob(const std::string& why, absl::Duration grace) {
+  absl::MutexLock lock(&mu_);
+  if (state_ != v1::JOB_RUNNING) return;
+  if (stopping_job_) {
+    FailLocked(absl::StrCat(why, " again, before the final checkpoint was written",
+                            NewestCheckpointText()));
+    return;
+  }
+  if (finishing_) return;  // every worker finished: the final checkpoint is on its way
+  const char* none = nullptr;
+  if (options_.checkpointer == nullptr) {
+    none = "the job has no checkpoint.uri";
+  } else if (recovering_) {
+    none = "the job was recovering from a failure";
+  } else if (!checkpoints_started_) {
+    none = "not every server and training process of the job had registered";
+  }
+  if (none != nullptr) {
+    FailLocked(absl::StrCat(why, "; no final checkpoint: ", none, NewestCheckpointText()));
+    return;
+  }
+  stopping_job_ = true;
+  LogWarning(why, "; writing a final checkpoint (within ", absl::FormatDuration(grace),
+             "), then ending the job");
+  stopper_ = std::thread([this, why, grace] { WriteFinalCheckpoint(why, grace); });
+}
+
+void CoordinatorService::WriteFinalCheckpoint(const std::string& why, absl::Duration grace) {
+  // Training goes on meanwhile (sync: the servers copy each key as it
+  // reaches the step); at the deadline whatever is being written is
+  // cancelled, so the grace bounds it even with a server that hangs.
+  options_.checkpointer->StopTriggers();
+  const absl::Time deadline = absl::Now() + grace;
+  absl::Notification saved;
+  absl::StatusOr<v1::CheckpointResponse> r;
+  std::thread save([&] {
+    r = options_.checkpointer->SaveNow(deadline);
+    saved.Notify();
+  });
+  const bool in_time = saved.WaitForNotificationWithDeadline(deadline);
+  if (!in_time) options_.checkpointer->Cancel();
+  save.join();
+  absl::MutexLock lock(&mu_);
+  if (r.ok()) {
+    LogInfo("final checkpoint: ", r->uri(), r->already_saved() ? " (already saved)" : "");
+    FailLocked(absl::StrCat(why, "; final checkpoint ", r->uri(), " (step ", r->step(), ")"));
+    return;
+  }
+  FailLocked(absl::StrCat(why, "; no final checkpoint: ",
+                          in_time
+                              ? r.status().message()
+                              : absl::StrCat("not written within ", absl::FormatDuration(grace)),
+                          NewestCheckpointText()));
 }
 
 v1::Membership CoordinatorService::MembershipLocked() const {
@@ -284,7 +357,7 @@ v1::Membership CoordinatorService::MembershipLocked() const {
 
 void CoordinatorService::LostLocked(const std::string& reason) {
   if (state_ != v1::JOB_RUNNING) return;
-  if (config_.on_failure() != "recover" || finishing_) {
+  if (config_.on_failure() != "recover" || finishing_ || stopping_job_) {
     FailLocked(reason);
     return;
   }
@@ -311,7 +384,9 @@ int64_t CoordinatorService::ReachedStep(const std::vector<std::string>& servers)
     PrepareContext(&ctx, options_.token, absl::Seconds(1));
     v1::StatsResponse stats;
     if (!stub->Stats(&ctx, v1::StatsRequest(), &stats).ok()) continue;  // the lost one
-    reached = std::max(reached, stats.max_version());
+    // In sync mode a key's version is the step; otherwise it counts every
+    // worker's pushes, while steps (and checkpoints) count one worker's.
+    if (config_.mode() == "sync") reached = std::max(reached, stats.max_version());
     for (int64_t c : stats.worker_clocks()) reached = std::max(reached, c);
   }
   return reached;
@@ -415,7 +490,8 @@ void CoordinatorService::WorkerLostLocked(Process* p, const std::string& reason)
 }
 
 void CoordinatorService::MaybeStartCheckpointsLocked() {
-  if (options_.checkpointer == nullptr || checkpoints_started_ || !ReadyLocked()) return;
+  if (options_.checkpointer == nullptr || checkpoints_started_ || stopping_job_ || !ReadyLocked())
+    return;
   checkpoints_started_ = true;
   options_.checkpointer->Start(ServerAddressesLocked(), config_.restored_step());
 }
@@ -653,6 +729,17 @@ grpc::Status CoordinatorService::ReportExit(grpc::ServerContext* ctx, const v1::
   if (StaleLocked(req->generation())) return grpc::Status::OK;  // replaced by a recovery
   const std::string what = absl::StrCat(p->name, " exited with code ", req->exit_code(),
                                         req->message().empty() ? "" : absl::StrCat(": ", req->message()));
+  if (p->id.role() == v1::ROLE_AGENT) {
+    // Reported by the agent as it stops, or by psrt-run, which saw it end:
+    // its host is lost (and waited for) as when its heartbeats stop, and
+    // named first, before the servers and training processes it took along.
+    if (state_ != v1::JOB_RUNNING || p->slot < 0 || p->lost) return grpc::Status::OK;
+    p->lost = true;
+    p->lost_at = absl::Now();
+    LostLocked(req->exit_code() != 0 ? what
+                                     : absl::StrCat(p->name, " stopped while the job was running"));
+    return grpc::Status::OK;
+  }
   if (req->restarting() && p->id.role() == v1::ROLE_WORKER && state_ == v1::JOB_RUNNING) {
     // Its heartbeats stop until the new process registers; the barrier
     // timeout bounds how long that may take.
@@ -678,13 +765,7 @@ grpc::Status CoordinatorService::ReportExit(grpc::ServerContext* ctx, const v1::
   } else if (state_ == v1::JOB_RUNNING) {
     const std::string why =
         req->exit_code() != 0 ? what : absl::StrCat(p->name, " stopped while the job was running");
-    if (p->id.role() == v1::ROLE_SERVER) {
-      ServerLostLocked(p, why);
-    } else {
-      p->lost = true;
-      p->lost_at = absl::Now();
-      LostLocked(why);
-    }
+    ServerLostLocked(p, why);
   }
   return grpc::Status::OK;
 }
@@ -693,6 +774,8 @@ grpc::Status CoordinatorService::GetJobStatus(grpc::ServerContext* ctx, const v1
                                               v1::JobStatusResponse* resp) {
   if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
+  status_watched_ = true;
+  status_heard_end_ = status_heard_end_ || state_ != v1::JOB_RUNNING;
   resp->set_state(state_);
   resp->set_reason(reason_);
   *resp->mutable_config() = config_;
@@ -829,6 +912,7 @@ v1::JobState CoordinatorService::WaitForEnd() {
   // Let live servers and agents hear the outcome through their heartbeats, so
   // they exit with the right code, but never wait for a dead one.
   auto heard = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (status_watched_ && !status_heard_end_) return false;
     return std::all_of(processes_.begin(), processes_.end(), [](const Process& p) {
       // Training processes too: they end with the job's reason, not with
       // "lost the coordinator", when they heard it first.

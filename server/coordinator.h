@@ -55,6 +55,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
   v1::JobState WaitForEnd();
   // Ends the job from outside (a signal to the coordinator).
   void Fail(const std::string& reason);
+  // Ends the job from outside after a final checkpoint, written within
+  // `grace` where the job can write one; the reason starts with `why` and
+  // says what became of the checkpoint. Asked again, it ends the job at once.
+  void StopJob(const std::string& why, absl::Duration grace);
 
   const v1::JobConfig& config() const { return config_; }
 
@@ -99,6 +103,11 @@ class CoordinatorService final : public v1::Coordinator::Service {
   void AgentBackLocked(Process* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the job record (generation, checkpoint to return to, hosts).
   void Record(int64_t generation, const std::string& uri, int64_t step, const std::vector<int>& hosts);
+  // The final checkpoint StopJob asked for, then the job's end.
+  void WriteFinalCheckpoint(const std::string& why, absl::Duration grace);
+  // "; the newest is URI (step N)", naming the checkpoint a restart would
+  // go on from; empty when there is none.
+  std::string NewestCheckpointText() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::ShardMap ShardMapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AllServersRegisteredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Process* ServerLocked(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -165,6 +174,15 @@ class CoordinatorService final : public v1::Coordinator::Service {
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   bool final_saved_ ABSL_GUARDED_BY(mu_) = false;
   std::thread finisher_;
+  // Stopped from outside (StopJob): the final checkpoint is being written;
+  // a failure meanwhile ends the job rather than starting a recovery.
+  bool stopping_job_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread stopper_;
+  // Someone (psrt-run) watches the job's status, and has read it since the
+  // job ended: the coordinator waits for that too, so psrt-run can print
+  // the reason rather than guess it.
+  bool status_watched_ ABSL_GUARDED_BY(mu_) = false;
+  bool status_heard_end_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
 };
 

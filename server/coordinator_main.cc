@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
   std::string distribution = R"({"parameter_server": {"enabled": true}})";
   std::string token = psrt::EnvOr("PSRT_JOB_TOKEN", "");
   int port = 7070, metrics_port = -1;
+  double stop_grace_s = 30;
   bool restarted = false;
   psrt::Flags flags("psrt-coordinator", "--hosts=H1,H2 --distribution=JSON [flags]");
   flags.Add("hosts", &hosts, "Comma-separated hosts of the job; host i runs servers and workers of index i.");
@@ -38,6 +40,9 @@ int main(int argc, char** argv) {
   flags.Add("port-file", &port_file, "Write the bound port to this file once listening.");
   flags.Add("token", &token, "Job token every RPC must carry (env PSRT_JOB_TOKEN); empty disables the check.");
   flags.Add("metrics-port", &metrics_port, "Port for Prometheus /metrics; 0 picks one, -1 disables.");
+  flags.Add("stop-grace", &stop_grace_s,
+            "Seconds a SIGTERM or SIGINT leaves for the job's final checkpoint before the job ends "
+            "(a second signal ends it at once).");
   flags.Add("restarted", &restarted,
             "The job's coordinator was lost (on_failure \"recover\"): go on from the job record next to "
             "its checkpoints, as its next generation.");
@@ -51,6 +56,10 @@ int main(int argc, char** argv) {
   }
   if (port < 0 || port > 65535) {
     std::fprintf(stderr, "psrt-coordinator: --port must be in 0..65535\n");
+    return 2;
+  }
+  if (!(stop_grace_s >= 0)) {
+    std::fprintf(stderr, "psrt-coordinator: --stop-grace must be >= 0\n");
     return 2;
   }
   psrt::CoordinatorOptions options;
@@ -74,15 +83,26 @@ int main(int argc, char** argv) {
   // Signals are handled on one thread of their own: block them before the
   // service starts its threads.
   // The service while it lives: a signal during start-up or after the end
-  // just exits, one meanwhile fails the job (under the lock, so the service
-  // cannot go away in the middle).
+  // just exits, one meanwhile stops the job after a final checkpoint, or at
+  // once when the process that started it is gone (under the lock, so the
+  // service cannot go away in the middle). Whatever hangs, the coordinator
+  // exits within the grace, the end's notice to the others, and a margin.
   static absl::Mutex running_mu;
   static psrt::CoordinatorService* running ABSL_GUARDED_BY(running_mu) = nullptr;
-  psrt::HandleSignals([](int sig) {
-    absl::MutexLock lock(&running_mu);
-    if (running == nullptr) std::_Exit(1);
-    running->Fail(absl::StrCat("the coordinator was stopped by signal ", sig));
-  });
+  const absl::Duration stop_grace = absl::Seconds(stop_grace_s);
+  psrt::HandleSignals(
+      [stop_grace](int sig) {
+        absl::MutexLock lock(&running_mu);
+        if (running == nullptr) std::_Exit(1);
+        const std::string why =
+            absl::StrCat("the coordinator got signal ", sig, " (", strsignal(sig), ")");
+        if (psrt::ParentGone()) {
+          running->Fail(absl::StrCat(why, ": the process that started it is gone"));
+        } else {
+          running->StopJob(why, stop_grace);
+        }
+      },
+      stop_grace + absl::Seconds(ps->heartbeat_timeout_s) + absl::Seconds(10));
   // Checkpoint destination and restore source are checked before anything
   // starts: a bad bucket, credentials or checkpoint ends the job here.
   std::unique_ptr<psrt::Checkpointer> checkpointer;

@@ -46,9 +46,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   psrt::InitProcess(absl::StrCat("psrt-server[", index, "]"));
-  // Static: the signal thread may outlive main's frame.
+  // Static: the signal thread may outlive main's frame. A handler that
+  // hangs (a shard being written to a store that does not answer) does not
+  // keep it past 10 s.
   static std::atomic<int> signal_received{0};
-  psrt::HandleSignals([](int sig) { signal_received = sig; });
+  psrt::HandleSignals([](int sig) { signal_received = sig; }, absl::Seconds(10));
 
   absl::StatusOr<psrt::v1::JobConfig> config =
       psrt::FetchJobConfig(coordinator, token, absl::Seconds(connect_timeout_s));
@@ -66,6 +68,7 @@ int main(int argc, char** argv) {
   store_options.max_key_bytes = config->partition_bytes();
   store_options.restore_pending = !config->restore_uri().empty();
   store_options.fail_on_nonfinite = config->nonfinite() == "fail";
+  store_options.registration_wait = absl::Seconds(config->barrier_timeout_s());
   const psrt::v1::Limits& limits = config->limits();
   // By default a server may fill 90% of its host's memory, not more.
   store_options.max_bytes = limits.max_server_bytes() > 0
@@ -182,7 +185,13 @@ int main(int argc, char** argv) {
          signal_received == 0) {
   }
   int code = 0;
-  if (signal_received != 0) {
+  if (signal_received != 0 && generation > 0 && psrt::ParentGone()) {
+    // Its agent ended, and this signal is its PR_SET_PDEATHSIG: the loss is
+    // the agent's, which psrt-run (or the agent's silence) reports; a report
+    // from here would name this server as the process that died.
+    psrt::LogWarning("stopped by signal ", signal_received.load(), ": its agent is gone");
+    code = 1;
+  } else if (signal_received != 0) {
     std::string why = absl::StrCat("stopped by signal ", signal_received.load());
     psrt::LogWarning(why);
     (*link)->ReportExit(link_options.id, 1, why).IgnoreError();
