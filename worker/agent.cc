@@ -1,6 +1,7 @@
 #include "worker/agent.h"
 
 #include <signal.h>
+#include <string.h>
 
 #include <algorithm>
 #include <atomic>
@@ -27,9 +28,11 @@ struct Child {
 }  // namespace
 
 int RunAgent(const AgentOptions& options) {
-  // Static: the signal thread may outlive this frame.
+  // Static: the signal thread may outlive this frame. Stopped, it exits
+  // once its processes have (SIGKILL after the kill grace), and whatever
+  // hangs, within the kill grace and a margin.
   static std::atomic<int> pending_signal{0};
-  HandleSignals([](int sig) { pending_signal = sig; });
+  HandleSignals([](int sig) { pending_signal = sig; }, options.kill_grace + absl::Seconds(10));
 
   CoordinatorLink::Options lo;
   lo.coordinator = options.coordinator;
@@ -166,12 +169,29 @@ int RunAgent(const AgentOptions& options) {
   };
 
   absl::Time signalled_at = absl::InfiniteFuture();
+  bool killed = false;
   while (true) {
     for (const Exit& e : ReapExited()) report(e);
     if (int sig = pending_signal.exchange(0); sig != 0) {
+      if (signalled_at == absl::InfiniteFuture() && (*link)->state().state == v1::JOB_RUNNING) {
+        // The job hears that this agent stops before its processes' exits
+        // (theirs follow from this signal): the loss is the agent's.
+        const std::string why =
+            absl::StrCat("stopped by signal ", sig, " (", strsignal(sig), ")",
+                         ParentGone() ? ", as the process that started it is gone" : "");
+        absl::Status s = (*link)->ReportExit(lo.id, 1, why);
+        if (!s.ok()) LogWarning("could not report that this agent stops: ", s.message());
+      }
       LogWarning("got signal ", sig, "; passing it to ", children.size(), " processes");
       for (const auto& [pid, c] : children) kill(pid, sig);
       signalled_at = std::min(signalled_at, absl::Now());
+    }
+    if (!killed && !children.empty() && absl::Now() - signalled_at > options.kill_grace) {
+      LogWarning(children.size(), " processes still running ",
+                 absl::FormatDuration(options.kill_grace),
+                 " (--kill-grace) after the signal; killing them");
+      for (const auto& [pid, c] : children) kill(pid, SIGKILL);
+      killed = true;
     }
     const CoordinatorLink::JobEnd end = (*link)->WaitForEnd(absl::Milliseconds(50));
     if (end.state == v1::JOB_RUNNING && (*link)->generation() > generation &&

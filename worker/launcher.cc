@@ -2,12 +2,15 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <fstream>
+#include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -15,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "common/coordinator_link.h"
 #include "common/daemon.h"
+#include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/process.h"
 
@@ -48,6 +52,23 @@ absl::StatusOr<int> ReadPortFile(const std::string& path, const Child& coordinat
       "psrt-coordinator did not report its port in ", path, " within ", absl::FormatDuration(timeout)));
 }
 
+// Tells the coordinator that the agent of `host` ended, as it would say
+// itself (best effort: its silence says so too, later and less exactly).
+void ReportAgentExit(const std::string& coordinator, const std::string& token, int host,
+                     const Exit& e) {
+  auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx, token, absl::Seconds(1));
+  v1::ReportExitRequest req;
+  req.mutable_id()->set_role(v1::ROLE_AGENT);
+  req.mutable_id()->set_index(host);
+  req.set_exit_code(e.code);
+  req.set_message(e.description);
+  v1::ReportExitResponse resp;
+  grpc::Status s = stub->ReportExit(&ctx, req, &resp);
+  (void)s;
+}
+
 }  // namespace
 
 int RunLauncher(const LaunchOptions& o) {
@@ -68,8 +89,14 @@ int RunLauncher(const LaunchOptions& o) {
   }
   const std::map<std::string, std::string> env = {{"PSRT_JOB_TOKEN", o.token}};
   std::vector<Child> children;
+  // What psrt-run saw die, in the order it learned of it: its own children
+  // and, from the coordinator, servers and training processes (with their
+  // generation; its own children: 0).
+  std::vector<std::pair<int64_t, std::string>> died;
+  // Its own process group each: a terminal's Ctrl-C reaches psrt-run alone,
+  // which stops the job in order.
   auto start = [&](const std::string& name, std::vector<std::string> argv, int host = -1) -> bool {
-    absl::StatusOr<pid_t> pid = Spawn(argv, env);
+    absl::StatusOr<pid_t> pid = Spawn(argv, env, /*own_process_group=*/true);
     if (!pid.ok()) {
       LogError("cannot start ", name, ": ", pid.status().message());
       return false;
@@ -87,6 +114,7 @@ int RunLauncher(const LaunchOptions& o) {
         if (c.pid == e.pid) {
           c.done = true;
           c.exit = e;
+          if (e.code != 0) died.push_back({0, absl::StrCat(c.name, " ", e.description)});
         }
       }
     }
@@ -97,7 +125,8 @@ int RunLauncher(const LaunchOptions& o) {
   std::string tmp_dir;
   const std::vector<std::string> coordinator_argv = {
       o.bin_dir + "/psrt-coordinator", "--hosts=" + absl::StrJoin(hosts, ","),
-      "--distribution=" + o.distribution, absl::StrCat("--metrics-port=", o.metrics_port)};
+      "--distribution=" + o.distribution, absl::StrCat("--metrics-port=", o.metrics_port),
+      absl::StrCat("--stop-grace=", absl::ToDoubleSeconds(o.stop_grace))};
   if (my_hosts[0] == 0) {
     std::vector<std::string> argv = coordinator_argv;
     std::string port_file;
@@ -173,6 +202,21 @@ int RunLauncher(const LaunchOptions& o) {
   absl::Time next_poll = absl::Now();
   std::string reason;
   bool job_running = true;
+  // Stopped by a signal: the first asks for a final checkpoint and the
+  // job's end (host 0's coordinator writes it; other hosts wait for it), a
+  // second stops every process now.
+  int signals = 0;
+  absl::Time stop_at = absl::InfiniteFuture();  // hosts without the coordinator
+  absl::flat_hash_set<std::string> known_dead;
+  int64_t generation = 1;
+  // The job's end as psrt-run saw it first (a signal, or a process that died
+  // and was not started again): the reason when the coordinator cannot say.
+  std::string first_cause;
+  auto stop_now = [&](int sig) {
+    for (const Child& c : children) {
+      if (!c.done) kill(c.pid, sig);
+    }
+  };
   while (true) {
     std::vector<int> to_restart;  // hosts of agents; -1: the coordinator
     for (const Exit& e : ReapExited()) {
@@ -180,17 +224,21 @@ int RunLauncher(const LaunchOptions& o) {
         if (c.pid != e.pid || c.done) continue;
         c.done = true;
         c.exit = e;
-        if (e.code != 0) {
-          LogWarning(c.name, " ", e.description);
-          // Killed (by a signal): started again. Exited: it decided (the
-          // job's end, or that its coordinator is gone for good).
-          if (recover && e.code > 128 && job_running &&
-              give_up == absl::InfiniteFuture() && restarts < o.ps.max_recoveries) {
-            to_restart.push_back(c.host);
-            c.replaced = true;
-          } else {
-            give_up = std::min(give_up, absl::Now() + settle);
-          }
+        if (e.code == 0) continue;
+        LogWarning(c.name, " ", e.description);
+        // The coordinator hears of a lost agent from here at once, before
+        // the exits of the processes it took along.
+        if (c.host >= 0 && job_running) ReportAgentExit(coordinator, o.token, c.host, e);
+        // Killed (by a signal): started again. Exited: it decided (the
+        // job's end, or that its coordinator is gone for good).
+        if (recover && e.code > 128 && job_running && signals == 0 &&
+            give_up == absl::InfiniteFuture() && restarts < o.ps.max_recoveries) {
+          to_restart.push_back(c.host);
+          c.replaced = true;
+        } else {
+          died.push_back({0, absl::StrCat(c.name, " ", e.description)});
+          if (first_cause.empty() && job_running) first_cause = died.back().second;
+          give_up = std::min(give_up, absl::Now() + settle);
         }
       }
     }
@@ -204,10 +252,34 @@ int RunLauncher(const LaunchOptions& o) {
     }
     if (std::all_of(children.begin(), children.end(), [](const Child& c) { return c.done; })) break;
     if (int sig = pending_signal.exchange(0); sig != 0) {
-      LogWarning("got signal ", sig, "; stopping the job");
-      for (const Child& c : children) {
-        if (!c.done) kill(c.pid, SIGTERM);
+      ++signals;
+      next_poll = absl::Now();
+      if (first_cause.empty())
+        first_cause = absl::StrCat("psrt-run got signal ", sig, " (", strsignal(sig), ")");
+      auto coordinator_here = std::find_if(children.begin(), children.end(),
+                                           [](const Child& c) { return c.host < 0 && !c.done; });
+      if (signals > 1) {
+        LogWarning("got signal ", sig, " again; stopping every process now");
+        stop_now(SIGTERM);
+        give_up = std::min(give_up, absl::Now() + absl::Seconds(5));
+      } else if (coordinator_here != children.end()) {
+        LogWarning("got signal ", sig, " (", strsignal(sig),
+                   "); the coordinator writes a final checkpoint (within ",
+                   absl::FormatDuration(o.stop_grace), ", --stop-grace) and ends the job");
+        kill(coordinator_here->pid, sig);
+        give_up = std::min(give_up, absl::Now() + o.stop_grace + settle);
+      } else {
+        LogWarning("got signal ", sig, " (", strsignal(sig), "); waiting up to ",
+                   absl::FormatDuration(o.stop_grace),
+                   " (--stop-grace) for the job to end, then stopping this host's processes");
+        stop_at = absl::Now() + o.stop_grace;
       }
+    }
+    if (absl::Now() > stop_at) {
+      LogWarning("the job did not end within ", absl::FormatDuration(o.stop_grace),
+                 "; stopping this host's processes");
+      stop_now(SIGTERM);
+      stop_at = absl::InfiniteFuture();
       give_up = std::min(give_up, absl::Now() + settle);
     }
     if (absl::Now() > give_up) {
@@ -216,27 +288,40 @@ int RunLauncher(const LaunchOptions& o) {
       break;
     }
     if (absl::Now() >= next_poll) {
-      // Remember why the job ended while the coordinator can still say.
+      // Remember why the job ended, and who died, while the coordinator can
+      // still say.
       auto status = QueryJobStatus(coordinator, o.token, absl::Milliseconds(500));
-      if (status.ok() && status->state() != v1::JOB_RUNNING) {
-        reason = status->reason();
-        job_running = false;
+      if (status.ok()) {
+        generation = status->config().generation();
+        for (const v1::ProcessStatus& p : status->processes()) {
+          if (!p.exited() || p.exit_code() == 0) continue;
+          if (!known_dead.insert(absl::StrCat(generation, " ", p.name())).second) continue;
+          died.push_back(
+              {generation, absl::StrCat(p.name(), " ", DescribeExitCode(p.exit_code()))});
+        }
+        if (status->state() != v1::JOB_RUNNING) {
+          reason = status->reason();
+          job_running = false;
+        }
       }
-      next_poll = absl::Now() + absl::Milliseconds(250);
+      // Stopping, the job may end and every process exit within a moment.
+      next_poll = absl::Now() + (signals > 0 ? absl::Milliseconds(20) : absl::Milliseconds(250));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
-
-  std::vector<std::string> failed;
-  for (const Child& c : children) {
-    if (c.exit.code != 0 && !c.replaced) failed.push_back(absl::StrCat(c.name, " ", c.exit.description));
-  }
-  if (failed.empty()) {
+  if (std::none_of(children.begin(), children.end(),
+                   [](const Child& c) { return c.exit.code != 0 && !c.replaced; })) {
     LogInfo("job succeeded");
     return 0;
   }
-  LogError("job failed: ", reason.empty() ? "see the processes below" : reason);
-  for (const std::string& f : failed) LogError("  ", f);
+  LogError("job failed: ", !reason.empty()        ? reason
+                           : !first_cause.empty() ? first_cause
+                                                  : "see the processes below");
+  // The servers and training processes of generations a recovery replaced
+  // were recovered from; the last generation's are part of the end.
+  for (const auto& [g, what] : died) {
+    if (g == 0 || g == generation) LogError("  ", what);
+  }
   return 1;
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "common/cluster.h"
 #include "common/distribution.h"
 
@@ -24,11 +25,14 @@ struct LaunchOptions {
   // What this host's servers announce to the job (an address or a name);
   // empty: its name in `cluster`.
   std::string advertise_address;
+  // What a SIGTERM or SIGINT leaves for the job's final checkpoint before
+  // its processes are stopped (SageMaker's stop allows 30 s).
+  absl::Duration stop_grace = absl::Seconds(30);
 };
 
 // Starts this host's share of the job (host 0 also runs the coordinator; in
-// local mode, every host's share), waits for it to end, and prints which
-// process failed and why. Returns 0 when the job succeeded.
+// local mode, every host's share), waits for it to end, and prints why it
+// failed and every process that died. Returns 0 when the job succeeded.
 int RunLauncher(const LaunchOptions& options);
 
 }  // namespace psrt

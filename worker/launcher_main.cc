@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   o.bin_dir = psrt::SelfDirectory();
   std::string hosts, current_host;
   std::string interface = psrt::EnvOr("PSRT_INTERFACE", "");
+  double stop_grace_s = 30;
   o.advertise_address = psrt::EnvOr("PSRT_ADVERTISE_ADDRESS", "");
   psrt::Flags flags("psrt-run",
                     "--distribution=JSON [--local=N | --hosts=H1,H2 --current-host=H] -- COMMAND [ARGS...]\n\n"
@@ -43,6 +44,10 @@ int main(int argc, char** argv) {
             "Address or name this host's servers announce (env PSRT_ADVERTISE_ADDRESS); "
             "excludes --interface.");
   flags.Add("bin-dir", &o.bin_dir, "Directory holding psrt-coordinator, psrt-server and psrt-worker.");
+  flags.Add(
+      "stop-grace", &stop_grace_s,
+      "Seconds a SIGTERM or SIGINT (Ctrl-C) leaves the job to write a final checkpoint and end "
+      "before its processes are stopped; a second signal stops them at once.");
   flags.Add("metrics-port", &o.metrics_port,
             "Coordinator's Prometheus port (servers then serve /metrics on free ports); -1: off.");
   // Mutual TLS: every process of the job reads these from its environment.
@@ -76,6 +81,9 @@ int main(int argc, char** argv) {
   }
   o.ps = *ps;
   if (o.local_hosts < 0 || o.local_hosts > 64) return fail("--local must be in 0..64");
+  if (!(stop_grace_s >= 0 && stop_grace_s <= 86400))
+    return fail("--stop-grace must be in 0..86400 seconds");
+  o.stop_grace = absl::Seconds(stop_grace_s);
   if (o.coordinator_port <= 0 || o.coordinator_port > 65535) return fail("--coordinator-port must be in 1..65535");
   if (o.local_hosts == 0) {
     absl::StatusOr<psrt::ClusterSpec> cluster = psrt::ResolveCluster(hosts, current_host, std::getenv);
