@@ -34,12 +34,15 @@ std::string Distribution(const std::string& policy, const std::string& root,
       kEvery, "}", more, "}}");
 }
 
+// `launcher_args` go to psrt-run; `trainer_args` to the trainer, after (and
+// so over) the defaults.
 Proc StartJob(const std::string& dist, const std::string& token, const std::string& dir,
-              const std::string& trainer_args = "") {
-  return Proc::Start(absl::StrCat(kBin, "/psrt-run --local=2 --token=", token, " --distribution='",
-                                  dist, "' -- ", kBin, "/psrt-example-linreg ", kTrainer,
-                                  " --steps=", kSteps, " --result=", dir, "/r ", trainer_args),
-                     dir + "/log");
+              const std::string& trainer_args = "", const std::string& launcher_args = "") {
+  return Proc::Start(
+      absl::StrCat(kBin, "/psrt-run --local=2 --token=", token, " ", launcher_args,
+                   " --distribution='", dist, "' -- ", kBin, "/psrt-example-linreg ", kTrainer,
+                   " --steps=", kSteps, " --result=", dir, "/r ", trainer_args),
+      dir + "/log");
 }
 
 // Rank 0's final weights of the same job run without any failure.
@@ -470,6 +473,214 @@ TEST(ChaosTest, SigkillAnyProcessAtRandomNeverHangsNorLeavesProcesses) {
       "chaos: %d runs, %d hangs, %d processes left behind, %d of %d survivable failures recovered "
       "and finished with the uninterrupted run's weights; steps lost per recovery: %s\n",
       runs, hangs, leftovers, recovered, recover_runs, lost_text.c_str());
+}
+
+// The lines of psrt-run's own log (not its processes') after "job failed".
+std::string ClosingList(const std::string& out) {
+  const size_t at = out.find("psrt-run E job failed: ");
+  return at == std::string::npos ? "" : out.substr(at);
+}
+
+// A process's pid is gone, or a zombie (its parent has not reaped it yet).
+bool Ended(pid_t pid) {
+  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  return stat.empty() || stat.find(") Z") != std::string::npos;
+}
+
+// SIGTERM to psrt-run (a SageMaker or spot stop), or Ctrl-C at its terminal
+// (SIGINT to its whole process group): the job writes a final checkpoint
+// within --stop-grace, then every process exits by itself; nothing is
+// recovered.
+TEST(StopTest, ASignalToTheLauncherWritesAFinalCheckpointAndEveryProcessExitsByItself) {
+  for (const bool ctrl_c : {false, true}) {
+    const std::string dir = TempDir(), token = RandomToken();
+    // No periodic checkpoint: the final one is the only one.
+    const std::string dist = absl::StrCat(
+        R"({"parameter_server":{"enabled":true,"heartbeat_timeout_s":2,"partition_bytes":4096,)",
+        R"("on_failure":"recover","checkpoint":{"uri":")", dir, R"(/ckpt"}}})");
+    // setsid: psrt-run leads a process group, as in a terminal.
+    Proc run = Proc::Start(
+        absl::StrCat("setsid ", kBin, "/psrt-run --local=2 --stop-grace=10 --token=", token,
+                     " --distribution='", dist, "' -- ", kBin, "/psrt-example-linreg ", kTrainer,
+                     " --steps=100000000"),
+        dir + "/log");
+    ASSERT_TRUE(run.WaitForOutput("step 50 ", absl::Seconds(60))) << run.Output();
+    const absl::Time sent = absl::Now();
+    kill(ctrl_c ? -run.pid : run.pid, ctrl_c ? SIGINT : SIGTERM);
+    EXPECT_EQ(run.Wait(absl::Seconds(30), "psrt-run after a signal"), 1);
+    const absl::Duration took = absl::Now() - sent;
+    const std::string out = run.Output();
+    EXPECT_LT(took, absl::Seconds(10)) << out;
+    absl::StatusOr<CheckpointRef> final = ResolveCheckpoint("latest", dir + "/ckpt");
+    ASSERT_TRUE(final.ok()) << final.status() << "\n" << out;
+    EXPECT_GE(final->manifest.step(), 50);
+    EXPECT_TRUE(std::regex_search(
+        ClosingList(out),
+        std::regex(absl::StrCat("job failed: the coordinator got signal ", ctrl_c ? 2 : 15,
+                                " .*; final checkpoint file://.*/step-0*", final->manifest.step(),
+                                " \\(step ", final->manifest.step(), "\\)"))))
+        << out;
+    // Every process stopped by itself: none needed a signal from psrt-run or
+    // an agent, and none was started again.
+    EXPECT_EQ(out.find("killed by signal"), std::string::npos) << out;
+    EXPECT_EQ(out.find("stopping them"), std::string::npos) << out;
+    EXPECT_EQ(out.find("starting psrt-"), std::string::npos) << out;
+    EXPECT_TRUE(Recoveries(out).empty()) << out;
+    EXPECT_EQ(Leftovers(token), 0);
+    std::printf("%s: final checkpoint at step %lld; psrt-run exited %s after the signal\n",
+                ctrl_c ? "Ctrl-C" : "SIGTERM", static_cast<long long>(final->manifest.step()),
+                absl::FormatDuration(took).c_str());
+  }
+}
+
+// A coordinator stopped while a host hangs (its agent and server stopped
+// with SIGSTOP, as a frozen machine) in an async job with training
+// processes attached: the final checkpoint cannot be written, and the
+// coordinator still exits by itself within its grace.
+TEST(StopTest, TheCoordinatorStopsWithinItsGraceWhileAHostHangs) {
+  const std::string dir = TempDir(), token = RandomToken();
+  const std::string dist = absl::StrCat(
+      R"({"parameter_server":{"enabled":true,"mode":"async","heartbeat_timeout_s":2,)",
+      R"("partition_bytes":4096,"checkpoint":{"uri":")", dir, R"(/ckpt","every_steps":20}}})");
+  Proc run = StartJob(dist, token, dir, "--steps=100000000", "--stop-grace=1");
+  ASSERT_TRUE(run.WaitForOutput("step 50 ", absl::Seconds(60))) << run.Output();
+  const pid_t server = ServerProcess(token, 1);
+  const pid_t agent = Victim(Kind::kAgent, token, run);
+  const pid_t coordinator = Victim(Kind::kCoordinator, token, run);
+  ASSERT_NE(server, 0);
+  ASSERT_NE(agent, 0);
+  ASSERT_NE(coordinator, 0);
+  kill(agent, SIGSTOP);
+  kill(server, SIGSTOP);
+  absl::SleepFor(absl::Milliseconds(300));  // the coordinator's calls reach it
+  const absl::Time sent = absl::Now();
+  kill(coordinator, SIGTERM);
+  while (!Ended(coordinator) && absl::Now() - sent < absl::Seconds(60)) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const absl::Duration took = absl::Now() - sent;
+  kill(server, SIGCONT);
+  kill(agent, SIGCONT);
+  // --stop-grace (1 s), the others' notice of the end (at most the
+  // heartbeat timeout, 2 s), and a margin.
+  EXPECT_LT(took, absl::Seconds(7)) << run.Output();
+  EXPECT_EQ(run.Wait(absl::Seconds(30), "psrt-run"), 1);
+  const std::string out = run.Output();
+  EXPECT_TRUE(std::regex_search(out, std::regex("psrt-run E +psrt-coordinator exited with code 1")))
+      << out;
+  // The hung host's silence may end the job first (after the 2 s heartbeat
+  // timeout); either way the coordinator exits by itself.
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("job failed: (the coordinator got signal 15 .*; no final checkpoint: not "
+                      "written within 1s|agent on local1 was lost)")))
+      << out;
+  EXPECT_EQ(Leftovers(token), 0);
+  std::printf("the coordinator exited %s after SIGTERM\n", absl::FormatDuration(took).c_str());
+}
+
+// Under "fail", a server killed: the checkpoints stop with the job (none is
+// armed for a step the job never reaches), and psrt-run's closing list names
+// the server with how it ended.
+TEST(RecoveryTest, AFailedJobArmsNoCheckpointAndItsClosingListNamesTheKilledServer) {
+  const std::string dir = TempDir(), token = RandomToken();
+  const std::string dist = absl::StrCat(
+      R"({"parameter_server":{"enabled":true,"heartbeat_timeout_s":2,"partition_bytes":4096,)",
+      R"("checkpoint":{"uri":")", dir, R"(/ckpt","every_steps":20}}})");
+  Proc run = StartJob(dist, token, dir);
+  ASSERT_TRUE(run.WaitForOutput("step 30 ", absl::Seconds(60))) << run.Output();
+  kill(ServerProcess(token, 1), SIGKILL);
+  EXPECT_EQ(run.Wait(absl::Seconds(30), "psrt-run"), 1);
+  const std::string out = run.Output();
+  const size_t failed = out.find("psrt-coordinator E job failed: ");
+  ASSERT_NE(failed, std::string::npos) << out;
+  EXPECT_EQ(out.find("psrt-coordinator W checkpoint at step", failed), std::string::npos) << out;
+  static const std::regex armed("checkpoint at step ([0-9]+) failed");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), armed); it != std::sregex_iterator();
+       ++it) {
+    EXPECT_LE(std::stoll((*it)[1]), 80) << out;  // killed at step 30 or a little later
+  }
+  EXPECT_TRUE(std::regex_search(
+      ClosingList(out),
+      std::regex("job failed: server 1 on local1 exited with code 137: killed by signal 9")))
+      << out;
+  EXPECT_TRUE(std::regex_search(
+      ClosingList(out),
+      std::regex("psrt-run E +server 1 on local1 killed by signal 9 \\(Killed\\)")))
+      << out;
+  EXPECT_EQ(Leftovers(token), 0);
+}
+
+// The process that died is the one named: an agent as the agent (not the
+// server it took along), the coordinator as the coordinator; in the
+// recovery line, the job's reason and psrt-run's closing list.
+TEST(RecoveryTest, TheProcessThatDiedIsTheOneNamed) {
+  struct Case {
+    std::string policy;
+    Kind kind;
+    int signal;
+    std::string expected;  // in psrt-run's output
+  };
+  const Case cases[] = {
+      {"recover", Kind::kAgent, SIGKILL,
+       "recovery 1 of at most 3: agent on local1 exited with code 137: killed by signal 9 "
+       "\\(Killed\\); rolled back to step"},
+      {"fail", Kind::kAgent, SIGKILL,
+       "psrt-run E job failed: agent on local1 exited with code 137: killed by signal 9 "
+       "\\(Killed\\)\n(.*\n)*.*psrt-run E +psrt-worker\\[1\\] killed by signal 9"},
+      {"fail", Kind::kAgent, SIGTERM,
+       "psrt-run E job failed: agent on local1 exited with code 1: stopped by signal 15 "
+       "\\(Terminated\\)"},
+      {"fail", Kind::kCoordinator, SIGKILL,
+       "psrt-run E job failed: psrt-coordinator killed by signal 9 \\(Killed\\)\n(.*\n)*.*"
+       "psrt-run E +psrt-coordinator killed by signal 9"},
+  };
+  for (const Case& c : cases) {
+    const std::string dir = TempDir(), token = RandomToken();
+    const int kill_step = c.policy == "recover" ? 120 : 30;
+    Proc run = StartJob(Distribution(c.policy, dir + "/ckpt"), token, dir);
+    ASSERT_TRUE(run.WaitForOutput(absl::StrCat("step ", kill_step, " "), absl::Seconds(60)))
+        << run.Output();
+    const pid_t victim = Victim(c.kind, token, run);
+    ASSERT_NE(victim, 0) << run.Output();
+    kill(victim, c.signal);
+    EXPECT_EQ(run.Wait(absl::Seconds(60), "psrt-run"), c.policy == "recover" ? 0 : 1)
+        << run.Output();
+    const std::string out = run.Output();
+    EXPECT_TRUE(std::regex_search(out, std::regex(c.expected))) << c.expected << "\n" << out;
+    EXPECT_FALSE(std::regex_search(
+        out, std::regex("(job failed|recovery [0-9]+ of at most [0-9]+): server 1 on local1")))
+        << out;
+    EXPECT_EQ(Leftovers(token), 0);
+  }
+}
+
+// Async and ssp recover too, and count the steps lost in the workers'
+// steps, as their checkpoints do (a key's version counts both workers'
+// pushes).
+TEST(RecoveryTest, AsyncAndSspRecoverAndCountStepsLostInSteps) {
+  for (const std::string mode : {"async", "ssp"}) {
+    const std::string dir = TempDir(), token = RandomToken();
+    Proc run = StartJob(Distribution("recover", dir + "/ckpt",
+                                     absl::StrCat(R"(,"mode":")", mode, R"(")",
+                                                  mode == "ssp" ? R"(,"staleness":2)" : "")),
+                        token, dir);
+    ASSERT_TRUE(run.WaitForOutput("step 120 ", absl::Seconds(60))) << run.Output();
+    kill(ServerProcess(token, 1), SIGKILL);
+    ASSERT_EQ(run.Wait(absl::Seconds(60), "psrt-run"), 0) << mode << "\n" << run.Output();
+    const std::string out = run.Output();
+    const std::vector<Recovery> r = Recoveries(out);
+    ASSERT_EQ(r.size(), 1u) << out;
+    // The newest checkpoint before the kill: at least every worker's step
+    // 50, at most rank 0's logged step.
+    EXPECT_GE(r[0].step, kEvery) << out;
+    EXPECT_LE(r[0].step, 120 + 10) << out;
+    EXPECT_GE(r[0].lost, 0) << out;
+    EXPECT_LT(r[0].lost, 2 * kEvery) << out;
+    EXPECT_NE(out.find("job succeeded"), std::string::npos) << out;
+    EXPECT_EQ(Leftovers(token), 0);
+    std::printf("%s: rolled back to step %lld, %lld steps lost\n", mode.c_str(),
+                static_cast<long long>(r[0].step), static_cast<long long>(r[0].lost));
+  }
 }
 
 }  // namespace
