@@ -231,13 +231,19 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
   for (const Field& f : fields) {
     if (absl::Status s = CheckFloat32(f.name, f.value); !s.ok()) return s;
   }
-  const bool has_eps = c.kind == OptimizerKind::kAdam || c.kind == OptimizerKind::kAdamW ||
-                       c.kind == OptimizerKind::kAdaGrad;
-  if (has_eps && !(static_cast<float>(c.eps) > 0.0f)) {
+  // Adam divides by sqrt(v) + eps, AdaGrad by sqrt(sum) + eps: with eps 0
+  // (and, for AdaGrad, an accumulator starting at 0) an element whose
+  // gradients have all been 0 becomes 0/0. Keras's and MXNet's AdaGrad
+  // start the accumulator above 0 instead.
+  const bool divides_by_zero =
+      c.kind == OptimizerKind::kAdaGrad
+          ? !(static_cast<float>(c.initial_accumulator_value) > 0.0f)
+          : c.kind == OptimizerKind::kAdam || c.kind == OptimizerKind::kAdamW;
+  if (divides_by_zero && !(static_cast<float>(c.eps) > 0.0f)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "Invalid eps value: ", c.eps,
-        " (must be > 0 in float32: with 0, an element whose gradients have all been 0 becomes 0/0, "
-        "NaN)"));
+        "Invalid eps value: ", c.eps, " (must be > 0 in float32",
+        c.kind == OptimizerKind::kAdaGrad ? " unless initial_accumulator_value is" : "",
+        ": with 0, an element whose gradients have all been 0 becomes 0/0, NaN)"));
   }
   return ValidateLearningRate(c, c.lr);
 }

@@ -50,8 +50,9 @@ struct OptimizerConfig {
 // (lr >= 0, 0 <= beta < 1, eps >= 0, Nesterov needs momentum > 0 and zero
 // dampening, ...). NaN is rejected too. The message names the field and the
 // bad value. Beyond torch's rules, every hyperparameter must be finite as
-// float32 (the precision updates run in), eps > 0 (0 turns an element whose
-// gradients were all 0 into NaN), and so must the first update's scalars
+// float32 (the precision updates run in), eps > 0 for Adam and for AdaGrad
+// with an accumulator starting at 0 (else an element whose gradients were
+// all 0 becomes 0/0), and so must the first update's scalars
 // (ValidateLearningRate).
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& c);
 // A learning rate for `c` (set at run time): >= 0 (FTRL > 0), finite as

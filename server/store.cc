@@ -85,8 +85,9 @@ struct Store::Key {
   bool FreeRunning() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return !is_table && optimizer.kind == OptimizerKind::kAssign;
   }
-  // The workers that registered this key here (by rank).
+  // The workers that registered this key here (by rank), since when.
   std::vector<char> registrants ABSL_GUARDED_BY(mu);
+  absl::Time first_registered ABSL_GUARDED_BY(mu);
   bool partial_told ABSL_GUARDED_BY(mu) = false;  // its warning is logged
   bool snap_stray ABSL_GUARDED_BY(mu) = false;    // the copy is of a Stray key
 };
@@ -380,7 +381,10 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
     Completed completed;
     {
       absl::MutexLock lock(&key->mu);
-      if (key->registrants.empty()) key->registrants.assign(options_.num_workers, 0);
+      if (key->registrants.empty()) {
+        key->registrants.assign(options_.num_workers, 0);
+        key->first_registered = absl::Now();
+      }
       key->registrants[req.worker_rank()] = 1;
       bytes_in_->Add(spec.init().size());
       // Rank 0's value and optimizer settings win, once; a restarted rank 0
@@ -1150,6 +1154,11 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
   for (const WireKey& kd : req.keys) {
     absl::StatusOr<Key*> key = Find(kd.variable, kd.partition);
     if (!key.ok()) return done(key.status(), {});
+    if (std::find(p->keys.begin(), p->keys.end(), *key) != p->keys.end()) {
+      return done(absl::InvalidArgumentError(
+                      absl::StrCat("key '", (*key)->name, "' appears twice in one pull; name each key once")),
+                  {});
+    }
     if (!kd.data.empty()) {
       return done(absl::InvalidArgumentError(absl::StrCat(
                       "pull of key '", (*key)->name, "' carries data; a pull names keys and versions only")),
@@ -1179,25 +1188,42 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
     p->served.assign(n, 0);
     p->remaining = n;
   }
+  // Every key is checked before any is served: serving a table's key makes
+  // its new rows, which a refused pull must not leave behind.
+  auto check = [&](int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->keys[i]->mu) -> absl::Status {
+    Key* k = p->keys[i];
+    const int64_t min_version = p->min_version[i];
+    if (!k->stopped.ok()) return k->stopped;
+    if (!k->serving) return NotServing(k);
+    if (k->table) {
+      if (absl::Status s = CheckRowsLocked(k, p->ids[i]); !s.ok()) return s;
+    }
+    if (min_version < 0) {
+      return absl::OutOfRangeError(
+          absl::StrCat("pull of key '", k->name, "' asks for version ", min_version, "; versions start at 0"));
+    }
+    if (options_.sync && k->initialized && min_version > k->version + 1) {
+      return absl::OutOfRangeError(absl::StrCat("pull of key '", k->name, "' asks for version ", min_version,
+                                                " but the key is at version ", k->version,
+                                                "; in sync mode a pull may ask at most one version ahead"));
+    }
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < n; ++i) {
+    absl::Status s;
+    {
+      absl::MutexLock lock(&p->keys[i]->mu);
+      s = check(i);
+    }
+    if (!s.ok()) return Fail(p.get(), s);
+  }
   absl::Status bad;
   bool complete = false;
   for (int i = 0; i < n && bad.ok(); ++i) {
     Key* k = p->keys[i];
-    const int64_t min_version = p->min_version[i];
     absl::MutexLock lock(&k->mu);
-    if (!k->stopped.ok()) {
-      bad = k->stopped;
-    } else if (!k->serving) {
-      bad = NotServing(k);
-    } else if (k->table && !(bad = CheckRowsLocked(k, p->ids[i])).ok()) {
-    } else if (min_version < 0) {
-      bad = absl::OutOfRangeError(absl::StrCat(
-          "pull of key '", k->name, "' asks for version ", min_version, "; versions start at 0"));
-    } else if (options_.sync && k->initialized && min_version > k->version + 1) {
-      bad = absl::OutOfRangeError(absl::StrCat(
-          "pull of key '", k->name, "' asks for version ", min_version, " but the key is at version ",
-          k->version, "; in sync mode a pull may ask at most one version ahead"));
-    } else if (Ready(k, min_version)) {
+    if (!(bad = check(i)).ok()) {  // the key stopped meanwhile
+    } else if (Ready(k, p->min_version[i])) {
       complete = Serve(k, p.get(), i);
     } else {
       k->waiters.emplace_back(p, i);
@@ -1384,7 +1410,10 @@ void Store::CopyForSnapshot(Key* k) {
 }
 
 bool Store::Stray(Key* k, int64_t step) {
-  if (!options_.sync || step <= 0 || k->version != 0 || k->registrants.empty()) return false;
+  if (!options_.sync || step <= 0 || k->version != 0 || k->registrants.empty() ||
+      absl::Now() - k->first_registered < options_.registration_wait) {
+    return false;
+  }
   std::vector<int> by, not_by;
   for (int w = 0; w < options_.num_workers; ++w) {
     if (k->registrants[w]) {
@@ -1397,8 +1426,8 @@ bool Store::Stray(Key* k, int64_t step) {
   if (!k->partial_told) {
     k->partial_told = true;
     LogWarning("key '", k->name, "' was registered by worker", by.size() > 1 ? "s " : " ", absl::StrJoin(by, ", "),
-               " but never by worker", not_by.size() > 1 ? "s " : " ", absl::StrJoin(not_by, ", "),
-               ", so it cannot take a step: checkpoints ",
+               " but not by worker", not_by.size() > 1 ? "s " : " ", absl::StrJoin(not_by, ", "), " in ",
+               absl::FormatDuration(options_.registration_wait), " (barrier_timeout_s), so it cannot take a step: checkpoints ",
                k->initialized ? "take it as it is (version 0)" : "leave it out (it has no value)");
   }
   return true;

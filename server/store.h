@@ -48,6 +48,10 @@ struct StoreOptions {
   // An update whose gradient holds NaN or Inf is skipped (the version moves
   // on, the weights stay); true: the key stops with an error instead.
   bool fail_on_nonfinite = false;
+  // Sync: how long checkpoints wait for every worker to register a key that
+  // some worker registered (the job's barrier_timeout_s); then they take it
+  // as it is (Store::Stray).
+  absl::Duration registration_wait = absl::Seconds(60);
   // What one token holder can make the store hold (0: no limit): weights
   // and optimizer state in bytes, distinct variables, keys per variable.
   int64_t max_bytes = 0;
@@ -209,10 +213,10 @@ class Store {
   // Sizes a key's state for `optimizer` (slots initialised, weights unset).
   void InitKey(Key* key, const OptimizerConfig& optimizer);  // holds key->mu
   void CopyForSnapshot(Key* key);  // holds key->mu
-  // Sync: a key some active worker never registered, still at version 0 at
-  // a checkpoint of a later step: it cannot reach the step, so the
-  // checkpoint takes it as it is (or leaves it out without a value) instead
-  // of waiting for it. Warns once per key.
+  // Sync: a key some active worker has not registered registration_wait
+  // after the first did, still at version 0 at a checkpoint of a later step:
+  // it cannot reach the step, so the checkpoint takes it as it is (or leaves
+  // it out without a value) instead of waiting for it. Warns once per key.
   bool Stray(Key* key, int64_t step);  // holds key->mu
   absl::Status WaitForRestore();
   // One key of a validated push.

@@ -5,25 +5,43 @@
 // the server receives them. Mutations are structure-aware (calls.h): they
 // change the decoded requests, so most reach the store's checks.
 //
-// Beyond "no crash, leak or undefined behaviour": every snapshot the store
-// encodes must decode (checkpoints are never unreadable), and no call may
-// take longer than its bounded wait.
+// Beyond "no crash, leak or undefined behaviour", oracles:
+// - every snapshot the store encodes decodes (checkpoints are never
+//   unreadable), and no call takes longer than its bounded wait;
+// - state: a refused request (any error but a wait that ended) leaves the
+//   store's bytes (a snapshot of every key: weights, slots, versions,
+//   learning rates, rows) as they were;
+// - hyperparameters: an accepted optimizer holds only values finite as
+//   float32, and when they are all of moderate size (<= 1e18) one update of
+//   a weight of 0.5 by a gradient of 0 or 1 leaves it finite, as does an
+//   accepted learning rate for the keys it changes;
+// - checkpoint paths: a SaveShard (snapshot calls naming a root_uri) is
+//   accepted only for the one root the server is confined to, and answers
+//   by its deadline.
 
 #include <grpc/grpc.h>
 #include <grpcpp/support/byte_buffer.h>
 
+#include <unistd.h>
+
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/metrics.h"
 #include "common/tensor_coding.h"
 #include "psrt/v1/coordinator.pb.h"
 #include "psrt/v1/ps.pb.h"
+#include "common/optimizer_proto.h"
+#include "kernels/optimizer.h"
 #include "server/checkpoint/shard_format.h"
+#include "server/checkpoint_io.h"
 #include "server/store.h"
 #include "tests/fuzz/calls.h"
 
@@ -78,10 +96,51 @@ void RegisterBase(Store* store) {
 }
 
 // Waits for a pull; its deadline is at most a sweep away.
-void AwaitPull(const std::function<void(Store::PullDone)>& start) {
+void AwaitPull(const std::function<void(Store::PullDone)>& start, absl::Status* status) {
   absl::Notification done;
-  start([&](absl::Status, std::vector<OutKey>) { done.Notify(); });
+  start([&](absl::Status s, std::vector<OutKey>) {
+    *status = std::move(s);
+    done.Notify();
+  });
   if (!done.WaitForNotificationWithTimeout(absl::Seconds(10))) std::abort();  // a hang
+}
+
+// Every key's bytes as a checkpoint would hold them (nothing armed after).
+std::string StateOf(Store* store) {
+  std::string out;
+  if (!store->ArmSnapshot(-1).ok()) std::abort();  // step < 0 is never refused
+  store->WaitSnapshot(absl::Now());
+  v1::SaveShardResponse info;
+  store->EncodeSnapshot(&out, &info);
+  return out;
+}
+
+// A refusal, as opposed to a wait that ended (its push part may have been
+// applied) or a store that is closing.
+bool Refusal(const absl::Status& s) {
+  return !s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded &&
+         s.code() != absl::StatusCode::kCancelled && s.code() != absl::StatusCode::kUnavailable;
+}
+
+void CheckHyperparameters(const OptimizerConfig& c, double lr) {
+  if (c.kind == OptimizerKind::kAssign) return;
+  const double values[] = {lr,   c.momentum, c.dampening, c.weight_decay, c.beta1,    c.beta2,
+                           c.eps, c.lr_decay, c.initial_accumulator_value, c.l1, c.l2, c.ftrl_beta};
+  bool moderate = true;
+  for (double v : values) {
+    if (!std::isfinite(static_cast<float>(v))) std::abort();  // accepted, yet not finite as float32
+    moderate = moderate && std::fabs(v) <= 1e18;
+  }
+  if (!moderate || (c.kind == OptimizerKind::kFtrl && lr < 1e-18)) return;
+  for (float g : {0.0f, 1.0f}) {
+    float param = 0.5f, grad = g;
+    std::vector<float> slots(NumSlots(c));
+    std::vector<float*> ptrs;
+    for (float& v : slots) ptrs.push_back(&v);
+    InitSlots(c, ptrs.data(), 1);
+    ApplyUpdate(c, lr, 1, &param, &grad, ptrs.data(), 1);
+    if (!std::isfinite(param)) std::abort();  // finite inputs, a non-finite weight
+  }
 }
 
 }  // namespace
@@ -115,17 +174,35 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Metrics metrics("psrt_server");
   Store store(options, &metrics);
   RegisterBase(&store);
+  // Accepted optimizers (variable, config), for the hyperparameter oracle.
+  std::vector<std::pair<std::string, OptimizerConfig>> optimizers;
+  static const std::string root = absl::StrCat("file:///tmp/psrt-store-fuzz-", getpid());
+  ShardSaver saver(&store);
+  saver.Confine(root);
   for (const Call& call : calls) {
     std::unique_ptr<google::protobuf::Message> m(Prototypes()[call.kind % Prototypes().size()]->New());
     const bool parsed = m->ParseFromString(call.bytes);
     const absl::Time deadline = absl::Now() + absl::Milliseconds(1);
-    switch (call.kind % Prototypes().size()) {
+    const int kind = call.kind % Prototypes().size();
+    const bool checked = kind != kSnapshot && kind != kMembers;
+    const std::string before = checked ? StateOf(&store) : "";
+    absl::Status status;
+    switch (kind) {
       case kRegister:
-        if (parsed) (void)store.RegisterKeys(static_cast<v1::RegisterKeysRequest&>(*m));
+        if (!parsed) break;
+        status = store.RegisterKeys(static_cast<v1::RegisterKeysRequest&>(*m));
+        if (status.ok()) {
+          for (const v1::KeySpec& spec : static_cast<v1::RegisterKeysRequest&>(*m).keys()) {
+            absl::StatusOr<OptimizerConfig> c = OptimizerFromProto(spec.optimizer());
+            if (!c.ok()) std::abort();  // accepted, yet not a valid optimizer
+            CheckHyperparameters(*c, c->lr);
+            optimizers.emplace_back(spec.variable(), *c);
+          }
+        }
         break;
       case kPush: {  // as the server receives it: the wire parser, then the store
         WireMessage wire;
-        if (ParsePushRequest(Received(call.bytes), &wire).ok()) (void)store.Push(wire);
+        if (ParsePushRequest(Received(call.bytes), &wire).ok()) status = store.Push(wire);
         break;
       }
       case kPull: {
@@ -133,7 +210,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (!ParsePullRequest(Received(call.bytes), &wire).ok()) break;
         AwaitPull([&](Store::PullDone done) {
           store.PullAsync(wire, deadline, [] { return false; }, std::move(done));
-        });
+        }, &status);
         break;
       }
       case kPushPull: {
@@ -141,21 +218,37 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (!ParsePushPullRequest(Received(call.bytes), &wire).ok()) break;
         AwaitPull([&](Store::PullDone done) {
           store.PushPullAsync(wire, deadline, [] { return false; }, std::move(done));
-        });
+        }, &status);
         break;
       }
-      case kLearningRate:
-        if (parsed) (void)store.SetLearningRate(static_cast<v1::SetLearningRateRequest&>(*m));
+      case kLearningRate: {
+        if (!parsed) break;
+        const auto& req = static_cast<v1::SetLearningRateRequest&>(*m);
+        absl::StatusOr<int64_t> changed = store.SetLearningRate(req);
+        status = changed.status();
+        if (!changed.ok()) break;
+        for (const auto& [variable, c] : optimizers) {
+          if (req.variable().empty() || req.variable() == variable) CheckHyperparameters(c, req.lr());
+        }
         break;
+      }
       case kReplicate:
-        if (parsed) (void)store.Replicate(static_cast<v1::ReplicateRequest&>(*m));
+        if (parsed) status = store.Replicate(static_cast<v1::ReplicateRequest&>(*m));
         break;
       case kSeed:
-        if (parsed) (void)store.Seed(static_cast<v1::SeedRequest&>(*m));
+        if (parsed) status = store.Seed(static_cast<v1::SeedRequest&>(*m));
         break;
       case kSnapshot: {
         if (!parsed) break;
         const auto& req = static_cast<v1::SaveShardRequest&>(*m);
+        if (!req.root_uri().empty()) {  // as the server's SaveShard
+          v1::SaveShardResponse resp;
+          const absl::Time start = absl::Now();
+          const absl::Status saved = saver.Save(req, start + absl::Milliseconds(5), &resp);
+          if (saved.ok() && req.root_uri() != root) std::abort();  // written outside the job's root
+          if (absl::Now() - start > absl::Seconds(2)) std::abort();  // outlived its deadline
+          break;
+        }
         if (!store.ArmSnapshot(req.step() < 0 ? -1 : req.step() % 8).ok()) break;
         store.WaitSnapshot(absl::Now());
         std::string shard;
@@ -171,6 +264,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
     }
+    if (checked && Refusal(status) && StateOf(&store) != before) std::abort();  // refused, yet changed
   }
   return 0;
 }

@@ -920,8 +920,9 @@ TEST(PartialRegistrationTest, AVariableOneRankAloneRegisteredBlocksNeitherCheckp
   ASSERT_NE(mkdtemp(dir_template), nullptr);
   const std::string dir = dir_template;
   testing::ClusterOptions options;
+  // Checkpoints wait barrier_timeout_s for the other rank to register it.
   options.distribution = absl::StrCat(R"({"parameter_server":{"enabled":true,"mode":"sync","workers_per_host":2,)",
-                                      R"("checkpoint":{"uri":"file://)", dir, R"("}}})");
+                                      R"("barrier_timeout_s":2,"checkpoint":{"uri":"file://)", dir, R"("}}})");
   absl::StatusOr<std::unique_ptr<testing::TestCluster>> started = testing::TestCluster::Start(options);
   ASSERT_TRUE(started.ok()) << started.status();
   testing::TestCluster& cluster = **started;

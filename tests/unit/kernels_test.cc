@@ -675,9 +675,10 @@ class OptimizerIsaTest
 TEST_P(OptimizerIsaTest, FiveStepsBitIdenticalToBaseline) {
   const Isa isa = std::get<0>(GetParam());
   const OptimizerConfig& c = std::get<1>(GetParam()).config;
-  // AdaGradZeroEps is refused at registration (an element whose gradients
-  // were all 0 becomes 0/0), but every kernel must still agree on it.
-  if (c.eps != 0.0) ASSERT_TRUE(ValidateOptimizerConfig(c).ok());
+  // AdaGradZeroEps is refused at registration (its accumulator starts at 0:
+  // an element whose gradients were all 0 becomes 0/0), but every kernel
+  // must still agree on it.
+  if (c.eps != 0.0 || c.initial_accumulator_value > 0) ASSERT_TRUE(ValidateOptimizerConfig(c).ok());
   for (size_t n : kLengths) {
     const int num_slots = NumSlots(c);
     std::vector<float> p_ref = OptValues(n, 1, 1.0f), p_isa = p_ref;

@@ -498,7 +498,8 @@ std::vector<BadConfig> BadConfigs() {
       {"lr_decay", "inf"});
   add("AdaGradInfInitialAccumulator", OptimizerKind::kAdaGrad,
       [&](OptimizerConfig& c) { c.initial_accumulator_value = inf; }, {"initial_accumulator_value", "inf"});
-  add("AdaGradZeroEps", OptimizerKind::kAdaGrad, [](OptimizerConfig& c) { c.eps = 0; }, {"eps", "> 0"});
+  add("AdaGradZeroEpsAndAccumulator", OptimizerKind::kAdaGrad, [](OptimizerConfig& c) { c.eps = 0; },
+      {"eps", "> 0", "initial_accumulator_value"});
   add("FtrlLrWhoseInverseOverflows", OptimizerKind::kFtrl, [](OptimizerConfig& c) { c.lr = 1e-39; },
       {"lr", "1e-39", "first update"});
   return out;
@@ -520,6 +521,14 @@ INSTANTIATE_TEST_SUITE_P(All, ValidateRejects,
                          [](const ::testing::TestParamInfo<BadConfig>& info) {
                            return info.param.name;
                          });
+
+TEST(ValidateOptimizerConfig, AdaGradMayHaveZeroEpsWhenItsAccumulatorStartsAboveZero) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kAdaGrad;
+  c.eps = 0;
+  c.initial_accumulator_value = 0.1;  // as Keras's and MXNet's plugins send it
+  EXPECT_TRUE(ValidateOptimizerConfig(c).ok()) << ValidateOptimizerConfig(c);
+}
 
 TEST(ValidateLearningRate, ChecksTheRateAgainstTheOptimizersOtherSettings) {
   OptimizerConfig adam;

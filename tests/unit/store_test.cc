@@ -1218,6 +1218,32 @@ TEST(StoreSnapshotTest, AssignKeysAreTakenAsTheyAreAndDoNotSetTheStep) {
   EXPECT_EQ(versions, (std::map<std::string, int64_t>{{"frozen", 0}, {"mean", 3}, {"w", 1}}));
 }
 
+// A key one worker registered and the other has not, registration_wait
+// later, cannot take a step: a checkpoint of a later step takes it as it is
+// (version 0) or, without rank 0's value, leaves it out, and says which.
+TEST(StoreSnapshotTest, AKeyNotEveryWorkerRegisteredIsWaitedForOnlySoLong) {
+  Metrics m("t");
+  StoreOptions o = Sync(2);
+  o.registration_wait = absl::Milliseconds(300);
+  Store store(o, &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", std::vector<float>{1, 2, 3}),
+                                            Simple("stray", std::vector<float>{4, 5, 6})}))
+                  .ok());
+  ASSERT_TRUE(store.RegisterKeys(RegReq(1, {Simple("w", std::nullopt, 3), Simple("lone", std::nullopt, 3)})).ok());
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(store.Push(PushReq(r, 1, {Grad("w", 0, {1, 1, 1})})).ok());
+  ASSERT_TRUE(store.ArmSnapshot(1).ok());
+  EXPECT_EQ(store.WaitSnapshot(absl::Now()), 2) << "stray and lone are waited for at first";
+  EXPECT_EQ(store.WaitSnapshot(absl::Now() + absl::Seconds(5)), 0);
+  std::string shard;
+  v1::SaveShardResponse info;
+  store.EncodeSnapshot(&shard, &info);
+  std::map<std::string, int64_t> versions;
+  for (const v1::ManifestKey& k : info.keys()) versions[k.variable()] = k.version();
+  EXPECT_EQ(versions, (std::map<std::string, int64_t>{{"stray", 0}, {"w", 1}}));
+  EXPECT_EQ(std::vector<std::string>(info.stray_keys().begin(), info.stray_keys().end()),
+            std::vector<std::string>{"stray#0"});
+}
+
 TEST(StoreSnapshotTest, AnAssignKeyWaitingForRankZerosValueIsWaitedFor) {
   Metrics m("t");
   Store store(Sync(2), &m);
