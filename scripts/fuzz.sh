@@ -23,7 +23,7 @@ ninja -C "$build" -j"${JOBS:-2}" --quiet fuzz
 
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(store coordinator wire shard manifest config s3)
+  targets=(store service coordinator wire shard manifest config s3)
 fi
 mkdir -p "$build/findings"
 export ASAN_SYMBOLIZER_PATH=/usr/lib/llvm-16/bin/llvm-symbolizer UBSAN_OPTIONS=print_stacktrace=1

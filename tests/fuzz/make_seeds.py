@@ -111,6 +111,14 @@ def main():
                                              (8, field(1, 0, 2) + field(2, 0, 1))))
     write("store", "fp16_push", calls((1, push([key_data("w", dtype=2, data=b"\x00\x3c" * 16)])),
                                       (7, field(4, 0, 0x7FFFFFFFFFFFFFFF))))
+    # service: kinds 0 register, 1 push, 2 pull, 3 push-pull, 4 lr, 5 stats, 6 save shard, 7 attach,
+    # 8 replicate, 9 seed; + 10: without the token, + 20: another job's
+    w_spec = s(1, "w") + field(3, 0, 1) + field(4, 0, 16) + field(6, 0, 16) + s(7, sgd)
+    write("service", "data_path", calls((0, field(1, 0, 1) + s(2, w_spec)), (1, push([w_push])),
+                                        (2, pull([key_data("w", version=1)])), (3, s(1, push([w_push])))))
+    write("service", "control", calls((4, field(2, 1, 0) + s(3, "w")), (5, b""),
+                                      (6, s(1, "file:///tmp/x") + s(2, "step-1") + s(3, "step-1/shard"))))
+    write("service", "no_token", calls((11, push([w_push])), (22, pull([key_data("w")])), (19, b"\x0a\xff\xff\x03")))
     # coordinator: kinds 0 register, 1 barrier, 2 heartbeat, 3 report exit, 4 status, 5 checkpoint
     server0 = field(1, 0, 2) + field(2, 0, 0)  # ProcessId{role=server, index=0}
     worker0 = field(1, 0, 3) + field(2, 0, 0)
