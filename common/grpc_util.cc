@@ -213,6 +213,15 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+bool AwaitForCaller(absl::Mutex* mu, const absl::Condition& cond, absl::Time deadline,
+                    grpc::ServerContextBase* ctx) {
+  // Cancellation has no wake-up of its own: look every 100 ms.
+  while (!mu->AwaitWithDeadline(cond, std::min(deadline, absl::Now() + absl::Milliseconds(100)))) {
+    if (absl::Now() >= deadline || ctx->IsCancelled()) return false;
+  }
+  return true;
+}
+
 absl::Duration TimeLeft(const grpc::ServerContextBase* ctx, absl::Duration cap) {
   absl::Duration left = absl::FromChrono(ctx->deadline() - std::chrono::system_clock::now());
   return std::max(absl::ZeroDuration(), std::min(left, cap));

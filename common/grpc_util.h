@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/tls.h"
 
@@ -79,6 +80,12 @@ grpc::Status CheckToken(const grpc::ServerContextBase* ctx, const std::string& t
 
 grpc::Status ToGrpc(const absl::Status& s);
 absl::Status FromGrpc(const grpc::Status& s);
+
+// Waits on `mu` (held) until `cond` holds (true), `deadline` passes or the
+// caller of `ctx` goes away (false): a handler's wait never outlives its
+// caller.
+bool AwaitForCaller(absl::Mutex* mu, const absl::Condition& cond, absl::Time deadline,
+                    grpc::ServerContextBase* ctx);
 
 // Time left before the call's deadline, capped at `cap`.
 absl::Duration TimeLeft(const grpc::ServerContextBase* ctx, absl::Duration cap);

@@ -656,7 +656,8 @@ grpc::Status CoordinatorService::Barrier(grpc::ServerContext* ctx, const v1::Bar
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return state_ != v1::JOB_RUNNING || (ReadyLocked() && (!elastic() || ServersApplyLocked(epoch_)));
   };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
+  if (!AwaitForCaller(&mu_, absl::Condition(&done), deadline, ctx)) {
+    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
     return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                         absl::StrCat("readiness barrier timed out after ",
                                      absl::FormatDuration(timeout), "; not arrived: ",

@@ -61,7 +61,7 @@ static absl::Time Deadline(const grpc::ServerContextBase* ctx) {
 grpc::Status PsService::RegisterKeys(grpc::ServerContext* ctx, const v1::RegisterKeysRequest* req,
                                      v1::RegisterKeysResponse*) {
   if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
-  return Finish(store_->RegisterKeys(*req));
+  return Finish(store_->RegisterKeys(*req, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }));
 }
 
 absl::Status PsService::ResolveShared(WireMessage* m) {

@@ -298,10 +298,11 @@ absl::Status Store::CheckDenseSpec(const v1::KeySpec& spec, int32_t rank) const 
   return absl::OkStatus();
 }
 
-absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req) {
+absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time deadline,
+                                 const Cancelled& cancelled) {
   if (absl::Status s = CheckWorker(req.worker_rank()); !s.ok()) return s;
   if (req.keys().empty()) return absl::InvalidArgumentError("register request names no keys");
-  if (absl::Status s = WaitForRestore(); !s.ok()) return s;
+  if (absl::Status s = WaitForRestore(deadline, cancelled); !s.ok()) return s;
   std::string restored_from;
   {
     absl::MutexLock lock(&restore_mu_);
@@ -1511,12 +1512,20 @@ void Store::EncodeSnapshot(std::string* out, v1::SaveShardResponse* info) {
   info->set_max_pause_s(max_pause_s_.load());
 }
 
-absl::Status Store::WaitForRestore() {
+absl::Status Store::WaitForRestore(absl::Time deadline, const Cancelled& cancelled) {
+  const absl::Time start = absl::Now();
+  deadline = std::min(deadline, start + options_.max_pull_wait);
   absl::MutexLock lock(&restore_mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(restore_mu_) { return !restore_pending_; };
-  if (!restore_mu_.AwaitWithTimeout(absl::Condition(&done), options_.max_pull_wait)) {
-    return absl::UnavailableError(absl::StrCat("this server is still restoring its checkpoint after ",
-                                               absl::FormatDuration(options_.max_pull_wait)));
+  // A restore ends without a caller's wake-up: look every 100 ms whether
+  // the caller went away.
+  while (!restore_mu_.AwaitWithDeadline(absl::Condition(&done),
+                                        std::min(deadline, absl::Now() + absl::Milliseconds(100)))) {
+    if (cancelled && cancelled()) return absl::CancelledError("the caller went away");
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat("this server is still restoring its checkpoint after ",
+                                                 absl::FormatDuration(absl::Now() - start)));
+    }
   }
   return restore_status_;
 }

@@ -67,7 +67,11 @@ class Store {
   Store(StoreOptions options, Metrics* metrics);
   ~Store();
 
-  absl::Status RegisterKeys(const v1::RegisterKeysRequest& req);
+  // Waits (while the server restores a checkpoint) until `deadline` at the
+  // latest, or until `cancelled` says the caller went away.
+  using Cancelled = std::function<bool()>;
+  absl::Status RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time deadline = absl::InfiniteFuture(),
+                            const Cancelled& cancelled = nullptr);
 
   // ---- Replicas ("replicas": 1) ----
   // Sends one update of a key this server serves to its copy on the backup
@@ -103,8 +107,8 @@ class Store {
   // Applies (or, in sync mode, accumulates) each key's gradient straight
   // from the request's buffers. Keys of a big push are applied in parallel.
   absl::Status Push(const WireMessage& req);
-  // Asked now and then while a pull waits; true ends it (the caller went away).
-  using Cancelled = std::function<bool()>;
+  // Cancelled is asked now and then while a pull waits; true ends it (the
+  // caller went away).
   // Called once when a pull ends: OK with its keys (values in pooled
   // buffers, in request order), or the error that ended it.
   using PullDone = std::function<void(absl::Status, std::vector<OutKey>)>;
@@ -218,7 +222,7 @@ class Store {
   // it cannot reach the step, so the checkpoint takes it as it is (or leaves
   // it out without a value) instead of waiting for it. Warns once per key.
   bool Stray(Key* key, int64_t step);  // holds key->mu
-  absl::Status WaitForRestore();
+  absl::Status WaitForRestore(absl::Time deadline, const Cancelled& cancelled);
   // One key of a validated push.
   void ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd);  // holds k->mu
 

@@ -1244,6 +1244,26 @@ TEST(StoreSnapshotTest, AKeyNotEveryWorkerRegisteredIsWaitedForOnlySoLong) {
             std::vector<std::string>{"stray#0"});
 }
 
+// A registration waits for the server's restore only as long as its caller.
+TEST(StoreRestoreTest, ARegistrationWaitsForTheRestoreByItsCallersDeadlineAndNoLonger) {
+  Metrics m("t");
+  StoreOptions o = Sync(1);
+  o.restore_pending = true;
+  Store store(o, &m);
+  absl::Time start = absl::Now();
+  absl::Status s = store.RegisterKeys(RegReq(0, {Simple("a", std::vector<float>{1, 2, 3})}),
+                                      start + absl::Milliseconds(300));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_HAS(s, "still restoring its checkpoint");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  start = absl::Now();
+  s = store.RegisterKeys(RegReq(0, {Simple("a", std::vector<float>{1, 2, 3})}), absl::InfiniteFuture(),
+                         [] { return true; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ(store.num_keys(), 0);
+}
+
 TEST(StoreSnapshotTest, AnAssignKeyWaitingForRankZerosValueIsWaitedFor) {
   Metrics m("t");
   Store store(Sync(2), &m);
