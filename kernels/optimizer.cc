@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
-#include <vector>
 
 #include "Eigen/Core"
 #include "absl/strings/str_cat.h"
@@ -203,31 +202,22 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
   // The kernels compute in float32: a value finite as a double (1e300) or
   // one they divide by that rounds to 0 would make every weight Inf or NaN
   // at the first update.
+  // Every field, used by this kind or not: a checkpoint keeps them all.
   struct Field {
     const char* name;
     double value;
   };
-  std::vector<Field> fields = {{"weight_decay", c.weight_decay}};
-  switch (c.kind) {
-    case OptimizerKind::kSgd:
-      fields.insert(fields.end(), {{"momentum", c.momentum}, {"dampening", c.dampening}});
-      break;
-    case OptimizerKind::kAdam:
-    case OptimizerKind::kAdamW:
-      fields.insert(fields.end(), {{"beta1", c.beta1}, {"beta2", c.beta2}, {"eps", c.eps}});
-      break;
-    case OptimizerKind::kAdaGrad:
-      fields.insert(fields.end(), {{"lr_decay", c.lr_decay},
-                                   {"initial_accumulator_value", c.initial_accumulator_value},
-                                   {"eps", c.eps}});
-      break;
-    case OptimizerKind::kFtrl:
-      fields.insert(fields.end(), {{"initial_accumulator_value", c.initial_accumulator_value},
-                                   {"l1", c.l1}, {"l2", c.l2}, {"ftrl_beta", c.ftrl_beta}});
-      break;
-    case OptimizerKind::kAssign:
-      break;
-  }
+  const Field fields[] = {{"momentum", c.momentum},
+                          {"dampening", c.dampening},
+                          {"weight_decay", c.weight_decay},
+                          {"beta1", c.beta1},
+                          {"beta2", c.beta2},
+                          {"eps", c.eps},
+                          {"lr_decay", c.lr_decay},
+                          {"initial_accumulator_value", c.initial_accumulator_value},
+                          {"l1", c.l1},
+                          {"l2", c.l2},
+                          {"ftrl_beta", c.ftrl_beta}};
   for (const Field& f : fields) {
     if (absl::Status s = CheckFloat32(f.name, f.value); !s.ok()) return s;
   }

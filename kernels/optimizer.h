@@ -49,8 +49,8 @@ struct OptimizerConfig {
 // Checks the fields used by `c.kind` the way torch.optim's constructors do
 // (lr >= 0, 0 <= beta < 1, eps >= 0, Nesterov needs momentum > 0 and zero
 // dampening, ...). NaN is rejected too. The message names the field and the
-// bad value. Beyond torch's rules, every hyperparameter must be finite as
-// float32 (the precision updates run in), eps > 0 for Adam and for AdaGrad
+// bad value. Beyond torch's rules, every hyperparameter (used by `c.kind` or
+// not) must be finite as float32 (the precision updates run in), eps > 0 for Adam and for AdaGrad
 // with an accumulator starting at 0 (else an element whose gradients were
 // all 0 becomes 0/0), and so must the first update's scalars
 // (ValidateLearningRate).

@@ -500,6 +500,8 @@ std::vector<BadConfig> BadConfigs() {
       [&](OptimizerConfig& c) { c.initial_accumulator_value = inf; }, {"initial_accumulator_value", "inf"});
   add("AdaGradZeroEpsAndAccumulator", OptimizerKind::kAdaGrad, [](OptimizerConfig& c) { c.eps = 0; },
       {"eps", "> 0", "initial_accumulator_value"});
+  add("SgdNanInAFieldItDoesNotUse", OptimizerKind::kSgd, [&](OptimizerConfig& c) { c.ftrl_beta = nan; },
+      {"ftrl_beta", "nan"});
   add("FtrlLrWhoseInverseOverflows", OptimizerKind::kFtrl, [](OptimizerConfig& c) { c.lr = 1e-39; },
       {"lr", "1e-39", "first update"});
   return out;
