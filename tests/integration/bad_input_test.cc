@@ -172,6 +172,12 @@ std::string Describe(const grpc::Status& s) {
   return ::testing::AssertionSuccess();
 }
 
+// A new directory under /tmp for a job's checkpoints ("" if none could be made).
+std::string MakeTempDir(const std::string& name) {
+  std::string path = "/tmp/psrt-" + name + "-XXXXXX";
+  return mkdtemp(path.data()) != nullptr ? path : "";
+}
+
 class BadInputTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -846,9 +852,8 @@ TEST_F(BadInputTest, ErrorTextsAreCutToWhatGrpcCanDeliver) {
 }
 
 TEST(SaveShardTest, AServerWritesOnlyUnderTheJobsCheckpointUriAndAnswersByTheCallersDeadline) {
-  char dir_template[] = "/tmp/psrt-saveshard-XXXXXX";
-  ASSERT_NE(mkdtemp(dir_template), nullptr);
-  const std::string dir = dir_template;
+  const std::string dir = MakeTempDir("saveshard");
+  ASSERT_FALSE(dir.empty());
   testing::ClusterOptions options;
   options.distribution = absl::StrCat(R"({"parameter_server":{"enabled":true,"mode":"sync","workers_per_host":1,)",
                                       R"("checkpoint":{"uri":"file://)", dir, R"(/ckpt"}}})");
@@ -916,9 +921,8 @@ TEST_F(BadInputTest, PullOfUnpushedVersionEndsAtDeadline) {
 // script): it cannot take a step, but it must block neither checkpoints nor
 // the job's end (its final checkpoint).
 TEST(PartialRegistrationTest, AVariableOneRankAloneRegisteredBlocksNeitherCheckpointsNorTheEnd) {
-  char dir_template[] = "/tmp/psrt-partial-XXXXXX";
-  ASSERT_NE(mkdtemp(dir_template), nullptr);
-  const std::string dir = dir_template;
+  const std::string dir = MakeTempDir("partial");
+  ASSERT_FALSE(dir.empty());
   testing::ClusterOptions options;
   // Checkpoints wait barrier_timeout_s for the other rank to register it.
   options.distribution = absl::StrCat(R"({"parameter_server":{"enabled":true,"mode":"sync","workers_per_host":2,)",
