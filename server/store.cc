@@ -1415,17 +1415,21 @@ bool Store::Stray(Key* k, int64_t step) {
       absl::Now() - k->first_registered < options_.registration_wait) {
     return false;
   }
-  std::vector<int> by, not_by;
-  for (int w = 0; w < options_.num_workers; ++w) {
-    if (k->registrants[w]) {
-      by.push_back(w);
-    } else if (k->active.empty() || k->active[w]) {
-      not_by.push_back(w);
-    }
-  }
-  if (not_by.empty()) return false;
+  // Asked on every poll of a waiting checkpoint: the lists are made only
+  // for the one warning.
+  auto missing = [&](int w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu) {
+    return !k->registrants[w] && (k->active.empty() || k->active[w]);
+  };
+  int w = 0;
+  while (w < options_.num_workers && !missing(w)) ++w;
+  if (w == options_.num_workers) return false;
   if (!k->partial_told) {
     k->partial_told = true;
+    std::vector<int> by, not_by;
+    for (int i = 0; i < options_.num_workers; ++i) {
+      if (k->registrants[i]) by.push_back(i);
+      if (missing(i)) not_by.push_back(i);
+    }
     LogWarning("key '", k->name, "' was registered by worker", by.size() > 1 ? "s " : " ", absl::StrJoin(by, ", "),
                " but not by worker", not_by.size() > 1 ? "s " : " ", absl::StrJoin(not_by, ", "), " in ",
                absl::FormatDuration(options_.registration_wait), " (barrier_timeout_s), so it cannot take a step: checkpoints ",

@@ -1187,6 +1187,15 @@ TEST(StoreSnapshotTest, AKeyNotYetInitializedIsWaitedFor) {
   EXPECT_EQ(info.keys(0).version(), 1);
 }
 
+// Encodes the armed snapshot: each variable's version in it, and `info`.
+std::map<std::string, int64_t> SnapshotVersions(Store* store, v1::SaveShardResponse* info) {
+  std::string shard;
+  store->EncodeSnapshot(&shard, info);
+  std::map<std::string, int64_t> versions;
+  for (const v1::ManifestKey& k : info->keys()) versions[k.variable()] = k.version();
+  return versions;
+}
+
 // Assign keys (the mean gradient, BatchNorm's statistics, frozen weights)
 // do not follow the step: a snapshot takes them as they are, the step is read
 // from the other keys, and NaN in them is kept (it is what workers must see).
@@ -1210,11 +1219,8 @@ TEST(StoreSnapshotTest, AssignKeysAreTakenAsTheyAreAndDoNotSetTheStep) {
   EXPECT_EQ(store.WaitSnapshot(absl::Now()), 1);                             // w
   ASSERT_TRUE(store.Push(PushReq(0, 4, {Grad("w", 0, {1, 1, 1})})).ok());
   EXPECT_EQ(store.WaitSnapshot(absl::Now() + absl::Seconds(5)), 0);
-  std::string shard;
   v1::SaveShardResponse info;
-  store.EncodeSnapshot(&shard, &info);
-  std::map<std::string, int64_t> versions;
-  for (const v1::ManifestKey& k : info.keys()) versions[k.variable()] = k.version();
+  const std::map<std::string, int64_t> versions = SnapshotVersions(&store, &info);
   EXPECT_EQ(versions, (std::map<std::string, int64_t>{{"frozen", 0}, {"mean", 3}, {"w", 1}}));
 }
 
@@ -1234,11 +1240,8 @@ TEST(StoreSnapshotTest, AKeyNotEveryWorkerRegisteredIsWaitedForOnlySoLong) {
   ASSERT_TRUE(store.ArmSnapshot(1).ok());
   EXPECT_EQ(store.WaitSnapshot(absl::Now()), 2) << "stray and lone are waited for at first";
   EXPECT_EQ(store.WaitSnapshot(absl::Now() + absl::Seconds(5)), 0);
-  std::string shard;
   v1::SaveShardResponse info;
-  store.EncodeSnapshot(&shard, &info);
-  std::map<std::string, int64_t> versions;
-  for (const v1::ManifestKey& k : info.keys()) versions[k.variable()] = k.version();
+  const std::map<std::string, int64_t> versions = SnapshotVersions(&store, &info);
   EXPECT_EQ(versions, (std::map<std::string, int64_t>{{"stray", 0}, {"w", 1}}));
   EXPECT_EQ(std::vector<std::string>(info.stray_keys().begin(), info.stray_keys().end()),
             std::vector<std::string>{"stray#0"});
