@@ -1,6 +1,8 @@
 #include "common/shared_memory.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,7 +10,9 @@
 #include <cerrno>
 #include <cstring>
 #include <random>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace psrt {
@@ -36,7 +40,7 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(size_t bytes)
   if (bytes == 0)
     return absl::InvalidArgumentError("a shared-memory region needs at least one byte");
   std::random_device rd;
-  std::string name = kPrefix;
+  std::string name = absl::StrCat(kPrefix, getpid(), "-");
   static const char kHex[] = "0123456789abcdef";
   for (int i = 0; i < 32; ++i) name.push_back(kHex[rd() % 16]);
   const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -68,7 +72,7 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Attach(const std::st
                                                                    size_t bytes) {
   if (!ValidName(name)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "'", name.substr(0, 80), "' is not a psrt shared-memory name (/psrt- and lowercase hex)"));
+        "'", name.substr(0, 80), "' is not a psrt shared-memory name (/psrt-, digits, '-' and lowercase hex)"));
   }
   const int fd = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW, 0);
   if (fd < 0) {
@@ -108,6 +112,27 @@ void SharedRegion::Unlink() {
   if (!linked_) return;
   shm_unlink(name_.c_str());
   linked_ = false;
+}
+
+int SweepSharedMemory() {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  std::vector<std::string> names;
+  while (const dirent* e = readdir(dir)) names.push_back(absl::StrCat("/", e->d_name));
+  closedir(dir);
+  int removed = 0;
+  for (const std::string& name : names) {
+    // Listed before the check: a pid reused since names a different object.
+    int pid = 0;
+    const size_t dash = name.find('-', sizeof(kPrefix) - 1);
+    if (!ValidName(name) || dash == std::string::npos ||
+        !absl::SimpleAtoi(name.substr(sizeof(kPrefix) - 1, dash - sizeof(kPrefix) + 1), &pid) ||
+        pid <= 0) {
+      continue;
+    }
+    if (kill(pid, 0) != 0 && errno == ESRCH && shm_unlink(name.c_str()) == 0) ++removed;
+  }
+  return removed;
 }
 
 }  // namespace psrt

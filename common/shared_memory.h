@@ -20,8 +20,8 @@ namespace psrt {
 // mappings hold it, and it goes when both processes have.
 class SharedRegion {
  public:
-  // A new object "/psrt-<random>" of `bytes`, mapped read-write, no page
-  // of it allocated yet.
+  // A new object "/psrt-<pid>-<random>" of `bytes`, mapped read-write, no
+  // page of it allocated yet. The pid lets SweepSharedMemory tell whose it is.
   static absl::StatusOr<std::unique_ptr<SharedRegion>> Create(size_t bytes);
   // Maps the object `name` made by another process of this user. Refused
   // unless the name is one Create makes, the object is owned by this
@@ -58,6 +58,12 @@ class SharedRegion {
   bool linked_;  // the name still exists and is ours to remove
   int fd_;       // the creator's descriptor, for Reserve (-1: none)
 };
+
+// Removes the names of psrt objects whose creating process has ended: a
+// worker killed between creating a region and a server taking it would
+// otherwise leave it in /dev/shm until reboot. Mappings stay valid, and a
+// living process's objects are not touched. Returns how many it removed.
+int SweepSharedMemory();
 
 }  // namespace psrt
 

@@ -13,6 +13,7 @@
 #include "common/daemon.h"
 #include "common/logging.h"
 #include "common/process.h"
+#include "common/shared_memory.h"
 
 namespace psrt {
 namespace {
@@ -134,6 +135,14 @@ int RunAgent(const AgentOptions& options) {
   };
   start_all();
 
+  // A training process killed while offering a server shared memory leaves
+  // the object's name behind; its agent removes it.
+  auto sweep = [] {
+    if (const int n = SweepSharedMemory(); n > 0)
+      LogInfo("removed ", n, n == 1 ? " shared-memory object" : " shared-memory objects",
+              " of ended training processes from /dev/shm");
+  };
+
   auto report = [&](const Exit& e) {
     auto it = children.find(e.pid);
     if (it == children.end()) return;
@@ -159,6 +168,7 @@ int RunAgent(const AgentOptions& options) {
     }
     const int rank = c.id.index();
     LogInfo("worker ", rank, " (pid ", e.pid, ") ", e.description);
+    if (e.code != 0) sweep();
     const bool restart = e.code != 0 && restarts[rank] < config.restart_workers() && running &&
                          c.generation == generation;
     report_exit(c, e.code, e.description, restart);
@@ -206,6 +216,7 @@ int RunAgent(const AgentOptions& options) {
       server_restarts.clear();
       host_index = (*link)->host_index();
       Terminate(pids, options.kill_grace);
+      sweep();
       if (host_index < 0) {
         LogError("this host left the job: it was gone for longer than host_wait_s; exiting");
         return 1;
@@ -244,6 +255,7 @@ int RunAgent(const AgentOptions& options) {
       LogWarning("job ended (", end.reason, "); stopping ", pids.size(), " processes");
       for (const Exit& e : Terminate(pids, options.kill_grace)) report(e);
     }
+    sweep();
     const bool ok = end.state == v1::JOB_SUCCEEDED;
     LogInfo("job ", ok ? "succeeded" : "failed", ": ", end.reason, "; exiting");
     return ok ? 0 : 1;

@@ -24,6 +24,7 @@
 #include "common/optimizer_proto.h"
 #include "common/coordinator_link.h"
 #include "common/daemon.h"
+#include "common/failpoint.h"
 #include "common/grpc_util.h"
 #include "common/key_map.h"
 #include "common/logging.h"
@@ -515,6 +516,7 @@ class Client::Impl {
         st = Call(static_cast<int>(s), "attach-shared-memory", [&](grpc::ClientContext* ctx) {
           return Stub(s)->AttachSharedMemory(ctx, req, &resp);
         });
+        Failpoint("shared_memory.offered");  // drills: the name left in /dev/shm
         (*region)->Unlink();  // attached or not, nobody else may open it now
         // Its pages only now: a server on another host cost nothing above.
         if (st.ok()) st = (*region)->Reserve();

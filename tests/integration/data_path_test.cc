@@ -216,12 +216,19 @@ TEST_F(DataPathTest, AWaitingPullEndsAtItsDeadlineNamingTheMissingWorkers) {
   EXPECT_EQ(Metric("psrt_server_waiting_pulls"), 0);
 }
 
-// psrt's shared-memory objects in /dev/shm now.
-std::vector<std::string> SharedObjects() {
+// The psrt shared-memory objects in /dev/shm made by the training processes a
+// job's output names ("started worker 1 (pid 123)").
+std::vector<std::string> SharedObjectsOf(const std::string& job_output) {
+  std::vector<std::string> prefixes;
+  const std::regex started(R"(started worker \d+ \(pid (\d+)\))");
+  for (std::sregex_iterator m(job_output.begin(), job_output.end(), started), end; m != end; ++m)
+    prefixes.push_back(absl::StrCat("psrt-", (*m)[1].str(), "-"));
+  EXPECT_FALSE(prefixes.empty()) << job_output;
   std::vector<std::string> names;
   if (DIR* d = opendir("/dev/shm")) {
     while (dirent* e = readdir(d)) {
-      if (std::string(e->d_name).rfind("psrt-", 0) == 0) names.push_back(e->d_name);
+      for (const std::string& p : prefixes)
+        if (std::string(e->d_name).rfind(p, 0) == 0) names.push_back(e->d_name);
     }
     closedir(d);
   }
@@ -237,7 +244,6 @@ std::string LinregJob(const std::string& ps_json, int hosts, const std::string& 
 }
 
 TEST(SharedMemoryJobTest, SharedMemoryAndTcpTrainBitForBitAlike) {
-  const std::vector<std::string> before = SharedObjects();
   const std::string dir = TempDir();
   std::map<std::string, std::string> weights;
   for (const char* transport : {"auto", "tcp"}) {
@@ -256,9 +262,27 @@ TEST(SharedMemoryJobTest, SharedMemoryAndTcpTrainBitForBitAlike) {
     EXPECT_EQ(shared, std::string(transport) == "auto") << p.Output();
     weights[transport] = ReadFile(absl::StrCat(dir, "/", transport, ".rank1.weights"));
     EXPECT_EQ(weights[transport].size(), 100001u * 4);
+    EXPECT_EQ(SharedObjectsOf(p.Output()), std::vector<std::string>{})
+        << "a job left shared memory behind";
   }
   EXPECT_TRUE(weights["auto"] == weights["tcp"]) << "shared memory trained other weights than TCP";
-  EXPECT_EQ(SharedObjects(), before) << "a job left shared memory behind";
+}
+
+// Training processes that die between offering a server shared memory and
+// removing its name: their agents remove the names.
+TEST(SharedMemoryJobTest, ObjectsOfAKilledTrainingProcessAreRemoved) {
+  const std::string dir = TempDir();
+  Proc p = Proc::Start(absl::StrCat("env PSRT_FAILPOINT=shared_memory.offered ",
+                                    LinregJob(R"("mode": "sync")", 2, "--dim=1000 --steps=5",
+                                              dir + "/r")),
+                       dir + "/job.log");
+  EXPECT_NE(p.Wait(absl::Seconds(120), "the job whose workers die"), 0) << p.Output();
+  EXPECT_NE(p.Output().find("failpoint shared_memory.offered reached"), std::string::npos)
+      << p.Output();
+  EXPECT_NE(p.Output().find(" of ended training processes from /dev/shm"),
+            std::string::npos)
+      << p.Output();
+  EXPECT_EQ(SharedObjectsOf(p.Output()), std::vector<std::string>{}) << p.Output();
 }
 
 TEST(SharedMemoryJobTest, AWorkerKilledMidTransferLeavesTheServersServing) {
@@ -281,6 +305,7 @@ TEST(SharedMemoryJobTest, AWorkerKilledMidTransferLeavesTheServersServing) {
         << rank << " did not finish\n"
         << p.Output();
   }
+  EXPECT_EQ(SharedObjectsOf(p.Output()), std::vector<std::string>{});
 }
 
 // A server maps only owner-only psrt objects, only for callers with the
