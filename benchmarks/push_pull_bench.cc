@@ -1,10 +1,10 @@
-// push_pull_bench: PushPull goodput of real local psrt jobs, over TCP and
-// over shared memory, against raw loopback TCP.
+// push_pull_bench: PushPull goodput of real local psrt jobs, over gRPC, over
+// the data channel and over shared memory, against raw loopback TCP.
 //
 // The benchmark starts, per transport, psrt-coordinator and --servers
 // psrt-server processes on 127.0.0.1 and is itself worker 0 of a one-worker
-// sync job ("transport": "tcp", and "auto", which on one host is shared
-// memory). For each tensor size it registers one float32 variable and times
+// sync job ("transport": "grpc", "tcp" (the data channel), and "auto",
+// which on one host is shared memory). For each tensor size it registers one float32 variable and times
 // PushPull rounds (push the gradient, pull the next version), buffers
 // allocated once, the transports taking turns. The baseline moves the same
 // bytes the same way over one loopback TCP connection between two threads
@@ -471,13 +471,15 @@ void RemoveDirectory(const std::string& dir) {
   rmdir(dir.c_str());
 }
 
-// The psrt jobs measured, one per transport.
-const char* const kTransports[] = {"tcp", "auto"};
-const char* TransportName(const std::string& t) { return t == "auto" ? "shm" : "tcp"; }
+// The psrt jobs measured, one per transport: gRPC, the data channel over
+// TCP, and on one host shared memory.
+constexpr int kNumTransports = 3;
+const char* const kTransports[kNumTransports] = {"grpc", "tcp", "auto"};
+const char* TransportName(const std::string& t) { return t == "auto" ? "shm" : t.c_str(); }
 
 struct Row {
   int64_t bytes = 0;
-  Measurement psrt[2];  // per kTransports
+  Measurement psrt[kNumTransports];  // per kTransports
   Measurement tcp;
 };
 
@@ -573,11 +575,11 @@ int Run(int argc, char** argv) {
   std::vector<char> tcp_out(largest, 1), tcp_in(largest, 0);
 
   std::vector<Row> rows;
-  Rss rss[2];
+  Rss rss[kNumTransports];
   {
-    LocalJob jobs[2];
-    std::unique_ptr<Client> clients[2];
-    for (int t = 0; t < 2; ++t) {
+    LocalJob jobs[kNumTransports];
+    std::unique_ptr<Client> clients[kNumTransports];
+    for (int t = 0; t < kNumTransports; ++t) {
       LocalJob& job = jobs[t];
       const std::string dir = absl::StrCat(log_dir, "/", TransportName(kTransports[t]));
       mkdir(dir.c_str(), 0755);
@@ -606,7 +608,7 @@ int Run(int argc, char** argv) {
     for (int64_t bytes : sizes) {
       Row row;
       row.bytes = bytes;
-      for (int t = 0; t < 2; ++t) {
+      for (int t = 0; t < kNumTransports; ++t) {
         absl::StatusOr<Measurement> m = MeasurePsrt(clients[t].get(), &jobs[t], bytes, grad.data(),
                                                     out.data(), seconds, min_iterations);
         if (!m.ok()) {
@@ -624,15 +626,16 @@ int Run(int argc, char** argv) {
       }
       row.tcp = *t;
       rows.push_back(row);
-      std::fprintf(stderr, "  %s done (psrt tcp %lld iterations, shm %lld, TCP %lld)\n",
+      std::fprintf(stderr, "  %s done (psrt grpc %lld iterations, tcp %lld, shm %lld; TCP %lld)\n",
                    HumanBytes(bytes).c_str(), static_cast<long long>(row.psrt[0].iterations),
                    static_cast<long long>(row.psrt[1].iterations),
+                   static_cast<long long>(row.psrt[2].iterations),
                    static_cast<long long>(row.tcp.iterations));
     }
     // Server memory across rss_steps rounds of 1 MiB, after a warm-up of
     // 50 (the variable is new: its buffers are made then).
     const int64_t rss_bytes = std::min<int64_t>(largest, 1 << 20) & ~int64_t{3};
-    for (int t = 0; t < 2 && rss_steps > 0; ++t) {
+    for (int t = 0; t < kNumTransports && rss_steps > 0; ++t) {
       absl::StatusOr<Measurement> warm =
           MeasurePsrt(clients[t].get(), &jobs[t], rss_bytes, grad.data(), out.data(), 1e-9, 50, "rss_");
       rss[t].before_kib = jobs[t].ServerRssKib();
@@ -647,19 +650,22 @@ int Run(int argc, char** argv) {
   }  // stops the jobs
   const std::string load_after = LoadAverage();
 
-  std::printf("\n%10s  %9s  %9s  %9s  %9s  %9s  %9s  %9s  %9s\n", "size", "tcp GB/s", "shm GB/s",
-              "TCP GB/s", "tcp/TCP", "shm/TCP", "tcp ms", "shm ms", "TCP ms");
+  std::printf("\n%10s  %9s  %9s  %9s  %9s  %9s  %9s  %9s  %9s  %9s  %9s\n", "size", "grpc GB/s",
+              "tcp GB/s", "shm GB/s", "TCP GB/s", "grpc/TCP", "tcp/TCP", "shm/TCP", "grpc ms",
+              "tcp ms", "TCP ms");
   for (const Row& r : rows) {
     const double base = r.tcp.Goodput(r.bytes);
-    std::printf("%10s  %9.3f  %9.3f  %9.3f  %9.3f  %9.3f  %9.3f  %9.3f  %9.3f\n",
+    std::printf("%10s  %9.3f  %9.3f  %9.3f  %9.3f  %9.3f  %9.3f  %9.3f  %9.3f  %9.3f  %9.3f\n",
                 HumanBytes(r.bytes).c_str(), r.psrt[0].Goodput(r.bytes) / 1e9,
-                r.psrt[1].Goodput(r.bytes) / 1e9, base / 1e9, r.psrt[0].Goodput(r.bytes) / base,
-                r.psrt[1].Goodput(r.bytes) / base, r.psrt[0].Latency() * 1e3,
+                r.psrt[1].Goodput(r.bytes) / 1e9, r.psrt[2].Goodput(r.bytes) / 1e9, base / 1e9,
+                r.psrt[0].Goodput(r.bytes) / base, r.psrt[1].Goodput(r.bytes) / base,
+                r.psrt[2].Goodput(r.bytes) / base, r.psrt[0].Latency() * 1e3,
                 r.psrt[1].Latency() * 1e3, r.tcp.Latency() * 1e3);
   }
   std::printf("GB/s = 1e9 bytes/s of payload, 2 * size per iteration (push + pull; send + echo);\n"
-              "tcp, shm: psrt over TCP and over shared memory; TCP: one raw loopback connection.\n");
-  for (int t = 0; t < 2 && rss_steps > 0; ++t) {
+              "grpc, tcp, shm: psrt over gRPC, over its data channel (TCP) and over shared memory;\n"
+              "TCP: one raw loopback connection.\n");
+  for (int t = 0; t < kNumTransports && rss_steps > 0; ++t) {
     std::printf("servers' resident memory (%s): %.1f MiB before %lld rounds of 1 MiB, %.1f MiB after (x%.3f)\n",
                 TransportName(kTransports[t]), rss[t].before_kib / 1024.0,
                 static_cast<long long>(rss[t].steps), rss[t].after_kib / 1024.0,
@@ -692,7 +698,7 @@ int Run(int argc, char** argv) {
                   {"seconds", r.tcp.seconds},
                   {"gbps", r.tcp.Goodput(r.bytes) / 1e9},
                   {"latency_ms", r.tcp.Latency() * 1e3}};
-      for (int t = 0; t < 2; ++t) {
+      for (int t = 0; t < kNumTransports; ++t) {
         const std::string name = absl::StrCat("psrt_", TransportName(kTransports[t]));
         e[name] = {{"iterations", r.psrt[t].iterations},
                    {"seconds", r.psrt[t].seconds},
@@ -703,7 +709,7 @@ int Run(int argc, char** argv) {
       results.push_back(e);
     }
     j["results"] = results;
-    for (int t = 0; t < 2 && rss_steps > 0; ++t) {
+    for (int t = 0; t < kNumTransports && rss_steps > 0; ++t) {
       j["server_rss"][TransportName(kTransports[t])] = {
           {"before_kib", rss[t].before_kib},
           {"after_kib", rss[t].after_kib},

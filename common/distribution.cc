@@ -277,10 +277,11 @@ const std::vector<KeySpec>& ParameterServerKeys() {
                         &o->pull_compression);
        }},
       {"transport", "string", "\"auto\"",
-       "how tensors travel between a worker and a server on one host: auto "
-       "(shared memory, else TCP) or tcp",
+       "how tensors travel: auto (shared memory with servers on the same host, "
+       "the data channel over TCP with the others), tcp (the data channel "
+       "everywhere) or grpc (gRPC everywhere)",
        [](const Json& v, PsOptions* o) {
-         return SetEnum(v, "transport", {"auto", "tcp"}, &o->transport);
+         return SetEnum(v, "transport", {"auto", "tcp", "grpc"}, &o->transport);
        }},
       {"servers_per_host", "int", "1",
        "parameter-server processes per host (>= 1)",

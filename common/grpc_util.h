@@ -78,6 +78,11 @@ void PrepareContext(grpc::ClientContext* ctx, const std::string& token,
 // check off, for jobs started without one).
 grpc::Status CheckToken(const grpc::ServerContextBase* ctx, const std::string& token);
 
+// Whether `got` is `token`, in constant time: how long a comparison takes
+// says nothing about where a guessed token first differs. An empty token
+// (checks off) matches anything.
+bool SameToken(absl::string_view got, const std::string& token);
+
 grpc::Status ToGrpc(const absl::Status& s);
 absl::Status FromGrpc(const grpc::Status& s);
 

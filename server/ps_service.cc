@@ -42,13 +42,13 @@ void PsService::Leave(int worker) {
   if (store_->CheckWorker(worker).ok()) calls_[worker].fetch_sub(1, std::memory_order_relaxed);
 }
 
-grpc::Status PsService::Finish(const absl::Status& s) {
+absl::Status PsService::Refused(const absl::Status& s) {
   if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded &&
       s.code() != absl::StatusCode::kCancelled && s.code() != absl::StatusCode::kUnavailable) {
     rejected_->Add();
     LogWarning("refused a request: ", s.ToString());
   }
-  return ToGrpc(s);
+  return s;
 }
 
 // A pull may wait for a version; it stops a little before the caller's
@@ -136,68 +136,76 @@ static WireMessage& Scratch() {
   return message;
 }
 
-Store::PullDone PsService::Reply(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* resp, int worker) {
-  return [this, reactor, resp, worker](absl::Status s, std::vector<OutKey> keys) {
-    if (s.ok()) *resp = EncodeKeysResponse(keys);
+void PsService::ServeData(FrameKind method, const grpc::ByteBuffer& req, absl::Time deadline,
+                          std::function<bool()> cancelled, DataDone done) {
+  WireMessage& msg = Scratch();
+  absl::Status s = method == FrameKind::kPush       ? ParsePushRequest(req, &msg)
+                   : method == FrameKind::kPull     ? ParsePullRequest(req, &msg)
+                   : method == FrameKind::kPushPull ? ParsePushPullRequest(req, &msg)
+                                                    : absl::InvalidArgumentError("no data method");
+  if (s.ok()) s = Enter(msg.worker_rank, method == FrameKind::kPull);
+  if (s.ok() && !(s = ResolveShared(&msg)).ok()) Leave(msg.worker_rank);
+  if (!s.ok()) {
+    msg.slices.clear();
+    return done(Refused(s), grpc::ByteBuffer());
+  }
+  const int worker = msg.worker_rank;
+  if (method == FrameKind::kPush) {
+    s = store_->Push(msg);
+    msg.slices.clear();
     Leave(worker);
-    reactor->Finish(Finish(s));
+    return done(Refused(s), grpc::ByteBuffer(nullptr, 0));  // an empty PushResponse
+  }
+  auto reply = [this, worker, done = std::move(done)](absl::Status s, std::vector<OutKey> keys) {
+    grpc::ByteBuffer answer;
+    if (s.ok()) answer = EncodeKeysResponse(keys);
+    Leave(worker);
+    done(Refused(s), std::move(answer));
   };
+  if (method == FrameKind::kPull) {
+    store_->PullAsync(msg, deadline, std::move(cancelled), std::move(reply));
+  } else {
+    store_->PushPullAsync(msg, deadline, std::move(cancelled), std::move(reply));
+  }
+  msg.slices.clear();  // the request's buffers may go now
 }
 
-grpc::ServerUnaryReactor* PsService::Serve(
-    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
-    absl::Status (*parse)(const grpc::ByteBuffer&, WireMessage*),
-    const std::function<void(const WireMessage&, grpc::ServerUnaryReactor*)>& handle, bool pull) {
+grpc::ServerUnaryReactor* PsService::Serve(grpc::CallbackServerContext* ctx, FrameKind method,
+                                           const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) {
     reactor->Finish(s);
     return reactor;
   }
-  WireMessage& msg = Scratch();
-  absl::Status s = parse(*req, &msg);
-  if (s.ok()) s = Enter(msg.worker_rank, pull);
-  if (s.ok()) {
-    if (s = ResolveShared(&msg); s.ok()) {
-      handle(msg, reactor);  // its reply Leaves
-    } else {
-      Leave(msg.worker_rank);
-    }
-  }
-  if (!s.ok()) reactor->Finish(Finish(s));
-  msg.slices.clear();  // the request's buffers may go now
+  ServeData(method, *req, Deadline(ctx), [ctx] { return ctx->IsCancelled(); },
+            [reactor, resp](const absl::Status& s, grpc::ByteBuffer answer) {
+              if (s.ok()) *resp = std::move(answer);
+              reactor->Finish(ToGrpc(s));
+            });
   return reactor;
 }
 
 grpc::ServerUnaryReactor* PsService::Push(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
-  return Serve(ctx, req, ParsePushRequest,
-               [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
-                 const absl::Status s = store_->Push(msg);
-                 *resp = grpc::ByteBuffer(nullptr, 0);  // an empty PushResponse
-                 Leave(msg.worker_rank);
-                 r->Finish(Finish(s));
-               },
-               /*pull=*/false);
+  return Serve(ctx, FrameKind::kPush, req, resp);
 }
 
 grpc::ServerUnaryReactor* PsService::Pull(grpc::CallbackServerContext* ctx,
                                           const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
-  return Serve(
-      ctx, req, ParsePullRequest,
-      [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
-        store_->PullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }, Reply(r, resp, msg.worker_rank));
-      },
-      /*pull=*/true);
+  return Serve(ctx, FrameKind::kPull, req, resp);
 }
 
 grpc::ServerUnaryReactor* PsService::PushPull(grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
-  return Serve(ctx, req, ParsePushPullRequest,
-               [&](const WireMessage& msg, grpc::ServerUnaryReactor* r) {
-                 store_->PushPullAsync(msg, Deadline(ctx), [ctx] { return ctx->IsCancelled(); },
-                                       Reply(r, resp, msg.worker_rank));
-               },
-               /*pull=*/false);
+  return Serve(ctx, FrameKind::kPushPull, req, resp);
+}
+
+grpc::Status PsService::DataChannel(grpc::ServerContext* ctx, const v1::DataChannelRequest* req,
+                                    v1::DataChannelResponse* resp) {
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
+  if (absl::Status s = store_->CheckWorker(req->worker_rank()); !s.ok()) return Finish(s);
+  resp->set_port(data_port_.load());
+  return grpc::Status::OK;
 }
 
 grpc::Status PsService::SetLearningRate(grpc::ServerContext* ctx,

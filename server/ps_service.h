@@ -1,11 +1,14 @@
 #ifndef PSRT_SERVER_PS_SERVICE_H_
 #define PSRT_SERVER_PS_SERVICE_H_
 
+#include <atomic>
 #include <functional>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "common/data_channel.h"
+#include "common/grpc_util.h"
 #include "common/metrics.h"
 #include "common/shared_memory.h"
 #include "psrt/v1/ps.grpc.pb.h"
@@ -50,20 +53,29 @@ class PsService final : public PsServiceBase {
   grpc::Status Replicate(grpc::ServerContext* ctx, const v1::ReplicateRequest* req,
                          v1::ReplicateResponse* resp) override;
   grpc::Status Seed(grpc::ServerContext* ctx, const v1::SeedRequest* req, v1::SeedResponse* resp) override;
+  grpc::Status DataChannel(grpc::ServerContext* ctx, const v1::DataChannelRequest* req,
+                           v1::DataChannelResponse* resp) override;
+
+  // Push, Pull and PushPull, whatever carried them (gRPC or the data
+  // channel, common/data_channel.h): parses `req`, checks it and its shared
+  // spans, and hands it to the store; `done` gets the answer, or the error,
+  // once: now or when the store calls back. Refusals are counted here.
+  using DataDone = std::function<void(const absl::Status&, grpc::ByteBuffer)>;
+  void ServeData(FrameKind method, const grpc::ByteBuffer& req, absl::Time deadline,
+                 std::function<bool()> cancelled, DataDone done);
+
+  // The data channel's port for DataChannel to announce (0: none).
+  void set_data_port(int port) { data_port_ = port; }
 
   ShardSaver* saver() { return &saver_; }
 
  private:
-  grpc::Status Finish(const absl::Status& s);
-  // The data methods' common part: checks the token, parses the request
-  // with `parse` and resolves its shared spans, then calls `handle`, which
-  // finishes the reactor, now or when the store calls back.
-  grpc::ServerUnaryReactor* Serve(
-      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
-      absl::Status (*parse)(const grpc::ByteBuffer&, WireMessage*),
-      const std::function<void(const WireMessage&, grpc::ServerUnaryReactor*)>& handle, bool pull);
-  // Answers a pull or push-pull when the store calls back.
-  Store::PullDone Reply(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* resp, int worker);
+  // Counts and logs `s` if it refuses the caller's request; returns it.
+  absl::Status Refused(const absl::Status& s);
+  grpc::Status Finish(const absl::Status& s) { return ToGrpc(Refused(s)); }
+  // A data method over gRPC: the token, then ServeData.
+  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* ctx, FrameKind method,
+                                  const grpc::ByteBuffer* req, grpc::ByteBuffer* resp);
   // Counts a data call of `worker` in flight; RESOURCE_EXHAUSTED past the
   // limit (for a pull, past the limit less the share kept for pushes).
   // Every OK Enter is matched by one Leave.
@@ -79,6 +91,7 @@ class PsService final : public PsServiceBase {
   Counter* rejected_;
   ShardSaver saver_;
   const int max_calls_per_worker_;
+  std::atomic<int> data_port_{0};
   std::unique_ptr<std::atomic<int>[]> calls_;  // in flight, per worker rank
   // Workers' shared-memory regions, by id; mapped until the server exits.
   struct Region {

@@ -17,6 +17,7 @@
 #include "common/metrics_server.h"
 #include "server/checkpoint_io.h"
 #include "common/key_map.h"
+#include "server/data_server.h"
 #include "server/ps_service.h"
 #include "server/replicator.h"
 #include "server/store.h"
@@ -107,6 +108,23 @@ int main(int argc, char** argv) {
     if (store_options.sync && config->checkpoint().every_steps() > 0) {
       service.saver()->ArmPeriodic(config->checkpoint().every_steps(), config->restored_step());
     }
+  }
+  // Tensors beside gRPC, on a port of their own; under mutual TLS they stay
+  // on the encrypted gRPC channel.
+  std::unique_ptr<psrt::DataServer> data;
+  if (!psrt::TlsEnabled()) {
+    absl::StatusOr<std::unique_ptr<psrt::DataServer>> started = psrt::DataServer::Start(
+        bind, token,
+        [&service](psrt::FrameKind method, const grpc::ByteBuffer& req, absl::Time deadline,
+                   std::function<bool()> cancelled, psrt::DataServer::Done done) {
+          service.ServeData(method, req, deadline, std::move(cancelled), std::move(done));
+        });
+    if (!started.ok()) {
+      psrt::LogError(started.status().message());
+      return 1;
+    }
+    data = *std::move(started);
+    service.set_data_port(data->port());
   }
   absl::StatusOr<psrt::ServingServer> serving = psrt::StartServer(bind, port, &service, token);
   if (!serving.ok()) {

@@ -24,10 +24,12 @@
 #include "common/optimizer_proto.h"
 #include "common/coordinator_link.h"
 #include "common/daemon.h"
+#include "common/data_channel.h"
 #include "common/failpoint.h"
 #include "common/grpc_util.h"
 #include "common/key_map.h"
 #include "common/logging.h"
+#include "common/net.h"
 #include "common/shared_memory.h"
 #include "common/tensor_coding.h"
 #include "common/thread_pool.h"
@@ -237,6 +239,12 @@ class Client::Impl {
     // Data calls end asynchronously, on gRPC's threads: wait until none
     // will touch this object again (cancelled, they end at once).
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu) { return requests == 0; };
+    // Data channels end their calls on their own threads (CANCELLED).
+    for (const std::unique_ptr<DataLink>& l : links) {
+      absl::MutexLock link_lock(&l->mu);
+      for (const std::shared_ptr<DataChannel>& c : l->channels)
+        if (c != nullptr) c->Close();
+    }
     calls_mu.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
     calls_mu.Unlock();
     pool.reset();  // joins its threads while everything they use still exists
@@ -305,6 +313,19 @@ class Client::Impl {
   Handle next_handle ABSL_GUARDED_BY(mu) = 1;
   // Push ids grow across restarts of this rank: they start at the clock.
   std::atomic<uint64_t> next_push_id{static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())) << 20};
+  // The data channels to each server (common/data_channel.h), one per
+  // connection; empty with "transport": "grpc" and under mutual TLS. Last:
+  // destroyed first, so their threads' last callbacks find everything else.
+  // Lock order: channels_mu, then a link's mu.
+  struct DataLink {
+    absl::Mutex mu;
+    std::string address ABSL_GUARDED_BY(mu);
+    std::shared_ptr<v1::ParameterServer::Stub> control ABSL_GUARDED_BY(mu);
+    int port ABSL_GUARDED_BY(mu) = -1;  // -1: not asked yet; 0: none
+    std::string why_not ABSL_GUARDED_BY(mu);  // set: gRPC only, for this reason
+    std::vector<std::shared_ptr<DataChannel>> channels ABSL_GUARDED_BY(mu);
+  };
+  std::vector<std::unique_ptr<DataLink>> links;
 
   // Part of one server's share of an operation: its keys and their buffers.
   struct Shard {
@@ -346,6 +367,19 @@ class Client::Impl {
       if (c == 0) stubs[s] = v1::ParameterServer::NewStub(channel);
       data_stubs[s].push_back(std::make_shared<grpc::GenericStub>(channel));
     }
+    if (!links.empty()) {
+      // A new process: its data port is asked again.
+      DataLink& l = *links[s];
+      absl::MutexLock lock(&l.mu);
+      l.address = address;
+      l.control = stubs[s];
+      l.port = -1;
+      l.why_not.clear();
+      for (std::shared_ptr<DataChannel>& c : l.channels) {
+        if (c != nullptr) c->Close();
+        c.reset();
+      }
+    }
   }
 
   void FollowShardMap(const v1::ShardMap& map) {
@@ -367,14 +401,79 @@ class Client::Impl {
     }
   }
 
-  // The data path's connections to server `s`, taken in turn.
-  // Null when the server moved to a new process since `moves` was read
-  // (a request encoded for the old one is encoded again).
-  std::shared_ptr<grpc::GenericStub> DataStub(int s, int moves) {
-    absl::MutexLock lock(&channels_mu);
-    if (moved[s].load() != moves) return nullptr;
-    const std::vector<std::shared_ptr<grpc::GenericStub>>& pool = data_stubs[s];
-    return pool[next_connection[s].fetch_add(1, std::memory_order_relaxed) % pool.size()];
+  // The data path's connections to server `s`, taken in turn: a gRPC
+  // stub, and the data channel to use instead where there is one. A null
+  // stub when the server moved to a new process since `moves` was read (a
+  // request encoded for the old one is encoded again).
+  std::shared_ptr<grpc::GenericStub> DataStub(int s, int moves, std::shared_ptr<DataChannel>* channel) {
+    size_t c;
+    std::shared_ptr<grpc::GenericStub> stub;
+    {
+      absl::MutexLock lock(&channels_mu);
+      if (moved[s].load() != moves) return nullptr;
+      const std::vector<std::shared_ptr<grpc::GenericStub>>& pool = data_stubs[s];
+      c = next_connection[s].fetch_add(1, std::memory_order_relaxed) % pool.size();
+      stub = pool[c];
+    }
+    *channel = Channel(s, c);
+    return stub;
+  }
+
+  // Server s's data channel number `c`, connected on first use and again
+  // after it broke; null where the server has none or it cannot be reached
+  // (then gRPC carries the call: same messages, same answers).
+  std::shared_ptr<DataChannel> Channel(int s, size_t c) {
+    if (links.empty()) return nullptr;
+    DataLink& l = *links[s];
+    absl::MutexLock lock(&l.mu);
+    std::shared_ptr<DataChannel>& ch = l.channels[c];
+    if (ch != nullptr && !ch->broken()) return ch;
+    ch.reset();
+    if (!l.why_not.empty()) return nullptr;
+    const absl::Duration timeout = std::min(options.rpc_timeout, absl::Seconds(10));
+    if (l.port < 0) {
+      v1::DataChannelRequest req;
+      req.set_worker_rank(options.rank);
+      v1::DataChannelResponse resp;
+      grpc::ClientContext ctx;
+      PrepareContext(&ctx, options.token, timeout);
+      grpc::Status st = l.control->DataChannel(&ctx, req, &resp);
+      if (!st.ok()) return nullptr;  // this call goes by gRPC, and fails or not there
+      l.port = resp.port();
+      if (l.port <= 0) l.why_not = "it has no data channel (mutual TLS)";
+    }
+    if (l.port <= 0) return nullptr;
+    absl::StatusOr<std::shared_ptr<DataChannel>> opened =
+        DataChannel::Connect(HostOf(l.address), l.port, options.token, timeout);
+    if (!opened.ok()) {
+      l.why_not = std::string(opened.status().message());
+      LogWarning("worker ", options.rank, ": server ", s, "'s pushes and pulls go by gRPC: ",
+                 l.why_not);
+      return nullptr;
+    }
+    ch = *std::move(opened);
+    return ch;
+  }
+
+  // Opens every server's data channels at start, and says in one line
+  // which servers they reach.
+  void OpenDataChannels() {
+    std::vector<int> grpc_only;
+    std::string why_not;
+    for (int s = 0; s < num_servers; ++s) {
+      for (int c = 0; c < options.connections_per_server; ++c) Channel(s, c);
+      absl::MutexLock lock(&links[s]->mu);
+      if (links[s]->channels[0] == nullptr) {
+        grpc_only.push_back(s);
+        if (why_not.empty()) why_not = links[s]->why_not;
+      }
+    }
+    if (grpc_only.empty()) {
+      LogInfo("worker ", options.rank, ": pushes and pulls go over data channels to every server");
+    } else {
+      LogInfo("worker ", options.rank, ": gRPC carries pushes and pulls to servers ",
+              absl::StrJoin(grpc_only, ", "), why_not.empty() ? "" : absl::StrCat(" (", why_not, ")"));
+    }
   }
 
   absl::StatusOr<Variable> Find(const std::string& name) {
@@ -724,6 +823,7 @@ class Client::Impl {
     int target = 0;  // the server it goes to: Route(shard.server) when encoded
     int target_moves = 0;  // moved[target] then
     std::shared_ptr<grpc::GenericStub> stub;  // of the attempt in flight
+    std::shared_ptr<DataChannel> channel;      // its data channel (null: gRPC)
     // With a timeline: when it was made and got a place in the window, and
     // the stream (track) it holds meanwhile.
     int64_t queued_us = 0, started_us = 0;
@@ -877,6 +977,25 @@ class Client::Impl {
   // One attempt, on gRPC's callback API: no thread waits for the answer.
   void Attempt(const std::shared_ptr<Request>& r) {
     ++r->attempts;
+    {
+      absl::MutexLock lock(&calls_mu);
+      if (closing) return Finish(r, absl::CancelledError("the client is closing"));
+    }
+    const FrameKind kind = r->await_step        ? FrameKind::kPull
+                           : r->push && r->pull ? FrameKind::kPushPull
+                           : r->push            ? FrameKind::kPush
+                                                : FrameKind::kPull;
+    r->resp.Clear();
+    r->ctx.reset();
+    r->stub = DataStub(r->target, r->target_moves, &r->channel);
+    if (r->stub == nullptr) {
+      Give(&r->lease, false);
+      return Send(r);
+    }
+    if (r->channel != nullptr) {
+      return r->channel->Call(kind, r->req, options.rpc_timeout, &r->resp,
+                              [this, r](grpc::Status st) { Answered(r, std::move(st)); });
+    }
     r->ctx = std::make_unique<grpc::ClientContext>();
     PrepareContext(r->ctx.get(), options.token, options.rpc_timeout);
     {
@@ -884,26 +1003,15 @@ class Client::Impl {
       if (closing) return Finish(r, absl::CancelledError("the client is closing"));
       live_calls.insert(r->ctx.get());
     }
-    const std::string& method = r->await_step        ? kPullMethod
-                                : r->push && r->pull ? kPushPullMethod
-                                : r->push            ? kPushMethod
-                                                     : kPullMethod;
-    r->resp.Clear();
-    r->stub = DataStub(r->target, r->target_moves);
-    if (r->stub == nullptr) {
-      {
-        absl::MutexLock lock(&calls_mu);
-        live_calls.erase(r->ctx.get());
-      }
-      Give(&r->lease, false);
-      return Send(r);
-    }
+    const std::string& method = kind == FrameKind::kPushPull ? kPushPullMethod
+                                : kind == FrameKind::kPush   ? kPushMethod
+                                                             : kPullMethod;
     r->stub->UnaryCall(r->ctx.get(), method, grpc::StubOptions(), &r->req, &r->resp,
                     [this, r](grpc::Status st) { Answered(r, std::move(st)); });
   }
 
   void Answered(const std::shared_ptr<Request>& r, grpc::Status st) {
-    {
+    if (r->ctx != nullptr) {
       absl::MutexLock lock(&calls_mu);
       live_calls.erase(r->ctx.get());
     }
@@ -1087,6 +1195,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     impl->addresses.resize(n);
     impl->stubs.resize(n);
     impl->data_stubs.resize(n);
+    if (impl->config.transport() != "grpc" && !TlsEnabled()) {
+      for (int s = 0; s < n; ++s) {
+        impl->links.push_back(std::make_unique<Impl::DataLink>());
+        absl::MutexLock lock(&impl->links.back()->mu);
+        impl->links.back()->channels.resize(options.connections_per_server);
+      }
+    }
     for (int s = 0; s < n; ++s) impl->Connect(s, barrier->shard_map().server_addresses(s));
   }
   impl->moved = std::make_unique<std::atomic<int>[]>(n);
@@ -1102,7 +1217,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
       for (int k = Impl::kWindow - 1; k >= 0; --k) impl->queues[s].free_streams.push_back(k);
     }
   }
-  if (impl->config.transport() != "tcp") impl->ShareMemory();
+  if (impl->config.transport() == "auto") impl->ShareMemory();
+  if (!impl->links.empty()) impl->OpenDataChannels();
   // Enough threads for a request in flight on every connection.
   impl->pool = std::make_unique<ThreadPool>(
       std::max<int>(4, 2 * options.connections_per_server * n));

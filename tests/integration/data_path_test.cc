@@ -243,10 +243,10 @@ std::string LinregJob(const std::string& ps_json, int hosts, const std::string& 
                       " --result=", result);
 }
 
-TEST(SharedMemoryJobTest, SharedMemoryAndTcpTrainBitForBitAlike) {
+TEST(SharedMemoryJobTest, SharedMemoryDataChannelAndGrpcTrainBitForBitAlike) {
   const std::string dir = TempDir();
   std::map<std::string, std::string> weights;
-  for (const char* transport : {"auto", "tcp"}) {
+  for (const char* transport : {"auto", "tcp", "grpc"}) {
     SCOPED_TRACE(transport);
     // fp16 pushes and bf16 pulls, keys of 64 KiB: conversion on the way in
     // and out, several keys per request and server.
@@ -260,12 +260,16 @@ TEST(SharedMemoryJobTest, SharedMemoryAndTcpTrainBitForBitAlike) {
     const bool shared = p.Output().find("tensors travel through shared memory with every server") !=
                         std::string::npos;
     EXPECT_EQ(shared, std::string(transport) == "auto") << p.Output();
+    const bool channels = p.Output().find("pushes and pulls go over data channels to every server") !=
+                          std::string::npos;
+    EXPECT_EQ(channels, std::string(transport) != "grpc") << p.Output();
     weights[transport] = ReadFile(absl::StrCat(dir, "/", transport, ".rank1.weights"));
     EXPECT_EQ(weights[transport].size(), 100001u * 4);
     EXPECT_EQ(SharedObjectsOf(p.Output()), std::vector<std::string>{})
         << "a job left shared memory behind";
   }
   EXPECT_TRUE(weights["auto"] == weights["tcp"]) << "shared memory trained other weights than TCP";
+  EXPECT_TRUE(weights["grpc"] == weights["tcp"]) << "the data channel trained other weights than gRPC";
 }
 
 // Training processes that die between offering a server shared memory and

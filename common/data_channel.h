@@ -1,0 +1,132 @@
+#ifndef PSRT_COMMON_DATA_CHANNEL_H_
+#define PSRT_COMMON_DATA_CHANNEL_H_
+
+// The data channel: pushes and pulls over a plain TCP connection beside
+// gRPC, as TensorFlow's grpc+verbs puts tensors beside its gRPC control
+// plane. A request's body is the same psrt.v1 message gRPC would carry
+// (common/tensor_coding.h); only the framing differs: a fixed 32-byte
+// header instead of HTTP/2, no flow-control windows, and no thread hand-off
+// between the socket and the code that reads it. Sender: one writev from
+// the message's slices (the caller's tensor, a pooled buffer). Receiver:
+// one read into a pooled buffer, which the parser then reads in place.
+//
+// A connection starts with a hello frame carrying the job token; the server
+// answers it (code 0, or UNAUTHENTICATED and closes). Then each request
+// frame names its call, method and time left, and each answer frame its
+// call, a gRPC status code, an error text and the answer's body. Answers
+// may come in any order. Integers are little-endian.
+
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/status.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace psrt {
+
+enum class FrameKind : uint8_t { kHello = 1, kPush = 2, kPull = 3, kPushPull = 4, kAnswer = 5 };
+
+struct FrameHeader {
+  static constexpr uint32_t kMagic = 0x44525350;  // "PSRD"
+  static constexpr size_t kBytes = 32;
+  // The longest token or error text a frame carries.
+  static constexpr uint32_t kMaxText = 4096;
+
+  FrameKind kind = FrameKind::kAnswer;
+  // Requests: milliseconds left before the caller's deadline. Answers: the
+  // gRPC status code.
+  uint32_t code = 0;
+  uint32_t text_bytes = 0;  // hello: the token; answers: the error text
+  uint64_t call = 0;
+  uint64_t payload_bytes = 0;
+
+  void Write(char out[kBytes]) const;
+  // INVALID_ARGUMENT, saying what is wrong, for bytes that are no frame
+  // header or one past the limits (`max_payload`, kMaxText).
+  static absl::StatusOr<FrameHeader> Read(const char in[kBytes], uint64_t max_payload);
+};
+
+// Writes the header, then `text`, then the buffer's slices, in as few
+// system calls as the kernel takes; the socket has a send timeout, and a
+// frame not sent by `deadline` is DEADLINE_EXCEEDED (part of it may have
+// gone: the connection is unusable then). Callers
+// serialize writes to one socket.
+absl::Status WriteFrame(int fd, const FrameHeader& header, absl::string_view text,
+                        const grpc::ByteBuffer* payload, absl::Time deadline);
+// Reads exactly `n` bytes. `on_idle` (optional) runs each time the socket's
+// receive timeout passes with nothing read; returning false gives up.
+absl::Status ReadFull(int fd, char* out, size_t n, const std::function<bool()>& on_idle = {});
+// Reads `n` payload bytes into a pooled buffer, as a byte buffer that holds it.
+absl::StatusOr<grpc::ByteBuffer> ReadPayload(int fd, uint64_t n,
+                                             const std::function<bool()>& on_idle = {});
+
+// A worker's connection to one server's data port. Calls may be issued
+// from any thread; one thread per channel reads the answers and runs the
+// callbacks (small answers there, as gRPC's callback API does). That
+// thread holds the channel until Close or a broken connection ends it, so
+// a callback may drop the last other reference.
+class DataChannel : public std::enable_shared_from_this<DataChannel> {
+ public:
+  using Done = std::function<void(grpc::Status)>;
+
+  // Connects to host:port and says hello with `token`, within `timeout`.
+  // UNAVAILABLE when the port cannot be reached, UNAUTHENTICATED when the
+  // server refuses the token.
+  static absl::StatusOr<std::shared_ptr<DataChannel>> Connect(const std::string& host, int port,
+                                                              const std::string& token,
+                                                              absl::Duration timeout);
+  ~DataChannel();
+  DataChannel(const DataChannel&) = delete;
+  DataChannel& operator=(const DataChannel&) = delete;
+
+  // Sends `req` as `method`; `done` runs once, maybe before Call returns:
+  // OK with the answer in *resp, or the server's error, DEADLINE_EXCEEDED
+  // after `timeout`, UNAVAILABLE when the connection broke (then every later
+  // call fails at once too), CANCELLED after Close.
+  void Call(FrameKind method, const grpc::ByteBuffer& req, absl::Duration timeout,
+            grpc::ByteBuffer* resp, Done done);
+  // Ends every call in flight with CANCELLED and refuses new ones; returns
+  // at once (the reader runs their callbacks).
+  void Close();
+  // The connection broke or was closed: new calls fail at once.
+  bool broken() const { return broken_.load(std::memory_order_acquire); }
+  const std::string& peer() const { return peer_; }
+
+ private:
+  DataChannel(int fd, std::string peer);
+  struct Pending {
+    grpc::ByteBuffer* resp;
+    Done done;
+    absl::Time deadline;
+  };
+  void ReadAnswers();
+  // Ends the calls past their deadline; false once the channel is closing.
+  bool Expire();
+  // Marks the channel broken and ends every call in flight with `why`.
+  void Break(const grpc::Status& why);
+
+  const int fd_;
+  const std::string peer_;
+  std::atomic<bool> broken_{false};
+  std::atomic<bool> closing_{false};
+  absl::Mutex write_mu_;
+  absl::Mutex mu_;
+  uint64_t next_call_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  std::thread reader_;
+};
+
+}  // namespace psrt
+
+#endif  // PSRT_COMMON_DATA_CHANNEL_H_
