@@ -399,7 +399,7 @@ TEST(ParseDistributionErrorTest, WrongTypes) {
       {R"("pull_compression": [])",
        "'pull_compression' must be a string, one of none, fp16, bf16, got "
        "array"},
-      {R"("transport": "shm")", "'transport' must be one of auto, tcp; got 'shm'"},
+      {R"("transport": "shm")", "'transport' must be one of auto, tcp, grpc; got 'shm'"},
       {R"("servers_per_host": "1")", "'servers_per_host' must be an integer"},
       {R"("workers_per_host": 1.0)", "'workers_per_host' must be an integer"},
       {R"("partition_bytes": "4MB")", "'partition_bytes' must be an integer"},
