@@ -1,6 +1,7 @@
 #include "server/replicator.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
@@ -82,11 +83,28 @@ void Replicator::Update(const v1::ShardMap& map) {
   }
 }
 
-absl::Status Replicator::Forward(int owner, const std::string& variable, uint32_t partition,
-                                 int64_t version, const float* grad, int64_t n,
-                                 const Store::Origin& origin) {
+std::shared_ptr<v1::ParameterServer::Stub> Replicator::CopyHolder(int owner, int* at,
+                                                                  bool* seeding) {
+  absl::MutexLock lock(&mu_);
+  *at = owner < static_cast<int>(replica_at_.size()) ? replica_at_[owner] : -2;
+  *seeding = seeding_.count(owner) > 0;
+  return *at == -1 || *at == self_ ? nullptr : StubLocked(*at);
+}
+
+Store::Forwarded Replicator::Forward(int owner, const std::string& variable, uint32_t partition,
+                                     int64_t version, const float* grad, int64_t n,
+                                     const Store::Origin& origin) {
   const int key_owner = owner < 0 ? self_ : owner;
-  v1::ReplicateRequest req;
+  struct Call {
+    v1::ReplicateRequest req;
+    v1::ReplicateResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status status;
+    absl::Notification done;
+    absl::Time start;
+  };
+  auto call = std::make_shared<Call>();
+  v1::ReplicateRequest& req = call->req;
   req.set_variable(variable);
   req.set_partition(partition);
   req.set_version(version);
@@ -97,42 +115,67 @@ absl::Status Replicator::Forward(int owner, const std::string& variable, uint32_
     req.set_clock(origin.clock);
   }
   req.set_gradient(reinterpret_cast<const char*>(grad), n * sizeof(float));
-  const absl::Time start = absl::Now();
-  grpc::Status last;
-  while (true) {
-    std::shared_ptr<v1::ParameterServer::Stub> stub;
-    bool seeding;
-    {
-      absl::MutexLock lock(&mu_);
-      const int at = key_owner < static_cast<int>(replica_at_.size()) ? replica_at_[key_owner] : -2;
-      if (at == -1 || at == self_) return absl::OkStatus();  // no copy: the update stays here alone
-      stub = StubLocked(at);
-      seeding = seeding_.count(key_owner) > 0;
+  call->start = absl::Now();
+  int at;
+  bool seeding;
+  std::shared_ptr<v1::ParameterServer::Stub> stub = CopyHolder(key_owner, &at, &seeding);
+  if (at == -1 || at == self_) return nullptr;  // no copy: the update stays here alone
+  if (stub == nullptr) {
+    call->status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "no address yet");
+    call->done.Notify();
+  } else {
+    // A blocking call on a thread of its own: the caller may be one of
+    // gRPC's callback threads, which an asynchronous call's completion
+    // could need while the caller waits for it.
+    senders_.Schedule([this, call, stub] {
+      PrepareContext(&call->ctx, token_, absl::Seconds(5));
+      call->status = stub->Replicate(&call->ctx, call->req, &call->resp);
+      call->done.Notify();
+    });
+  }
+  return [this, call, key_owner] {
+    // The call's own deadline bounds this, once a sender has taken it.
+    if (!call->done.WaitForNotificationWithTimeout(give_up_ + absl::Seconds(10))) {
+      return absl::UnavailableError(
+          "the update was never sent to the copy (the server is stopping)");
     }
-    if (stub != nullptr) {
-      grpc::ClientContext ctx;
-      PrepareContext(&ctx, token_, absl::Seconds(5));
-      v1::ReplicateResponse resp;
-      last = stub->Replicate(&ctx, req, &resp);
-      if (last.ok()) return absl::OkStatus();
-      // A key not copied yet gets its state, this update included, when it is.
-      if (seeding && last.error_code() == grpc::StatusCode::NOT_FOUND) return absl::OkStatus();
-      if (last.error_code() != grpc::StatusCode::UNAVAILABLE &&
-          last.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-        return FromGrpc(last);
-      }
+    return Settle(key_owner, call->req, call->status, call->start);
+  };
+}
+
+absl::Status Replicator::Settle(int owner, const v1::ReplicateRequest& req, grpc::Status last,
+                                absl::Time start) {
+  while (true) {
+    if (last.ok()) return absl::OkStatus();
+    int at;
+    bool seeding;
+    std::shared_ptr<v1::ParameterServer::Stub> stub = CopyHolder(owner, &at, &seeding);
+    if (at == -1 || at == self_) return absl::OkStatus();  // the copy went meanwhile
+    // A key not copied yet gets its state, this update included, when it is.
+    if (seeding && last.error_code() == grpc::StatusCode::NOT_FOUND) return absl::OkStatus();
+    if (last.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        last.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return FromGrpc(last);
     }
     // Not known yet (before every server registered), or unreachable: wait
     // for it, or for the coordinator to say it is gone.
     if (absl::Now() - start > give_up_) {
       absl::MutexLock lock(&mu_);
-      replica_at_[key_owner] = -1;
+      replica_at_[owner] = -1;
       return absl::UnavailableError(
-          absl::StrCat("the copy of server ", key_owner, "'s keys did not answer for ",
+          absl::StrCat("the copy of server ", owner, "'s keys did not answer for ",
                        absl::FormatDuration(give_up_), ": ", last.error_message(),
                        "; those keys have no copy from here on"));
     }
     absl::SleepFor(absl::Milliseconds(20));
+    if (stub == nullptr) {
+      last = grpc::Status(grpc::StatusCode::UNAVAILABLE, "no address yet");
+      continue;
+    }
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, token_, absl::Seconds(5));
+    v1::ReplicateResponse resp;
+    last = stub->Replicate(&ctx, req, &resp);
   }
 }
 

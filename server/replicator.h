@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/thread_pool.h"
 #include "psrt/v1/coordinator.pb.h"
 #include "psrt/v1/ps.grpc.pb.h"
 #include "server/store.h"
@@ -30,13 +31,23 @@ class Replicator {
   Replicator(int self, std::string token, absl::Duration give_up, Store* store);
   ~Replicator();
 
-  // `owner`: the server whose key it is (-1: this one).
-  absl::Status Forward(int owner, const std::string& variable, uint32_t partition, int64_t version,
-                       const float* grad, int64_t n, const Store::Origin& origin);
+  // Store::Forward: starts the Replicate call; what it returns waits for
+  // it, and retries an unreachable copy holder until `give_up`.
+  Store::Forwarded Forward(int owner, const std::string& variable, uint32_t partition,
+                           int64_t version, const float* grad, int64_t n,
+                           const Store::Origin& origin);
   void Update(const v1::ShardMap& map);
 
  private:
-  std::shared_ptr<v1::ParameterServer::Stub> StubLocked(int server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<v1::ParameterServer::Stub> StubLocked(int server)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The copy holder of `owner`'s keys, and whether they are being copied
+  // there; at -1 (or this server) there is no copy.
+  std::shared_ptr<v1::ParameterServer::Stub> CopyHolder(int owner, int* at, bool* seeding);
+  // The end of a Replicate call that got `last`: OK, or the error, or (an
+  // unreachable holder) its retries from `start` on.
+  absl::Status Settle(int owner, const v1::ReplicateRequest& req, grpc::Status last,
+                      absl::Time start);
 
   const int self_;
   const std::string token_;
@@ -51,6 +62,9 @@ class Replicator {
   std::set<int> promoted_ ABSL_GUARDED_BY(mu_);
   std::set<int> seeding_ ABSL_GUARDED_BY(mu_);  // owners whose copies are being built
   std::vector<std::thread> seeders_;
+  // Sends the forwarded updates; last member: joined first, while
+  // everything its calls use still exists.
+  ThreadPool senders_{8};
 };
 
 }  // namespace psrt

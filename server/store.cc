@@ -610,21 +610,29 @@ bool AllFinite(const float* v, int64_t n) {
 }  // namespace
 
 void Store::Apply(Key* key, const float* grad, const Origin& origin) {
-  if (key->serving) {
-    // The backup applies the same update first: once the new version is
-    // served here, it is there too.
-    if (forward_) {
-      absl::Status s =
-          forward_(key->backup_of, key->spec.variable(), key->spec.partition(), key->version, grad, key->n, origin);
-      if (!s.ok()) LogWarning("key '", key->name, "': its replica was not updated: ", s.message());
-    }
+  // The backup applies the same update while this server does; the new
+  // version is published here only once the backup holds it too.
+  Forwarded forwarded;
+  if (key->serving && forward_) {
+    forwarded = forward_(key->backup_of, key->spec.variable(), key->spec.partition(), key->version,
+                         grad, key->n, origin);
   }
   // An assign key's value is data, not an update: NaN and Inf in it are what
   // the workers must see (GradScaler finds the overflow in the mean gradient).
-  if (!key->FreeRunning() && SkipNonfinite(key, grad, key->n)) return;
+  const bool skip = !key->FreeRunning() && !AllFinite(grad, key->n);
   const absl::Time start = absl::Now();
-  ApplyUpdate(key->optimizer, key->lr, key->version + 1, key->weights.data(), grad,
-              key->slot_ptrs.data(), key->n);
+  if (!skip) {
+    ApplyUpdate(key->optimizer, key->lr, key->version + 1, key->weights.data(), grad,
+                key->slot_ptrs.data(), key->n);
+  }
+  if (forwarded) {
+    if (absl::Status s = forwarded(); !s.ok())
+      LogWarning("key '", key->name, "': its replica was not updated: ", s.message());
+  }
+  if (skip) {
+    SkipNonfinite(key, grad, key->n);
+    return;
+  }
   Applied(key, start);
 }
 

@@ -84,10 +84,14 @@ class Store {
     uint64_t push_id = 0;
     int64_t clock = 0;  // the worker's clock after it
   };
-  // `owner`: the server whose key it is (-1: this server's own).
-  using Forward = std::function<absl::Status(int owner, const std::string& variable, uint32_t partition,
-                                             int64_t version, const float* grad, int64_t n,
-                                             const Origin& origin)>;
+  // Starts sending an update to the key's copy (`owner`: the server whose
+  // key it is, -1: this server's own) and returns what waits until the copy
+  // holds it (OK, or why it does not); null when there is nothing to wait
+  // for. `grad` may go once it returns.
+  using Forwarded = std::function<absl::Status()>;
+  using Forward = std::function<Forwarded(int owner, const std::string& variable, uint32_t partition,
+                                          int64_t version, const float* grad, int64_t n,
+                                          const Origin& origin)>;
   void SetForward(Forward forward);
   // Applies a primary's update to this server's copy of the key.
   absl::Status Replicate(const v1::ReplicateRequest& req);
