@@ -57,6 +57,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#ifdef PSRT_HAVE_ZMQ
+#include <zmq.h>
+#endif
+
 #include "benchmarks/bench_util.h"
 #include "common/daemon.h"
 #include "common/flags.h"
@@ -439,6 +443,100 @@ class TcpEcho {
   std::thread thread_;
 };
 
+#ifdef PSRT_HAVE_ZMQ
+// A ps-lite-style parameter server in this process, for the baseline
+// ps-lite's users know: its van is ZeroMQ (DEALER/ROUTER, multipart
+// messages whose values go zero-copy). One server thread holds a float32
+// store; a push-pull sends [key, values] (zero-copy from the gradient), the
+// server applies w -= lr * g and answers [key, weights] (zero-copy from the
+// store), and the worker copies them into its output, as ps-lite's KVWorker
+// copies a pull's answer. One round trip per push-pull, like psrt's
+// PushPull; ps-lite's ZPush then ZPull would be two.
+class ZmqPs {
+ public:
+  ~ZmqPs() {
+    if (server_ctx_ != nullptr) zmq_ctx_shutdown(server_ctx_);  // ends the server's recv
+    if (thread_.joinable()) thread_.join();
+    if (dealer_ != nullptr) zmq_close(dealer_);
+    if (client_ctx_ != nullptr) zmq_ctx_term(client_ctx_);
+    if (server_ctx_ != nullptr) zmq_ctx_term(server_ctx_);
+  }
+
+  absl::Status Start(int64_t max_bytes) {
+    store_.assign(max_bytes / 4, 0.0f);
+    server_ctx_ = zmq_ctx_new();
+    client_ctx_ = zmq_ctx_new();
+    router_ = zmq_socket(server_ctx_, ZMQ_ROUTER);
+    dealer_ = zmq_socket(client_ctx_, ZMQ_DEALER);
+    if (router_ == nullptr || dealer_ == nullptr || zmq_bind(router_, "tcp://127.0.0.1:*") != 0) {
+      return absl::UnavailableError(absl::StrCat("ZeroMQ: ", zmq_strerror(zmq_errno())));
+    }
+    char endpoint[256];
+    size_t len = sizeof(endpoint);
+    zmq_getsockopt(router_, ZMQ_LAST_ENDPOINT, endpoint, &len);
+    if (zmq_connect(dealer_, endpoint) != 0) {
+      return absl::UnavailableError(absl::StrCat("ZeroMQ: ", zmq_strerror(zmq_errno())));
+    }
+    thread_ = std::thread([this] { Serve(); });
+    return absl::OkStatus();
+  }
+
+  absl::Status PushPull(const float* grad, float* out, int64_t bytes) {
+    zmq_msg_t values;
+    zmq_msg_init_data(&values, const_cast<float*>(grad), bytes, nullptr, nullptr);
+    if (zmq_send(dealer_, "w", 1, ZMQ_SNDMORE) < 0 || zmq_msg_send(&values, dealer_, 0) < 0) {
+      zmq_msg_close(&values);
+      return absl::UnavailableError(absl::StrCat("ZeroMQ send: ", zmq_strerror(zmq_errno())));
+    }
+    char key[8];
+    zmq_msg_t answer;
+    zmq_msg_init(&answer);
+    if (zmq_recv(dealer_, key, sizeof(key), 0) < 0 || zmq_msg_recv(&answer, dealer_, 0) < 0 ||
+        static_cast<int64_t>(zmq_msg_size(&answer)) != bytes) {
+      zmq_msg_close(&answer);
+      return absl::UnavailableError(absl::StrCat("ZeroMQ receive: ", zmq_strerror(zmq_errno())));
+    }
+    std::memcpy(out, zmq_msg_data(&answer), bytes);
+    zmq_msg_close(&answer);
+    return absl::OkStatus();
+  }
+
+ private:
+  void Serve() {
+    while (true) {
+      zmq_msg_t id, key, grad;
+      zmq_msg_init(&id);
+      zmq_msg_init(&key);
+      zmq_msg_init(&grad);
+      if (zmq_msg_recv(&id, router_, 0) < 0 || zmq_msg_recv(&key, router_, 0) < 0 ||
+          zmq_msg_recv(&grad, router_, 0) < 0) {
+        zmq_msg_close(&id);
+        zmq_msg_close(&key);
+        zmq_msg_close(&grad);
+        break;  // ETERM: the benchmark is done
+      }
+      const int64_t n = std::min<int64_t>(zmq_msg_size(&grad) / 4, store_.size());
+      const float* g = static_cast<const float*>(zmq_msg_data(&grad));
+      for (int64_t i = 0; i < n; ++i) store_[i] -= 0.01f * g[i];
+      zmq_msg_close(&grad);
+      zmq_msg_t weights;
+      zmq_msg_init_data(&weights, store_.data(), n * 4, nullptr, nullptr);
+      zmq_msg_send(&id, router_, ZMQ_SNDMORE);
+      zmq_msg_send(&key, router_, ZMQ_SNDMORE);
+      zmq_msg_send(&weights, router_, 0);
+    }
+    zmq_close(router_);
+  }
+
+  void* server_ctx_ = nullptr;
+  void* client_ctx_ = nullptr;
+  void* router_ = nullptr;
+  void* dealer_ = nullptr;
+  std::vector<float> store_;
+  std::thread thread_;
+};
+#endif  // PSRT_HAVE_ZMQ
+
 // ---------------------------------------------------------------------------
 
 std::string CpuModel() {
@@ -481,6 +579,7 @@ struct Row {
   int64_t bytes = 0;
   Measurement psrt[kNumTransports];  // per kTransports
   Measurement tcp;
+  Measurement zmq;  // iterations 0: not measured (built without ZeroMQ)
 };
 
 struct Rss {
@@ -604,6 +703,10 @@ int Run(int argc, char** argv) {
     }
     TcpEcho tcp;
     if (absl::Status s = tcp.Start(largest, absl::Seconds(60)); !s.ok()) return fail(s);
+#ifdef PSRT_HAVE_ZMQ
+    ZmqPs zmq;
+    if (absl::Status s = zmq.Start(largest); !s.ok()) return fail(s);
+#endif
 
     for (int64_t bytes : sizes) {
       Row row;
@@ -625,6 +728,12 @@ int Run(int argc, char** argv) {
                                  absl::StrCat("TCP at ", HumanBytes(bytes), ": ", t.status().message())));
       }
       row.tcp = *t;
+#ifdef PSRT_HAVE_ZMQ
+      absl::StatusOr<Measurement> z = Measure(
+          [&] { return zmq.PushPull(grad.data(), out.data(), bytes); }, seconds, min_iterations);
+      if (!z.ok()) return fail(z.status());
+      row.zmq = *z;
+#endif
       rows.push_back(row);
       std::fprintf(stderr, "  %s done (psrt grpc %lld iterations, tcp %lld, shm %lld; TCP %lld)\n",
                    HumanBytes(bytes).c_str(), static_cast<long long>(row.psrt[0].iterations),
@@ -665,6 +774,18 @@ int Run(int argc, char** argv) {
   std::printf("GB/s = 1e9 bytes/s of payload, 2 * size per iteration (push + pull; send + echo);\n"
               "grpc, tcp, shm: psrt over gRPC, over its data channel (TCP) and over shared memory;\n"
               "TCP: one raw loopback connection.\n");
+  if (!rows.empty() && rows[0].zmq.iterations > 0) {
+    std::printf("\n%10s  %12s  %12s  %12s  %12s\n", "size", "ZeroMQ GB/s", "tcp/ZeroMQ",
+                "shm/ZeroMQ", "ZeroMQ ms");
+    for (const Row& r : rows) {
+      const double z = r.zmq.Goodput(r.bytes);
+      std::printf("%10s  %12.3f  %12.3f  %12.3f  %12.3f\n", HumanBytes(r.bytes).c_str(), z / 1e9,
+                  r.psrt[1].Goodput(r.bytes) / z, r.psrt[2].Goodput(r.bytes) / z,
+                  r.zmq.Latency() * 1e3);
+    }
+    std::printf("ZeroMQ: a ps-lite-style server (DEALER/ROUTER, zero-copy values, one round trip\n"
+                "per push-pull) in this process, over loopback TCP.\n");
+  }
   for (int t = 0; t < kNumTransports && rss_steps > 0; ++t) {
     std::printf("servers' resident memory (%s): %.1f MiB before %lld rounds of 1 MiB, %.1f MiB after (x%.3f)\n",
                 TransportName(kTransports[t]), rss[t].before_kib / 1024.0,
@@ -698,6 +819,12 @@ int Run(int argc, char** argv) {
                   {"seconds", r.tcp.seconds},
                   {"gbps", r.tcp.Goodput(r.bytes) / 1e9},
                   {"latency_ms", r.tcp.Latency() * 1e3}};
+      if (r.zmq.iterations > 0) {
+        e["pslite_zmq"] = {{"iterations", r.zmq.iterations},
+                           {"seconds", r.zmq.seconds},
+                           {"gbps", r.zmq.Goodput(r.bytes) / 1e9},
+                           {"latency_ms", r.zmq.Latency() * 1e3}};
+      }
       for (int t = 0; t < kNumTransports; ++t) {
         const std::string name = absl::StrCat("psrt_", TransportName(kTransports[t]));
         e[name] = {{"iterations", r.psrt[t].iterations},

@@ -25,7 +25,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libcurl4-openssl-dev libssl-dev openssl
+  nlohmann-json3-dev libcurl4-openssl-dev libssl-dev openssl libzmq3-dev
   prometheus-cpp-dev libcivetweb-dev libcpp-httplib-dev
   iproute2
 )
