@@ -443,8 +443,9 @@ class Client::Impl {
       if (l.port <= 0) l.why_not = "it has no data channel (mutual TLS)";
     }
     if (l.port <= 0) return nullptr;
-    absl::StatusOr<std::shared_ptr<DataChannel>> opened =
-        DataChannel::Connect(HostOf(l.address), l.port, options.token, timeout);
+    // Short: a port a firewall drops would otherwise hold up every start.
+    absl::StatusOr<std::shared_ptr<DataChannel>> opened = DataChannel::Connect(
+        HostOf(l.address), l.port, options.token, std::min(timeout, absl::Seconds(3)));
     if (!opened.ok()) {
       l.why_not = std::string(opened.status().message());
       LogWarning("worker ", options.rank, ": server ", s, "'s pushes and pulls go by gRPC: ",
