@@ -9,9 +9,10 @@ gradient accumulation). Rank r's batch at step s is drawn from seed (s, r).
 Run under psrt-run, every rank trains the cases named on the command line and
 writes its final parameters, buffers and loss scale to OUT.rankN (torch.save).
 `reference(case, steps, workers)` computes in one process what those must be:
-the same torch optimizer on the mean of the workers' gradients, each worker's
-forward on its own batch (BatchNorm's batch statistics are per worker), and
-floating-point buffers averaged over workers after each step.
+the same torch optimizer on the mean of the workers' gradients (SGD's last
+operation rounded as the servers round it, see ServersRoundingSGD), each
+worker's forward on its own batch (BatchNorm's batch statistics are per
+worker), and floating-point buffers averaged over workers after each step.
 """
 
 import argparse
@@ -260,6 +261,51 @@ def _small_image_loss(model, step, rank):
     return F.cross_entropy(model(x), y)
 
 
+class ServersRoundingSGD(torch.optim.SGD):
+    """torch.optim.SGD's algorithm (the momentum buffer is the first gradient,
+    then momentum * buffer + gradient; param - lr * buffer) with the update
+    rounded as psrt's servers round it: param + (-lr * buffer), two roundings,
+    as torch's own unvectorized CPU kernels (ATEN_CPU_CAPABILITY=default) do
+    bit for bit. torch's AVX2 and AVX-512 kernels fuse that multiply-add (one
+    rounding), so about 1% of the elements end a step one float32 ulp apart,
+    and ResNet-18 on batches of 4 magnifies that about 5000-fold a step
+    (conv1.weight 1.4e-3 apart after 3 steps on an AVX-512 CPU, from the same
+    mean gradients). The reference for psrt must not depend on which kernel
+    this CPU gets; test_torch_models checks this class against torch's SGD."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            if group["weight_decay"] or group["dampening"] or group["nesterov"] or group["maximize"]:
+                raise NotImplementedError("ServersRoundingSGD: plain SGD or momentum only")
+            neg_lr = torch.tensor(-group["lr"], dtype=torch.float32)
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                d = p.grad
+                if group["momentum"]:
+                    state = self.state[p]
+                    if "momentum_buffer" not in state:
+                        state["momentum_buffer"] = d.clone()
+                    else:
+                        state["momentum_buffer"].mul_(group["momentum"]).add_(d)
+                    d = state["momentum_buffer"]
+                p.copy_(p + d * neg_lr.to(d.device))
+        return loss
+
+
+def make_optimizer(case, params, servers_rounding=False):
+    """The case's optimizer; with servers_rounding (the reference), SGD is
+    ServersRoundingSGD with the same settings."""
+    opt = CASES[case][2](params)
+    if servers_rounding and type(opt) is torch.optim.SGD:
+        d = opt.defaults
+        opt = ServersRoundingSGD(params, lr=d["lr"], momentum=d["momentum"], dampening=d["dampening"],
+                                 weight_decay=d["weight_decay"], nesterov=d["nesterov"])
+    return opt
+
+
 def _adam(params, lr=1e-3):
     # eps 1e-6: attention's key bias has a zero gradient, whose rounding noise
     # Adam with eps=1e-8 would blow up to lr/100 per step (in any two runs
@@ -356,7 +402,7 @@ def reference(case, steps=STEPS, workers=2, device="cpu"):
     DEVICE = torch.device(device)
     torch.set_num_threads(1)
     model = build(case, 0)
-    opt = CASES[case][2](list(model.parameters()))
+    opt = make_optimizer(case, list(model.parameters()), servers_rounding=True)
     scaler = make_scaler(case)
     params, buffers = list(model.parameters()), list(model.buffers())
     for step in range(steps):
