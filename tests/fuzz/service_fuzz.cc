@@ -1,17 +1,27 @@
 // The parameter server as a client reaches it: raw bytes to every method of
 // a real psrt-server's gRPC service (PsService over loopback TCP, with its
-// interceptor), with the job's token, without one, or with another job's.
+// interceptor), with the job's token, without one, or with another job's;
+// the same bytes as pushes and pulls over its data channel (DataServer,
+// common/data_channel.h); and raw bytes to the data port after a hello.
 // Oracles, beyond "no crash":
 // - without the job's token every call is UNAUTHENTICATED, whatever its
 //   bytes: nothing about a request is answered before the token is checked;
 // - every error text fits what gRPC delivers (kMaxErrorBytes);
-// - every call answers by its deadline (2 s), plus a margin.
+// - every call answers by its deadline (2 s), plus a margin;
+// - a well-framed request never breaks the data channel, whatever its body;
+// - raw bytes on the data port are answered or the connection is closed,
+//   by the deadline.
 // The store behind it lives across inputs (the server is started once).
 
+#include <arpa/inet.h>
 #include <grpc/grpc.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -20,9 +30,11 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/data_channel.h"
 #include "common/grpc_util.h"
 #include "common/metrics.h"
 #include "psrt/v1/ps.pb.h"
+#include "server/data_server.h"
 #include "server/ps_service.h"
 #include "server/store.h"
 #include "tests/fuzz/calls.h"
@@ -33,8 +45,9 @@ namespace {
 constexpr char kToken[] = "fuzz-job-token";
 
 struct Method {
-  const char* path;
+  const char* path;  // gRPC's; or "data:" for the data channel, "raw:" for the data port
   const google::protobuf::Message* prototype;
+  FrameKind kind = FrameKind::kPush;  // the data channel's
 };
 
 const std::vector<Method>& Methods() {
@@ -46,9 +59,14 @@ const std::vector<Method>& Methods() {
       {"/psrt.v1.ParameterServer/SetLearningRate", &v1::SetLearningRateRequest::default_instance()},
       {"/psrt.v1.ParameterServer/Stats", &v1::StatsRequest::default_instance()},
       {"/psrt.v1.ParameterServer/SaveShard", &v1::SaveShardRequest::default_instance()},
-      {"/psrt.v1.ParameterServer/AttachSharedMemory", &v1::AttachSharedMemoryRequest::default_instance()},
+      {"/psrt.v1.ParameterServer/AttachSharedMemory",
+       &v1::AttachSharedMemoryRequest::default_instance()},
       {"/psrt.v1.ParameterServer/Replicate", &v1::ReplicateRequest::default_instance()},
-      {"/psrt.v1.ParameterServer/Seed", &v1::SeedRequest::default_instance()}};
+      {"/psrt.v1.ParameterServer/Seed", &v1::SeedRequest::default_instance()},
+      {"data:Push", &v1::PushRequest::default_instance(), FrameKind::kPush},
+      {"data:Pull", &v1::PullRequest::default_instance(), FrameKind::kPull},
+      {"data:PushPull", &v1::PushPullRequest::default_instance(), FrameKind::kPushPull},
+      {"raw:", &v1::PushRequest::default_instance()}};
   return *m;
 }
 
@@ -69,6 +87,8 @@ struct Server {
   std::unique_ptr<PsService> service;
   ServingServer serving;
   std::unique_ptr<grpc::GenericStub> stub;
+  std::unique_ptr<DataServer> data;
+  std::shared_ptr<DataChannel> channel;
 };
 
 Server* Start() {
@@ -94,8 +114,51 @@ Server* Start() {
   absl::StatusOr<ServingServer> serving = StartServer("127.0.0.1", 0, s->service.get(), kToken);
   if (!serving.ok()) std::abort();
   s->serving = std::move(*serving);
-  s->stub = std::make_unique<grpc::GenericStub>(MakeChannel("127.0.0.1:" + std::to_string(s->serving.port)));
+  s->stub = std::make_unique<grpc::GenericStub>(
+      MakeChannel("127.0.0.1:" + std::to_string(s->serving.port)));
+  PsService* service = s->service.get();
+  absl::StatusOr<std::unique_ptr<DataServer>> data = DataServer::Start(
+      "127.0.0.1", kToken,
+      [service](FrameKind method, const grpc::ByteBuffer& req, absl::Time deadline,
+                std::function<bool()> cancelled, DataServer::Done done) {
+        service->ServeData(method, req, deadline, std::move(cancelled), std::move(done));
+      });
+  if (!data.ok()) std::abort();
+  s->data = *std::move(data);
+  absl::StatusOr<std::shared_ptr<DataChannel>> channel =
+      DataChannel::Connect("127.0.0.1", s->data->port(), kToken, absl::Seconds(10));
+  if (!channel.ok()) std::abort();
+  s->channel = *std::move(channel);
   return s;
+}
+
+// Sends a hello and then `bytes` on a new connection to the data port, and
+// reads until the server closes it or `timeout` passes; aborts on a hang.
+void RawToDataPort(int port, const std::string& bytes, absl::Duration timeout) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) std::abort();
+  timeval tv{0, 100 * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  FrameHeader hello;
+  hello.kind = FrameKind::kHello;
+  hello.text_bytes = sizeof(kToken) - 1;
+  const absl::Time deadline = absl::Now() + timeout;
+  if (!WriteFrame(fd, hello, kToken, nullptr, deadline).ok()) std::abort();
+  // The server may close the connection before taking everything: fine.
+  // Then no more: the server answers what it read and closes.
+  send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  shutdown(fd, SHUT_WR);
+  char buf[4096];
+  while (absl::Now() < deadline) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
+  }
+  close(fd);
 }
 
 }  // namespace
@@ -110,7 +173,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   return 0;
 }
 
-extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size, unsigned seed) {
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size,
+                                          unsigned seed) {
   return MutateCalls(data, size, max_size, seed, Prototypes());
 }
 
@@ -120,6 +184,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (calls.size() > 16) return 0;
   for (const Call& call : calls) {
     const Method& method = Methods()[call.kind % Methods().size()];
+    if (std::string(method.path) == "raw:") {
+      // Unanswered frames wait at most until their own deadline there.
+      RawToDataPort(server->data->port(), call.bytes, absl::Seconds(3));
+      continue;
+    }
+    if (std::string(method.path).rfind("data:", 0) == 0) {
+      grpc::Slice slice(call.bytes);
+      grpc::ByteBuffer req(&slice, 1), resp;
+      grpc::Status status;
+      absl::Notification done;
+      const absl::Time start = absl::Now();
+      server->channel->Call(method.kind, req, absl::Seconds(2), &resp, [&](grpc::Status s) {
+        status = std::move(s);
+        done.Notify();
+      });
+      if (!done.WaitForNotificationWithTimeout(absl::Seconds(10))) std::abort();  // a hang
+      if (absl::Now() - start > absl::Seconds(4)) std::abort();  // long past its deadline
+      if (server->channel->broken()) std::abort();  // a well-framed request broke the channel
+      if (status.error_message().size() > kMaxErrorBytes) std::abort();
+      continue;
+    }
     // The kind's high bits choose the token: 0 the job's, 1 none, 2 another.
     const int token = (call.kind / Methods().size()) % 3;
     grpc::ClientContext ctx;
@@ -129,14 +214,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     grpc::Status status;
     absl::Notification done;
     const absl::Time start = absl::Now();
-    server->stub->UnaryCall(&ctx, method.path, grpc::StubOptions(), &req, &resp, [&](grpc::Status s) {
-      status = std::move(s);
-      done.Notify();
-    });
+    server->stub->UnaryCall(&ctx, method.path, grpc::StubOptions(), &req, &resp,
+                            [&](grpc::Status s) {
+                              status = std::move(s);
+                              done.Notify();
+                            });
     if (!done.WaitForNotificationWithTimeout(absl::Seconds(10))) std::abort();  // a hang
     if (absl::Now() - start > absl::Seconds(4)) std::abort();  // answered long past its deadline
-    if (token != 0 && status.error_code() != grpc::StatusCode::UNAUTHENTICATED) std::abort();  // token not first
-    if (status.error_message().size() > kMaxErrorBytes) std::abort();  // an error gRPC may not deliver
+    if (token != 0 && status.error_code() != grpc::StatusCode::UNAUTHENTICATED)
+      std::abort();  // token not first
+    if (status.error_message().size() > kMaxErrorBytes)
+      std::abort();  // an error gRPC may not deliver
   }
   return 0;
 }
