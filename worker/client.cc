@@ -975,7 +975,8 @@ class Client::Impl {
     Attempt(r);
   }
 
-  // One attempt, on gRPC's callback API: no thread waits for the answer.
+  // One attempt, over the data channel or on gRPC's callback API: no thread
+  // waits for the answer.
   void Attempt(const std::shared_ptr<Request>& r) {
     ++r->attempts;
     {
