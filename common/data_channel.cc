@@ -31,17 +31,15 @@ absl::Status Errno(absl::string_view what) {
 
 void DestroyBuffer(void* user_data) { static_cast<Buffer*>(user_data)->Unref(); }
 
-// How long a blocked read or write sleeps before its caller looks at its
-// deadlines again.
-constexpr int kSocketTimeoutMs = 100;
+}  // namespace
 
-void SetSocketTimeouts(int fd) {
-  timeval tv{0, kSocketTimeoutMs * 1000};
+void TuneDataSocket(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  timeval tv{0, 100 * 1000};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
-
-}  // namespace
 
 void FrameHeader::Write(char out[kBytes]) const {
   std::memset(out, 0, kBytes);
@@ -165,9 +163,7 @@ absl::StatusOr<std::shared_ptr<DataChannel>> DataChannel::Connect(const std::str
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  const std::string bare =
-      host.size() > 2 && host.front() == '[' ? host.substr(1, host.size() - 2) : host;
-  if (int e = getaddrinfo(bare.c_str(), std::to_string(port).c_str(), &hints, &found); e != 0) {
+  if (int e = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found); e != 0) {
     return absl::UnavailableError(absl::StrCat("cannot resolve ", host, ": ", gai_strerror(e)));
   }
   int fd = -1;
@@ -199,9 +195,7 @@ absl::StatusOr<std::shared_ptr<DataChannel>> DataChannel::Connect(const std::str
   freeaddrinfo(found);
   if (fd < 0) return why;
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  SetSocketTimeouts(fd);
+  TuneDataSocket(fd);
 
   FrameHeader hello;
   hello.kind = FrameKind::kHello;

@@ -64,6 +64,10 @@ struct FrameHeader {
 // serialize writes to one socket.
 absl::Status WriteFrame(int fd, const FrameHeader& header, absl::string_view text,
                         const grpc::ByteBuffer* payload, absl::Time deadline);
+// Sets a data-channel socket up, at either end: no Nagle delay, and reads
+// and writes that block at most 100 ms before their caller looks at its
+// deadlines (and whether it is stopping) again.
+void TuneDataSocket(int fd);
 // Reads exactly `n` bytes. `on_idle` (optional) runs each time the socket's
 // receive timeout passes with nothing read; returning false gives up.
 absl::Status ReadFull(int fd, char* out, size_t n, const std::function<bool()>& on_idle = {});
@@ -80,7 +84,8 @@ class DataChannel : public std::enable_shared_from_this<DataChannel> {
  public:
   using Done = std::function<void(grpc::Status)>;
 
-  // Connects to host:port and says hello with `token`, within `timeout`.
+  // Connects to host:port (`host` as getaddrinfo takes it: HostOf in
+  // common/net.h) and says hello with `token`, within `timeout`.
   // UNAVAILABLE when the port cannot be reached, UNAUTHENTICATED when the
   // server refuses the token.
   static absl::StatusOr<std::shared_ptr<DataChannel>> Connect(const std::string& host, int port,

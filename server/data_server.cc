@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/net.h"
 
 namespace psrt {
 namespace {
@@ -57,8 +57,7 @@ absl::StatusOr<std::unique_ptr<DataServer>> DataServer::Start(const std::string&
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  const std::string host =
-      bind.size() > 2 && bind.front() == '[' ? bind.substr(1, bind.size() - 2) : bind;
+  const std::string host = HostOf(bind);
   if (int e = getaddrinfo(host.c_str(), "0", &hints, &found); e != 0) {
     return absl::UnavailableError(
         absl::StrCat("the data port cannot listen on ", bind, ": ", gai_strerror(e)));
@@ -131,11 +130,7 @@ void DataServer::Accept() {
 }
 
 void DataServer::Serve(const std::shared_ptr<Connection>& c) {
-  int one = 1;
-  setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  timeval tv{0, 100 * 1000};  // to notice stopping_ and the hello's deadline
-  setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  TuneDataSocket(c->fd);  // to notice stopping_ and the hello's deadline
   const absl::Time hello_by = absl::Now() + kHelloTimeout;
   auto before_hello = [&] { return !stopping_.load() && absl::Now() < hello_by; };
   auto serving = [&] { return !stopping_.load(); };
