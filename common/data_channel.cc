@@ -59,7 +59,7 @@ absl::StatusOr<FrameHeader> FrameHeader::Read(const char in[kBytes], uint64_t ma
   }
   const uint8_t kind = static_cast<uint8_t>(in[4]);
   if (kind < static_cast<uint8_t>(FrameKind::kHello) ||
-      kind > static_cast<uint8_t>(FrameKind::kAnswer)) {
+      kind > static_cast<uint8_t>(FrameKind::kReplicate)) {
     return absl::InvalidArgumentError(absl::StrCat("a frame of unknown kind ", kind));
   }
   FrameHeader h;
@@ -244,16 +244,22 @@ void DataChannel::Close() {
 }
 
 void DataChannel::Call(FrameKind method, const grpc::ByteBuffer& req, absl::Duration timeout,
-                       grpc::ByteBuffer* resp, Done done) {
+                       grpc::ByteBuffer* resp, Done done, absl::string_view text) {
   if (broken()) {
     return done(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                              absl::StrCat("the data channel to ", peer_, " is closed")));
+  }
+  if (text.size() > FrameHeader::kMaxText) {
+    return done(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                             absl::StrCat("a request with ", text.size(), " bytes of text; the most is ",
+                                          FrameHeader::kMaxText)));
   }
   const absl::Time deadline = absl::Now() + timeout;
   FrameHeader h;
   h.kind = method;
   h.code =
       static_cast<uint32_t>(std::clamp<int64_t>(absl::ToInt64Milliseconds(timeout), 1, UINT32_MAX));
+  h.text_bytes = static_cast<uint32_t>(text.size());
   h.payload_bytes = req.Valid() ? req.Length() : 0;
   {
     absl::MutexLock lock(&mu_);
@@ -263,7 +269,7 @@ void DataChannel::Call(FrameKind method, const grpc::ByteBuffer& req, absl::Dura
   absl::Status s;
   {
     absl::MutexLock lock(&write_mu_);
-    s = WriteFrame(fd_, h, "", &req, deadline);
+    s = WriteFrame(fd_, h, text, &req, deadline);
   }
   // Part of a frame may have gone: the stream is unusable after any failure.
   if (!s.ok()) {

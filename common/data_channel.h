@@ -35,7 +35,17 @@
 
 namespace psrt {
 
-enum class FrameKind : uint8_t { kHello = 1, kPush = 2, kPull = 3, kPushPull = 4, kAnswer = 5 };
+// kReplicate: a server's update to the copy of one of its keys on another
+// server (server/replicator.h), its ReplicateRequest in the frame's text and
+// its float32 gradient as the payload.
+enum class FrameKind : uint8_t {
+  kHello = 1,
+  kPush = 2,
+  kPull = 3,
+  kPushPull = 4,
+  kAnswer = 5,
+  kReplicate = 6,
+};
 
 struct FrameHeader {
   static constexpr uint32_t kMagic = 0x44525350;  // "PSRD"
@@ -47,7 +57,8 @@ struct FrameHeader {
   // Requests: milliseconds left before the caller's deadline. Answers: the
   // gRPC status code.
   uint32_t code = 0;
-  uint32_t text_bytes = 0;  // hello: the token; answers: the error text
+  // Hello: the token; answers: the error text; Replicate: its request.
+  uint32_t text_bytes = 0;
   uint64_t call = 0;
   uint64_t payload_bytes = 0;
 
@@ -95,12 +106,13 @@ class DataChannel : public std::enable_shared_from_this<DataChannel> {
   DataChannel(const DataChannel&) = delete;
   DataChannel& operator=(const DataChannel&) = delete;
 
-  // Sends `req` as `method`; `done` runs once, maybe before Call returns:
-  // OK with the answer in *resp, or the server's error, DEADLINE_EXCEEDED
-  // after `timeout`, UNAVAILABLE when the connection broke (then every later
-  // call fails at once too), CANCELLED after Close.
+  // Sends `req` (and `text`, where `method` takes one) as `method`; `req`
+  // is not used once Call returns. `done` runs once, maybe before Call
+  // returns: OK with the answer in *resp, or the server's error,
+  // DEADLINE_EXCEEDED after `timeout`, UNAVAILABLE when the connection broke
+  // (then every later call fails at once too), CANCELLED after Close.
   void Call(FrameKind method, const grpc::ByteBuffer& req, absl::Duration timeout,
-            grpc::ByteBuffer* resp, Done done);
+            grpc::ByteBuffer* resp, Done done, absl::string_view text = {});
   // Ends every call in flight with CANCELLED and refuses new ones; returns
   // at once (the reader runs their callbacks).
   void Close();

@@ -155,12 +155,19 @@ void DataServer::Serve(const std::shared_ptr<Connection>& c) {
     s = absl::InvalidArgumentError("no hello");
   }
 
+  std::string text;
   while (s.ok()) {
     s = ReadFull(c->fd, head, sizeof(head), serving);
     absl::StatusOr<FrameHeader> h = s.ok() ? FrameHeader::Read(head, kDefaultMaxMessageBytes) : s;
-    if (h.ok() &&
-        (h->kind == FrameKind::kHello || h->kind == FrameKind::kAnswer || h->text_bytes != 0)) {
+    if (h.ok() && (h->kind == FrameKind::kHello || h->kind == FrameKind::kAnswer ||
+                   (h->text_bytes != 0 && h->kind != FrameKind::kReplicate))) {
       h = absl::InvalidArgumentError("a frame that is no request");
+    }
+    if (h.ok()) {
+      text.resize(h->text_bytes);
+      if (absl::Status read = ReadFull(c->fd, text.data(), text.size(), serving); !read.ok()) {
+        h = read;
+      }
     }
     absl::StatusOr<grpc::ByteBuffer> body =
         h.ok() ? ReadPayload(c->fd, h->payload_bytes, serving) : h.status();
@@ -176,7 +183,7 @@ void DataServer::Serve(const std::shared_ptr<Connection>& c) {
     const absl::Time deadline = absl::Now() + left - std::min(left / 10, absl::Milliseconds(500));
     const uint64_t call = h->call;
     handler_(
-        h->kind, *body, deadline, [c] { return c->ended.load(std::memory_order_acquire); },
+        h->kind, text, *body, deadline, [c] { return c->ended.load(std::memory_order_acquire); },
         [c, call](const absl::Status& st, grpc::ByteBuffer answer) {
           c->Answer(call, st, &answer);
         });

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/data_channel.h"
@@ -21,7 +22,8 @@ namespace psrt {
 
 // The server's end of the data channel (common/data_channel.h): listens on
 // its own port beside gRPC, checks each connection's hello against the job
-// token, and hands every request to `handler`, which answers through
+// token, and hands every request (its text, where its method has one, and
+// its payload) to `handler`, which answers through
 // `done` once, from any thread. One thread per connection reads requests
 // and runs the handler (a pull that waits for a version returns it at
 // once); answers are written by whichever thread has them.
@@ -30,9 +32,9 @@ class DataServer {
   // The caller's deadline, less a margin for the answer to travel; whether
   // the caller is gone (its connection closed); and where the answer goes.
   using Done = std::function<void(const absl::Status&, grpc::ByteBuffer)>;
-  using Handler =
-      std::function<void(FrameKind method, const grpc::ByteBuffer& request, absl::Time deadline,
-                         std::function<bool()> cancelled, Done done)>;
+  using Handler = std::function<void(FrameKind method, absl::string_view text,
+                                     const grpc::ByteBuffer& request, absl::Time deadline,
+                                     std::function<bool()> cancelled, Done done)>;
 
   // Listens on bind:0. UNAVAILABLE when it cannot.
   static absl::StatusOr<std::unique_ptr<DataServer>> Start(const std::string& bind,

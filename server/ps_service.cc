@@ -136,8 +136,11 @@ static WireMessage& Scratch() {
   return message;
 }
 
-void PsService::ServeData(FrameKind method, const grpc::ByteBuffer& req, absl::Time deadline,
-                          std::function<bool()> cancelled, DataDone done) {
+void PsService::ServeData(FrameKind method, absl::string_view text, const grpc::ByteBuffer& req,
+                          absl::Time deadline, std::function<bool()> cancelled, DataDone done) {
+  if (method == FrameKind::kReplicate) {
+    return done(Refused(ReplicateFrame(text, req)), grpc::ByteBuffer(nullptr, 0));
+  }
   WireMessage& msg = Scratch();
   absl::Status s = method == FrameKind::kPush       ? ParsePushRequest(req, &msg)
                    : method == FrameKind::kPull     ? ParsePullRequest(req, &msg)
@@ -177,7 +180,7 @@ grpc::ServerUnaryReactor* PsService::Serve(grpc::CallbackServerContext* ctx, Fra
     reactor->Finish(s);
     return reactor;
   }
-  ServeData(method, *req, Deadline(ctx), [ctx] { return ctx->IsCancelled(); },
+  ServeData(method, {}, *req, Deadline(ctx), [ctx] { return ctx->IsCancelled(); },
             [reactor, resp](const absl::Status& s, grpc::ByteBuffer answer) {
               if (s.ok()) *resp = std::move(answer);
               reactor->Finish(ToGrpc(s));
@@ -203,7 +206,9 @@ grpc::ServerUnaryReactor* PsService::PushPull(grpc::CallbackServerContext* ctx,
 grpc::Status PsService::DataChannel(grpc::ServerContext* ctx, const v1::DataChannelRequest* req,
                                     v1::DataChannelResponse* resp) {
   if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
-  if (absl::Status s = store_->CheckWorker(req->worker_rank()); !s.ok()) return Finish(s);
+  if (!req->from_server()) {
+    if (absl::Status s = store_->CheckWorker(req->worker_rank()); !s.ok()) return Finish(s);
+  }
   resp->set_port(data_port_.load());
   return grpc::Status::OK;
 }
@@ -235,7 +240,28 @@ grpc::Status PsService::Stats(grpc::ServerContext* ctx, const v1::StatsRequest*,
 grpc::Status PsService::Replicate(grpc::ServerContext* ctx, const v1::ReplicateRequest* req,
                                   v1::ReplicateResponse*) {
   if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
-  return Finish(store_->Replicate(*req));
+  return Finish(store_->Replicate(*req, req->gradient()));
+}
+
+absl::Status PsService::ReplicateFrame(absl::string_view text, const grpc::ByteBuffer& gradient) {
+  v1::ReplicateRequest req;
+  if (!req.ParseFromArray(text.data(), static_cast<int>(text.size())) || !req.gradient().empty()) {
+    return absl::InvalidArgumentError(
+        "a Replicate frame whose text is no ReplicateRequest without its gradient");
+  }
+  // The data channel reads a payload into one pooled buffer.
+  std::vector<grpc::Slice> slices;
+  if (gradient.Valid() && !gradient.Dump(&slices).ok()) {
+    return absl::InvalidArgumentError("a Replicate frame's gradient cannot be read");
+  }
+  if (slices.size() > 1) {
+    return absl::InternalError("a Replicate frame's gradient arrived in pieces");
+  }
+  const absl::string_view bytes =
+      slices.empty() ? absl::string_view()
+                     : absl::string_view(reinterpret_cast<const char*>(slices[0].begin()),
+                                         slices[0].size());
+  return store_->Replicate(req, bytes);
 }
 
 grpc::Status PsService::Seed(grpc::ServerContext* ctx, const v1::SeedRequest* req, v1::SeedResponse*) {

@@ -60,9 +60,11 @@ class PsService final : public PsServiceBase {
   // channel, common/data_channel.h): parses `req`, checks it and its shared
   // spans, and hands it to the store; `done` gets the answer, or the error,
   // once: now or when the store calls back. Refusals are counted here.
+  // Also Replicate from another server's data channel: its request in
+  // `text`, its gradient in `req`.
   using DataDone = std::function<void(const absl::Status&, grpc::ByteBuffer)>;
-  void ServeData(FrameKind method, const grpc::ByteBuffer& req, absl::Time deadline,
-                 std::function<bool()> cancelled, DataDone done);
+  void ServeData(FrameKind method, absl::string_view text, const grpc::ByteBuffer& req,
+                 absl::Time deadline, std::function<bool()> cancelled, DataDone done);
 
   // The data channel's port for DataChannel to announce (0: none).
   void set_data_port(int port) { data_port_ = port; }
@@ -81,6 +83,9 @@ class PsService final : public PsServiceBase {
   // Every OK Enter is matched by one Leave.
   absl::Status Enter(int worker, bool pull);
   void Leave(int worker);
+  // A Replicate frame of the data channel: its request in `text`, its
+  // float32 gradient as the payload.
+  absl::Status ReplicateFrame(absl::string_view text, const grpc::ByteBuffer& gradient);
   // Checks each shared-memory span of `m` against the sender's regions and
   // points the keys at it: a push's values, a pull's room for its answer.
   absl::Status ResolveShared(WireMessage* m);

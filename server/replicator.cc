@@ -5,8 +5,15 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/net.h"
 
 namespace psrt {
+namespace {
+
+// One Replicate call's deadline, over either path.
+constexpr absl::Duration kCallTimeout = absl::Seconds(5);
+
+}  // namespace
 
 Replicator::Replicator(int self, std::string token, absl::Duration give_up, Store* store)
     : self_(self), token_(std::move(token)), give_up_(give_up), store_(store) {}
@@ -32,10 +39,12 @@ void Replicator::Update(const v1::ShardMap& map) {
     const bool first = replica_at_.empty();
     addresses_.resize(n);
     stubs_.resize(n);
+    links_.resize(n);
     for (int i = 0; i < n; ++i) {
-      if (map.server_addresses(i) != addresses_[i]) {
+      if (map.server_addresses(i) != addresses_[i] || links_[i] == nullptr) {
         addresses_[i] = map.server_addresses(i);
         stubs_[i] = nullptr;  // made again on first use
+        links_[i] = std::make_shared<Link>(addresses_[i]);
       }
     }
     replica_at_.resize(n, -1);
@@ -91,6 +100,39 @@ std::shared_ptr<v1::ParameterServer::Stub> Replicator::CopyHolder(int owner, int
   return *at == -1 || *at == self_ ? nullptr : StubLocked(*at);
 }
 
+std::shared_ptr<DataChannel> Replicator::ChannelTo(int at, v1::ParameterServer::Stub* stub) {
+  std::shared_ptr<Link> link;
+  {
+    absl::MutexLock lock(&mu_);
+    link = links_[at];
+  }
+  absl::MutexLock lock(&link->mu);
+  if (link->channel != nullptr && !link->channel->broken()) return link->channel;
+  link->channel.reset();
+  if (!link->why_not.empty()) return nullptr;
+  const absl::Duration timeout = absl::Seconds(5);
+  if (link->port < 0) {
+    v1::DataChannelRequest req;
+    req.set_from_server(true);
+    v1::DataChannelResponse resp;
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, token_, timeout);
+    if (!stub->DataChannel(&ctx, req, &resp).ok()) return nullptr;  // this update by gRPC
+    link->port = resp.port();
+    if (link->port <= 0) link->why_not = "it has no data channel (mutual TLS)";
+  }
+  if (link->port <= 0) return nullptr;
+  absl::StatusOr<std::shared_ptr<DataChannel>> opened =
+      DataChannel::Connect(HostOf(link->address), link->port, token_, absl::Seconds(3));
+  if (!opened.ok()) {
+    link->why_not = std::string(opened.status().message());
+    LogWarning("updates to the copies on server ", at, " go by gRPC: ", link->why_not);
+    return nullptr;
+  }
+  link->channel = *std::move(opened);
+  return link->channel;
+}
+
 Store::Forwarded Replicator::Forward(int owner, const std::string& variable, uint32_t partition,
                                      int64_t version, const float* grad, int64_t n,
                                      const Store::Origin& origin) {
@@ -98,6 +140,7 @@ Store::Forwarded Replicator::Forward(int owner, const std::string& variable, uin
   struct Call {
     v1::ReplicateRequest req;
     v1::ReplicateResponse resp;
+    grpc::ByteBuffer answer;  // the data channel's (empty)
     grpc::ClientContext ctx;
     grpc::Status status;
     absl::Notification done;
@@ -114,30 +157,48 @@ Store::Forwarded Replicator::Forward(int owner, const std::string& variable, uin
     req.set_push_id(origin.push_id);
     req.set_clock(origin.clock);
   }
-  req.set_gradient(reinterpret_cast<const char*>(grad), n * sizeof(float));
   call->start = absl::Now();
   int at;
   bool seeding;
   std::shared_ptr<v1::ParameterServer::Stub> stub = CopyHolder(key_owner, &at, &seeding);
   if (at == -1 || at == self_) return nullptr;  // no copy: the update stays here alone
-  if (stub == nullptr) {
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  std::shared_ptr<DataChannel> channel = stub != nullptr ? ChannelTo(at, stub.get()) : nullptr;
+  if (channel != nullptr) {
+    // Written from `grad` before Call returns, while the caller applies the
+    // update here only after: the socket's buffer takes the first part at
+    // once, and the copy holder reads and applies while this server does.
+    grpc::Slice slice(grad, bytes, grpc::Slice::STATIC_SLICE);
+    channel->Call(
+        FrameKind::kReplicate, grpc::ByteBuffer(&slice, 1), kCallTimeout, &call->answer,
+        [call](grpc::Status s) {
+          call->status = std::move(s);
+          call->done.Notify();
+        },
+        req.SerializeAsString());
+  } else if (stub == nullptr) {
     call->status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "no address yet");
     call->done.Notify();
   } else {
+    req.set_gradient(reinterpret_cast<const char*>(grad), bytes);
     // A blocking call on a thread of its own: the caller may be one of
     // gRPC's callback threads, which an asynchronous call's completion
     // could need while the caller waits for it.
     senders_.Schedule([this, call, stub] {
-      PrepareContext(&call->ctx, token_, absl::Seconds(5));
+      PrepareContext(&call->ctx, token_, kCallTimeout);
       call->status = stub->Replicate(&call->ctx, call->req, &call->resp);
       call->done.Notify();
     });
   }
-  return [this, call, key_owner] {
+  return [this, call, key_owner, grad, bytes] {
     // The call's own deadline bounds this, once a sender has taken it.
     if (!call->done.WaitForNotificationWithTimeout(give_up_ + absl::Seconds(10))) {
       return absl::UnavailableError(
           "the update was never sent to the copy (the server is stopping)");
+    }
+    if (!call->status.ok() && call->req.gradient().empty()) {
+      // Retries go by gRPC, with the gradient in the request.
+      call->req.set_gradient(reinterpret_cast<const char*>(grad), bytes);
     }
     return Settle(key_owner, call->req, call->status, call->start);
   };
@@ -173,7 +234,7 @@ absl::Status Replicator::Settle(int owner, const v1::ReplicateRequest& req, grpc
       continue;
     }
     grpc::ClientContext ctx;
-    PrepareContext(&ctx, token_, absl::Seconds(5));
+    PrepareContext(&ctx, token_, kCallTimeout);
     v1::ReplicateResponse resp;
     last = stub->Replicate(&ctx, req, &resp);
   }

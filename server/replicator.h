@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/data_channel.h"
 #include "common/thread_pool.h"
 #include "psrt/v1/coordinator.pb.h"
 #include "psrt/v1/ps.grpc.pb.h"
@@ -31,16 +32,32 @@ class Replicator {
   Replicator(int self, std::string token, absl::Duration give_up, Store* store);
   ~Replicator();
 
-  // Store::Forward: starts the Replicate call; what it returns waits for
-  // it, and retries an unreachable copy holder until `give_up`.
+  // Store::Forward: sends the update to the copy holder, over its data
+  // channel (common/data_channel.h: the gradient goes from `grad` to the
+  // socket, and is applied there from the buffer it arrives in) or, where
+  // it has none, by gRPC's Replicate; what it returns waits for the answer,
+  // and retries an unreachable copy holder until `give_up`.
   Store::Forwarded Forward(int owner, const std::string& variable, uint32_t partition,
                            int64_t version, const float* grad, int64_t n,
                            const Store::Origin& origin);
   void Update(const v1::ShardMap& map);
 
  private:
+  // A copy holder's data channel: opened on first use and again after it
+  // broke; none where it has no data port or it could not be reached.
+  struct Link {
+    explicit Link(std::string address) : address(std::move(address)) {}
+    const std::string address;
+    absl::Mutex mu;
+    int port ABSL_GUARDED_BY(mu) = -1;  // -1: not asked yet
+    std::string why_not ABSL_GUARDED_BY(mu);  // set: gRPC only
+    std::shared_ptr<DataChannel> channel ABSL_GUARDED_BY(mu);
+  };
+
   std::shared_ptr<v1::ParameterServer::Stub> StubLocked(int server)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Server `at`'s data channel, or null (then gRPC carries the update).
+  std::shared_ptr<DataChannel> ChannelTo(int at, v1::ParameterServer::Stub* stub);
   // The copy holder of `owner`'s keys, and whether they are being copied
   // there; at -1 (or this server) there is no copy.
   std::shared_ptr<v1::ParameterServer::Stub> CopyHolder(int owner, int* at, bool* seeding);
@@ -57,6 +74,7 @@ class Replicator {
   std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);
   // Shared: a call in flight keeps the stub it started with.
   std::vector<std::shared_ptr<v1::ParameterServer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
   std::vector<int> replica_at_ ABSL_GUARDED_BY(mu_);  // per owner; -1: no copy
   std::vector<int64_t> replica_since_ ABSL_GUARDED_BY(mu_);
   std::set<int> promoted_ ABSL_GUARDED_BY(mu_);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "absl/functional/bind_front.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/coordinator_link.h"
@@ -113,12 +114,8 @@ int main(int argc, char** argv) {
   // on the encrypted gRPC channel.
   std::unique_ptr<psrt::DataServer> data;
   if (!psrt::TlsEnabled()) {
-    absl::StatusOr<std::unique_ptr<psrt::DataServer>> started = psrt::DataServer::Start(
-        bind, token,
-        [&service](psrt::FrameKind method, const grpc::ByteBuffer& req, absl::Time deadline,
-                   std::function<bool()> cancelled, psrt::DataServer::Done done) {
-          service.ServeData(method, req, deadline, std::move(cancelled), std::move(done));
-        });
+    absl::StatusOr<std::unique_ptr<psrt::DataServer>> started =
+        psrt::DataServer::Start(bind, token, absl::bind_front(&psrt::PsService::ServeData, &service));
     if (!started.ok()) {
       psrt::LogError(started.status().message());
       return 1;

@@ -441,7 +441,7 @@ absl::Status Store::NotServing(const Key* k) {
 
 void Store::SetForward(Forward forward) { forward_ = std::move(forward); }
 
-absl::Status Store::Replicate(const v1::ReplicateRequest& req) {
+absl::Status Store::Replicate(const v1::ReplicateRequest& req, absl::string_view gradient) {
   absl::StatusOr<Key*> key = Find(req.variable(), req.partition());
   if (!key.ok()) return key.status();
   Key* k = *key;
@@ -451,9 +451,9 @@ absl::Status Store::Replicate(const v1::ReplicateRequest& req) {
     if (k->backup_of < 0 || k->serving) {
       return absl::FailedPreconditionError(absl::StrCat("key '", k->name, "' is not a replica on this server"));
     }
-    if (static_cast<int64_t>(req.gradient().size()) != k->n * 4) {
+    if (static_cast<int64_t>(gradient.size()) != k->n * 4) {
       return absl::InvalidArgumentError(absl::StrCat("replica update of key '", k->name, "' has ",
-                                                     req.gradient().size(), " bytes; the key holds ", k->n,
+                                                     gradient.size(), " bytes; the key holds ", k->n,
                                                      " float32"));
     }
     if (!k->initialized) {
@@ -474,9 +474,13 @@ absl::Status Store::Replicate(const v1::ReplicateRequest& req) {
       origin = {req.worker(), req.push_id(), req.clock()};
       RecordPush(k, origin);
     }
-    k->scratch.resize(k->n);
-    std::memcpy(k->scratch.data(), req.gradient().data(), k->n * 4);
-    Apply(k, k->scratch.data(), origin);
+    const float* grad = reinterpret_cast<const float*>(gradient.data());
+    if (reinterpret_cast<uintptr_t>(grad) % alignof(float) != 0) {
+      k->scratch.resize(k->n);
+      std::memcpy(k->scratch.data(), gradient.data(), k->n * 4);
+      grad = k->scratch.data();
+    }
+    Apply(k, grad, origin);
     NotifyWaiters(k, &completed);
   }
   for (const auto& p : completed) Complete(p.get());

@@ -87,14 +87,16 @@ class Store {
   // Starts sending an update to the key's copy (`owner`: the server whose
   // key it is, -1: this server's own) and returns what waits until the copy
   // holds it (OK, or why it does not); null when there is nothing to wait
-  // for. `grad` may go once it returns.
+  // for. `grad` stays until the waiter has returned.
   using Forwarded = std::function<absl::Status()>;
   using Forward = std::function<Forwarded(int owner, const std::string& variable, uint32_t partition,
                                           int64_t version, const float* grad, int64_t n,
                                           const Origin& origin)>;
   void SetForward(Forward forward);
-  // Applies a primary's update to this server's copy of the key.
-  absl::Status Replicate(const v1::ReplicateRequest& req);
+  // Applies a primary's update to this server's copy of the key: `req`
+  // names it, `gradient` holds its float32 values (req.gradient() over
+  // gRPC; the frame's payload over the data channel).
+  absl::Status Replicate(const v1::ReplicateRequest& req, absl::string_view gradient);
   // Server `primary` is gone: this server now serves its keys (the copies).
   void Promote(int primary);
   // A whole key from the server that serves it, for a new copy here.

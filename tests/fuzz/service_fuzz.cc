@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/bind_front.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/data_channel.h"
@@ -117,12 +118,8 @@ Server* Start() {
   s->stub = std::make_unique<grpc::GenericStub>(
       MakeChannel("127.0.0.1:" + std::to_string(s->serving.port)));
   PsService* service = s->service.get();
-  absl::StatusOr<std::unique_ptr<DataServer>> data = DataServer::Start(
-      "127.0.0.1", kToken,
-      [service](FrameKind method, const grpc::ByteBuffer& req, absl::Time deadline,
-                std::function<bool()> cancelled, DataServer::Done done) {
-        service->ServeData(method, req, deadline, std::move(cancelled), std::move(done));
-      });
+  absl::StatusOr<std::unique_ptr<DataServer>> data =
+      DataServer::Start("127.0.0.1", kToken, absl::bind_front(&PsService::ServeData, service));
   if (!data.ok()) std::abort();
   s->data = *std::move(data);
   absl::StatusOr<std::shared_ptr<DataChannel>> channel =

@@ -233,7 +233,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case kReplicate:
-        if (parsed) status = store.Replicate(static_cast<v1::ReplicateRequest&>(*m));
+        if (parsed) {
+          const auto& r = static_cast<v1::ReplicateRequest&>(*m);
+          status = store.Replicate(r, r.gradient());
+        }
         break;
       case kSeed:
         if (parsed) status = store.Seed(static_cast<v1::SeedRequest&>(*m));
