@@ -15,8 +15,13 @@ constexpr absl::Duration kCallTimeout = absl::Seconds(5);
 
 }  // namespace
 
-Replicator::Replicator(int self, std::string token, absl::Duration give_up, Store* store)
-    : self_(self), token_(std::move(token)), give_up_(give_up), store_(store) {}
+Replicator::Replicator(int self, std::string token, absl::Duration give_up, bool data_channels,
+                       Store* store)
+    : self_(self),
+      token_(std::move(token)),
+      give_up_(give_up),
+      data_channels_(data_channels),
+      store_(store) {}
 
 Replicator::~Replicator() {
   for (std::thread& t : seeders_) t.join();
@@ -101,6 +106,7 @@ std::shared_ptr<v1::ParameterServer::Stub> Replicator::CopyHolder(int owner, int
 }
 
 std::shared_ptr<DataChannel> Replicator::ChannelTo(int at, v1::ParameterServer::Stub* stub) {
+  if (!data_channels_) return nullptr;
   std::shared_ptr<Link> link;
   {
     absl::MutexLock lock(&mu_);
@@ -130,6 +136,10 @@ std::shared_ptr<DataChannel> Replicator::ChannelTo(int at, v1::ParameterServer::
     return nullptr;
   }
   link->channel = *std::move(opened);
+  if (!link->announced) {
+    LogInfo("updates to the copies on server ", at, " go over its data channel");
+    link->announced = true;
+  }
   return link->channel;
 }
 

@@ -29,7 +29,10 @@ class Replicator {
   // `give_up`: how long an update waits for an unreachable copy holder
   // before going on without it (the coordinator declares a lost server
   // within its heartbeat timeout).
-  Replicator(int self, std::string token, absl::Duration give_up, Store* store);
+  // `data_channels`: updates go over the copy holders' data channels where
+  // they have one (false: the job's "transport" is "grpc").
+  Replicator(int self, std::string token, absl::Duration give_up, bool data_channels,
+             Store* store);
   ~Replicator();
 
   // Store::Forward: sends the update to the copy holder, over its data
@@ -52,6 +55,7 @@ class Replicator {
     int port ABSL_GUARDED_BY(mu) = -1;  // -1: not asked yet
     std::string why_not ABSL_GUARDED_BY(mu);  // set: gRPC only
     std::shared_ptr<DataChannel> channel ABSL_GUARDED_BY(mu);
+    bool announced ABSL_GUARDED_BY(mu) = false;  // logged once
   };
 
   std::shared_ptr<v1::ParameterServer::Stub> StubLocked(int server)
@@ -69,6 +73,7 @@ class Replicator {
   const int self_;
   const std::string token_;
   const absl::Duration give_up_;
+  const bool data_channels_;
   Store* const store_;
   absl::Mutex mu_;
   std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);

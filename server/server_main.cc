@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<psrt::Replicator> replicator;
   if (config->replicas() > 0) {
     replicator = std::make_unique<psrt::Replicator>(index, token, absl::Seconds(2 * config->heartbeat_timeout_s() + 5),
-                                                    &store);
+                                                    config->transport() != "grpc", &store);
     store.SetForward([r = replicator.get()](int owner, const std::string& variable, uint32_t partition,
                                             int64_t version, const float* grad, int64_t n,
                                             const psrt::Store::Origin& origin) {

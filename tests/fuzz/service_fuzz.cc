@@ -67,6 +67,9 @@ const std::vector<Method>& Methods() {
       {"data:Push", &v1::PushRequest::default_instance(), FrameKind::kPush},
       {"data:Pull", &v1::PullRequest::default_instance(), FrameKind::kPull},
       {"data:PushPull", &v1::PushPullRequest::default_instance(), FrameKind::kPushPull},
+      // A server's update to a copy: the request as the frame's text, its
+      // gradient (where the bytes parse as one) as the payload.
+      {"data:Replicate", &v1::ReplicateRequest::default_instance(), FrameKind::kReplicate},
       {"raw:", &v1::PushRequest::default_instance()}};
   return *m;
 }
@@ -187,15 +190,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       continue;
     }
     if (std::string(method.path).rfind("data:", 0) == 0) {
-      grpc::Slice slice(call.bytes);
+      std::string text, payload = call.bytes;
+      if (method.kind == FrameKind::kReplicate) {
+        v1::ReplicateRequest r;
+        if (r.ParseFromString(call.bytes)) {
+          payload = r.gradient();
+          r.clear_gradient();
+          text = r.SerializeAsString();
+        } else {
+          text = call.bytes.substr(0, FrameHeader::kMaxText);
+          payload.clear();
+        }
+      }
+      grpc::Slice slice(payload);
       grpc::ByteBuffer req(&slice, 1), resp;
       grpc::Status status;
       absl::Notification done;
       const absl::Time start = absl::Now();
-      server->channel->Call(method.kind, req, absl::Seconds(2), &resp, [&](grpc::Status s) {
-        status = std::move(s);
-        done.Notify();
-      });
+      server->channel->Call(
+          method.kind, req, absl::Seconds(2), &resp,
+          [&](grpc::Status s) {
+            status = std::move(s);
+            done.Notify();
+          },
+          text);
       if (!done.WaitForNotificationWithTimeout(absl::Seconds(10))) std::abort();  // a hang
       if (absl::Now() - start > absl::Seconds(4)) std::abort();  // long past its deadline
       if (server->channel->broken()) std::abort();  // a well-framed request broke the channel

@@ -341,17 +341,30 @@ TEST(ReplicaTest, ALostServerComesBackAsTheNewBackupAndCanTakeOverInTurn) {
   EXPECT_EQ(Leftovers(token), 0);
 }
 
-TEST(ReplicaTest, AsyncLosesNoPushAndAppliesNoneTwice) {
+// Updates reach the copies over the data channel, or by gRPC where the
+// job's "transport" is "grpc" (as under mutual TLS): same outcome.
+class ReplicaTransportTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ReplicaTransportTest, AsyncLosesNoPushAndAppliesNoneTwice) {
   // Every push of both workers is applied exactly once: each key's final
   // version, in the checkpoint written at the end, counts them.
   const std::string dir = TempDir(), token = RandomToken();
-  Proc run = StartJob(ReplicaDistribution(absl::StrCat(R"(,"mode":"async","checkpoint":{"uri":")",
-                                                       dir, R"(/ckpt"})")),
-                      token, dir);
+  Proc run = StartJob(
+      ReplicaDistribution(absl::StrCat(R"(,"mode":"async","transport":")", GetParam(),
+                                       R"(","checkpoint":{"uri":")", dir, R"(/ckpt"})")),
+      token, dir);
   ASSERT_TRUE(run.WaitForOutput("step 120 ", absl::Seconds(60))) << run.Output();
   kill(ServerProcess(token, 1), SIGKILL);
   ASSERT_EQ(run.Wait(absl::Seconds(90), "psrt-run"), 0) << run.Output();
-  EXPECT_NE(run.Output().find("no step lost (failover)"), std::string::npos) << run.Output();
+  const std::string out = run.Output();
+  EXPECT_NE(out.find("no step lost (failover)"), std::string::npos) << out;
+  // Both servers forwarded their updates the way the transport says.
+  for (int at : {0, 1}) {
+    const bool channel =
+        out.find(absl::StrCat("updates to the copies on server ", at, " go over its data channel")) !=
+        std::string::npos;
+    EXPECT_EQ(channel, GetParam() != "grpc") << at << "\n" << out;
+  }
   absl::StatusOr<CheckpointRef> final = ResolveCheckpoint("latest", dir + "/ckpt");
   ASSERT_TRUE(final.ok()) << final.status();
   ASSERT_GT(final->manifest.keys_size(), 0);
@@ -360,6 +373,9 @@ TEST(ReplicaTest, AsyncLosesNoPushAndAppliesNoneTwice) {
   }
   EXPECT_EQ(Leftovers(token), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, ReplicaTransportTest, ::testing::Values("tcp", "grpc"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 TEST(ReplicaTest, ABackupNeedsAnotherServer) {
   const std::string dir = TempDir();
