@@ -199,6 +199,8 @@ def _first(value):
     if isinstance(value, (list, tuple)):
         if not value:
             raise psrt.PsrtError("psrt kvstore: an empty list of arrays")
+        if len(value) == 1:  # one device: the callers copy to the host
+            return _dense(value[0])
         # Gradients of several devices are summed, as MXNet's local kvstore does.
         total = _dense(value[0]).copyto(mx.cpu())
         for v in value[1:]:
@@ -209,7 +211,8 @@ def _first(value):
 
 def _scaled(value, scale):
     """A host copy of the gradient(s) in `value`, times `scale`."""
-    grad = np.array(_first(value).asnumpy(), dtype=np.float32)
+    # asnumpy() returns a fresh array: a float32 one needs no second copy.
+    grad = np.asarray(_first(value).asnumpy(), dtype=np.float32)
     if scale != 1.0:
         np.multiply(grad, scale, out=grad)
     return grad
@@ -223,7 +226,9 @@ def _assign(dst, value):
     """A host array into an NDArray; through an NDArray copy, which (unlike
     a numpy assignment) also takes arrays in MKL-DNN's layout (convolution
     weights after a forward pass)."""
-    mx.nd.array(value.reshape(dst.shape), ctx=dst.context, dtype=dst.dtype).copyto(dst)
+    staged = mx.nd.empty(dst.shape, ctx=dst.context, dtype=dst.dtype)
+    staged._sync_copyfrom(np.ascontiguousarray(value, dtype=dst.dtype).reshape(dst.shape))
+    staged.copyto(dst)
 
 
 def _write(out, value):
