@@ -13,6 +13,9 @@
 namespace psrt {
 namespace {
 
+// How often a server that waits for its first shard map asks for it.
+constexpr absl::Duration kShardMapPoll = absl::Milliseconds(50);
+
 // Calls `rpc` until it gets through or `deadline` passes: daemons start in
 // any order, so an unreachable coordinator is worth waiting for.
 absl::Status RetryWhileUnreachable(const std::string& coordinator, absl::Time deadline,
@@ -145,7 +148,11 @@ void CoordinatorLink::HeartbeatLoop() {
       end_.state = v1::JOB_FAILED;
       end_.reason = absl::StrCat("the coordinator refused a heartbeat: ", s.error_message());
     }
-    mu_.AwaitWithTimeout(absl::Condition(&stop_), interval);
+    // Until the first shard map (every server registered), ask again soon:
+    // a replica's first updates wait for it.
+    const bool want_map = options_.on_shard_map && shard_epoch == 0;
+    mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                         want_map ? std::min(interval, kShardMapPoll) : interval);
   }
 }
 
