@@ -69,11 +69,11 @@ def psrt_worker(args):
     train(torch, model, opt, args, psrt.rank(), opt.step)
 
 
-def ddp_worker(rank, args, port):
+def ddp_worker(rank, args, master):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method="tcp://" + master, rank=rank, world_size=2)
     model = torch.nn.parallel.DistributedDataParallel(build_model(torch))
     if args.fp16_hook:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

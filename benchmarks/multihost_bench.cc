@@ -6,7 +6,10 @@
 // loopback (psrt-run --local=3): the baseline, measured in the same run.
 // First over plain veth links, then over links shaped to --rate (plus --delay
 // where the kernel has netem). Reported: samples/s of each job, the median
-// per phase, and the ratio of the hosts' median to the baseline's.
+// per phase, and the ratio of the hosts' median to the baseline's. With
+// --torch, each phase also trains torch_bench.py's large MLP (25.2M
+// parameters: communication-bound) on 2 of the hosts through psrt and with
+// DDP-gloo, and reports both and their ratio.
 //
 // Namespaces need root; elsewhere it says why and writes {"skipped": why}.
 #include <signal.h>
@@ -49,6 +52,9 @@ struct Settings {
   double lr = 0.1;
   std::string rate = "1gbit", delay = "2ms";
   int timeout_s = 300;
+  // PyTorch through psrt against DDP-gloo on 2 of the hosts (--torch).
+  std::string torch_python, torch_bench;
+  int torch_steps = 10;
 };
 
 double Median(std::vector<double> v) {
@@ -77,14 +83,43 @@ class JobRunner {
   }
   std::string LossLog(const std::string& name) const { return dir_ + "/" + name + ".loss"; }
 
-  // Runs job `name`: `commands` (one per host, through the shell), each with
-  // its output in dir/NAME.hostH.log. Returns rank 0's samples/s.
+  // Runs the linreg job `name`: `commands` (one per host). Returns rank 0's
+  // steady-state samples/s.
   absl::StatusOr<double> Run(const std::string& name, const std::vector<std::string>& commands) {
     std::remove(LossLog(name).c_str());
+    if (absl::Status s = RunCommands(name, commands); !s.ok()) return s;
+    const double rate = LinregSamplesPerSecond(LossLog(name), kSkipSteps, kBatch * kHosts);
+    if (rate <= 0) {
+      return absl::InternalError(absl::StrCat("job ", name, ": no steps past ", kSkipSteps, " in ",
+                                              LossLog(name), " (--steps=", settings_.steps, ")"));
+    }
+    return rate;
+  }
+
+  // Runs a torch_bench job `name` (one command per host); returns the
+  // samples/s its rank 0 printed (on host 0) as "RESULT x".
+  absl::StatusOr<double> RunTorch(const std::string& name, const std::vector<std::string>& commands) {
+    if (absl::Status s = RunCommands(name, commands); !s.ok()) return s;
+    const std::string log = ReadFile(HostLog(name, 0));
+    const size_t at = log.find("RESULT ");
+    if (at == std::string::npos) {
+      return absl::InternalError(
+          absl::StrCat("job ", name, ": rank 0 printed no RESULT:\n", Tail(log, 2000)));
+    }
+    return std::atof(log.c_str() + at + 7);
+  }
+
+  std::string HostLog(const std::string& name, size_t host) const {
+    return absl::StrCat(dir_, "/", name, ".host", host, ".log");
+  }
+
+  // Runs `commands` (one per host, through the shell), each with its output
+  // in HostLog; an error says which host failed, with its log's tail.
+  absl::Status RunCommands(const std::string& name, const std::vector<std::string>& commands) {
     std::vector<pid_t> pids;
     std::vector<std::string> logs;
     for (size_t h = 0; h < commands.size(); ++h) {
-      logs.push_back(absl::StrCat(dir_, "/", name, ".host", h, ".log"));
+      logs.push_back(HostLog(name, h));
       absl::StatusOr<pid_t> pid =
           Spawn({"/bin/sh", "-c", absl::StrCat("exec ", commands[h], " >", logs[h], " 2>&1")}, {});
       if (!pid.ok()) {
@@ -117,12 +152,7 @@ class JobRunner {
                        "s (--timeout); logs in ", dir_));
     }
     if (!failed.empty()) return absl::InternalError(absl::StrCat("job ", name, " failed:", failed));
-    const double rate = LinregSamplesPerSecond(LossLog(name), kSkipSteps, kBatch * kHosts);
-    if (rate <= 0) {
-      return absl::InternalError(absl::StrCat("job ", name, ": no steps past ", kSkipSteps, " in ",
-                                              LossLog(name), " (--steps=", settings_.steps, ")"));
-    }
-    return rate;
+    return absl::OkStatus();
   }
 
  private:
@@ -133,7 +163,43 @@ class JobRunner {
 struct Phase {
   std::string name, links;
   std::vector<double> hosts, baseline;  // samples/s per round
+  double torch_psrt = 0, torch_ddp = 0;  // --torch: samples/s on 2 hosts
 };
+
+// torch_bench's large MLP (25.2M parameters, communication-bound) on hosts 0
+// and 1, one worker each: through psrt (a server on each host) and with
+// DDP-gloo, in turns. psrt over TCP, as the linreg jobs: the namespaces
+// share one /dev/shm, through which "auto" would pass the links by.
+absl::Status RunTorch(JobRunner& runner, const NetnsHosts& hosts, const Settings& settings,
+                      Phase* phase) {
+  const std::string model =
+      absl::StrCat(" --model large --batch 32 --warmup 3 --steps ", settings.torch_steps);
+  std::vector<std::string> psrt, ddp;
+  for (int h = 0; h < 2; ++h) {
+    psrt.push_back(absl::StrCat(
+        hosts.Exec(h), runner.bin(), "/psrt-run --hosts=", hosts.address(0), ",",
+        hosts.address(1), " --current-host=", h, " --token=bench-", getpid(), "-", phase->name,
+        R"(-torch --distribution='{"parameter_server":{"enabled":true,"transport":"tcp"}}' -- )",
+        "env PYTHONPATH=",
+        runner.bin(), "/../python ", settings.torch_python, " ", settings.torch_bench,
+        " --role psrt", model));
+    // gloo finds its interface by name: each host's one link.
+    ddp.push_back(absl::StrCat(hosts.Exec(h), "env GLOO_SOCKET_IFNAME=eth", h, " ",
+                               settings.torch_python, " ", settings.torch_bench,
+                               " --role ddp-rank --rank ", h, " --master ", hosts.address(0),
+                               ":29531", model));
+  }
+  absl::StatusOr<double> d = runner.RunTorch(phase->name + "-torch-ddp", ddp);
+  if (!d.ok()) return d.status();
+  absl::StatusOr<double> p = runner.RunTorch(phase->name + "-torch-psrt", psrt);
+  if (!p.ok()) return p.status();
+  phase->torch_ddp = *d;
+  phase->torch_psrt = *p;
+  std::printf("  %-7s torch large MLP on 2 hosts: psrt %8.1f samples/s, DDP-gloo %8.1f (x%.2f)\n",
+              phase->name.c_str(), *p, *d, *p / *d);
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
 
 // `rounds` turns of: the job on the namespace hosts, then on loopback.
 absl::Status RunPhase(JobRunner& runner, const NetnsHosts& hosts, const Settings& settings,
@@ -164,7 +230,15 @@ absl::Status RunPhase(JobRunner& runner, const NetnsHosts& hosts, const Settings
 }
 
 nlohmann::json PhaseJson(const Phase& p) {
-  return {{"links", p.links},
+  nlohmann::json torch = nullptr;
+  if (p.torch_ddp > 0) {
+    torch = {{"model", "torch_bench large MLP (25.2M parameters), 2 hosts, batch 32 each"},
+             {"psrt_samples_per_second", p.torch_psrt},
+             {"ddp_gloo_samples_per_second", p.torch_ddp},
+             {"psrt_vs_ddp_gloo", p.torch_psrt / p.torch_ddp}};
+  }
+  return {{"torch", torch},
+          {"links", p.links},
           {"hosts_samples_per_second", p.hosts},
           {"loopback_samples_per_second", p.baseline},
           {"hosts_median", Median(p.hosts)},
@@ -175,7 +249,8 @@ nlohmann::json PhaseJson(const Phase& p) {
 int Main(int argc, char** argv) {
   Settings settings;
   std::string json_path;
-  Flags flags(kProgram, "[--steps=400] [--rounds=3] [--rate=1gbit] [--delay=2ms] [--json=PATH]");
+  Flags flags(kProgram,
+              "[--steps=400] [--rounds=3] [--rate=1gbit] [--delay=2ms] [--torch=PYTHON] [--json=PATH]");
   flags.Add("steps", &settings.steps, "Training steps per job (the first 50 are not timed).");
   flags.Add("rounds", &settings.rounds,
             "Jobs per phase on the hosts, each followed by the baseline.");
@@ -186,10 +261,18 @@ int Main(int argc, char** argv) {
   flags.Add("lr", &settings.lr, "The trainer's learning rate (a wider model needs a smaller one).");
   flags.Add("timeout", &settings.timeout_s, "Give up on a job after this many seconds.");
   flags.Add("json", &json_path, "Write the results as JSON here.");
+  flags.Add("torch", &settings.torch_python,
+            "Also train torch_bench's large MLP on 2 of the hosts through psrt and with DDP-gloo, "
+            "with this Python (torch installed, as .venv's); empty: not run.");
+  flags.Add("torch-bench", &settings.torch_bench,
+            "torch_bench.py (default: the source tree's, beside this build).");
+  flags.Add("torch-steps", &settings.torch_steps, "Timed steps of each torch job.");
   flags.ParseOrExit(argc, argv);
   if (settings.steps <= kSkipSteps + 10 || settings.rounds < 1 || settings.dim < 1 ||
-      settings.timeout_s < 1) {
-    std::fprintf(stderr, "%s: --steps must be above %d, --rounds, --dim and --timeout at least 1\n",
+      settings.timeout_s < 1 || settings.torch_steps < 1) {
+    std::fprintf(stderr,
+                 "%s: --steps must be above %d, --rounds, --dim, --timeout and --torch-steps at "
+                 "least 1\n",
                  kProgram, kSkipSteps + 10);
     return 2;
   }
@@ -207,6 +290,9 @@ int Main(int argc, char** argv) {
   if (mkdtemp(dir_template) == nullptr) {
     std::perror("mkdtemp");
     return 1;
+  }
+  if (settings.torch_bench.empty()) {
+    settings.torch_bench = SelfDirectory() + "/../../benchmarks/torch_bench.py";
   }
   JobRunner runner(settings, dir_template);
   const std::string load_before = LoadAverage();
@@ -228,7 +314,9 @@ int Main(int argc, char** argv) {
       phase.links = *shape;
     }
     std::printf("%s: %s links (%s)\n", kProgram, phase.name.c_str(), phase.links.c_str());
-    if (absl::Status s = RunPhase(runner, **hosts, settings, &phase); !s.ok()) {
+    absl::Status s = RunPhase(runner, **hosts, settings, &phase);
+    if (s.ok() && !settings.torch_python.empty()) s = RunTorch(runner, **hosts, settings, &phase);
+    if (!s.ok()) {
       std::fprintf(stderr, "%s: %s\n", kProgram, std::string(s.message()).c_str());
       return 1;
     }
@@ -242,6 +330,14 @@ int Main(int argc, char** argv) {
     results[p.name] = PhaseJson(p);
   }
   std::printf("(median samples/s of %d rounds; ratio: hosts / loopback)\n", settings.rounds);
+  if (!settings.torch_python.empty()) {
+    std::printf("\n%-8s %14s %14s %7s  (torch_bench's large MLP, 2 hosts)\n", "phase", "psrt",
+                "DDP-gloo", "ratio");
+    for (const Phase& p : phases) {
+      std::printf("%-8s %14.1f %14.1f %7.2f\n", p.name.c_str(), p.torch_psrt, p.torch_ddp,
+                  p.torch_psrt / p.torch_ddp);
+    }
+  }
   std::filesystem::remove_all(dir_template);  // the jobs' logs; kept when a job fails
   write_json({{"benchmark", kProgram},
               {"date", absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone())},

@@ -90,11 +90,11 @@ def psrt_worker(args):
         print("RESULT %f" % (args.steps * args.batch * psrt.size() / seconds), flush=True)
 
 
-def ddp_worker(rank, args, port):
+def ddp_worker(rank, args, master):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method="tcp://" + master, rank=rank, world_size=2)
     model = torch.nn.parallel.DistributedDataParallel(build_model(torch, MODELS[args.model]))
     if args.fp16_hook:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -128,7 +128,10 @@ def run_role(args, psrt_worker, ddp_worker):
         return True
     if args.role == "ddp":
         import torch.multiprocessing as mp
-        mp.spawn(ddp_worker, args=(args, args.port), nprocs=2)
+        mp.spawn(ddp_worker, args=(args, "127.0.0.1:%d" % args.port), nprocs=2)
+        return True
+    if args.role == "ddp-rank":  # one rank per host (multihost_bench)
+        ddp_worker(args.rank, args, args.master)
         return True
     return False
 
@@ -147,7 +150,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--build", default="build")
     p.add_argument("--out", default=None)
-    p.add_argument("--role", default="driver", choices=["driver", "psrt", "ddp"])
+    p.add_argument("--role", default="driver", choices=["driver", "psrt", "ddp", "ddp-rank"])
+    p.add_argument("--rank", type=int, default=0, help="ddp-rank: this process's rank of 2")
+    p.add_argument("--master", default="127.0.0.1:29517", help="ddp-rank: rank 0's ADDRESS:PORT")
     p.add_argument("--model", default="digits", choices=sorted(MODELS))
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=0, help="timed steps; 0: per model default")

@@ -43,9 +43,12 @@ for exe in "$bin"/*_bench; do
 done
 
 # The trainer across three network-namespace hosts (plain, then shaped links)
-# against the same job on loopback, in turns; says it skipped where not root.
+# against the same job on loopback, in turns, and a communication-bound torch
+# MLP on two of them through psrt and with DDP-gloo; says it skipped where not
+# root.
 echo "bench: multihost_bench"
-"$bin/multihost_bench" --json "$out/multihost.json" | tee "$out/multihost.txt"
+"$bin/multihost_bench" --torch "$root/.venv/bin/python" --torch-bench "$root/benchmarks/torch_bench.py" \
+  --json "$out/multihost.json" | tee "$out/multihost.txt"
 reports+=("$out/multihost.json" "$out/multihost.txt")
 
 # Loss against wall time in sync, async and ssp with one slowed worker
