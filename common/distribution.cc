@@ -279,7 +279,7 @@ const std::vector<KeySpec>& ParameterServerKeys() {
       {"transport", "string", "\"auto\"",
        "how tensors travel: auto (shared memory with servers on the same host, "
        "the data channel over TCP with the others), tcp (the data channel "
-       "everywhere) or grpc (gRPC everywhere)",
+       "everywhere) or grpc (gRPC everywhere, updates to replicas too)",
        [](const Json& v, PsOptions* o) {
          return SetEnum(v, "transport", {"auto", "tcp", "grpc"}, &o->transport);
        }},
