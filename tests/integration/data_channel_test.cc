@@ -300,6 +300,52 @@ TEST_F(DataChannelTest, ClosingTheChannelEndsItsCallsAndTheServersWait) {
 // Whatever a connection sends, the server closes it at the first thing that
 // is not a frame, before reading (or allocating) what the frame announces,
 // and keeps serving everyone else; nothing reaches the store.
+TEST_F(DataChannelTest, ReplicateFramesAreCheckedWholeAndChangeNothingHere) {
+  // A server forwards updates of its keys' copies as Replicate frames; this
+  // server holds no copies, and malformed frames are refused as such.
+  std::shared_ptr<DataChannel> channel = Open();
+  ASSERT_NE(channel, nullptr);
+  const std::vector<float> g(kN, 1.0f);
+  grpc::Slice slice(g.data(), kN * 4);
+  const grpc::ByteBuffer gradient(&slice, 1);
+  v1::ReplicateRequest named;
+  named.set_variable("w");
+  named.set_version(0);
+  v1::ReplicateRequest with_gradient = named;
+  with_gradient.set_gradient("abcd");
+  struct Case {
+    const char* what;
+    std::string text;
+    grpc::StatusCode code;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"text that is no request", "\xff\xff\xff", grpc::StatusCode::INVALID_ARGUMENT,
+       "no ReplicateRequest"},
+      {"the gradient inside the text", with_gradient.SerializeAsString(),
+       grpc::StatusCode::INVALID_ARGUMENT, "without its gradient"},
+      {"a key this server does not keep a copy of", named.SerializeAsString(),
+       grpc::StatusCode::FAILED_PRECONDITION, "is not a replica on this server"},
+  };
+  for (const Case& c : cases) {
+    Answer a;
+    absl::Notification done;
+    channel->Call(
+        FrameKind::kReplicate, gradient, absl::Seconds(10), &a.body,
+        [&](grpc::Status s) {
+          a.status = std::move(s);
+          done.Notify();
+        },
+        c.text);
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20))) << c.what;
+    EXPECT_EQ(a.status.error_code(), c.code) << c.what << ": " << a.status.error_message();
+    EXPECT_NE(a.status.error_message().find(c.says), std::string::npos)
+        << c.what << ": " << a.status.error_message();
+  }
+  EXPECT_FALSE(channel->broken()) << "a well-framed request broke the channel";
+  EXPECT_EQ(WeightsNow(), std::vector<float>(kN, 0.0f)) << "a refused update changed w";
+}
+
 TEST_F(DataChannelTest, BytesThatAreNoFrameCloseOnlyTheirConnection) {
   struct Case {
     const char* what;
