@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "common/buffer_pool.h"
 #include "common/grpc_util.h"
+#include "common/net.h"
 
 namespace psrt {
 namespace {
@@ -377,6 +378,26 @@ void DataChannel::ReadAnswers() {
     call.done(grpc::Status::OK);
   }
   Break(why);
+}
+
+absl::StatusOr<std::shared_ptr<DataChannel>> OpenDataChannel(
+    v1::ParameterServer::Stub* control, const std::string& address,
+    const v1::DataChannelRequest& req, const std::string& token, absl::Duration timeout,
+    int* port) {
+  if (*port < 0) {
+    v1::DataChannelResponse resp;
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, token, timeout);
+    grpc::Status st = control->DataChannel(&ctx, req, &resp);
+    if (!st.ok()) return absl::UnavailableError(st.error_message());
+    *port = resp.port();
+  }
+  if (*port <= 0) return absl::FailedPreconditionError("it has no data channel (mutual TLS)");
+  // Short: a port a firewall drops would otherwise hold up every start.
+  absl::StatusOr<std::shared_ptr<DataChannel>> opened =
+      DataChannel::Connect(HostOf(address), *port, token, std::min(timeout, absl::Seconds(3)));
+  if (!opened.ok()) return absl::FailedPreconditionError(opened.status().message());
+  return opened;
 }
 
 }  // namespace psrt

@@ -32,6 +32,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "psrt/v1/ps.grpc.pb.h"
 
 namespace psrt {
 
@@ -143,6 +144,18 @@ class DataChannel : public std::enable_shared_from_this<DataChannel> {
   absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   std::thread reader_;
 };
+
+// Opens a data channel to the server at `address` (host:port of its gRPC
+// face, `control`), first asking `control` for the data port (`req` says
+// who asks) unless *port already holds it (0: the server has none). Waits
+// at most `timeout` for the answer and 3 s for the connection. UNAVAILABLE:
+// `control` did not answer (ask again later); FAILED_PRECONDITION, saying
+// why: the server has no data port (mutual TLS) or it cannot be reached, so
+// gRPC carries its calls from then on.
+absl::StatusOr<std::shared_ptr<DataChannel>> OpenDataChannel(
+    v1::ParameterServer::Stub* control, const std::string& address,
+    const v1::DataChannelRequest& req, const std::string& token, absl::Duration timeout,
+    int* port);
 
 }  // namespace psrt
 

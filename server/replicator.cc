@@ -5,7 +5,6 @@
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
-#include "common/net.h"
 
 namespace psrt {
 namespace {
@@ -116,23 +115,16 @@ std::shared_ptr<DataChannel> Replicator::ChannelTo(int at, v1::ParameterServer::
   if (link->channel != nullptr && !link->channel->broken()) return link->channel;
   link->channel.reset();
   if (!link->why_not.empty()) return nullptr;
-  const absl::Duration timeout = absl::Seconds(5);
-  if (link->port < 0) {
-    v1::DataChannelRequest req;
-    req.set_from_server(true);
-    v1::DataChannelResponse resp;
-    grpc::ClientContext ctx;
-    PrepareContext(&ctx, token_, timeout);
-    if (!stub->DataChannel(&ctx, req, &resp).ok()) return nullptr;  // this update by gRPC
-    link->port = resp.port();
-    if (link->port <= 0) link->why_not = "it has no data channel (mutual TLS)";
-  }
-  if (link->port <= 0) return nullptr;
+  v1::DataChannelRequest req;
+  req.set_from_server(true);
   absl::StatusOr<std::shared_ptr<DataChannel>> opened =
-      DataChannel::Connect(HostOf(link->address), link->port, token_, absl::Seconds(3));
+      OpenDataChannel(stub, link->address, req, token_, kCallTimeout, &link->port);
+  if (opened.status().code() == absl::StatusCode::kUnavailable) return nullptr;  // by gRPC
   if (!opened.ok()) {
     link->why_not = std::string(opened.status().message());
-    LogWarning("updates to the copies on server ", at, " go by gRPC: ", link->why_not);
+    if (link->port > 0) {  // not under mutual TLS, where that is the rule
+      LogWarning("updates to the copies on server ", at, " go by gRPC: ", link->why_not);
+    }
     return nullptr;
   }
   link->channel = *std::move(opened);

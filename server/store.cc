@@ -806,13 +806,11 @@ void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
     duplicate_pushes_->Add();
     return;
   }
-  k->contributed[w] = 1;
   k->last_step[w] = kd.version;
   if (!k->table && k->contributions == 0 && k->required == 1 && (kd.scale == 0 || kd.scale == 1)) {
     // The step's one gradient (a single worker): applied from where it
     // lies, as an async push is, without the pass through the accumulator.
     Apply(k, Gradient(k, kd), Origin());
-    k->contributed[w] = 0;
     return;
   }
   if (k->table) {
@@ -820,6 +818,7 @@ void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
   } else {
     DecodePayload(kd.data, kd.dtype, kd.scale, k->accum.data(), k->contributions > 0);
   }
+  k->contributed[w] = 1;
   ++k->contributions;
   MaybeFinishStep(k);
 }

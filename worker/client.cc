@@ -29,7 +29,6 @@
 #include "common/grpc_util.h"
 #include "common/key_map.h"
 #include "common/logging.h"
-#include "common/net.h"
 #include "common/shared_memory.h"
 #include "common/tensor_coding.h"
 #include "common/thread_pool.h"
@@ -430,26 +429,21 @@ class Client::Impl {
     if (ch != nullptr && !ch->broken()) return ch;
     ch.reset();
     if (!l.why_not.empty()) return nullptr;
-    const absl::Duration timeout = std::min(options.rpc_timeout, absl::Seconds(10));
-    if (l.port < 0) {
-      v1::DataChannelRequest req;
-      req.set_worker_rank(options.rank);
-      v1::DataChannelResponse resp;
-      grpc::ClientContext ctx;
-      PrepareContext(&ctx, options.token, timeout);
-      grpc::Status st = l.control->DataChannel(&ctx, req, &resp);
-      if (!st.ok()) return nullptr;  // this call goes by gRPC, and fails or not there
-      l.port = resp.port();
-      if (l.port <= 0) l.why_not = "it has no data channel (mutual TLS)";
+    v1::DataChannelRequest req;
+    req.set_worker_rank(options.rank);
+    absl::StatusOr<std::shared_ptr<DataChannel>> opened =
+        OpenDataChannel(l.control.get(), l.address, req, options.token,
+                        std::min(options.rpc_timeout, absl::Seconds(10)), &l.port);
+    if (opened.status().code() == absl::StatusCode::kUnavailable) {
+      return nullptr;  // this call goes by gRPC, and fails or not there
     }
-    if (l.port <= 0) return nullptr;
-    // Short: a port a firewall drops would otherwise hold up every start.
-    absl::StatusOr<std::shared_ptr<DataChannel>> opened = DataChannel::Connect(
-        HostOf(l.address), l.port, options.token, std::min(timeout, absl::Seconds(3)));
     if (!opened.ok()) {
       l.why_not = std::string(opened.status().message());
-      LogWarning("worker ", options.rank, ": server ", s, "'s pushes and pulls go by gRPC: ",
-                 l.why_not);
+      // Mutual TLS is no surprise: said once for all servers at start.
+      if (l.port > 0) {
+        LogWarning("worker ", options.rank, ": server ", s, "'s pushes and pulls go by gRPC: ",
+                   l.why_not);
+      }
       return nullptr;
     }
     ch = *std::move(opened);
