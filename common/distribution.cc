@@ -298,7 +298,7 @@ const std::vector<KeySpec>& ParameterServerKeys() {
        [](const Json& v, PsOptions* o) {
          return SetInt(v, "workers_per_host", 1, kIntMax, &o->workers_per_host);
        }},
-      {"partition_bytes", "int", "4194304",
+      {"partition_bytes", "int", "262144",
        "largest slice of a tensor placed on one server; 4096..67108864, "
        "multiple of 4",
        [](const Json& v, PsOptions* o) {

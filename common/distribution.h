@@ -46,7 +46,7 @@ struct PsOptions {
   // server on the host); 0: each picks a free port.
   int server_port_base = 0;
   int workers_per_host = 1;             // training processes per host, >= 1
-  int64_t partition_bytes = 4 << 20;    // 4 KiB .. 64 MiB, multiple of 4
+  int64_t partition_bytes = 256 << 10;  // 4 KiB .. 64 MiB, multiple of 4
   std::string gradient_aggregation = "mean";  // "mean" (Horovod) | "sum"
                                               // (MXNet)
   std::string on_worker_failure = "fail";     // "fail" | "continue"

@@ -542,14 +542,28 @@ class Client::Impl {
   // Requests carry at most kRequestBytes (or one key), so big tensors go out
   // as several calls in parallel and no message nears the size limit.
   static constexpr int64_t kRequestBytes = 4 << 20;
+  // Over a data channel a request carries at most this much (or one key):
+  // the server applies one request while the next arrives and the one
+  // before's answer leaves, where one big request would take its receipt,
+  // update and answer in turn.
+  static constexpr int64_t kChannelRequestBytes = 256 << 10;
+
+  // The most a request to server `s` carries.
+  int64_t RequestBytes(int s) {
+    if (!shared.empty() && shared[s] != nullptr && moved[s].load() == 0) return kRequestBytes;
+    if (links.empty()) return kRequestBytes;
+    absl::MutexLock lock(&links[s]->mu);
+    return links[s]->why_not.empty() ? kChannelRequestBytes : kRequestBytes;
+  }
 
   // The batch of `batches` (each with .server and .bytes) to which `bytes`
-  // for `server` go; `open` tracks each server's batch being filled.
+  // for `server` go, holding at most `limit` bytes (or one key); `open`
+  // tracks each server's batch being filled.
   template <typename Batch>
   static Batch& BatchFor(std::vector<Batch>* batches, std::map<int, size_t>* open, int server,
-                         int64_t bytes) {
+                         int64_t bytes, int64_t limit = kRequestBytes) {
     auto it = open->find(server);
-    if (it == open->end() || (*batches)[it->second].bytes + bytes > kRequestBytes) {
+    if (it == open->end() || (*batches)[it->second].bytes + bytes > limit) {
       (*open)[server] = batches->size();
       batches->emplace_back().server = server;
     }
@@ -642,6 +656,8 @@ class Client::Impl {
                                            bool with_out, bool exact) {
     std::vector<Shard> shards;
     std::map<int, size_t> open;  // server -> index of its request being filled
+    std::vector<int64_t> limits(num_servers);
+    for (int s = 0; s < num_servers; ++s) limits[s] = RequestBytes(s);
     for (const TensorRef& t : tensors) {
       absl::StatusOr<Variable> var = Find(t.name);
       if (!var.ok()) return var.status();
@@ -649,7 +665,7 @@ class Client::Impl {
         return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has no buffer"));
       }
       for (const Partition& p : var->parts) {
-        Shard& shard = BatchFor(&shards, &open, p.server, p.num_elements * 4);
+        Shard& shard = BatchFor(&shards, &open, p.server, p.num_elements * 4, limits[p.server]);
         shard.items.push_back({t.name, p, t.grad, t.out, var->push_dtype,
                                exact ? v1::DTYPE_FLOAT32 : var->pull_dtype});
       }

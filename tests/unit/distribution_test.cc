@@ -49,7 +49,7 @@ void ExpectDefaults(const PsOptions& o) {
   EXPECT_EQ(o.transport, "auto");
   EXPECT_EQ(o.servers_per_host, 1);
   EXPECT_EQ(o.workers_per_host, 1);
-  EXPECT_EQ(o.partition_bytes, 4 << 20);
+  EXPECT_EQ(o.partition_bytes, 256 << 10);
   EXPECT_EQ(o.gradient_aggregation, "mean");
   EXPECT_EQ(o.on_worker_failure, "fail");
   EXPECT_EQ(o.restart_workers, 0);
