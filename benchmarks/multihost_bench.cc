@@ -9,7 +9,11 @@
 // per phase, and the ratio of the hosts' median to the baseline's. With
 // --torch, each phase also trains torch_bench.py's large MLP (25.2M
 // parameters: communication-bound) on 2 of the hosts through psrt and with
-// DDP-gloo, and reports both and their ratio.
+// DDP-gloo, and reports both and their ratio. With --scan-hosts, the linreg
+// job also runs on that many hosts (1 server and 1 worker each, plain veth):
+// seconds from the launch to rank 0's first step (registration and the
+// readiness barrier), to the end, and the steady samples/s, against the host
+// count.
 //
 // Namespaces need root; elsewhere it says why and writes {"skipped": why}.
 #include <signal.h>
@@ -29,6 +33,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "benchmarks/bench_util.h"
@@ -55,6 +61,7 @@ struct Settings {
   // PyTorch through psrt against DDP-gloo on 2 of the hosts (--torch).
   std::string torch_python, torch_bench;
   int torch_steps = 10;
+  std::vector<int> scan_hosts;  // --scan-hosts
 };
 
 double Median(std::vector<double> v) {
@@ -83,12 +90,18 @@ class JobRunner {
   }
   std::string LossLog(const std::string& name) const { return dir_ + "/" + name + ".loss"; }
 
-  // Runs the linreg job `name`: `commands` (one per host). Returns rank 0's
-  // steady-state samples/s.
-  absl::StatusOr<double> Run(const std::string& name, const std::vector<std::string>& commands) {
+  // When a job's first step and its end came, from its launch.
+  struct Timing {
+    absl::Duration first_step = absl::InfiniteDuration(), end;
+  };
+
+  // Runs the linreg job `name` of `workers` workers: `commands` (one per
+  // host). Returns rank 0's steady-state samples/s.
+  absl::StatusOr<double> Run(const std::string& name, const std::vector<std::string>& commands,
+                             int workers, Timing* timing = nullptr) {
     std::remove(LossLog(name).c_str());
-    if (absl::Status s = RunCommands(name, commands); !s.ok()) return s;
-    const double rate = LinregSamplesPerSecond(LossLog(name), kSkipSteps, kBatch * kHosts);
+    if (absl::Status s = RunCommands(name, commands, timing); !s.ok()) return s;
+    const double rate = LinregSamplesPerSecond(LossLog(name), kSkipSteps, kBatch * workers);
     if (rate <= 0) {
       return absl::InternalError(absl::StrCat("job ", name, ": no steps past ", kSkipSteps, " in ",
                                               LossLog(name), " (--steps=", settings_.steps, ")"));
@@ -114,8 +127,12 @@ class JobRunner {
   }
 
   // Runs `commands` (one per host, through the shell), each with its output
-  // in HostLog; an error says which host failed, with its log's tail.
-  absl::Status RunCommands(const std::string& name, const std::vector<std::string>& commands) {
+  // in HostLog; an error says which host failed, with its log's tail. With
+  // `timing`, notes when rank 0 logged its first step (to within the 50 ms
+  // this polls at) and when the last host ended.
+  absl::Status RunCommands(const std::string& name, const std::vector<std::string>& commands,
+                           Timing* timing = nullptr) {
+    const absl::Time launch = absl::Now();
     std::vector<pid_t> pids;
     std::vector<std::string> logs;
     for (size_t h = 0; h < commands.size(); ++h) {
@@ -132,6 +149,10 @@ class JobRunner {
     std::vector<pid_t> running = pids;
     std::string failed;
     while (!running.empty() && absl::Now() < deadline) {
+      if (timing != nullptr && timing->first_step == absl::InfiniteDuration() &&
+          std::filesystem::exists(LossLog(name)) && std::filesystem::file_size(LossLog(name)) > 0) {
+        timing->first_step = absl::Now() - launch;
+      }
       for (const Exit& e : ReapExited()) {
         auto it = std::find(running.begin(), running.end(), e.pid);
         if (it == running.end()) continue;
@@ -152,6 +173,7 @@ class JobRunner {
                        "s (--timeout); logs in ", dir_));
     }
     if (!failed.empty()) return absl::InternalError(absl::StrCat("job ", name, " failed:", failed));
+    if (timing != nullptr) timing->end = absl::Now() - launch;
     return absl::OkStatus();
   }
 
@@ -214,11 +236,12 @@ absl::Status RunPhase(JobRunner& runner, const NetnsHosts& hosts, const Settings
                                       "/psrt-run --hosts=", absl::StrJoin(addresses, ","),
                                       " --current-host=", h, " ", runner.Job(name + "hosts")));
     }
-    absl::StatusOr<double> on_hosts = runner.Run(name + "hosts", commands);
+    absl::StatusOr<double> on_hosts = runner.Run(name + "hosts", commands, kHosts);
     if (!on_hosts.ok()) return on_hosts.status();
     absl::StatusOr<double> on_loopback =
         runner.Run(name + "loopback", {absl::StrCat(runner.bin(), "/psrt-run --local=", kHosts, " ",
-                                                    runner.Job(name + "loopback"))});
+                                                    runner.Job(name + "loopback"))},
+                   kHosts);
     if (!on_loopback.ok()) return on_loopback.status();
     phase->hosts.push_back(*on_hosts);
     phase->baseline.push_back(*on_loopback);
@@ -227,6 +250,30 @@ absl::Status RunPhase(JobRunner& runner, const NetnsHosts& hosts, const Settings
     std::fflush(stdout);
   }
   return absl::OkStatus();
+}
+
+// The linreg job on `n` fresh hosts (plain veth), once.
+struct ScanPoint {
+  int hosts = 0;
+  double first_step_s = 0, end_s = 0, samples_per_second = 0;
+};
+
+absl::StatusOr<ScanPoint> RunOnHosts(JobRunner& runner, int n) {
+  absl::StatusOr<std::unique_ptr<NetnsHosts>> hosts = NetnsHosts::Create(n);
+  if (!hosts.ok()) return hosts.status();
+  std::vector<std::string> addresses, commands;
+  for (int h = 0; h < n; ++h) addresses.push_back((*hosts)->address(h));
+  const std::string name = absl::StrCat("scan", n);
+  for (int h = 0; h < n; ++h) {
+    commands.push_back(absl::StrCat((*hosts)->Exec(h), runner.bin(), "/psrt-run --hosts=",
+                                    absl::StrJoin(addresses, ","), " --current-host=", h, " ",
+                                    runner.Job(name)));
+  }
+  JobRunner::Timing timing;
+  absl::StatusOr<double> rate = runner.Run(name, commands, n, &timing);
+  if (!rate.ok()) return rate.status();
+  return ScanPoint{n, absl::ToDoubleSeconds(timing.first_step), absl::ToDoubleSeconds(timing.end),
+                   *rate};
 }
 
 nlohmann::json PhaseJson(const Phase& p) {
@@ -267,7 +314,20 @@ int Main(int argc, char** argv) {
   flags.Add("torch-bench", &settings.torch_bench,
             "torch_bench.py (default: the source tree's, beside this build).");
   flags.Add("torch-steps", &settings.torch_steps, "Timed steps of each torch job.");
+  std::string scan_hosts;
+  flags.Add("scan-hosts", &scan_hosts,
+            "Comma-separated host counts (2..200) to also run the linreg job on, once each: "
+            "start-up, end and samples/s against the count; empty: not run.");
   flags.ParseOrExit(argc, argv);
+  for (absl::string_view n : absl::StrSplit(scan_hosts, ',', absl::SkipEmpty())) {
+    int hosts = 0;
+    if (!absl::SimpleAtoi(n, &hosts) || hosts < 2 || hosts > 200) {
+      std::fprintf(stderr, "%s: --scan-hosts: '%s' is no host count in 2..200\n", kProgram,
+                   std::string(n).c_str());
+      return 2;
+    }
+    settings.scan_hosts.push_back(hosts);
+  }
   if (settings.steps <= kSkipSteps + 10 || settings.rounds < 1 || settings.dim < 1 ||
       settings.timeout_s < 1 || settings.torch_steps < 1) {
     std::fprintf(stderr,
@@ -338,6 +398,27 @@ int Main(int argc, char** argv) {
                   p.torch_psrt / p.torch_ddp);
     }
   }
+  // The host count scan, on fresh namespaces (the 3 hosts' go first).
+  hosts->reset();
+  nlohmann::json scan = nlohmann::json::array();
+  if (!settings.scan_hosts.empty()) {
+    std::printf("\n%6s %16s %10s %12s  (linreg dim %d, 1 server and 1 worker a host, veth)\n",
+                "hosts", "first step (s)", "end (s)", "samples/s", settings.dim);
+  }
+  for (int n : settings.scan_hosts) {
+    absl::StatusOr<ScanPoint> p = RunOnHosts(runner, n);
+    if (!p.ok()) {
+      std::fprintf(stderr, "%s: %d hosts: %s\n", kProgram, n, std::string(p.status().message()).c_str());
+      return 1;
+    }
+    std::printf("%6d %16.2f %10.2f %12.0f\n", p->hosts, p->first_step_s, p->end_s,
+                p->samples_per_second);
+    std::fflush(stdout);
+    scan.push_back({{"hosts", p->hosts},
+                    {"seconds_to_first_step", p->first_step_s},
+                    {"seconds_to_end", p->end_s},
+                    {"samples_per_second", p->samples_per_second}});
+  }
   std::filesystem::remove_all(dir_template);  // the jobs' logs; kept when a job fails
   write_json({{"benchmark", kProgram},
               {"date", absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone())},
@@ -353,7 +434,8 @@ int Main(int argc, char** argv) {
                 {"batch", kBatch},
                 {"rate", settings.rate},
                 {"delay", settings.delay}}},
-              {"phases", results}});
+              {"phases", results},
+              {"host_scan", scan}});
   return 0;
 }
 

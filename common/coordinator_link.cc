@@ -107,18 +107,21 @@ void CoordinatorLink::HeartbeatLoop() {
     mu_.Unlock();
     req.set_step(progress_.load(std::memory_order_relaxed));
     req.set_membership_epoch(epoch);
+    req.set_shard_map_epoch(shard_epoch);
     grpc::ClientContext ctx;
     PrepareContext(&ctx, options_.token, std::max(interval, absl::Seconds(1)));
     v1::HeartbeatResponse resp;
     grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
     const absl::Time now = absl::Now();
-    if (s.ok() && resp.membership().epoch() != epoch && options_.on_membership) {
+    // Each comes only when it changed; the next request says it is held
+    // (by a server: applied to every key, as the callback returns).
+    if (s.ok() && resp.has_membership() && resp.membership().epoch() != epoch) {
+      if (options_.on_membership) options_.on_membership(resp.membership());
       epoch = resp.membership().epoch();
-      options_.on_membership(resp.membership());
     }
-    if (s.ok() && resp.has_shard_map() && resp.shard_map().epoch() != shard_epoch && options_.on_shard_map) {
+    if (s.ok() && resp.has_shard_map() && resp.shard_map().epoch() != shard_epoch) {
+      if (options_.on_shard_map) options_.on_shard_map(resp.shard_map());
       shard_epoch = resp.shard_map().epoch();
-      options_.on_shard_map(resp.shard_map());
     }
     mu_.Lock();
     if (s.ok()) {

@@ -47,7 +47,7 @@ done
 # MLP on two of them through psrt and with DDP-gloo; says it skipped where not
 # root.
 echo "bench: multihost_bench"
-"$bin/multihost_bench" --torch "$root/.venv/bin/python" --torch-bench "$root/benchmarks/torch_bench.py" \
+"$bin/multihost_bench" --torch "$root/.venv/bin/python" --torch-bench "$root/benchmarks/torch_bench.py" --scan-hosts=4,8,16 \
   --json "$out/multihost.json" | tee "$out/multihost.txt"
 reports+=("$out/multihost.json" "$out/multihost.txt")
 

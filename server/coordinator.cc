@@ -33,6 +33,13 @@ std::string StateName(v1::JobState s) {
   }
 }
 
+// A callback method's answer, now.
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const grpc::Status& s) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(s);
+  return reactor;
+}
+
 }  // namespace
 
 CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metrics)
@@ -540,7 +547,12 @@ std::vector<std::string> CoordinatorService::MissingLocked() const {
 }
 
 bool CoordinatorService::ReadyLocked() const {
-  if (!elastic()) return MissingLocked().empty();
+  // Asked at every registration and heartbeat tick: no names made here.
+  if (!elastic()) {
+    return std::all_of(processes_.begin(), processes_.end(), [](const Process& p) {
+      return p.registered || p.id.role() == v1::ROLE_AGENT;
+    });
+  }
   int workers = 0;
   for (const Process& p : processes_) {
     if (p.id.role() == v1::ROLE_SERVER && !p.registered) return false;
@@ -560,7 +572,7 @@ bool CoordinatorService::ServersApplyLocked(int64_t epoch) const {
   });
 }
 
-grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
+grpc::Status CoordinatorService::DoRegister(grpc::ServerContextBase* ctx, const v1::RegisterRequest* req,
                                           v1::RegisterResponse* resp) {
   if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
   if (req->id().role() == v1::ROLE_SERVER && req->address().empty()) {
@@ -639,41 +651,99 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
   active_workers_->Set(MembershipLocked().active_workers_size());
   *resp->mutable_config() = config_;
   resp->set_host_index(p->slot);
+  ReleaseBarriersLocked();
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::Barrier(grpc::ServerContext* ctx, const v1::BarrierRequest* req,
-                                         v1::BarrierResponse* resp) {
-  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
+grpc::ServerUnaryReactor* CoordinatorService::Barrier(grpc::CallbackServerContext* ctx,
+                                                      const grpc::ByteBuffer* bytes,
+                                                      grpc::ByteBuffer* resp) {
+  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return Answer(ctx, s);
+  v1::BarrierRequest request;
+  grpc::ByteBuffer copy(*bytes);  // Deserialize consumes its buffer
+  if (grpc::Status s = grpc::SerializationTraits<v1::BarrierRequest>::Deserialize(&copy, &request);
+      !s.ok()) {
+    return Answer(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                    absl::StrCat("a Barrier request that is no BarrierRequest: ",
+                                                 s.error_message())));
+  }
+  const v1::BarrierRequest* req = &request;
   const absl::Duration timeout = absl::Seconds(
       req->timeout_s() > 0 ? req->timeout_s() : config_.barrier_timeout_s());
-  const absl::Time deadline = absl::Now() + TimeLeft(ctx, timeout);
-  absl::MutexLock lock(&mu_);
-  Process* p;
-  if (grpc::Status s = Lookup(req->id(), &p); !s.ok()) return s;
-  // Elastic: a worker that joins also waits until every server counts it
-  // (applies the epoch that made it active), so its first push is counted.
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return state_ != v1::JOB_RUNNING || (ReadyLocked() && (!elastic() || ServersApplyLocked(epoch_)));
-  };
-  if (!AwaitForCaller(&mu_, absl::Condition(&done), deadline, ctx)) {
-    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
-    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                        absl::StrCat("readiness barrier timed out after ",
-                                     absl::FormatDuration(timeout), "; not arrived: ",
-                                     absl::StrJoin(MissingLocked(), ", ")));
+  grpc::ServerUnaryReactor* reactor;
+  {
+    absl::MutexLock lock(&mu_);
+    Process* p;
+    if (grpc::Status s = Lookup(req->id(), &p); !s.ok()) return Answer(ctx, s);
+    reactor = ctx->DefaultReactor();
+    barriers_.push_back({ctx, reactor, resp, absl::Now() + TimeLeft(ctx, timeout), timeout});
+    ReleaseBarriersLocked();
   }
-  if (state_ != v1::JOB_RUNNING) {
-    return grpc::Status(grpc::StatusCode::ABORTED,
-                        absl::StrCat("the job has ended (", StateName(state_), "): ", reason_));
-  }
-  *resp->mutable_shard_map() = ShardMapLocked();
-  *resp->mutable_config() = config_;
-  *resp->mutable_membership() = MembershipLocked();
-  return grpc::Status::OK;
+  FinishReleased();
+  return reactor;
 }
 
-grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
+void CoordinatorService::ReleaseBarriersLocked() {
+  if (barriers_.empty()) return;
+  // Elastic: a worker that joins also waits until every server counts it
+  // (applies the epoch that made it active), so its first push is counted.
+  const bool passed =
+      state_ != v1::JOB_RUNNING || (ReadyLocked() && (!elastic() || ServersApplyLocked(epoch_)));
+  const absl::Time now = absl::Now();
+  // Serialized once for all: a job's every server and worker waits here,
+  // and each answer holds the shard map (a line per server).
+  std::shared_ptr<grpc::ByteBuffer> answer;
+  if (passed && state_ == v1::JOB_RUNNING) {
+    v1::BarrierResponse r;
+    *r.mutable_shard_map() = ShardMapLocked();
+    *r.mutable_config() = config_;
+    *r.mutable_membership() = MembershipLocked();
+    answer = std::make_shared<grpc::ByteBuffer>();
+    bool own = false;
+    grpc::Status s = grpc::SerializationTraits<v1::BarrierResponse>::Serialize(r, answer.get(), &own);
+    if (!s.ok()) {
+      FailLocked(absl::StrCat("cannot serialize the barrier's answer: ", s.error_message()));
+      answer.reset();
+    }
+  }
+  size_t kept = 0;
+  for (WaitingBarrier& b : barriers_) {
+    grpc::Status s;
+    if (passed && (state_ != v1::JOB_RUNNING || answer == nullptr)) {
+      s = grpc::Status(grpc::StatusCode::ABORTED,
+                       absl::StrCat("the job has ended (", StateName(state_), "): ", reason_));
+    } else if (passed) {
+      released_.push_back({b, grpc::Status::OK, answer});
+      continue;
+    } else if (b.ctx->IsCancelled()) {
+      s = grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
+    } else if (now >= b.deadline) {
+      s = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                       absl::StrCat("readiness barrier timed out after ",
+                                    absl::FormatDuration(b.timeout), "; not arrived: ",
+                                    absl::StrJoin(MissingLocked(), ", ")));
+    } else {
+      barriers_[kept++] = b;
+      continue;
+    }
+    released_.push_back({b, s, nullptr});
+  }
+  barriers_.resize(kept);
+}
+
+void CoordinatorService::FinishReleased() {
+  std::vector<ReleasedBarrier> released;
+  {
+    absl::MutexLock lock(&mu_);
+    released.swap(released_);
+  }
+  for (ReleasedBarrier& r : released) {
+    if (r.answer != nullptr) *r.barrier.resp = *r.answer;  // shares its slices
+    r.barrier.reactor->Finish(r.status);
+  }
+}
+
+grpc::Status CoordinatorService::DoHeartbeat(grpc::ServerContextBase* ctx, const v1::HeartbeatRequest* req,
                                            v1::HeartbeatResponse* resp) {
   if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
@@ -710,18 +780,21 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx, const v1::H
     progress_step_ = req->step();
     step_gauge_->Set(static_cast<double>(progress_step_));
   }
-  if (p->id.role() != v1::ROLE_AGENT && AllServersRegisteredLocked()) *resp->mutable_shard_map() = ShardMapLocked();
+  if (p->id.role() != v1::ROLE_AGENT && req->shard_map_epoch() != shard_epoch_ &&
+      AllServersRegisteredLocked()) {
+    *resp->mutable_shard_map() = ShardMapLocked();
+  }
   if (p->id.role() == v1::ROLE_SERVER) p->applied_epoch = req->membership_epoch();
   p->last_heartbeat = absl::Now();
   if (state_ != v1::JOB_RUNNING) p->saw_end = true;
   resp->set_state(state_);
   resp->set_reason(reason_);
-  *resp->mutable_membership() = MembershipLocked();
+  if (req->membership_epoch() != epoch_) *resp->mutable_membership() = MembershipLocked();
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::ReportExit(grpc::ServerContext* ctx, const v1::ReportExitRequest* req,
-                                            v1::ReportExitResponse*) {
+grpc::Status CoordinatorService::DoReportExit(grpc::ServerContextBase* ctx,
+                                              const v1::ReportExitRequest* req) {
   if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   Process* p;
@@ -771,8 +844,8 @@ grpc::Status CoordinatorService::ReportExit(grpc::ServerContext* ctx, const v1::
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::GetJobStatus(grpc::ServerContext* ctx, const v1::JobStatusRequest*,
-                                              v1::JobStatusResponse* resp) {
+grpc::Status CoordinatorService::DoGetJobStatus(grpc::ServerContextBase* ctx,
+                                                v1::JobStatusResponse* resp) {
   if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   status_watched_ = true;
@@ -794,6 +867,32 @@ grpc::Status CoordinatorService::GetJobStatus(grpc::ServerContext* ctx, const v1
     if (p.registered) s->set_seconds_since_heartbeat(absl::ToDoubleSeconds(now - p.last_heartbeat));
   }
   return grpc::Status::OK;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Register(grpc::CallbackServerContext* ctx,
+                                                       const v1::RegisterRequest* req,
+                                                       v1::RegisterResponse* resp) {
+  grpc::Status s = DoRegister(ctx, req, resp);
+  FinishReleased();  // this one may have been the last awaited
+  return Answer(ctx, s);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                        const v1::HeartbeatRequest* req,
+                                                        v1::HeartbeatResponse* resp) {
+  return Answer(ctx, DoHeartbeat(ctx, req, resp));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerContext* ctx,
+                                                         const v1::ReportExitRequest* req,
+                                                         v1::ReportExitResponse*) {
+  return Answer(ctx, DoReportExit(ctx, req));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetJobStatus(grpc::CallbackServerContext* ctx,
+                                                           const v1::JobStatusRequest*,
+                                                           v1::JobStatusResponse* resp) {
+  return Answer(ctx, DoGetJobStatus(ctx, resp));
 }
 
 grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext* ctx, const v1::CheckpointRequest*,
@@ -842,6 +941,12 @@ void CoordinatorService::Monitor() {
   absl::MutexLock lock(&mu_);
   while (!stop_) {
     mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(50));
+    ReleaseBarriersLocked();
+    if (!released_.empty()) {
+      mu_.Unlock();
+      FinishReleased();
+      mu_.Lock();
+    }
     if (stop_ || state_ != v1::JOB_RUNNING || recovering_) continue;
     const absl::Time now = absl::Now();
     const absl::Duration host_wait = absl::Seconds(config_.host_wait_s());
@@ -904,6 +1009,13 @@ void CoordinatorService::Monitor() {
                               "; not arrived: ", absl::StrJoin(MissingLocked(), ", ")));
     }
   }
+  for (WaitingBarrier& b : barriers_) {
+    b.reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is stopping"));
+  }
+  barriers_.clear();
+  mu_.Unlock();
+  FinishReleased();
+  mu_.Lock();  // the MutexLock unlocks it
 }
 
 v1::JobState CoordinatorService::WaitForEnd() {

@@ -32,21 +32,36 @@ struct CoordinatorOptions {
 
 // Membership, readiness, heartbeats and the end of the job. The first failure
 // decides the job's fate and its reason is what every process reports.
-class CoordinatorService final : public v1::Coordinator::Service {
+// Every method but Checkpoint (which waits for a save) is a callback
+// method, answered on gRPC's own threads: a job's processes all register and
+// wait in the barrier at once, and a thread per call would cap a job at the
+// server's thread limit (docs/deployment.md, "Limits"). Barrier's answer
+// goes out as bytes: serialized once, shared by every caller.
+using CoordinatorBase = v1::Coordinator::WithCallbackMethod_Register<
+    v1::Coordinator::WithRawCallbackMethod_Barrier<v1::Coordinator::WithCallbackMethod_Heartbeat<
+        v1::Coordinator::WithCallbackMethod_ReportExit<
+            v1::Coordinator::WithCallbackMethod_GetJobStatus<v1::Coordinator::Service>>>>>;
+
+class CoordinatorService final : public CoordinatorBase {
  public:
   CoordinatorService(CoordinatorOptions options, Metrics* metrics);
   ~CoordinatorService() override;
 
-  grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
-                        v1::RegisterResponse* resp) override;
-  grpc::Status Barrier(grpc::ServerContext* ctx, const v1::BarrierRequest* req,
-                       v1::BarrierResponse* resp) override;
-  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
-                         v1::HeartbeatResponse* resp) override;
-  grpc::Status ReportExit(grpc::ServerContext* ctx, const v1::ReportExitRequest* req,
-                          v1::ReportExitResponse* resp) override;
-  grpc::Status GetJobStatus(grpc::ServerContext* ctx, const v1::JobStatusRequest* req,
-                            v1::JobStatusResponse* resp) override;
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
+                                     const v1::RegisterRequest* req,
+                                     v1::RegisterResponse* resp) override;
+  // A BarrierRequest in, a BarrierResponse out.
+  grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                    grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const v1::HeartbeatRequest* req,
+                                      v1::HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportExit(grpc::CallbackServerContext* ctx,
+                                       const v1::ReportExitRequest* req,
+                                       v1::ReportExitResponse* resp) override;
+  grpc::ServerUnaryReactor* GetJobStatus(grpc::CallbackServerContext* ctx,
+                                         const v1::JobStatusRequest* req,
+                                         v1::JobStatusResponse* resp) override;
   grpc::Status Checkpoint(grpc::ServerContext* ctx, const v1::CheckpointRequest* req,
                           v1::CheckpointResponse* resp) override;
 
@@ -131,6 +146,18 @@ class CoordinatorService final : public v1::Coordinator::Service {
   bool ServersApplyLocked(int64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool elastic() const { return options_.ps.elastic_min_workers > 0; }
   void Monitor();
+  // The callback methods' work.
+  grpc::Status DoRegister(grpc::ServerContextBase* ctx, const v1::RegisterRequest* req,
+                          v1::RegisterResponse* resp);
+  grpc::Status DoHeartbeat(grpc::ServerContextBase* ctx, const v1::HeartbeatRequest* req,
+                           v1::HeartbeatResponse* resp);
+  grpc::Status DoReportExit(grpc::ServerContextBase* ctx, const v1::ReportExitRequest* req);
+  grpc::Status DoGetJobStatus(grpc::ServerContextBase* ctx, v1::JobStatusResponse* resp);
+  // Takes the barriers that may end (passed, the job ended, their caller
+  // went or their time is up) into released_; FinishReleased answers them
+  // outside mu_.
+  void ReleaseBarriersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishReleased() ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<std::string> ServerAddressesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
@@ -155,6 +182,20 @@ class CoordinatorService final : public v1::Coordinator::Service {
   std::vector<int> replica_at_ ABSL_GUARDED_BY(mu_);  // per server: who keeps copies (-1: none)
   std::vector<int64_t> replica_since_ ABSL_GUARDED_BY(mu_);  // the epoch it was named in
   int64_t shard_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  struct WaitingBarrier {
+    grpc::CallbackServerContext* ctx;
+    grpc::ServerUnaryReactor* reactor;
+    grpc::ByteBuffer* resp;
+    absl::Time deadline;
+    absl::Duration timeout;
+  };
+  std::vector<WaitingBarrier> barriers_ ABSL_GUARDED_BY(mu_);
+  struct ReleasedBarrier {
+    WaitingBarrier barrier;
+    grpc::Status status;
+    std::shared_ptr<const grpc::ByteBuffer> answer;  // when it passed
+  };
+  std::vector<ReleasedBarrier> released_ ABSL_GUARDED_BY(mu_);
   std::thread failover_;  // restarts the checkpoints with the servers left
   Counter* failovers_;
   std::thread recoverer_;

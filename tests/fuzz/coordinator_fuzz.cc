@@ -5,7 +5,9 @@
 // requests name). Structure-aware mutations (calls.h). Every call must
 // answer within its bound: a barrier waits at most barrier_timeout_s.
 
-#include <grpcpp/server_context.h>
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
 
 #include <cstdint>
 #include <cstdlib>
@@ -15,7 +17,7 @@
 #include "absl/time/clock.h"
 #include "common/distribution.h"
 #include "common/metrics.h"
-#include "psrt/v1/coordinator.pb.h"
+#include "psrt/v1/coordinator.grpc.pb.h"
 #include "server/coordinator.h"
 #include "tests/fuzz/calls.h"
 
@@ -61,44 +63,53 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.ps = *ps;
   Metrics metrics("psrt_coordinator");
   CoordinatorService service(options, &metrics);
+  // Through a real server (in process): the methods are gRPC callbacks.
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) std::abort();
+  std::unique_ptr<v1::Coordinator::Stub> stub =
+      v1::Coordinator::NewStub(server->InProcessChannel(grpc::ChannelArguments()));
   for (const Call& call : calls) {
     std::unique_ptr<google::protobuf::Message> m(Prototypes()[call.kind % Prototypes().size()]->New());
     if (!m->ParseFromString(call.bytes)) continue;
-    grpc::ServerContext ctx;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     const absl::Time start = absl::Now();
     switch (call.kind % Prototypes().size()) {
       case kRegister: {
         v1::RegisterResponse resp;
-        (void)service.Register(&ctx, static_cast<v1::RegisterRequest*>(m.get()), &resp);
+        (void)stub->Register(&ctx, *static_cast<v1::RegisterRequest*>(m.get()), &resp);
         break;
       }
       case kBarrier: {
         v1::BarrierResponse resp;
-        (void)service.Barrier(&ctx, static_cast<v1::BarrierRequest*>(m.get()), &resp);
+        (void)stub->Barrier(&ctx, *static_cast<v1::BarrierRequest*>(m.get()), &resp);
         break;
       }
       case kHeartbeat: {
         v1::HeartbeatResponse resp;
-        (void)service.Heartbeat(&ctx, static_cast<v1::HeartbeatRequest*>(m.get()), &resp);
+        (void)stub->Heartbeat(&ctx, *static_cast<v1::HeartbeatRequest*>(m.get()), &resp);
         break;
       }
       case kReportExit: {
         v1::ReportExitResponse resp;
-        (void)service.ReportExit(&ctx, static_cast<v1::ReportExitRequest*>(m.get()), &resp);
+        (void)stub->ReportExit(&ctx, *static_cast<v1::ReportExitRequest*>(m.get()), &resp);
         break;
       }
       case kStatus: {
         v1::JobStatusResponse resp;
-        (void)service.GetJobStatus(&ctx, static_cast<v1::JobStatusRequest*>(m.get()), &resp);
+        (void)stub->GetJobStatus(&ctx, *static_cast<v1::JobStatusRequest*>(m.get()), &resp);
         break;
       }
       case kCheckpoint: {
         v1::CheckpointResponse resp;
-        (void)service.Checkpoint(&ctx, static_cast<v1::CheckpointRequest*>(m.get()), &resp);
+        (void)stub->Checkpoint(&ctx, *static_cast<v1::CheckpointRequest*>(m.get()), &resp);
         break;
       }
     }
     if (absl::Now() - start > absl::Seconds(5)) std::abort();  // a wait past its bound
   }
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   return 0;
 }
