@@ -529,7 +529,7 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   }
   EXPECT_THAT(lines[2], AllOf(HasSubstr("string"), HasSubstr("\"sync\""),
                               HasSubstr("ssp")));
-  EXPECT_THAT(lines[11], AllOf(HasSubstr("int"), HasSubstr("4194304")));
+  EXPECT_THAT(lines[11], AllOf(HasSubstr("int"), HasSubstr("262144")));
   EXPECT_THAT(lines[20], AllOf(HasSubstr("number"), HasSubstr("10")));
 }
 
