@@ -42,6 +42,11 @@ for exe in "$bin"/*_bench; do
   reports+=("$out/$name.json" "$out/$name.txt")
 done
 
+# One coordinator against the processes of 64 to 4096 hosts.
+echo "bench: coordinator_load"
+"$bin/coordinator_load" --json "$out/coordinator_load.json" | tee "$out/coordinator_load.txt"
+reports+=("$out/coordinator_load.json" "$out/coordinator_load.txt")
+
 # The trainer across three network-namespace hosts (plain, then shaped links)
 # against the same job on loopback, in turns, and a communication-bound torch
 # MLP on two of them through psrt and with DDP-gloo; says it skipped where not
