@@ -6,8 +6,12 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace psrt {
 
@@ -30,6 +34,21 @@ inline std::string LoadAverage() {
   std::string one, five, fifteen;
   in >> one >> five >> fifteen;
   return absl::StrCat(one, " ", five, " ", fifteen);
+}
+
+// A comma-separated list of whole numbers in [lo, hi] ("4,8,16"); the error
+// names the first that is not one.
+inline absl::StatusOr<std::vector<int>> ParseCounts(absl::string_view text, int lo, int hi) {
+  std::vector<int> counts;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int n = 0;
+    if (!absl::SimpleAtoi(item, &n) || n < lo || n > hi) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", item, "' is no whole number in ", lo, "..", hi));
+    }
+    counts.push_back(n);
+  }
+  return counts;
 }
 
 }  // namespace psrt

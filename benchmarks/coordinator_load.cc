@@ -39,7 +39,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -103,6 +102,16 @@ class InFlight {
   absl::Mutex mu_;
   absl::CondVar changed_;
   int n_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// One asynchronous call: what it sends and gets, and when it started.
+template <typename Request, typename Response>
+struct Call {
+  explicit Call(absl::Duration timeout) { PrepareContext(&ctx, kToken, timeout); }
+  grpc::ClientContext ctx;
+  Request req;
+  Response resp;
+  absl::Time start = absl::Now();
 };
 
 v1::ProcessId Id(v1::Role role, int index) {
@@ -218,14 +227,8 @@ class Run {
     for (v1::Role role : {v1::ROLE_AGENT, v1::ROLE_SERVER, v1::ROLE_WORKER}) {
       for (int h = 0; h < hosts_ && failed == 0; ++h) {
         registering.Begin(kMaxInFlight);
-        struct Call {
-          grpc::ClientContext ctx;
-          v1::RegisterRequest req;
-          v1::RegisterResponse resp;
-          absl::Time start = absl::Now();
-        };
-        auto* c = new Call;
-        PrepareContext(&c->ctx, kToken, absl::Seconds(settings_.timeout_s));
+        auto* c = new Call<v1::RegisterRequest, v1::RegisterResponse>(
+            absl::Seconds(settings_.timeout_s));
         *c->req.mutable_id() = Id(role, h);
         c->req.set_host(absl::StrCat("load-host-", h));
         c->req.set_pid(100000 + h);
@@ -270,14 +273,8 @@ class Run {
     // As bytes: the answers (a shard map each) are counted, not parsed, so
     // that this program's parsing does not take the machine's cores from
     // the coordinator.
-    struct Call {
-      grpc::ClientContext ctx;
-      grpc::ByteBuffer req, resp;
-      absl::Time start = absl::Now();
-    };
     waiting->Begin();
-    auto* c = new Call;
-    PrepareContext(&c->ctx, kToken, absl::Seconds(settings_.timeout_s));
+    auto* c = new Call<grpc::ByteBuffer, grpc::ByteBuffer>(absl::Seconds(settings_.timeout_s));
     v1::BarrierRequest req;
     *req.mutable_id() = Id(role, h);
     bool own = false;
@@ -337,14 +334,8 @@ class Run {
   }
 
   void Beat(int i) {
-    struct Call {
-      grpc::ClientContext ctx;
-      v1::HeartbeatRequest req;
-      v1::HeartbeatResponse resp;
-      absl::Time start = absl::Now();
-    };
-    auto* c = new Call;
-    PrepareContext(&c->ctx, kToken, std::max(interval_, absl::Seconds(1)));
+    auto* c = new Call<v1::HeartbeatRequest, v1::HeartbeatResponse>(
+        std::max(interval_, absl::Seconds(1)));
     const v1::Role role = RoleOf(i);
     *c->req.mutable_id() = Id(role, i % hosts_);
     if (role == v1::ROLE_WORKER) c->req.set_step(1);
@@ -423,13 +414,7 @@ class Run {
     std::atomic<int> errors{0};
     for (int h = 0; h + 1 < hosts_; ++h) {
       inflight.Begin(kMaxInFlight);
-      struct Call {
-        grpc::ClientContext ctx;
-        v1::ReportExitRequest req;
-        v1::ReportExitResponse resp;
-      };
-      auto* c = new Call;
-      PrepareContext(&c->ctx, kToken, absl::Seconds(30));
+      auto* c = new Call<v1::ReportExitRequest, v1::ReportExitResponse>(absl::Seconds(30));
       *c->req.mutable_id() = Id(v1::ROLE_WORKER, h);
       stub_->async()->ReportExit(&c->ctx, &c->req, &c->resp, [&, c](grpc::Status s) {
         if (!s.ok()) errors.fetch_add(1);
@@ -495,17 +480,12 @@ int Main(int argc, char** argv) {
   flags.Add("timeout", &settings.timeout_s, "Give up on a start-up after this many seconds.");
   flags.Add("json", &json_path, "Write the results as JSON here.");
   flags.ParseOrExit(argc, argv);
-  std::vector<int> counts;
-  for (absl::string_view n : absl::StrSplit(hosts, ',', absl::SkipEmpty())) {
-    int h = 0;
-    if (!absl::SimpleAtoi(n, &h) || h < 2 || h > 16384) {
-      std::fprintf(stderr, "%s: --hosts: '%s' is no host count in 2..16384\n", kProgram,
-                   std::string(n).c_str());
-      return 2;
-    }
-    counts.push_back(h);
+  absl::StatusOr<std::vector<int>> counts = ParseCounts(hosts, 2, 16384);
+  if (!counts.ok()) {
+    std::fprintf(stderr, "%s: --hosts: %s\n", kProgram, std::string(counts.status().message()).c_str());
+    return 2;
   }
-  if (counts.empty() || settings.seconds < 2 || settings.heartbeat_timeout_s <= 0 ||
+  if (counts->empty() || settings.seconds < 2 || settings.heartbeat_timeout_s <= 0 ||
       settings.timeout_s < 1) {
     std::fprintf(stderr, "%s: need --hosts, --seconds >= 2, --heartbeat-timeout > 0, --timeout >= 1\n",
                  kProgram);
@@ -517,7 +497,7 @@ int Main(int argc, char** argv) {
               "barrier p99", "hb p50 ms", "hb p99 ms", "hb max ms", "beats/s", "late", "errors",
               "cores", "RSS MiB", "epoch s");
   nlohmann::json results = nlohmann::json::array();
-  for (int n : counts) {
+  for (int n : *counts) {
     Run run(n, settings);
     absl::StatusOr<nlohmann::json> r = run.Go();
     if (!r.ok()) {

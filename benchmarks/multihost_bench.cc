@@ -33,8 +33,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "benchmarks/bench_util.h"
@@ -319,15 +317,13 @@ int Main(int argc, char** argv) {
             "Comma-separated host counts (2..200) to also run the linreg job on, once each: "
             "start-up, end and samples/s against the count; empty: not run.");
   flags.ParseOrExit(argc, argv);
-  for (absl::string_view n : absl::StrSplit(scan_hosts, ',', absl::SkipEmpty())) {
-    int hosts = 0;
-    if (!absl::SimpleAtoi(n, &hosts) || hosts < 2 || hosts > 200) {
-      std::fprintf(stderr, "%s: --scan-hosts: '%s' is no host count in 2..200\n", kProgram,
-                   std::string(n).c_str());
-      return 2;
-    }
-    settings.scan_hosts.push_back(hosts);
+  absl::StatusOr<std::vector<int>> counts = ParseCounts(scan_hosts, 2, 200);
+  if (!counts.ok()) {
+    std::fprintf(stderr, "%s: --scan-hosts: %s\n", kProgram,
+                 std::string(counts.status().message()).c_str());
+    return 2;
   }
+  settings.scan_hosts = *std::move(counts);
   if (settings.steps <= kSkipSteps + 10 || settings.rounds < 1 || settings.dim < 1 ||
       settings.timeout_s < 1 || settings.torch_steps < 1) {
     std::fprintf(stderr,

@@ -227,6 +227,7 @@ CoordinatorService::~CoordinatorService() {
     stop_ = true;
   }
   monitor_.join();
+  FinishReleased();
   if (finisher_.joinable()) finisher_.join();
   if (stopper_.joinable()) stopper_.join();
   if (recoverer_.joinable()) recoverer_.join();
@@ -667,14 +668,13 @@ grpc::ServerUnaryReactor* CoordinatorService::Barrier(grpc::CallbackServerContex
                                     absl::StrCat("a Barrier request that is no BarrierRequest: ",
                                                  s.error_message())));
   }
-  const v1::BarrierRequest* req = &request;
   const absl::Duration timeout = absl::Seconds(
-      req->timeout_s() > 0 ? req->timeout_s() : config_.barrier_timeout_s());
+      request.timeout_s() > 0 ? request.timeout_s() : config_.barrier_timeout_s());
   grpc::ServerUnaryReactor* reactor;
   {
     absl::MutexLock lock(&mu_);
     Process* p;
-    if (grpc::Status s = Lookup(req->id(), &p); !s.ok()) return Answer(ctx, s);
+    if (grpc::Status s = Lookup(request.id(), &p); !s.ok()) return Answer(ctx, s);
     reactor = ctx->DefaultReactor();
     barriers_.push_back({ctx, reactor, resp, absl::Now() + TimeLeft(ctx, timeout), timeout});
     ReleaseBarriersLocked();
@@ -1009,13 +1009,12 @@ void CoordinatorService::Monitor() {
                               "; not arrived: ", absl::StrJoin(MissingLocked(), ", ")));
     }
   }
+  // Answered by the destructor, outside mu_.
   for (WaitingBarrier& b : barriers_) {
-    b.reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is stopping"));
+    released_.push_back(
+        {b, grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is stopping"), nullptr});
   }
   barriers_.clear();
-  mu_.Unlock();
-  FinishReleased();
-  mu_.Lock();  // the MutexLock unlocks it
 }
 
 v1::JobState CoordinatorService::WaitForEnd() {

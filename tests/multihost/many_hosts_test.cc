@@ -50,13 +50,6 @@ class ManyHostsTest : public NetnsJobTest {
         << Output();
     return absl::ToDoubleSeconds(absl::Now() - launched_);
   }
-  void ExpectLearned() {
-    const std::string result = ReadFile(dir_ + "/r.rank0.json");
-    std::smatch m;
-    ASSERT_TRUE(std::regex_search(result, m, std::regex("\"relative_error\": ([-0-9.eE+]+)")))
-        << result << Output();
-    EXPECT_LT(std::stod(m[1]), 0.05) << result;
-  }
 
   absl::Time launched_;
 };

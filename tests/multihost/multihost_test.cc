@@ -41,14 +41,6 @@ class MultiHostTest : public NetnsJobTest {
     return absl::StrCat(kBin, "/psrt-example-linreg ", kTrainer, " --steps=", steps,
                         " --result=", dir_, "/r --loss-log=", dir_, "/loss");
   }
-  // The job learned: rank 0's relative error.
-  void ExpectLearned() {
-    const std::string result = ReadFile(dir_ + "/r.rank0.json");
-    std::smatch m;
-    ASSERT_TRUE(std::regex_search(result, m, std::regex("\"relative_error\": ([-0-9.eE+]+)")))
-        << result << Output();
-    EXPECT_LT(std::stod(m[1]), 0.05) << result;
-  }
   // SageMaker's names for the hosts: algo-1, algo-2, ...
   static std::string Algo(int h) { return absl::StrCat("algo-", h + 1); }
   std::string SmHosts() const {

@@ -2,6 +2,8 @@
 
 #include <signal.h>
 
+#include <regex>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -53,6 +55,14 @@ std::string NetnsJobTest::Output() const {
     if (runs_[h].pid != 0) absl::StrAppend(&all, "--- host ", h, "\n", runs_[h].Output(), "\n");
   }
   return all;
+}
+
+void NetnsJobTest::ExpectLearned() const {
+  const std::string result = ReadFile(dir_ + "/r.rank0.json");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(result, m, std::regex("\"relative_error\": ([-0-9.eE+]+)")))
+      << result << Output();
+  EXPECT_LT(std::stod(m[1]), 0.05) << result;
 }
 
 void NetnsJobTest::ExpectNothingLeft() {
