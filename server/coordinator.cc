@@ -40,6 +40,30 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const grpc::S
   return reactor;
 }
 
+// A raw method's request, parsed as the sync methods' are
+// (common/request_traits.h: INVALID_ARGUMENT naming the type).
+grpc::Status Decode(const grpc::ByteBuffer& bytes, grpc::protobuf::MessageLite* msg) {
+  grpc::ByteBuffer copy(bytes);  // Deserialize consumes its buffer
+  return grpc::SerializationTraits<grpc::protobuf::MessageLite>::Deserialize(&copy, msg);
+}
+
+grpc::Status Encode(const grpc::protobuf::MessageLite& msg, grpc::ByteBuffer* bytes) {
+  bool own = false;
+  return grpc::SerializationTraits<grpc::protobuf::MessageLite>::Serialize(msg, bytes, &own);
+}
+
+// A raw unary method: parses its Request, runs `serve`, sends its Response.
+template <typename Request, typename Response, typename Serve>
+grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                grpc::ByteBuffer* out, Serve serve) {
+  Request req;
+  Response resp;
+  grpc::Status s = Decode(*in, &req);
+  if (s.ok()) s = serve(req, &resp);
+  if (s.ok()) s = Encode(resp, out);
+  return Answer(ctx, s);
+}
+
 }  // namespace
 
 CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metrics)
@@ -661,13 +685,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Barrier(grpc::CallbackServerContex
                                                       grpc::ByteBuffer* resp) {
   if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return Answer(ctx, s);
   v1::BarrierRequest request;
-  grpc::ByteBuffer copy(*bytes);  // Deserialize consumes its buffer
-  if (grpc::Status s = grpc::SerializationTraits<v1::BarrierRequest>::Deserialize(&copy, &request);
-      !s.ok()) {
-    return Answer(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                    absl::StrCat("a Barrier request that is no BarrierRequest: ",
-                                                 s.error_message())));
-  }
+  if (grpc::Status s = Decode(*bytes, &request); !s.ok()) return Answer(ctx, s);
   const absl::Duration timeout = absl::Seconds(
       request.timeout_s() > 0 ? request.timeout_s() : config_.barrier_timeout_s());
   grpc::ServerUnaryReactor* reactor;
@@ -699,9 +717,7 @@ void CoordinatorService::ReleaseBarriersLocked() {
     *r.mutable_config() = config_;
     *r.mutable_membership() = MembershipLocked();
     answer = std::make_shared<grpc::ByteBuffer>();
-    bool own = false;
-    grpc::Status s = grpc::SerializationTraits<v1::BarrierResponse>::Serialize(r, answer.get(), &own);
-    if (!s.ok()) {
+    if (grpc::Status s = Encode(r, answer.get()); !s.ok()) {
       FailLocked(absl::StrCat("cannot serialize the barrier's answer: ", s.error_message()));
       answer.reset();
     }
@@ -870,29 +886,40 @@ grpc::Status CoordinatorService::DoGetJobStatus(grpc::ServerContextBase* ctx,
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Register(grpc::CallbackServerContext* ctx,
-                                                       const v1::RegisterRequest* req,
-                                                       v1::RegisterResponse* resp) {
-  grpc::Status s = DoRegister(ctx, req, resp);
-  FinishReleased();  // this one may have been the last awaited
-  return Answer(ctx, s);
+                                                       const grpc::ByteBuffer* in,
+                                                       grpc::ByteBuffer* out) {
+  return Unary<v1::RegisterRequest, v1::RegisterResponse>(
+      ctx, in, out, [&](const v1::RegisterRequest& req, v1::RegisterResponse* resp) {
+        grpc::Status s = DoRegister(ctx, &req, resp);
+        FinishReleased();  // this one may have been the last awaited
+        return s;
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* ctx,
-                                                        const v1::HeartbeatRequest* req,
-                                                        v1::HeartbeatResponse* resp) {
-  return Answer(ctx, DoHeartbeat(ctx, req, resp));
+                                                        const grpc::ByteBuffer* in,
+                                                        grpc::ByteBuffer* out) {
+  return Unary<v1::HeartbeatRequest, v1::HeartbeatResponse>(
+      ctx, in, out, [&](const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
+        return DoHeartbeat(ctx, &req, resp);
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerContext* ctx,
-                                                         const v1::ReportExitRequest* req,
-                                                         v1::ReportExitResponse*) {
-  return Answer(ctx, DoReportExit(ctx, req));
+                                                         const grpc::ByteBuffer* in,
+                                                         grpc::ByteBuffer* out) {
+  return Unary<v1::ReportExitRequest, v1::ReportExitResponse>(
+      ctx, in, out, [&](const v1::ReportExitRequest& req, v1::ReportExitResponse*) {
+        return DoReportExit(ctx, &req);
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetJobStatus(grpc::CallbackServerContext* ctx,
-                                                           const v1::JobStatusRequest*,
-                                                           v1::JobStatusResponse* resp) {
-  return Answer(ctx, DoGetJobStatus(ctx, resp));
+                                                           const grpc::ByteBuffer* in,
+                                                           grpc::ByteBuffer* out) {
+  return Unary<v1::JobStatusRequest, v1::JobStatusResponse>(
+      ctx, in, out,
+      [&](const v1::JobStatusRequest&, v1::JobStatusResponse* resp) { return DoGetJobStatus(ctx, resp); });
 }
 
 grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext* ctx, const v1::CheckpointRequest*,

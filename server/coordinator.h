@@ -35,33 +35,32 @@ struct CoordinatorOptions {
 // Every method but Checkpoint (which waits for a save) is a callback
 // method, answered on gRPC's own threads: a job's processes all register and
 // wait in the barrier at once, and a thread per call would cap a job at the
-// server's thread limit (docs/deployment.md, "Limits"). Barrier's answer
-// goes out as bytes: serialized once, shared by every caller.
-using CoordinatorBase = v1::Coordinator::WithCallbackMethod_Register<
-    v1::Coordinator::WithRawCallbackMethod_Barrier<v1::Coordinator::WithCallbackMethod_Heartbeat<
-        v1::Coordinator::WithCallbackMethod_ReportExit<
-            v1::Coordinator::WithCallbackMethod_GetJobStatus<v1::Coordinator::Service>>>>>;
+// server's thread limit (docs/deployment.md, "Limits"). They take and give
+// bytes, parsed here: gRPC's callback handlers answer a request that does
+// not parse with a bare UNIMPLEMENTED, and Barrier's answer is serialized
+// once and shared by every caller.
+using CoordinatorBase = v1::Coordinator::WithRawCallbackMethod_Register<
+    v1::Coordinator::WithRawCallbackMethod_Barrier<v1::Coordinator::WithRawCallbackMethod_Heartbeat<
+        v1::Coordinator::WithRawCallbackMethod_ReportExit<
+            v1::Coordinator::WithRawCallbackMethod_GetJobStatus<v1::Coordinator::Service>>>>>;
 
 class CoordinatorService final : public CoordinatorBase {
  public:
   CoordinatorService(CoordinatorOptions options, Metrics* metrics);
   ~CoordinatorService() override;
 
-  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
-                                     const v1::RegisterRequest* req,
-                                     v1::RegisterResponse* resp) override;
-  // A BarrierRequest in, a BarrierResponse out.
+  // Each an XRequest in, an XResponse out.
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                     grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                     grpc::ByteBuffer* resp) override;
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
-                                      const v1::HeartbeatRequest* req,
-                                      v1::HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* ReportExit(grpc::CallbackServerContext* ctx,
-                                       const v1::ReportExitRequest* req,
-                                       v1::ReportExitResponse* resp) override;
+                                       const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* GetJobStatus(grpc::CallbackServerContext* ctx,
-                                         const v1::JobStatusRequest* req,
-                                         v1::JobStatusResponse* resp) override;
+                                         const grpc::ByteBuffer* req,
+                                         grpc::ByteBuffer* resp) override;
   grpc::Status Checkpoint(grpc::ServerContext* ctx, const v1::CheckpointRequest* req,
                           v1::CheckpointResponse* resp) override;
 
