@@ -10,10 +10,12 @@
 // --torch, each phase also trains torch_bench.py's large MLP (25.2M
 // parameters: communication-bound) on 2 of the hosts through psrt and with
 // DDP-gloo, and reports both and their ratio. With --scan-hosts, the linreg
-// job also runs on that many hosts (1 server and 1 worker each, plain veth):
-// seconds from the launch to rank 0's first step (registration and the
-// readiness barrier), to the end, and the steady samples/s, against the host
-// count.
+// job also runs on that many hosts (1 server and 1 worker each, plain veth,
+// or with --scan-rate each host's sending limited by tbf): seconds from the
+// launch to rank 0's first step (registration and the readiness barrier), to
+// the end, and the steady samples/s, against the host count
+// (benchmarks/scaling/validate.py checks its model against these). With
+// --rounds=0 only the scan runs.
 //
 // Namespaces need root; elsewhere it says why and writes {"skipped": why}.
 #include <signal.h>
@@ -53,6 +55,7 @@ struct Settings {
   int steps = 400;
   int rounds = 3;
   int dim = 2048;
+  int partition_bytes = 4096;
   double lr = 0.1;
   std::string rate = "1gbit", delay = "2ms";
   int timeout_s = 300;
@@ -60,6 +63,7 @@ struct Settings {
   std::string torch_python, torch_bench;
   int torch_steps = 10;
   std::vector<int> scan_hosts;  // --scan-hosts
+  std::string scan_rate, scan_burst = "32kb";  // --scan-rate: tbf on the scan's links
 };
 
 double Median(std::vector<double> v) {
@@ -78,8 +82,9 @@ class JobRunner {
 
   // The psrt-run flags and training command shared by both kinds of job.
   std::string Job(const std::string& name) const {
-    const std::string distribution =
-        R"({"parameter_server":{"enabled":true,"transport":"tcp","partition_bytes":4096}})";
+    const std::string distribution = absl::StrCat(
+        R"({"parameter_server":{"enabled":true,"transport":"tcp","partition_bytes":)",
+        settings_.partition_bytes, "}}");
     return absl::StrCat("--token=bench-", getpid(), "-", name, " --distribution='", distribution,
                         "' -- ", bin_, "/psrt-example-linreg --dim=", settings_.dim,
                         " --batch=", kBatch, " --log-every=10 --lr=", settings_.lr,
@@ -250,15 +255,22 @@ absl::Status RunPhase(JobRunner& runner, const NetnsHosts& hosts, const Settings
   return absl::OkStatus();
 }
 
-// The linreg job on `n` fresh hosts (plain veth), once.
+// The linreg job on `n` fresh hosts (veth, limited to --scan-rate), once.
 struct ScanPoint {
   int hosts = 0;
   double first_step_s = 0, end_s = 0, samples_per_second = 0;
+  std::string links;
 };
 
-absl::StatusOr<ScanPoint> RunOnHosts(JobRunner& runner, int n) {
+absl::StatusOr<ScanPoint> RunOnHosts(JobRunner& runner, const Settings& settings, int n) {
   absl::StatusOr<std::unique_ptr<NetnsHosts>> hosts = NetnsHosts::Create(n);
   if (!hosts.ok()) return hosts.status();
+  std::string links = "veth, unshaped";
+  if (!settings.scan_rate.empty()) {
+    absl::StatusOr<std::string> tbf = (*hosts)->LimitRate(settings.scan_rate, settings.scan_burst);
+    if (!tbf.ok()) return tbf.status();
+    links = *tbf;
+  }
   std::vector<std::string> addresses, commands;
   for (int h = 0; h < n; ++h) addresses.push_back((*hosts)->address(h));
   const std::string name = absl::StrCat("scan", n);
@@ -271,7 +283,7 @@ absl::StatusOr<ScanPoint> RunOnHosts(JobRunner& runner, int n) {
   absl::StatusOr<double> rate = runner.Run(name, commands, n, &timing);
   if (!rate.ok()) return rate.status();
   return ScanPoint{n, absl::ToDoubleSeconds(timing.first_step), absl::ToDoubleSeconds(timing.end),
-                   *rate};
+                   *rate, links};
 }
 
 nlohmann::json PhaseJson(const Phase& p) {
@@ -295,12 +307,14 @@ int Main(int argc, char** argv) {
   Settings settings;
   std::string json_path;
   Flags flags(kProgram,
-              "[--steps=400] [--rounds=3] [--rate=1gbit] [--delay=2ms] [--torch=PYTHON] [--json=PATH]");
+              "[--steps=400] [--rounds=3] [--rate=1gbit] [--delay=2ms] [--torch=PYTHON] "
+              "[--scan-hosts=4,8,16 [--scan-rate=20mbit]] [--json=PATH]");
   flags.Add("steps", &settings.steps, "Training steps per job (the first 50 are not timed).");
   flags.Add("rounds", &settings.rounds,
-            "Jobs per phase on the hosts, each followed by the baseline.");
+            "Jobs per phase on the 3 hosts, each followed by the baseline; 0: only the scan.");
   flags.Add("dim", &settings.dim,
             "Features of the linear model (its weight has this many floats).");
+  flags.Add("partition-bytes", &settings.partition_bytes, "The jobs' partition_bytes (key size).");
   flags.Add("rate", &settings.rate, "The shaped links' rate, as tc writes it.");
   flags.Add("delay", &settings.delay, "The shaped links' added delay (netem; ignored without it).");
   flags.Add("lr", &settings.lr, "The trainer's learning rate (a wider model needs a smaller one).");
@@ -314,21 +328,26 @@ int Main(int argc, char** argv) {
   flags.Add("torch-steps", &settings.torch_steps, "Timed steps of each torch job.");
   std::string scan_hosts;
   flags.Add("scan-hosts", &scan_hosts,
-            "Comma-separated host counts (2..200) to also run the linreg job on, once each: "
+            "Comma-separated host counts (1..200) to also run the linreg job on, once each: "
             "start-up, end and samples/s against the count; empty: not run.");
+  flags.Add("scan-rate", &settings.scan_rate,
+            "Limit what each of the scan's hosts sends to this rate (tc tbf, as tc writes it, "
+            "queue long enough to drop nothing); empty: unshaped veth.");
+  flags.Add("scan-burst", &settings.scan_burst, "The scan's tbf bucket, as tc writes it.");
   flags.ParseOrExit(argc, argv);
-  absl::StatusOr<std::vector<int>> counts = ParseCounts(scan_hosts, 2, 200);
+  absl::StatusOr<std::vector<int>> counts = ParseCounts(scan_hosts, 1, 200);
   if (!counts.ok()) {
     std::fprintf(stderr, "%s: --scan-hosts: %s\n", kProgram,
                  std::string(counts.status().message()).c_str());
     return 2;
   }
   settings.scan_hosts = *std::move(counts);
-  if (settings.steps <= kSkipSteps + 10 || settings.rounds < 1 || settings.dim < 1 ||
-      settings.timeout_s < 1 || settings.torch_steps < 1) {
+  if (settings.steps <= kSkipSteps + 10 || settings.rounds < 0 || settings.dim < 1 ||
+      settings.timeout_s < 1 || settings.torch_steps < 1 || settings.partition_bytes < 4 ||
+      (settings.rounds == 0 && settings.scan_hosts.empty())) {
     std::fprintf(stderr,
-                 "%s: --steps must be above %d, --rounds, --dim, --timeout and --torch-steps at "
-                 "least 1\n",
+                 "%s: --steps must be above %d, --rounds at least 0 (0 with --scan-hosts), --dim, "
+                 "--timeout and --torch-steps at least 1, --partition-bytes at least 4\n",
                  kProgram, kSkipSteps + 10);
     return 2;
   }
@@ -358,7 +377,8 @@ int Main(int argc, char** argv) {
       kProgram, kHosts, settings.dim, kBatch, settings.steps, kHosts, sysconf(_SC_NPROCESSORS_ONLN),
       load_before.c_str());
 
-  std::vector<Phase> phases = {{"plain", "veth, unshaped", {}, {}}, {"shaped", "", {}, {}}};
+  std::vector<Phase> phases;
+  if (settings.rounds > 0) phases = {{"plain", "veth, unshaped", {}, {}}, {"shaped", "", {}, {}}};
   for (Phase& phase : phases) {
     if (phase.name == "shaped") {
       absl::StatusOr<std::string> shape = (*hosts)->Shape(settings.delay, settings.rate);
@@ -378,15 +398,17 @@ int Main(int argc, char** argv) {
     }
   }
 
-  std::printf("\n%-8s %12s %12s %7s  %s\n", "phase", "hosts", "loopback", "ratio", "links");
   nlohmann::json results = nlohmann::json::object();
-  for (const Phase& p : phases) {
-    std::printf("%-8s %12.0f %12.0f %7.2f  %s\n", p.name.c_str(), Median(p.hosts),
-                Median(p.baseline), Median(p.hosts) / Median(p.baseline), p.links.c_str());
-    results[p.name] = PhaseJson(p);
+  if (!phases.empty()) {
+    std::printf("\n%-8s %12s %12s %7s  %s\n", "phase", "hosts", "loopback", "ratio", "links");
+    for (const Phase& p : phases) {
+      std::printf("%-8s %12.0f %12.0f %7.2f  %s\n", p.name.c_str(), Median(p.hosts),
+                  Median(p.baseline), Median(p.hosts) / Median(p.baseline), p.links.c_str());
+      results[p.name] = PhaseJson(p);
+    }
+    std::printf("(median samples/s of %d rounds; ratio: hosts / loopback)\n", settings.rounds);
   }
-  std::printf("(median samples/s of %d rounds; ratio: hosts / loopback)\n", settings.rounds);
-  if (!settings.torch_python.empty()) {
+  if (!settings.torch_python.empty() && !phases.empty()) {
     std::printf("\n%-8s %14s %14s %7s  (torch_bench's large MLP, 2 hosts)\n", "phase", "psrt",
                 "DDP-gloo", "ratio");
     for (const Phase& p : phases) {
@@ -398,11 +420,12 @@ int Main(int argc, char** argv) {
   hosts->reset();
   nlohmann::json scan = nlohmann::json::array();
   if (!settings.scan_hosts.empty()) {
-    std::printf("\n%6s %16s %10s %12s  (linreg dim %d, 1 server and 1 worker a host, veth)\n",
-                "hosts", "first step (s)", "end (s)", "samples/s", settings.dim);
+    std::printf("\n%6s %16s %10s %12s  (linreg dim %d, 1 server and 1 worker a host, %s)\n",
+                "hosts", "first step (s)", "end (s)", "samples/s", settings.dim,
+                settings.scan_rate.empty() ? "veth" : ("tbf " + settings.scan_rate).c_str());
   }
   for (int n : settings.scan_hosts) {
-    absl::StatusOr<ScanPoint> p = RunOnHosts(runner, n);
+    absl::StatusOr<ScanPoint> p = RunOnHosts(runner, settings, n);
     if (!p.ok()) {
       std::fprintf(stderr, "%s: %d hosts: %s\n", kProgram, n, std::string(p.status().message()).c_str());
       return 1;
@@ -413,7 +436,8 @@ int Main(int argc, char** argv) {
     scan.push_back({{"hosts", p->hosts},
                     {"seconds_to_first_step", p->first_step_s},
                     {"seconds_to_end", p->end_s},
-                    {"samples_per_second", p->samples_per_second}});
+                    {"samples_per_second", p->samples_per_second},
+                    {"links", p->links}});
   }
   std::filesystem::remove_all(dir_template);  // the jobs' logs; kept when a job fails
   write_json({{"benchmark", kProgram},
@@ -427,6 +451,7 @@ int Main(int argc, char** argv) {
                 {"steps", settings.steps},
                 {"rounds", settings.rounds},
                 {"dim", settings.dim},
+                {"partition_bytes", settings.partition_bytes},
                 {"batch", kBatch},
                 {"rate", settings.rate},
                 {"delay", settings.delay}}},

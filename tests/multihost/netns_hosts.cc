@@ -78,6 +78,16 @@ absl::StatusOr<std::string> NetnsHosts::Shape(const std::string& delay, const st
   return has_netem ? netem : tbf + " (this kernel has no netem: no added delay)";
 }
 
+absl::StatusOr<std::string> NetnsHosts::LimitRate(const std::string& rate,
+                                                  const std::string& burst) {
+  const std::string tbf = absl::StrCat("tbf rate ", rate, " burst ", burst, " latency 2s");
+  for (int h = 0; h < num_hosts_; ++h) {
+    absl::Status s = Sh(absl::StrCat(Exec(h), "tc qdisc replace dev eth", h, " root ", tbf));
+    if (!s.ok()) return s;
+  }
+  return tbf;
+}
+
 absl::Status NetnsHosts::SetHostNames(const std::map<std::string, std::string>& names) {
   std::string hosts = "127.0.0.1 localhost\n";
   for (const auto& [name, address] : names) absl::StrAppend(&hosts, address, " ", name, "\n");

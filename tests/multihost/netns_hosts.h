@@ -37,6 +37,10 @@ class NetnsHosts {
   // with tc's netem; where the kernel has no netem, the rate alone with tbf.
   // Says which was applied.
   absl::StatusOr<std::string> Shape(const std::string& delay, const std::string& rate);
+  // Limits what every host sends to `rate` with tc's tbf, a bucket of
+  // `burst` and a queue long enough that nothing is dropped (a rate, no
+  // loss: what a scaling model can take as a link). Returns the qdisc.
+  absl::StatusOr<std::string> LimitRate(const std::string& rate, const std::string& burst);
   // Makes `names` (name -> address) what every host's /etc/hosts says, as a
   // cluster's DNS would; other names resolve nowhere (no name server is
   // reachable from the hosts). `ip netns exec` binds these files over
