@@ -56,6 +56,19 @@ echo "bench: multihost_bench"
   --json "$out/multihost.json" | tee "$out/multihost.txt"
 reports+=("$out/multihost.json" "$out/multihost.txt")
 
+# The scaling model: calibrated on this machine, checked against the host scan
+# on tbf-limited namespace hosts (skipped where not root), then its
+# predictions for 8-256 GPUs and their plot (benchmarks/scaling/README.md).
+echo "bench: scaling model"
+mkdir -p "$out/scaling"
+"$root/.venv/bin/python" "$root/benchmarks/scaling/calibrate.py" --build "$build" --out "$out/scaling" |
+  tee "$out/scaling/calibrate.txt"
+"$root/.venv/bin/python" "$root/benchmarks/scaling/validate.py" --build "$build" --out "$out/scaling" |
+  tee "$out/scaling/validate.txt"
+"$root/.venv/bin/python" "$root/benchmarks/scaling/predict.py" --out "$out/scaling" |
+  tee "$out/scaling/predict.txt"
+reports+=("$out/scaling/calibration.json" "$out/scaling/predictions.json" "$out/scaling/scaling.png")
+
 # Loss against wall time in sync, async and ssp with one slowed worker
 # (Python with matplotlib, from the .venv that `setup.sh python` makes).
 echo "bench: consistency_bench"

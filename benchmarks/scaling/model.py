@@ -152,14 +152,18 @@ class _Sim:
         # hours: a worker's keys on one server merge into a few requests,
         # at most 256 a worker (the per-request costs are still counted per
         # key).
-        self.chunks = self._merge(self.keys, max(1, min(64, 256 // self.servers)))
+        most = max(1, min(64, 256 // self.servers))
+        self.chunks = self._merge(self.keys, most, False)
         if job.sparse_bytes:
-            per = job.sparse_bytes / self.servers
-            self.chunks += [(s, per, 1, True) for s in range(self.servers)]
+            # Rows spread evenly over the servers, in requests of at most
+            # partition_bytes.
+            n = -(-job.sparse_bytes // job.partition_bytes)
+            rows = [(i % self.servers, job.sparse_bytes / n) for i in range(n)]
+            self.chunks += self._merge(rows, most, True)
         self.step_end = [[0.0] * steps for _ in range(self.workers)]
 
     @staticmethod
-    def _merge(keys, most):
+    def _merge(keys, most, sparse):
         """(server, fp32 bytes, requests, sparse) in the order they are sent:
         round robin over the servers, as the keys are."""
         per_server = {}
@@ -172,7 +176,7 @@ class _Sim:
                 part = sizes[g::groups]
                 chunks.append((g, s, float(sum(part)), len(part)))
         chunks.sort()
-        return [(s, b, n, False) for _, s, b, n in chunks]
+        return [(s, b, n, sparse) for _, s, b, n in chunks]
 
     def at(self, t, fn, *args):
         heapq.heappush(self.events, (t, next(self.seq), fn, args))

@@ -68,6 +68,10 @@ SETTINGS = [
 ]
 
 
+def job_is_sparse(name):
+    return JOBS[name].sparse_bytes > 0
+
+
 def costs_for(cal, name):
     c = dict(cal["costs"])
     if name in ADAM:  # Adam's step instead of SGD's, per fp32 byte
@@ -109,12 +113,21 @@ def main():
             points = [run(costs, name, w, gbps, args.cores) for w in WORKERS]
             curves["%s %d" % (name, gbps)] = points
             print("%-10s %3d Gb/s: %s" % (name, gbps, " ".join("%3d:%.2f" % (w, e) for w, e in zip(WORKERS, points))))
+        if job_is_sparse(name):
+            continue  # a host's sum of different rows is no smaller
+        # What the first change that is not a setting would give.
+        points = [run(costs, name, w, 100, args.cores, host_reduce=True) for w in WORKERS]
+        curves["%s 100 host_reduce" % name] = points
+        print("%-10s 100 Gb/s, a host's GPUs summing first: %s" % (
+            name, " ".join("%3d:%.2f" % (w, e) for w, e in zip(WORKERS, points))))
     needs = []
     for name in JOBS:
         costs = costs_for(cal, name)
         for gbps in LINKS_GBPS:
             found = None
             for label, changes in SETTINGS:
+                if job_is_sparse(name) and changes.get("host_reduce"):
+                    continue
                 e = run(costs, name, 256, gbps, args.cores, **changes)
                 if e >= 0.9:
                     found = (label, e)
@@ -138,9 +151,13 @@ def plot(curves, path):
     for ax, name in zip(axes, JOBS):
         for gbps in LINKS_GBPS:
             ax.plot(WORKERS, curves["%s %d" % (name, gbps)], styles[gbps], marker="o", label="psrt model, %d Gb/s" % gbps)
+        if not job_is_sparse(name):
+            ax.plot(WORKERS, curves["%s 100 host_reduce" % name], "-.", marker="s", color="black",
+                    label="psrt model, 100 Gb/s, a host's GPUs\nsumming first (not built)")
+        markers = iter(["*", "P", "X", "*"])
         for label, gpus, eff, gbps in ANCHORS:
             if ("BERT" in label) == (name == "BERT-large") and name != "DLRM":
-                ax.plot([gpus], [eff], marker="*", markersize=12, linestyle="none", label=label)
+                ax.plot([gpus], [eff], marker=next(markers), markersize=11, linestyle="none", label=label)
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(WORKERS) + [512])
         ax.set_xticklabels([str(w) for w in WORKERS] + ["512"])

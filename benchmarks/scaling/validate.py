@@ -54,7 +54,7 @@ def main():
     ap.add_argument("--partition-bytes", type=int, default=65536)
     ap.add_argument("--rate", default="20mbit")
     ap.add_argument("--burst", default="32kb")
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--measured", help="a multihost_bench JSON to read instead of running it")
     args = ap.parse_args()
     with open(os.path.join(args.out, "calibration.json")) as f:
