@@ -24,6 +24,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -37,6 +38,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -104,6 +106,7 @@ absl::StatusOr<int64_t> ParseSize(absl::string_view text) {
 struct Measurement {
   int64_t iterations = 0;
   double seconds = 0;
+  double cpu_seconds = -1;  // of the bench and the job's servers while timed; -1: not read
   double Goodput(int64_t bytes) const { return 2.0 * bytes * iterations / seconds; }  // bytes/s
   double Latency() const { return seconds / iterations; }                              // s
 };
@@ -112,13 +115,15 @@ struct Measurement {
 // least once: connections, page faults, allocator), then timed until
 // `target` seconds and `min_iterations` calls have both passed.
 absl::StatusOr<Measurement> Measure(const std::function<absl::Status()>& iteration, double target,
-                                    int64_t min_iterations) {
+                                    int64_t min_iterations,
+                                    const std::function<double()>& cpu_now = nullptr) {
   const absl::Time warm_start = absl::Now();
   do {
     if (absl::Status s = iteration(); !s.ok()) return s;
   } while (absl::Now() - warm_start < absl::Milliseconds(100));
   const absl::Duration wanted = absl::Seconds(target);
   Measurement m;
+  const double cpu_start = cpu_now ? cpu_now() : 0;
   const absl::Time start = absl::Now();
   absl::Duration elapsed;
   do {
@@ -127,6 +132,7 @@ absl::StatusOr<Measurement> Measure(const std::function<absl::Status()>& iterati
     elapsed = absl::Now() - start;
   } while (m.iterations < min_iterations || elapsed < wanted);
   m.seconds = absl::ToDoubleSeconds(elapsed);
+  if (cpu_now) m.cpu_seconds = cpu_now() - cpu_start;
   return m;
 }
 
@@ -233,6 +239,27 @@ class LocalJob {
 
   const std::string& coordinator() const { return coordinator_; }
   const std::string& token() const { return token_; }
+  // CPU seconds (user and system) this process and the servers have used:
+  // where a path's time goes, when it is bound by the machine's cores.
+  double CpuSeconds() const {
+    rusage self;
+    getrusage(RUSAGE_SELF, &self);
+    double total = self.ru_utime.tv_sec + self.ru_stime.tv_sec +
+                   (self.ru_utime.tv_usec + self.ru_stime.tv_usec) / 1e6;
+    for (pid_t pid : server_pids_) {
+      std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      // After the command's ")": state is field 3, utime and stime 14 and 15.
+      std::vector<std::string> fields = absl::StrSplit(stat.substr(stat.rfind(')') + 2), ' ');
+      int64_t utime = 0, stime = 0;
+      if (fields.size() > 12 && absl::SimpleAtoi(fields[11], &utime) &&
+          absl::SimpleAtoi(fields[12], &stime)) {
+        total += static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+      }
+    }
+    return total;
+  }
+
   // Resident memory of all servers together, in KiB.
   int64_t ServerRssKib() const {
     int64_t total = 0;
@@ -319,7 +346,7 @@ absl::StatusOr<Measurement> MeasurePsrt(Client* client, LocalJob* job, int64_t b
         absl::Status children = job->CheckChildren();  // a dead server explains more
         return children.ok() ? s : children;
       },
-      target, min_iterations);
+      target, min_iterations, [job] { return job->CpuSeconds(); });
   if (!m.ok()) return m;
   // lr 0: the pulled weights are the registered ones.
   if (out[0] != 0.5f || out[n / 2] != 0.5f || out[n - 1] != 0.5f) {
@@ -831,6 +858,8 @@ int Run(int argc, char** argv) {
                    {"seconds", r.psrt[t].seconds},
                    {"gbps", r.psrt[t].Goodput(r.bytes) / 1e9},
                    {"latency_ms", r.psrt[t].Latency() * 1e3},
+                   {"cpu_ms_per_round", r.psrt[t].cpu_seconds / r.psrt[t].iterations * 1e3},
+                   {"busy_cores", r.psrt[t].cpu_seconds / r.psrt[t].seconds},
                    {"ratio_to_tcp", r.psrt[t].Goodput(r.bytes) / r.tcp.Goodput(r.bytes)}};
       }
       results.push_back(e);

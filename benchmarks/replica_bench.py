@@ -25,7 +25,9 @@ def goodput(bin_dir, replicas, sizes, seconds):
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
         with open(out) as f:
             rows = json.load(f)["results"]
-    return {r["bytes"]: {t: r["psrt_" + t]["gbps"] for t in ("tcp", "shm")} for r in rows}
+    return ({r["bytes"]: {t: r["psrt_" + t]["gbps"] for t in ("tcp", "shm")} for r in rows},
+            {r["bytes"]: {t: r["psrt_" + t]["cpu_ms_per_round"] for t in ("tcp", "shm")} for r in rows},
+            {r["bytes"]: {t: r["psrt_" + t]["busy_cores"] for t in ("tcp", "shm")} for r in rows})
 
 
 def samples_per_second(bin_dir, replicas, steps, dim, batch, skip=50):
@@ -58,24 +60,34 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="trainer jobs without and with a replica, in turns")
     args = ap.parse_args()
     bin_dir = os.path.join(args.build, "bin")
-    report = {"goodput_gbps": {}, "samples_per_second": {0: [], 1: []},
+    report = {"goodput_gbps": {}, "cpu_ms_per_round": {}, "busy_cores": {}, "samples_per_second": {0: [], 1: []},
               "steady_samples_per_second": {0: [], 1: []}}
     for replicas in (0, 1):
-        report["goodput_gbps"][replicas] = goodput(bin_dir, replicas, args.sizes, args.seconds)
+        (report["goodput_gbps"][replicas], report["cpu_ms_per_round"][replicas],
+         report["busy_cores"][replicas]) = goodput(bin_dir, replicas, args.sizes, args.seconds)
     # Jobs without and with a replica in turns: this VM's speed drifts.
     for _ in range(args.rounds):
         for replicas in (0, 1):
             whole, steady = samples_per_second(bin_dir, replicas, args.steps, args.dim, args.batch)
             report["samples_per_second"][replicas].append(whole)
             report["steady_samples_per_second"][replicas].append(steady)
-    print("%10s  %-4s  %12s  %12s  %6s" % ("size", "path", "GB/s", "GB/s replica", "ratio"))
-    ratios = {}
+    # Where the time goes: CPU a round (the bench's worker and both
+    # servers) and cores busy while timed; on a machine whose cores are all
+    # busy, goodput follows the CPU a round.
+    print("%10s  %-4s  %8s  %12s  %6s  %13s  %10s  %11s" % (
+        "size", "path", "GB/s", "GB/s replica", "ratio", "CPU ms/round", "with", "busy cores"))
+    ratios, cpu_ratios = {}, {}
     for size, without in report["goodput_gbps"][0].items():
         for t, g in without.items():
             with_replica = report["goodput_gbps"][1][size][t]
+            cpu0, cpu1 = (report["cpu_ms_per_round"][r][size][t] for r in (0, 1))
+            busy0, busy1 = (report["busy_cores"][r][size][t] for r in (0, 1))
             ratios["%d_%s" % (size, t)] = with_replica / g
-            print("%10d  %-4s  %12.3f  %12.3f  %6.2f" % (size, t, g, with_replica, with_replica / g))
+            cpu_ratios["%d_%s" % (size, t)] = cpu1 / cpu0
+            print("%10d  %-4s  %8.3f  %12.3f  %6.2f  %13.3f  %10.3f  %5.2f, %4.2f" % (
+                size, t, g, with_replica, with_replica / g, cpu0, cpu1, busy0, busy1))
     report["goodput_ratio"] = ratios
+    report["cpu_per_round_ratio"] = cpu_ratios
     for what, name in (("samples_per_second", "whole job"), ("steady_samples_per_second", "steady state")):
         s0, s1 = (statistics.median(report[what][r]) for r in (0, 1))
         print("trainer samples/s (%s, median of %d): %.0f without a replica, %.0f with (ratio %.2f)" %
