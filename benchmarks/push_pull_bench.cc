@@ -633,7 +633,7 @@ int Run(int argc, char** argv) {
   flags.Add("timeout", &timeout_s, "Give up (and stop the job) after this many seconds in all.");
   flags.Add("rss-steps", &rss_steps, "Rounds of 1 MiB between the two readings of the servers' memory.");
   flags.Add("json", &json_path, "Write the results as JSON here.");
-  flags.Add("verbose", &verbose, "Let the job's processes log to this terminal instead of files.");
+  flags.Add("job-logs-here", &verbose, "Let the job's processes log to this terminal instead of files.");
   flags.ParseOrExit(argc, argv);
   if (servers < 1 || replicas < 0 || replicas >= servers || max_bytes < 4 || seconds <= 0 || min_iterations < 1 || timeout_s <= 0 ||
       rss_steps < 0) {

@@ -6,11 +6,18 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/logging.h"
 
 namespace psrt {
 
 Flags::Flags(std::string program, std::string usage)
-    : program_(std::move(program)), usage_(std::move(usage)) {}
+    : program_(std::move(program)), usage_(std::move(usage)) {
+  AddFlag("log-level", Type::kString, &log_level_,
+          "What this process logs: error, warning, info or debug (default: PSRT_LOG_LEVEL, else "
+          "warning: warnings, errors and psrt-run's notices).",
+          "");
+  AddFlag("verbose", Type::kBool, &verbose_, "Logs at info: --log-level=info.", "false");
+}
 
 void Flags::AddFlag(const std::string& name, Type type, void* value,
                     std::string help, std::string default_text) {
@@ -78,6 +85,24 @@ absl::Status Flags::Set(const Flag& flag, const std::string& text) {
 }
 
 absl::Status Flags::Parse(int argc, char** argv) {
+  if (absl::Status s = ParseArgs(argc, argv); !s.ok()) return s;
+  return ApplyLogLevel();
+}
+
+absl::Status Flags::ApplyLogLevel() const {
+  absl::StatusOr<LogLevel> level = LogLevel::kInfo;
+  if (!log_level_.empty()) {
+    level = ParseLogLevel(log_level_);
+    if (!level.ok()) return absl::InvalidArgumentError(absl::StrCat("--log-level: ", level.status().message()));
+  } else if (!verbose_) {
+    level = LogLevelFromEnv();
+    if (!level.ok()) return level.status();
+  }
+  SetLogLevel(*level);
+  return absl::OkStatus();
+}
+
+absl::Status Flags::ParseArgs(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--") {

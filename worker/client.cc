@@ -50,6 +50,9 @@ absl::StatusOr<ClientOptions> ClientOptions::FromEnv() {
     return absl::FailedPreconditionError(
         "PSRT_COORDINATOR is not set; start training processes with psrt-run");
   }
+  // The training process's client logs at the job's level (psrt-run sets it).
+  absl::StatusOr<LogLevel> level = LogLevelFromEnv();
+  if (!level.ok()) return absl::FailedPreconditionError(level.status().message());
   const std::string rank = EnvOr("PSRT_RANK", "");
   if (!absl::SimpleAtoi(rank, &o.rank) || o.rank < 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -77,6 +80,7 @@ absl::StatusOr<ClientOptions> ClientOptions::FromEnv() {
         "'"));
   }
   o.timeline = EnvOr("PSRT_TIMELINE", "");
+  SetLogLevel(*level);
   return o;
 }
 

@@ -179,8 +179,8 @@ int RunLauncher(const LaunchOptions& o) {
       return 1;
     }
   }
-  LogInfo("started ", children.size(), " processes for ", my_hosts.size(), " of ", hosts.size(),
-          " hosts; coordinator at ", coordinator);
+  LogNotice("started ", children.size(), " processes for ", my_hosts.size(), " of ", hosts.size(),
+            " hosts; coordinator at ", coordinator);
 
   // Supervise. Once anything fails, the rest get time to hear of it from the
   // coordinator and exit on their own, then are stopped.
@@ -311,7 +311,7 @@ int RunLauncher(const LaunchOptions& o) {
   }
   if (std::none_of(children.begin(), children.end(),
                    [](const Child& c) { return c.exit.code != 0 && !c.replaced; })) {
-    LogInfo("job succeeded");
+    LogNotice("job succeeded");
     return 0;
   }
   LogError("job failed: ", !reason.empty()        ? reason

@@ -117,5 +117,8 @@ int main(int argc, char** argv) {
       psrt::LogWarning("no job token (--token or PSRT_JOB_TOKEN): RPCs are not authenticated");
     }
   }
+  // Every process of the job logs at this one's level (an agent, its
+  // servers and training processes inherit it).
+  setenv("PSRT_LOG_LEVEL", psrt::LogLevelName(psrt::CurrentLogLevel()), 1);
   return psrt::RunLauncher(o);
 }

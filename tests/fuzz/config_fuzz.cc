@@ -39,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   flags.Add("steps", &i64, "an int64");
   flags.Add("port", &i, "an int");
   flags.Add("lr", &d, "a double");
-  flags.Add("verbose", &b, "a bool");
+  flags.Add("color", &b, "a bool");
   (void)flags.Parse(static_cast<int>(argv.size()), argv.data());
 
   // The cluster: NUL-separated --hosts, --current, SM_HOSTS, SM_CURRENT_HOST, TF_CONFIG.

@@ -11,14 +11,18 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
@@ -67,6 +71,52 @@ void ExpectConverges(const std::string& mode, double tolerance) {
 }
 
 TEST(JobTest, SyncTrainsToTheKnownSolution) { ExpectConverges("sync", 1e-4); }
+
+// psrt's own lines in a job's output (every process's log lines).
+int PsrtLines(const std::string& out, char severity) {
+  const std::regex line(absl::StrCat(R"((^|\n)[0-9-]+T[0-9:.]+Z \S+ )", std::string(1, severity), " "));
+  return std::distance(std::sregex_iterator(out.begin(), out.end(), line), std::sregex_iterator());
+}
+
+// Under the default level a job's output is the trainer's, plus psrt-run's
+// notices (it started, it ended); --log-level=info brings back every
+// process's lines; a level that names none is refused before anything
+// starts. (ctest runs these tests with PSRT_LOG_LEVEL=info: `env -u` takes
+// it away.)
+TEST(JobTest, TheDefaultLevelLeavesTheOutputToTheTrainer) {
+  const std::string dir = TempDir();
+  const std::string dist = R"({"parameter_server": {"enabled": true}})";
+  const std::string trainer = "--dim=64 --steps=30 --log-every=10";
+  Proc quiet = Proc::Start("env -u PSRT_LOG_LEVEL " + RunCommand(dist, RandomToken(), trainer), dir + "/quiet");
+  ASSERT_EQ(quiet.Wait(absl::Seconds(120), "psrt-run"), 0) << quiet.Output();
+  const std::string out = quiet.Output();
+  EXPECT_NE(out.find("step 20 loss"), std::string::npos) << "the trainer's own lines:\n" << out;
+  const int notices = PsrtLines(out, 'N');
+  EXPECT_GE(notices, 1) << out;
+  EXPECT_LE(notices + PsrtLines(out, 'W') + PsrtLines(out, 'E'), 3) << out;
+  EXPECT_EQ(PsrtLines(out, 'I'), 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "psrt-run N job succeeded")) << out;
+
+  Proc loud = Proc::Start("env -u PSRT_LOG_LEVEL " + absl::StrReplaceAll(RunCommand(dist, RandomToken(), trainer),
+                                                                         {{"--local=2", "--local=2 --log-level=info"}}),
+                          dir + "/loud");
+  ASSERT_EQ(loud.Wait(absl::Seconds(120), "psrt-run"), 0) << loud.Output();
+  EXPECT_GE(PsrtLines(loud.Output(), 'I'), 10) << loud.Output();
+  EXPECT_TRUE(absl::StrContains(loud.Output(), "registered worker 0")) << loud.Output();
+
+  for (const auto& [how, named] : std::vector<std::pair<std::string, std::string>>{
+           {"--log-level=chatty", "--log-level: 'chatty' is no log level"},
+           {"PSRT_LOG_LEVEL=chatty", "PSRT_LOG_LEVEL: 'chatty' is no log level"}}) {
+    const std::string token = RandomToken();
+    const std::string command = RunCommand(dist, token, trainer);
+    Proc bad = Proc::Start(how[0] == '-' ? absl::StrReplaceAll(command, {{"--local=2", "--local=2 " + how}})
+                                         : absl::StrCat("env ", how, " ", command),
+                           dir + "/bad");
+    EXPECT_EQ(bad.Wait(absl::Seconds(30), "psrt-run"), 2) << bad.Output();
+    EXPECT_TRUE(absl::StrContains(bad.Output(), named)) << bad.Output();
+    EXPECT_TRUE(JobProcesses(token).empty()) << "nothing starts";
+  }
+}
 
 TEST(JobTest, AsyncTrainsToTheKnownSolution) { ExpectConverges("async", 1e-3); }
 

@@ -1,11 +1,13 @@
 #include "common/flags.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "common/logging.h"
 #include "gtest/gtest.h"
 
 namespace psrt {
@@ -38,7 +40,7 @@ struct Bound {
   int64_t big = 7;
   int count = 3;
   double rate = 0.25;
-  bool verbose = false;
+  bool loud = false;
   bool color = true;
   Flags flags{"prog", "[flags] -- command"};
 
@@ -48,7 +50,7 @@ struct Bound {
     flags.Add("big", &big, "A 64-bit count.");
     flags.Add("count", &count, "How many times.");
     flags.Add("rate", &rate, "Fraction per step.");
-    flags.Add("verbose", &verbose, "Talk more.");
+    flags.Add("loud", &loud, "Talk more.");
     flags.Add("color", &color, "Use colour.");
   }
   absl::Status Parse(std::vector<std::string> args) {
@@ -64,7 +66,7 @@ TEST(FlagsTest, NoArgumentsKeepsDefaults) {
   EXPECT_EQ(b.big, 7);
   EXPECT_EQ(b.count, 3);
   EXPECT_EQ(b.rate, 0.25);
-  EXPECT_FALSE(b.verbose);
+  EXPECT_FALSE(b.loud);
   EXPECT_TRUE(b.color);
   EXPECT_FALSE(b.flags.help_requested());
   EXPECT_TRUE(b.flags.command().empty());
@@ -73,13 +75,13 @@ TEST(FlagsTest, NoArgumentsKeepsDefaults) {
 TEST(FlagsTest, EqualsForm) {
   Bound b;
   absl::Status s = b.Parse({"--count=11", "--big=-9000000000", "--rate=1.5e-3",
-                            "--name=bob", "--verbose=true", "--color=false"});
+                            "--name=bob", "--loud=true", "--color=false"});
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(b.count, 11);
   EXPECT_EQ(b.big, -9000000000);
   EXPECT_EQ(b.rate, 1.5e-3);
   EXPECT_EQ(b.name, "bob");
-  EXPECT_TRUE(b.verbose);
+  EXPECT_TRUE(b.loud);
   EXPECT_FALSE(b.color);
 }
 
@@ -118,8 +120,8 @@ TEST(FlagsTest, LaterValueWins) {
 TEST(FlagsTest, Bools) {
   {
     Bound b;
-    ASSERT_TRUE(b.Parse({"--verbose"}).ok());
-    EXPECT_TRUE(b.verbose);
+    ASSERT_TRUE(b.Parse({"--loud"}).ok());
+    EXPECT_TRUE(b.loud);
   }
   {
     Bound b;
@@ -135,15 +137,15 @@ TEST(FlagsTest, Bools) {
   {
     // A bare bool does not eat the next argument.
     Bound b;
-    ASSERT_TRUE(b.Parse({"--verbose", "--count=5"}).ok());
-    EXPECT_TRUE(b.verbose);
+    ASSERT_TRUE(b.Parse({"--loud", "--count=5"}).ok());
+    EXPECT_TRUE(b.loud);
     EXPECT_EQ(b.count, 5);
   }
   {
     Bound b;
-    absl::Status s = b.Parse({"--verbose=maybe"});
+    absl::Status s = b.Parse({"--loud=maybe"});
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_HAS(s.message(), "--verbose");
+    EXPECT_HAS(s.message(), "--loud");
     EXPECT_HAS(s.message(), "maybe");
   }
 }
@@ -153,7 +155,7 @@ TEST(FlagsTest, UnknownFlagListsAcceptedFlags) {
   absl::Status s = b.Parse({"--colour=true"});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_HAS(s.message(), "--colour");
-  for (const char* f : {"--name", "--empty", "--big", "--count", "--rate", "--verbose",
+  for (const char* f : {"--name", "--empty", "--big", "--count", "--rate", "--loud",
                         "--color"}) {
     EXPECT_HAS(s.message(), f);
   }
@@ -194,7 +196,7 @@ TEST(FlagsTest, BadNumbersNameTheFlag) {
 TEST(FlagsTest, MissingValue) {
   for (const char* flag : {"--count", "--big", "--rate", "--name"}) {
     Bound b;
-    absl::Status s = b.Parse({"--verbose", flag});
+    absl::Status s = b.Parse({"--loud", flag});
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << flag << ": " << s;
     EXPECT_HAS(s.message(), flag);
     EXPECT_HAS(s.message(), "needs a value");
@@ -222,19 +224,19 @@ TEST(FlagsTest, CommandAfterDashDashIsKeptVerbatim) {
 
 TEST(FlagsTest, DashDashAloneGivesEmptyCommand) {
   Bound b;
-  ASSERT_TRUE(b.Parse({"--verbose", "--"}).ok());
-  EXPECT_TRUE(b.verbose);
+  ASSERT_TRUE(b.Parse({"--loud", "--"}).ok());
+  EXPECT_TRUE(b.loud);
   EXPECT_TRUE(b.flags.command().empty());
 }
 
 TEST(FlagsTest, HelpIsRequestedAndListsEveryFlag) {
   for (const char* help : {"--help", "-h"}) {
     Bound b;
-    absl::Status s = b.Parse({"--count=4", help, "--verbose"});
+    absl::Status s = b.Parse({"--count=4", help, "--loud"});
     ASSERT_TRUE(s.ok()) << s;
     EXPECT_TRUE(b.flags.help_requested()) << help;
     EXPECT_EQ(b.count, 4);
-    EXPECT_TRUE(b.verbose);
+    EXPECT_TRUE(b.loud);
   }
   Bound b;
   const std::string text = b.flags.Help();
@@ -245,14 +247,14 @@ TEST(FlagsTest, HelpIsRequestedAndListsEveryFlag) {
   EXPECT_HAS(text, "--big\n      A 64-bit count. (default: 7)\n");
   EXPECT_HAS(text, "--count\n      How many times. (default: 3)\n");
   EXPECT_HAS(text, "--rate\n      Fraction per step. (default: 0.25)\n");
-  EXPECT_HAS(text, "--verbose\n      Talk more. (default: false)\n");
+  EXPECT_HAS(text, "--loud\n      Talk more. (default: false)\n");
   EXPECT_HAS(text, "--color\n      Use colour. (default: true)\n");
   EXPECT_HAS(text, "--help");
   // Flags appear in the order they were added.
   EXPECT_LT(text.find("--name"), text.find("--empty"));
   EXPECT_LT(text.find("--empty"), text.find("--big"));
-  EXPECT_LT(text.find("--rate"), text.find("--verbose"));
-  EXPECT_LT(text.find("--verbose"), text.find("--color"));
+  EXPECT_LT(text.find("--rate"), text.find("--loud"));
+  EXPECT_LT(text.find("--loud"), text.find("--color"));
 }
 
 TEST(FlagsTest, HelpShowsDefaultsAsAdded) {
@@ -275,6 +277,78 @@ TEST(FlagsTest, ABadValueLeavesTheFlagAsItWas) {
   EXPECT_EQ(b.rate, 0.25);
   EXPECT_FALSE(b.Parse({"--count=99999999999"}).ok());
   EXPECT_EQ(b.count, 3);
+}
+
+// PSRT_LOG_LEVEL set (or unset) for one test, then as it was.
+class ScopedLogEnv {
+ public:
+  explicit ScopedLogEnv(const char* value) {
+    const char* old = std::getenv("PSRT_LOG_LEVEL");
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (value != nullptr) {
+      setenv("PSRT_LOG_LEVEL", value, 1);
+    } else {
+      unsetenv("PSRT_LOG_LEVEL");
+    }
+  }
+  ~ScopedLogEnv() {
+    if (had_) {
+      setenv("PSRT_LOG_LEVEL", old_.c_str(), 1);
+    } else {
+      unsetenv("PSRT_LOG_LEVEL");
+    }
+    SetLogLevel(LogLevelFromEnv().value_or(LogLevel::kWarning));
+  }
+
+ private:
+  bool had_ = false;
+  std::string old_;
+};
+
+TEST(FlagsTest, EveryProgramTakesALogLevel) {
+  ScopedLogEnv env(nullptr);
+  Bound b;
+  ASSERT_TRUE(b.Parse({}).ok());
+  EXPECT_EQ(CurrentLogLevel(), LogLevel::kWarning) << "the default";
+  ASSERT_TRUE(b.Parse({"--log-level=debug"}).ok());
+  EXPECT_EQ(CurrentLogLevel(), LogLevel::kDebug);
+  ASSERT_TRUE(b.Parse({"--log-level", "error", "--", "cmd"}).ok());
+  EXPECT_EQ(CurrentLogLevel(), LogLevel::kError) << "set before the command";
+  Bound verbose;
+  ASSERT_TRUE(verbose.Parse({"--verbose"}).ok());
+  EXPECT_EQ(CurrentLogLevel(), LogLevel::kInfo);
+  EXPECT_HAS(b.flags.Help(), "--log-level\n");
+  EXPECT_HAS(b.flags.Help(), "--verbose\n");
+}
+
+TEST(FlagsTest, TheEnvironmentsLevelYieldsToTheFlag) {
+  ScopedLogEnv env("info");
+  Bound b;
+  ASSERT_TRUE(b.Parse({}).ok());
+  EXPECT_EQ(CurrentLogLevel(), LogLevel::kInfo);
+  Bound flagged;
+  ASSERT_TRUE(flagged.Parse({"--log-level=warning"}).ok());
+  EXPECT_EQ(CurrentLogLevel(), LogLevel::kWarning);
+}
+
+TEST(FlagsTest, ALevelThatNamesNoneIsRefusedNamingWhereItCameFrom) {
+  ScopedLogEnv env(nullptr);
+  SetLogLevel(LogLevel::kInfo);
+  Bound b;
+  absl::Status s = b.Parse({"--log-level=loud"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(s.message(), "--log-level: 'loud' is no log level: error, warning, info or debug");
+  EXPECT_EQ(CurrentLogLevel(), LogLevel::kInfo) << "a refused flag changes nothing";
+  {
+    ScopedLogEnv bad("chatty");
+    Bound fromenv;
+    s = fromenv.Parse({});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_HAS(s.message(), "PSRT_LOG_LEVEL: 'chatty' is no log level");
+    Bound overridden;
+    EXPECT_TRUE(overridden.Parse({"--verbose"}).ok()) << "the flag wins over the environment";
+  }
 }
 
 }  // namespace
