@@ -71,6 +71,72 @@ void ReportAgentExit(const std::string& coordinator, const std::string& token, i
 
 }  // namespace
 
+std::string DescribeLaunch(const LaunchOptions& o) {
+  const bool local = o.local_hosts > 0;
+  std::vector<std::string> hosts = o.cluster.hosts;
+  if (local) {
+    hosts.clear();
+    for (int i = 0; i < o.local_hosts; ++i) hosts.push_back(absl::StrCat("local", i));
+  }
+  const PsOptions& ps = o.ps;
+  const int n = static_cast<int>(hosts.size());
+  std::string out = absl::StrCat(
+      "psrt-run --dry-run: nothing is started\n", "hosts: ", n,
+      local ? " simulated on this machine over loopback" : "",
+      local ? "" : absl::StrCat(", this is host ", o.cluster.current, " (", hosts[o.cluster.current], ")"),
+      "\ncoordinator: on host 0 at ",
+      local ? "127.0.0.1, a free port" : absl::StrCat(hosts[0], ":", o.coordinator_port), "\n");
+  for (int h = 0; h < n; ++h) {
+    const std::string address = local                                                 ? "127.0.0.1"
+                                : h == o.cluster.current && !o.advertise_address.empty() ? o.advertise_address
+                                                                                          : hosts[h];
+    absl::StrAppend(&out, "host ", h, " (", hosts[h], "):\n");
+    for (int i = 0; i < ps.servers_per_host; ++i) {
+      absl::StrAppend(&out, "  psrt-server[", h * ps.servers_per_host + i, "] at ", address,
+                      ps.server_port_base > 0 && !local ? absl::StrCat(":", ps.server_port_base + i)
+                                                        : std::string(", a free port"),
+                      "\n");
+    }
+    for (int i = 0; i < ps.workers_per_host; ++i) {
+      absl::StrAppend(&out, "  worker: RANK ", h * ps.workers_per_host + i, ", LOCAL_RANK ", i, "\n");
+    }
+  }
+  absl::StrAppend(&out, "training command (WORLD_SIZE ", n * ps.workers_per_host, "): ",
+                  absl::StrJoin(o.command, " "), "\n");
+  absl::StrAppend(&out, "mode: ", ps.mode,
+                  ps.mode == "ssp" ? absl::StrCat(", staleness ", ps.staleness) : "",
+                  ps.backup_workers > 0 ? absl::StrCat(", ", ps.backup_workers, " backup workers") : "",
+                  ps.elastic_max_workers > 0 ? absl::StrCat(", elastic ", ps.elastic_min_workers, "..",
+                                                            ps.elastic_max_workers, " workers")
+                                             : "",
+                  "; keys of ", ps.partition_bytes, " bytes; compression ", ps.compression,
+                  "; transport ", ps.transport, "; replicas ", ps.replicas, "\n");
+  absl::StrAppend(&out, "on failure: ", ps.on_failure,
+                  ps.on_failure == "recover"
+                      ? absl::StrCat(" (at most ", ps.max_recoveries, " recoveries, a lost host waited for ",
+                                     ps.host_wait_s, " s)")
+                      : "",
+                  "; heartbeat timeout ", ps.heartbeat_timeout_s, " s, barrier timeout ",
+                  ps.barrier_timeout_s, " s\n");
+  const CheckpointOptions& c = ps.checkpoint;
+  if (c.uri.empty()) {
+    absl::StrAppend(&out, "checkpoints: none\n");
+  } else {
+    absl::StrAppend(&out, "checkpoints: ", c.uri,
+                    c.every_steps > 0 ? absl::StrCat(" every ", c.every_steps, " steps") : "",
+                    c.every_seconds > 0 ? absl::StrCat(" every ", c.every_seconds, " s") : "",
+                    c.keep > 0 ? absl::StrCat(", the newest ", c.keep, " kept") : "",
+                    ", and a final one at the end\n");
+  }
+  absl::StrAppend(&out, "restore: ", ps.restore.empty() ? std::string("none") : ps.restore, "\n");
+  absl::StrAppend(&out, "token: ", o.token.empty() ? "none (RPCs are not authenticated)" : "set", "\n");
+  for (const char* program : {"psrt-coordinator", "psrt-worker", "psrt-server"}) {
+    const std::string path = absl::StrCat(o.bin_dir, "/", program);
+    absl::StrAppend(&out, "program: ", path, access(path.c_str(), X_OK) == 0 ? "" : " (missing here)", "\n");
+  }
+  return out;
+}
+
 int RunLauncher(const LaunchOptions& o) {
   // Static: the signal thread may outlive this frame.
   static std::atomic<int> pending_signal{0};

@@ -30,6 +30,12 @@ struct LaunchOptions {
   absl::Duration stop_grace = absl::Seconds(30);
 };
 
+// What RunLauncher would start, for `psrt-run --dry-run`: the hosts, the
+// coordinator, every server with its address and port, every training
+// process with its ranks and command, the programs it would run, and the
+// consistency, recovery, checkpoint and restore settings.
+std::string DescribeLaunch(const LaunchOptions& options);
+
 // Starts this host's share of the job (host 0 also runs the coordinator; in
 // local mode, every host's share), waits for it to end, and prints why it
 // failed and every process that died. Returns 0 when the job succeeded.

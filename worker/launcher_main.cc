@@ -48,6 +48,10 @@ int main(int argc, char** argv) {
       "stop-grace", &stop_grace_s,
       "Seconds a SIGTERM or SIGINT (Ctrl-C) leaves the job to write a final checkpoint and end "
       "before its processes are stopped; a second signal stops them at once.");
+  bool dry_run = false;
+  flags.Add("dry-run", &dry_run,
+            "Print the cluster this would start (hosts, coordinator, servers and ports, workers and "
+            "ranks, checkpoint and restore settings) after checking every flag, and exit.");
   flags.Add("metrics-port", &o.metrics_port,
             "Coordinator's Prometheus port (servers then serve /metrics on free ports); -1: off.");
   // Mutual TLS: every process of the job reads these from its environment.
@@ -116,6 +120,10 @@ int main(int argc, char** argv) {
     } else {
       psrt::LogWarning("no job token (--token or PSRT_JOB_TOKEN): RPCs are not authenticated");
     }
+  }
+  if (dry_run) {
+    std::fputs(psrt::DescribeLaunch(o).c_str(), stdout);
+    return 0;
   }
   // Every process of the job logs at this one's level (an agent, its
   // servers and training processes inherit it).

@@ -72,6 +72,35 @@ void ExpectConverges(const std::string& mode, double tolerance) {
 
 TEST(JobTest, SyncTrainsToTheKnownSolution) { ExpectConverges("sync", 1e-4); }
 
+// --dry-run says what a multi-host job would start, after checking every
+// flag, and starts nothing.
+TEST(JobTest, DryRunPrintsTheClusterAndStartsNothing) {
+  const std::string dir = TempDir();
+  const std::string token = RandomToken();
+  const std::string dist =
+      R"({"parameter_server": {"enabled": true, "servers_per_host": 2, "workers_per_host": 2, )"
+      R"("server_port_base": 9000, "checkpoint": {"uri": "file:///ckpt/job", "every_steps": 100}, )"
+      R"("restore": "latest"}})";
+  Proc dry = Proc::Start(absl::StrCat(kBin, "/psrt-run --dry-run --hosts=algo-1,algo-2 --current-host=algo-2 ",
+                                      "--token=", token, " --distribution='", dist, "' -- python train.py"),
+                         dir + "/dry");
+  ASSERT_EQ(dry.Wait(absl::Seconds(30), "psrt-run --dry-run"), 0) << dry.Output();
+  const std::string out = dry.Output();
+  for (const char* line : {"hosts: 2, this is host 1 (algo-2)", "coordinator: on host 0 at algo-1:7070",
+                           "psrt-server[3] at algo-2:9001", "worker: RANK 3, LOCAL_RANK 1",
+                           "training command (WORLD_SIZE 4): python train.py",
+                           "checkpoints: file:///ckpt/job every 100 steps", "restore: latest"}) {
+    EXPECT_TRUE(absl::StrContains(out, line)) << "no '" << line << "' in:\n" << out;
+  }
+  EXPECT_TRUE(JobProcesses(token).empty());
+
+  Proc bad = Proc::Start(absl::StrCat(kBin, "/psrt-run --dry-run --local=2 --distribution='",
+                                      R"({"parameter_server": {"enabled": true, "mode": "fast"}})", "' -- true"),
+                         dir + "/bad");
+  EXPECT_EQ(bad.Wait(absl::Seconds(30), "psrt-run --dry-run"), 2) << bad.Output();
+  EXPECT_TRUE(absl::StrContains(bad.Output(), "mode")) << bad.Output();
+}
+
 // psrt's own lines in a job's output (every process's log lines).
 int PsrtLines(const std::string& out, char severity) {
   const std::regex line(absl::StrCat(R"((^|\n)[0-9-]+T[0-9:.]+Z \S+ )", std::string(1, severity), " "));

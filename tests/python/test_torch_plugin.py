@@ -241,3 +241,21 @@ def test_cuda_parameters_train_like_cpu_ones():
     code, log = run_job(["--epochs", "4", "--threshold", "0.8"],
                         script=os.path.join(EXAMPLES, "torch_digits.py"))
     assert code == 0, log
+
+
+def test_demo_default_log_level():
+    """The PyTorch demo under psrt's default level (`make demo`'s settings):
+    its own lines, and at most 3 of psrt's (psrt-run's notices)."""
+    with tempfile.TemporaryDirectory() as d:
+        dist = {"parameter_server": {"enabled": True, "mode": "sync", "compression": "fp16",
+                                     "checkpoint": {"uri": "file://" + d, "keep": 2}}}
+        cmd = job_command(os.path.join(EXAMPLES, "torch_digits.py"), ["--epochs", "2", "--threshold", "0"],
+                          dist["parameter_server"])
+        env = {k: v for k, v in os.environ.items() if k != "PSRT_LOG_LEVEL"}
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240, env=env)
+    assert p.returncode == 0, p.stdout
+    psrt_lines = [line for line in p.stdout.splitlines()
+                  if re.match(r"[0-9-]+T[0-9:.]+Z psrt-\S+ [EWNID] ", line)]
+    assert len(psrt_lines) <= 3, p.stdout
+    assert any(" N job succeeded" in line for line in psrt_lines), p.stdout
+    assert "demo: test accuracy" in p.stdout and "demo: 2 workers" in p.stdout, p.stdout
