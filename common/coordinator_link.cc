@@ -82,11 +82,31 @@ absl::StatusOr<std::unique_ptr<CoordinatorLink>> CoordinatorLink::Connect(Option
 }
 
 CoordinatorLink::~CoordinatorLink() {
+  v1::HeartbeatRequest last;
+  bool running;
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
+    *last.mutable_stats() = stats_;
+    running = end_.state == v1::JOB_RUNNING;
   }
   if (heartbeats_.joinable()) heartbeats_.join();
+  // A training process's last word: its final totals, while the job still
+  // counts it (best effort, briefly: the coordinator may be gone).
+  if (options_.id.role() == v1::ROLE_WORKER && running) {
+    *last.mutable_id() = options_.id;
+    last.set_generation(options_.generation);
+    last.set_step(progress_.load(std::memory_order_relaxed));
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, options_.token, absl::Seconds(1));
+    v1::HeartbeatResponse resp;
+    (void)stub_->Heartbeat(&ctx, last, &resp);
+  }
+}
+
+void CoordinatorLink::SetStats(const v1::WorkerStats& stats) {
+  absl::MutexLock lock(&mu_);
+  stats_ = stats;
 }
 
 void CoordinatorLink::HeartbeatLoop() {
@@ -104,6 +124,7 @@ void CoordinatorLink::HeartbeatLoop() {
   req.set_generation(options_.generation);
   absl::MutexLock lock(&mu_);
   while (!stop_) {
+    *req.mutable_stats() = stats_;
     mu_.Unlock();
     req.set_step(progress_.load(std::memory_order_relaxed));
     req.set_membership_epoch(epoch);

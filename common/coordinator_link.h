@@ -69,6 +69,9 @@ class CoordinatorLink {
   int host_index() const;
   // Training processes: the latest step pushed, sent with each heartbeat.
   void SetProgress(int64_t step) { progress_.store(step, std::memory_order_relaxed); }
+  // Training processes: their totals, sent with each heartbeat and once
+  // more when the link closes (the job's summary takes the last).
+  void SetStats(const v1::WorkerStats& stats);
 
   // Blocks until the job has ended (or the coordinator was lost).
   JobEnd WaitForEnd() const;
@@ -89,6 +92,7 @@ class CoordinatorLink {
   v1::JobConfig current_config_ ABSL_GUARDED_BY(mu_);
   int host_index_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> progress_{0};
+  v1::WorkerStats stats_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread heartbeats_;
 };

@@ -63,6 +63,9 @@ class Checkpointer {
   void Cancel();
   // The newest checkpoint this job committed (uri and step), if any.
   std::optional<v1::CheckpointResponse> LastCommitted();
+  // Checkpoints committed so far, and the seconds they took together.
+  int64_t saved() const { return saved_->value(); }
+  double saved_seconds() const { return seconds_->sum(); }
 
   // The job's record next to its checkpoints (JOB): its generation and the
   // checkpoint a recovery returns to; every commit updates the latter.

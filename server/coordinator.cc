@@ -791,6 +791,10 @@ grpc::Status CoordinatorService::DoHeartbeat(grpc::ServerContextBase* ctx, const
                         absl::StrCat(p->name, " sent a heartbeat before registering"));
   }
   heartbeats_->Add();
+  if (p->id.role() == v1::ROLE_WORKER) {
+    p->step = req->step();
+    p->stats = req->stats();
+  }
   if (p->id.role() == v1::ROLE_WORKER && req->step() > progress_step_) {
     steps_->Add(req->step() - progress_step_);
     progress_step_ = req->step();
@@ -871,7 +875,13 @@ grpc::Status CoordinatorService::DoGetJobStatus(grpc::ServerContextBase* ctx,
   *resp->mutable_config() = config_;
   *resp->mutable_membership() = MembershipLocked();
   resp->set_recoveries(static_cast<int>(generation_ - 1));
+  resp->set_failovers(static_cast<int>(failovers_->value()));
+  if (options_.checkpointer != nullptr) {
+    resp->set_checkpoints(static_cast<int>(options_.checkpointer->saved()));
+    resp->set_checkpoint_seconds(options_.checkpointer->saved_seconds());
+  }
   const absl::Time now = absl::Now();
+  resp->set_seconds(absl::ToDoubleSeconds(now - born_));
   for (const Process& p : processes_) {
     v1::ProcessStatus* s = resp->add_processes();
     *s->mutable_id() = p.id;
@@ -881,6 +891,10 @@ grpc::Status CoordinatorService::DoGetJobStatus(grpc::ServerContextBase* ctx,
     s->set_exited(p.exited);
     s->set_exit_code(p.exit_code);
     if (p.registered) s->set_seconds_since_heartbeat(absl::ToDoubleSeconds(now - p.last_heartbeat));
+    if (p.id.role() == v1::ROLE_WORKER) {
+      s->set_step(p.step);
+      *s->mutable_stats() = p.stats;
+    }
   }
   return grpc::Status::OK;
 }

@@ -94,6 +94,8 @@ class CoordinatorService final : public CoordinatorBase {
     absl::Time lost_at;       // agents: when
     int slot = -1;            // agents: their host's index in the job now; -1: it left
     int64_t applied_epoch = 0;  // servers: the membership epoch they said they apply
+    int64_t step = 0;           // training processes: the latest step they pushed
+    v1::WorkerStats stats;      // training processes: as of their last heartbeat
   };
 
   Process* FindLocked(const v1::ProcessId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -163,6 +165,7 @@ class CoordinatorService final : public CoordinatorBase {
   v1::JobConfig config_;
   absl::Mutex mu_;
   absl::Time start_ ABSL_GUARDED_BY(mu_);  // of the current generation
+  const absl::Time born_ = absl::Now();     // this coordinator's start
   std::vector<Process> processes_ ABSL_GUARDED_BY(mu_);
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_RUNNING;
   std::string reason_ ABSL_GUARDED_BY(mu_);

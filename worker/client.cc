@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -315,6 +316,9 @@ class Client::Impl {
   absl::flat_hash_map<Handle, std::shared_ptr<Op>> ops ABSL_GUARDED_BY(mu);
   Handle next_handle ABSL_GUARDED_BY(mu) = 1;
   // Push ids grow across restarts of this rank: they start at the clock.
+  // What the job's summary says of this process (link->SetStats).
+  std::atomic<int64_t> bytes_pushed{0}, bytes_pulled{0}, pull_wait_us{0};
+  const absl::Time connected = absl::Now();
   std::atomic<uint64_t> next_push_id{static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())) << 20};
   // The data channels to each server (common/data_channel.h), one per
   // connection; empty with "transport": "grpc" and under mutual TLS. Last:
@@ -924,6 +928,12 @@ class Client::Impl {
     if (!shards.ok()) return NewOp(0, shards.status(), kind).first;
     auto [handle, op] = NewOp(static_cast<int>(shards->size()), absl::OkStatus(), kind);
     if (timeline != nullptr) DescribeOp(*shards, op.get());
+    for (const Shard& shard : *shards) {
+      for (const Shard::Item& it : shard.items) {
+        if (push) bytes_pushed += it.part.num_elements * BytesPerValue(it.push_dtype);
+        if (pull) bytes_pulled += it.part.num_elements * BytesPerValue(it.pull_dtype);
+      }
+    }
     const uint64_t push_id = push ? next_push_id.fetch_add(1) : 0;
     for (Shard& shard : *shards) {
       auto r = std::make_shared<Request>();
@@ -1411,10 +1421,20 @@ Client::Handle Client::PushPull(std::vector<TensorRef> tensors, int64_t version)
 absl::Status Client::Wait(Handle handle) {
   std::shared_ptr<Op> op;
   Timeline* timeline = impl_->timeline.get();
-  if (timeline == nullptr) return impl_->Wait(handle, &op);
-  const int64_t start = timeline->NowMicros();
+  const int64_t trace_start = timeline != nullptr ? timeline->NowMicros() : 0;
+  const absl::Time start = absl::Now();
   absl::Status s = impl_->Wait(handle, &op);
-  impl_->TraceWait(handle, op.get(), start, s);
+  const absl::Time end = absl::Now();
+  if (timeline != nullptr) impl_->TraceWait(handle, op.get(), trace_start, s);
+  if (op != nullptr && absl::StrContains(op->kind, "PULL")) {
+    impl_->pull_wait_us += absl::ToInt64Microseconds(end - start);
+  }
+  v1::WorkerStats stats;
+  stats.set_bytes_pushed(impl_->bytes_pushed.load());
+  stats.set_bytes_pulled(impl_->bytes_pulled.load());
+  stats.set_wait_seconds(impl_->pull_wait_us.load() / 1e6);
+  stats.set_seconds(absl::ToDoubleSeconds(end - impl_->connected));
+  impl_->link->SetStats(stats);
   return s;
 }
 

@@ -8,11 +8,14 @@
 
 #include <atomic>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -33,6 +36,14 @@ struct Child {
   bool replaced = false;  // started again: its exit is not the job's
   Exit exit;
 };
+
+// "1.23 GB", "45.6 MB": the summary's sizes, in SI units as the metrics'.
+std::string HumanBytes(int64_t b) {
+  if (b >= 1000000000) return absl::StrFormat("%.2f GB", b / 1e9);
+  if (b >= 1000000) return absl::StrFormat("%.1f MB", b / 1e6);
+  if (b >= 1000) return absl::StrFormat("%.1f kB", b / 1e3);
+  return absl::StrCat(b, " B");
+}
 
 // Waits for the coordinator's port file (local mode binds port 0).
 absl::StatusOr<int> ReadPortFile(const std::string& path, const Child& coordinator,
@@ -70,6 +81,67 @@ void ReportAgentExit(const std::string& coordinator, const std::string& token, i
 }
 
 }  // namespace
+
+JobSummary SummarizeJob(const v1::JobStatusResponse& status, absl::Duration wall) {
+  const double seconds = absl::ToDoubleSeconds(wall);
+  int64_t steps = 0, pushed = 0, pulled = 0;
+  double waited = 0, alive = 0;
+  const v1::ProcessStatus* slowest = nullptr;
+  auto share = [](const v1::ProcessStatus& p) {
+    return p.stats().seconds() > 0 ? p.stats().wait_seconds() / p.stats().seconds() : 0.0;
+  };
+  nlohmann::json workers = nlohmann::json::array();
+  for (const v1::ProcessStatus& p : status.processes()) {
+    if (p.id().role() != v1::ROLE_WORKER || p.stats().seconds() <= 0) continue;
+    const v1::WorkerStats& w = p.stats();
+    if (w.bytes_pushed() > 0) steps = std::max(steps, p.step() + 1);
+    pushed += w.bytes_pushed();
+    pulled += w.bytes_pulled();
+    waited += w.wait_seconds();
+    alive += w.seconds();
+    // In sync mode the others wait for the slowest: it waits the least. In
+    // async and ssp it makes the fewest steps.
+    const bool sync = status.config().mode() == "sync";
+    if (slowest == nullptr || (sync ? share(p) < share(*slowest) : p.step() < slowest->step())) slowest = &p;
+    workers.push_back({{"rank", p.id().index()},
+                       {"host", p.host()},
+                       {"steps", w.bytes_pushed() > 0 ? p.step() + 1 : 0},
+                       {"bytes_pushed", w.bytes_pushed()},
+                       {"bytes_pulled", w.bytes_pulled()},
+                       {"pull_wait_seconds", w.wait_seconds()},
+                       {"seconds", w.seconds()},
+                       {"pull_wait_share", share(p)}});
+  }
+  const double wait_share = alive > 0 ? waited / alive : 0;
+  nlohmann::json j = {{"state", v1::JobState_Name(status.state())},
+                      {"reason", status.reason()},
+                      {"wall_seconds", seconds},
+                      {"steps", steps},
+                      {"steps_per_second", seconds > 0 ? steps / seconds : 0},
+                      {"workers", workers.size()},
+                      {"bytes_pushed", pushed},
+                      {"bytes_pulled", pulled},
+                      {"pull_wait_share", wait_share},
+                      {"checkpoints", status.checkpoints()},
+                      {"checkpoint_seconds", status.checkpoint_seconds()},
+                      {"recoveries", status.recoveries()},
+                      {"failovers", status.failovers()},
+                      {"slowest_worker", slowest == nullptr ? nlohmann::json(nullptr)
+                                                            : nlohmann::json(slowest->id().index())},
+                      {"per_worker", workers}};
+  std::string line = absl::StrFormat(
+      "summary: %.1f s, %d steps (%.1f/s) on %d workers; pushed %s, pulled %s; pulls waited for %.0f%% of "
+      "the workers' time",
+      seconds, steps, seconds > 0 ? steps / seconds : 0.0, static_cast<int>(workers.size()),
+      HumanBytes(pushed), HumanBytes(pulled), 100 * wait_share);
+  if (slowest != nullptr && workers.size() > 1) {
+    absl::StrAppend(&line, " (slowest: rank ", slowest->id().index(), ")");
+  }
+  absl::StrAppend(&line, absl::StrFormat("; %d checkpoints (%.1f s); %d recoveries, %d failovers",
+                                         status.checkpoints(), status.checkpoint_seconds(),
+                                         status.recoveries(), status.failovers()));
+  return {line, j.dump(2) + "\n"};
+}
 
 std::string DescribeLaunch(const LaunchOptions& o) {
   const bool local = o.local_hosts > 0;
@@ -141,6 +213,8 @@ int RunLauncher(const LaunchOptions& o) {
   // Static: the signal thread may outlive this frame.
   static std::atomic<int> pending_signal{0};
   HandleSignals([](int sig) { pending_signal = sig; });
+  const absl::Time launched = absl::Now();
+  std::optional<v1::JobStatusResponse> last_status;  // the coordinator's latest
   const bool local = o.local_hosts > 0;
   std::vector<std::string> hosts = o.cluster.hosts;
   if (local) {
@@ -358,6 +432,7 @@ int RunLauncher(const LaunchOptions& o) {
       // still say.
       auto status = QueryJobStatus(coordinator, o.token, absl::Milliseconds(500));
       if (status.ok()) {
+        last_status = *status;
         generation = status->config().generation();
         for (const v1::ProcessStatus& p : status->processes()) {
           if (!p.exited() || p.exit_code() == 0) continue;
@@ -375,9 +450,20 @@ int RunLauncher(const LaunchOptions& o) {
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
+  // Host 0's psrt-run sums the job up, from the coordinator's last word.
+  auto summarize = [&] {
+    if (my_hosts[0] != 0 || !last_status.has_value()) return;
+    JobSummary summary = SummarizeJob(*last_status, absl::Now() - launched);
+    LogNotice(summary.line);
+    if (o.summary_json.empty()) return;
+    std::ofstream out(o.summary_json, std::ios::trunc);
+    out << summary.json;
+    if (!out.flush()) LogWarning("cannot write the summary to ", o.summary_json);
+  };
   if (std::none_of(children.begin(), children.end(),
                    [](const Child& c) { return c.exit.code != 0 && !c.replaced; })) {
     LogNotice("job succeeded");
+    summarize();
     return 0;
   }
   LogError("job failed: ", !reason.empty()        ? reason
@@ -388,6 +474,7 @@ int RunLauncher(const LaunchOptions& o) {
   for (const auto& [g, what] : died) {
     if (g == 0 || g == generation) LogError("  ", what);
   }
+  summarize();
   return 1;
 }
 

@@ -7,6 +7,7 @@
 #include "absl/time/time.h"
 #include "common/cluster.h"
 #include "common/distribution.h"
+#include "psrt/v1/coordinator.pb.h"
 
 namespace psrt {
 
@@ -28,6 +29,8 @@ struct LaunchOptions {
   // What a SIGTERM or SIGINT leaves for the job's final checkpoint before
   // its processes are stopped (SageMaker's stop allows 30 s).
   absl::Duration stop_grace = absl::Seconds(30);
+  // Host 0 also writes the job's summary here as JSON (empty: not written).
+  std::string summary_json;
 };
 
 // What RunLauncher would start, for `psrt-run --dry-run`: the hosts, the
@@ -35,6 +38,15 @@ struct LaunchOptions {
 // process with its ranks and command, the programs it would run, and the
 // consistency, recovery, checkpoint and restore settings.
 std::string DescribeLaunch(const LaunchOptions& options);
+
+// The job's summary from the coordinator's last status (its workers' totals
+// as of their last heartbeats) and psrt-run's wall time: one line of text,
+// and the same figures, with each worker's, as JSON.
+struct JobSummary {
+  std::string line;
+  std::string json;
+};
+JobSummary SummarizeJob(const v1::JobStatusResponse& status, absl::Duration wall);
 
 // Starts this host's share of the job (host 0 also runs the coordinator; in
 // local mode, every host's share), waits for it to end, and prints why it

@@ -48,6 +48,8 @@ int main(int argc, char** argv) {
       "stop-grace", &stop_grace_s,
       "Seconds a SIGTERM or SIGINT (Ctrl-C) leaves the job to write a final checkpoint and end "
       "before its processes are stopped; a second signal stops them at once.");
+  flags.Add("summary-json", &o.summary_json,
+            "Host 0 also writes the job's summary here as JSON, with each worker's figures.");
   bool dry_run = false;
   flags.Add("dry-run", &dry_run,
             "Print the cluster this would start (hosts, coordinator, servers and ports, workers and "

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -71,6 +72,40 @@ void ExpectConverges(const std::string& mode, double tolerance) {
 }
 
 TEST(JobTest, SyncTrainsToTheKnownSolution) { ExpectConverges("sync", 1e-4); }
+
+// psrt-run's summary, line and JSON, against what the job is known to have
+// done: 2 workers pushing 30 steps of 1001 float32 each, and the
+// checkpoints committed in its directory (the periodic ones a fast job
+// reaches, and the final one).
+TEST(JobTest, TheSummaryAddsUpWhatTheJobDid) {
+  const std::string dir = TempDir();
+  const std::string dist = absl::StrCat(
+      R"({"parameter_server": {"enabled": true, "checkpoint": {"uri": "file://)", dir,
+      R"(/ckpt", "every_steps": 10}}})");
+  Proc run = Proc::Start(absl::StrReplaceAll(RunCommand(dist, RandomToken(), "--dim=1000 --steps=30"),
+                                             {{"--local=2", "--local=2 --summary-json=" + dir + "/summary.json"}}),
+                         dir + "/log");
+  ASSERT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
+  EXPECT_TRUE(std::regex_search(run.Output(), std::regex("psrt-run N summary: [0-9.]+ s, 30 steps .* on 2 workers; "
+                                                         "pushed 240.2 kB")))
+      << run.Output();
+  const std::string json = ReadFile(dir + "/summary.json");
+  EXPECT_EQ(JsonNumber(json, "bytes_pushed"), 2 * 30 * 1001 * 4) << json;
+  EXPECT_EQ(JsonNumber(json, "steps"), 30) << json;
+  EXPECT_EQ(JsonNumber(json, "workers"), 2) << json;
+  EXPECT_EQ(JsonNumber(json, "recoveries"), 0) << json;
+  // Pulls: every step's, and each rank's first (its initial weights).
+  EXPECT_GE(JsonNumber(json, "bytes_pulled"), 2 * 31 * 1001 * 4) << json;
+  const double share = JsonNumber(json, "pull_wait_share");
+  EXPECT_GT(share, 0) << json;
+  EXPECT_LT(share, 1) << json;
+  int committed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/ckpt")) {
+    committed += entry.path().filename().string().rfind("step-", 0) == 0;
+  }
+  EXPECT_GE(committed, 1) << "the final one at least";
+  EXPECT_EQ(JsonNumber(json, "checkpoints"), committed) << json;
+}
 
 // --dry-run says what a multi-host job would start, after checking every
 // flag, and starts nothing.
