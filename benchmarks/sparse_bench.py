@@ -96,7 +96,7 @@ def demo_samples_per_second(build, servers, samples):
     dist = {"parameter_server": {"enabled": True, "mode": "sync", "workers_per_host": 2,
                                  "servers_per_host": servers}}
     cmd = [os.path.join(build, "bin", "psrt-run"), "--local=1", "--distribution=" + json.dumps(dist), "--",
-           sys.executable, os.path.join(ROOT, "worker", "examples", "torch_recsys.py"), "--samples",
+           sys.executable, os.path.join(ROOT, "examples", "torch_recsys.py"), "--samples",
            str(samples), "--epochs", "1", "--threshold", "0"]
     env = dict(os.environ, PYTHONPATH=os.path.join(build, "python"))
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=900)

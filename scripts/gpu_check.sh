@@ -69,7 +69,7 @@ if [ $torch_cuda -eq 1 ]; then
     -k "cuda" "$root/tests/python/test_torch_plugin.py" || failed=1
   PYTHONPATH=$build/python "$build/bin/psrt-run" --local=2 \
     --distribution='{"parameter_server": {"enabled": true, "compression": "fp16"}}' -- \
-    "$python" "$root/worker/examples/torch_digits.py" || failed=1  # on cuda:local_rank
+    "$python" "$root/examples/torch_digits.py" || failed=1  # on cuda:local_rank
 else
   echo "skipped: $python has no torch with CUDA (run scripts/setup.sh frameworks on a machine with network)"
 fi

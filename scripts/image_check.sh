@@ -73,7 +73,7 @@ log "train, as SageMaker runs the image (one host, algo-1, 2 training processes)
 mnt=$(buildah mount "$container")
 ml=$mnt/opt/ml
 mkdir -p "$ml/input/config" "$ml/model" "$ml/output/data" "$ml/code"
-cp "$root/worker/examples/sagemaker_digits.py" "$root/worker/examples/torch_digits.py" "$ml/code/"
+cp "$root/examples/sagemaker_digits.py" "$root/examples/torch_digits.py" "$ml/code/"
 cat >"$ml/input/config/resourceconfig.json" <<'EOF'
 {"current_host": "algo-1", "hosts": ["algo-1"], "current_group_name": "homogeneousCluster",
  "current_instance_type": "ml.c5.xlarge",

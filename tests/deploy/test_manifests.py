@@ -540,11 +540,11 @@ def test_images_build_with_the_projects_own_steps(name):
     train = [line.split()[1] for line in lines if line.startswith("COPY ") and line.split()[-1] == "/usr/local/bin/train"]
     assert len(train) == 1 and os.access(os.path.join(ROOT, train[0]), os.X_OK), train
     # The manifests' training script is in the image.
-    examples = [line.split() for line in lines if line.startswith("COPY ") and line.split()[1] == "worker/examples"]
+    examples = [line.split() for line in lines if line.startswith("COPY ") and line.split()[1] == "examples"]
     assert examples and examples[0][-1] == "/opt/psrt/examples"
     for label, pod in workload_pods():
         for c in pod["containers"]:
             for arg in c["command"]:
                 if arg.startswith("/opt/psrt/examples/"):
-                    assert os.path.exists(os.path.join(ROOT, "worker", "examples", arg[len("/opt/psrt/examples/"):])), \
+                    assert os.path.exists(os.path.join(ROOT, "examples", arg[len("/opt/psrt/examples/"):])), \
                         (label, arg)

@@ -184,7 +184,7 @@ TEST_F(MultiHostTest, TheSageMakerEntryPointTrainsThePyTorchDemoAcrossHosts) {
     StartHost(
         h, absl::StrCat("env SAGEMAKER_BASE_DIR=", base, " SM_HOSTS='", SmHosts(),
                         "' SM_CURRENT_HOST=", Algo(h), " SM_MODULE_DIR=", PSRT_SOURCE_DIR,
-                        "/worker/examples PSRT_BIN_DIR=", kBin, " PYTHONPATH=", kBin,
+                        "/examples PSRT_BIN_DIR=", kBin, " PYTHONPATH=", kBin,
                         "/../python PSRT_JOB_TOKEN=", token_, " ", python_, " -m psrt.sagemaker"));
   }
   const std::vector<int> codes = WaitAll(absl::Seconds(280));

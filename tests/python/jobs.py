@@ -9,7 +9,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BIN = os.environ.get("PSRT_BIN_DIR", os.path.join(ROOT, "build", "bin"))
-EXAMPLES = os.path.join(ROOT, "worker", "examples")
+EXAMPLES = os.path.join(ROOT, "examples")
 
 
 def job_command(script, args, ps=None, hosts=2, token=None):

@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BUILD = (os.path.dirname(os.environ["PSRT_BIN_DIR"]) if os.environ.get("PSRT_BIN_DIR")
          else os.path.join(ROOT, "build"))
-DEMO = os.path.join(ROOT, "worker", "examples", "torch_digits.py")
+DEMO = os.path.join(ROOT, "examples", "torch_digits.py")
 PROGRAMS = ["psrt-run", "psrt-coordinator", "psrt-server", "psrt-worker", "psrt-ckpt"]
 
 # Debian's library packages of gRPC (with upb), protobuf, Abseil, c-ares, re2.
