@@ -7,7 +7,8 @@ PYTHON := $(CURDIR)/.venv/bin/python
 # the end into BUILD/demo-checkpoints/DEMO.
 DEMO_DISTRIBUTION ?= {"parameter_server": {"enabled": true, "mode": "sync", "compression": "fp16", "checkpoint": {"uri": "file://$(CURDIR)/$(BUILD)/demo-checkpoints/$(DEMO)", "keep": 2}}}
 # DEMO=torch (default), tensorflow or mxnet: the same task in each framework;
-# DEMO=recsys: a click model with embedding tables on the servers (PyTorch).
+# DEMO=recsys: a click model with embedding tables on the servers (PyTorch);
+# DEMO=resnet18, gpt2, bert, dlrm, keras-resnet, gluon-resnet: examples/ real models.
 DEMO ?= torch
 DEMO_SCRIPT_torch := examples/torch_digits.py
 DEMO_SCRIPT_recsys := examples/torch_recsys.py
@@ -17,6 +18,19 @@ DEMO_SCRIPT_mxnet := examples/gluon_digits.py
 DEMO_PYTHON_torch := $(PYTHON)
 DEMO_PYTHON_tensorflow := $(PYTHON)
 DEMO_PYTHON_mxnet := $(CURDIR)/.venv-mxnet/bin/python
+# Real models on synthetic data shaped like their data sets (examples/).
+DEMO_SCRIPT_resnet18 := examples/torch_resnet18.py
+DEMO_SCRIPT_gpt2 := examples/torch_gpt2.py
+DEMO_SCRIPT_bert := examples/torch_bert_finetune.py
+DEMO_SCRIPT_dlrm := examples/torch_dlrm.py
+DEMO_SCRIPT_keras-resnet := examples/keras_resnet.py
+DEMO_SCRIPT_gluon-resnet := examples/gluon_resnet.py
+DEMO_PYTHON_resnet18 := $(PYTHON)
+DEMO_PYTHON_gpt2 := $(PYTHON)
+DEMO_PYTHON_bert := $(PYTHON)
+DEMO_PYTHON_dlrm := $(PYTHON)
+DEMO_PYTHON_keras-resnet := $(PYTHON)
+DEMO_PYTHON_gluon-resnet := $(CURDIR)/.venv-mxnet/bin/python
 
 .PHONY: all setup configure build wheel test unit-test demo bench fuzz asan tsan bazel image-check clean
 
@@ -65,7 +79,7 @@ tsan:
 # PyTorch (or DEMO=tensorflow, DEMO=mxnet) trains scikit-learn's handwritten
 # digits through 2 servers.
 demo: build
-	@test -n "$(DEMO_SCRIPT_$(DEMO))" || { echo "make demo: DEMO is torch, tensorflow, mxnet or recsys"; exit 2; }
+	@test -n "$(DEMO_SCRIPT_$(DEMO))" || { echo "make demo: DEMO is torch, tensorflow, mxnet, recsys, resnet18, gpt2, bert, dlrm, keras-resnet or gluon-resnet"; exit 2; }
 	@rm -rf $(BUILD)/demo-checkpoints/$(DEMO)
 	@PYTHONPATH=$(CURDIR)/$(BUILD)/python $(BUILD)/bin/psrt-run --local=2 \
 	  --distribution='$(DEMO_DISTRIBUTION)' -- $(DEMO_PYTHON_$(DEMO)) $(DEMO_SCRIPT_$(DEMO))

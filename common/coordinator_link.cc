@@ -82,31 +82,40 @@ absl::StatusOr<std::unique_ptr<CoordinatorLink>> CoordinatorLink::Connect(Option
 }
 
 CoordinatorLink::~CoordinatorLink() {
-  v1::HeartbeatRequest last;
-  bool running;
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
-    *last.mutable_stats() = stats_;
-    running = end_.state == v1::JOB_RUNNING;
   }
   if (heartbeats_.joinable()) heartbeats_.join();
-  // A training process's last word: its final totals, while the job still
-  // counts it (best effort, briefly: the coordinator may be gone).
-  if (options_.id.role() == v1::ROLE_WORKER && running) {
-    *last.mutable_id() = options_.id;
-    last.set_generation(options_.generation);
-    last.set_step(progress_.load(std::memory_order_relaxed));
-    grpc::ClientContext ctx;
-    PrepareContext(&ctx, options_.token, absl::Seconds(1));
-    v1::HeartbeatResponse resp;
-    (void)stub_->Heartbeat(&ctx, last, &resp);
+  // A training process's last word: its final totals.
+  if (options_.id.role() == v1::ROLE_WORKER) SendStats();
+}
+
+void CoordinatorLink::SetProgress(int64_t step) {
+  int64_t seen = progress_.load(std::memory_order_relaxed);
+  while (step > seen && !progress_.compare_exchange_weak(seen, step, std::memory_order_relaxed)) {
   }
 }
 
 void CoordinatorLink::SetStats(const v1::WorkerStats& stats) {
   absl::MutexLock lock(&mu_);
   stats_ = stats;
+}
+
+void CoordinatorLink::SendStats() {
+  v1::HeartbeatRequest req;
+  {
+    absl::MutexLock lock(&mu_);
+    if (end_.state != v1::JOB_RUNNING) return;  // the job no longer counts it
+    *req.mutable_stats() = stats_;
+  }
+  *req.mutable_id() = options_.id;
+  req.set_generation(options_.generation);
+  req.set_step(progress_.load(std::memory_order_relaxed));
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx, options_.token, absl::Seconds(1));
+  v1::HeartbeatResponse resp;
+  (void)stub_->Heartbeat(&ctx, req, &resp);
 }
 
 void CoordinatorLink::HeartbeatLoop() {

@@ -67,11 +67,14 @@ class CoordinatorLink {
   // heard (they change when a host leaves the job; index -1: this one left).
   v1::JobConfig current_config() const;
   int host_index() const;
-  // Training processes: the latest step pushed, sent with each heartbeat.
-  void SetProgress(int64_t step) { progress_.store(step, std::memory_order_relaxed); }
-  // Training processes: their totals, sent with each heartbeat and once
-  // more when the link closes (the job's summary takes the last).
+  // Training processes: the furthest step pushed, sent with each heartbeat.
+  void SetProgress(int64_t step);
+  // Training processes: their totals, sent with each heartbeat, by SendStats
+  // and once more when the link closes (the job's summary takes the last).
   void SetStats(const v1::WorkerStats& stats);
+  // Sends the totals now, in a heartbeat of its own (best effort, within a
+  // second): a training process that ends says how far it got.
+  void SendStats();
 
   // Blocks until the job has ended (or the coordinator was lost).
   JobEnd WaitForEnd() const;

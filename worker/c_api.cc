@@ -116,6 +116,9 @@ psrt_client* psrt_connect_from_env(void) {
 }
 
 void psrt_close(psrt_client* client) { delete client; }
+void psrt_finish(psrt_client* c) {
+  if (c != nullptr) c->client->Finish();
+}
 
 int psrt_rank(const psrt_client* c) { return c ? c->client->rank() : -1; }
 int psrt_num_workers(const psrt_client* c) { return c ? c->client->num_workers() : -1; }

@@ -30,6 +30,9 @@ int psrt_optimizer_defaults(const char* name, double lr, psrt_optimizer* out);
  * PSRT_RANK, PSRT_JOB_TOKEN). Returns NULL on failure. */
 psrt_client* psrt_connect_from_env(void);
 void psrt_close(psrt_client* client);
+/* The training is done: sends this process's totals to the coordinator (the
+ * job's summary); psrt_close does too. The client stays usable. */
+void psrt_finish(psrt_client* client);
 
 int psrt_rank(const psrt_client* client);
 int psrt_num_workers(const psrt_client* client);

@@ -95,6 +95,11 @@ class Client {
   // the shard map.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   ~Client();
+  // The training is done: sends this process's totals (bytes pushed and
+  // pulled, time waiting for pulls) to the coordinator for the job's
+  // summary. The destructor does so too; a process that never destroys its
+  // client (an interpreter's exit) calls this.
+  void Finish();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 

@@ -5,6 +5,7 @@ module holds what they share: the connection to the job that ``psrt-run``
 started, and the compression choices.
 """
 
+import atexit
 import enum
 import os
 import sys
@@ -50,6 +51,9 @@ def init():
                 "`psrt-run --local=2 --distribution='{\"parameter_server\": "
                 "{\"enabled\": true}}' -- python train.py`")
         _client = _psrt.Client()
+        # The job's summary gets this process's totals as it exits (the
+        # interpreter may never destroy the client).
+        atexit.register(_client.finish)
     return _client
 
 

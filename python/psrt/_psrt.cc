@@ -54,6 +54,10 @@ class Client {
     }
   }
   ~Client() { psrt_close(client_); }
+  void finish() {
+    py::gil_scoped_release release;
+    psrt_finish(client_);
+  }
 
   int rank() const { return psrt_rank(client_); }
   int num_workers() const { return psrt_num_workers(client_); }
@@ -172,6 +176,7 @@ PYBIND11_MODULE(_psrt, m) {
   m.attr("COMPRESSION_BF16") = static_cast<int>(PSRT_COMPRESSION_BF16);
   py::class_<Client>(m, "Client")
       .def(py::init<>(), "Connects to the job psrt-run started (its environment).")
+      .def("finish", &Client::finish, "Sends this process's totals for the job's summary.")
       .def("rank", &Client::rank)
       .def("num_workers", &Client::num_workers)
       .def("active_workers", &Client::active_workers)
