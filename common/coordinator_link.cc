@@ -62,8 +62,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorLink>> CoordinatorLink::Connect(Option
   req.set_pid(getpid());
   req.set_generation(o.generation);
   v1::RegisterResponse resp;
+  int tries = 0;
   absl::Status s = RetryWhileUnreachable(
       o.coordinator, absl::Now() + o.connect_timeout, [&](absl::Duration timeout) {
+        // A channel that failed to connect waits out gRPC's own backoff
+        // (seconds, whatever the channel's settings say) before it tries
+        // again: each try gets a fresh one, so a coordinator that came up
+        // a moment late is reached at the next.
+        if (tries++ > 0) link->stub_ = v1::Coordinator::NewStub(MakeChannel(o.coordinator));
         grpc::ClientContext ctx;
         PrepareContext(&ctx, o.token, std::min(o.rpc_timeout, timeout));
         return link->stub_->Register(&ctx, req, &resp);
@@ -254,9 +260,9 @@ absl::StatusOr<v1::JobStatusResponse> CoordinatorLink::GetJobStatus() {
 
 absl::StatusOr<v1::JobConfig> FetchJobConfig(const std::string& coordinator,
                                              const std::string& token, absl::Duration timeout) {
-  auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
   v1::JobStatusResponse resp;
   absl::Status s = RetryWhileUnreachable(coordinator, absl::Now() + timeout, [&](absl::Duration t) {
+    auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));  // fresh: see Connect
     grpc::ClientContext ctx;
     PrepareContext(&ctx, token, std::min(t, absl::Seconds(10)));
     return stub->GetJobStatus(&ctx, v1::JobStatusRequest(), &resp);
