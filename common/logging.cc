@@ -59,7 +59,8 @@ absl::StatusOr<LogLevel> LogLevelFromEnv() {
   const char* env = std::getenv("PSRT_LOG_LEVEL");
   if (env == nullptr || *env == '\0') return LogLevel::kWarning;
   absl::StatusOr<LogLevel> l = ParseLogLevel(env);
-  if (!l.ok()) return absl::InvalidArgumentError(absl::StrCat("PSRT_LOG_LEVEL: ", l.status().message()));
+  if (!l.ok())
+    return absl::InvalidArgumentError(absl::StrCat("PSRT_LOG_LEVEL: ", l.status().message()));
   return l;
 }
 
@@ -80,15 +81,15 @@ LogLevel CurrentLogLevel() {
 
 void LogLine(char severity, absl::string_view message) {
   if (silenced.load(std::memory_order_relaxed)) return;
-  const LogLevel shown = severity == 'E'                                        ? LogLevel::kError
-                         : severity == 'W' || severity == 'N'                   ? LogLevel::kWarning
-                         : severity == 'I'                                      ? LogLevel::kInfo
-                                                                                : LogLevel::kDebug;
+  const LogLevel shown = severity == 'E'                      ? LogLevel::kError
+                         : severity == 'W' || severity == 'N' ? LogLevel::kWarning
+                         : severity == 'I'                    ? LogLevel::kInfo
+                                                              : LogLevel::kDebug;
   if (CurrentLogLevel() < shown) return;
   const std::string name = ProcessLogName();
-  std::string line = absl::StrCat(
-      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()),
-      " ", name, " ", std::string(1, severity), " ", message, "\n");
+  std::string line =
+      absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()), " ",
+                   name, " ", std::string(1, severity), " ", message, "\n");
   // Best effort: a full or closed stderr must not take the daemon down.
   ssize_t ignored = write(STDERR_FILENO, line.data(), line.size());
   (void)ignored;

@@ -59,8 +59,8 @@ absl::StatusOr<int> ReadPortFile(const std::string& path, const Child& coordinat
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "psrt-coordinator did not report its port in ", path, " within ", absl::FormatDuration(timeout)));
+  return absl::DeadlineExceededError(absl::StrCat("psrt-coordinator did not report its port in ",
+                                                  path, " within ", absl::FormatDuration(timeout)));
 }
 
 // Tells the coordinator that the agent of `host` ended, as it would say
@@ -102,7 +102,8 @@ JobSummary SummarizeJob(const v1::JobStatusResponse& status, absl::Duration wall
     // In sync mode the others wait for the slowest: it waits the least. In
     // async and ssp it makes the fewest steps.
     const bool sync = status.config().mode() == "sync";
-    if (slowest == nullptr || (sync ? share(p) < share(*slowest) : p.step() < slowest->step())) slowest = &p;
+    if (slowest == nullptr || (sync ? share(p) < share(*slowest) : p.step() < slowest->step()))
+      slowest = &p;
     workers.push_back({{"rank", p.id().index()},
                        {"host", p.host()},
                        {"steps", w.bytes_pushed() > 0 ? p.step() + 1 : 0},
@@ -113,24 +114,26 @@ JobSummary SummarizeJob(const v1::JobStatusResponse& status, absl::Duration wall
                        {"pull_wait_share", share(p)}});
   }
   const double wait_share = alive > 0 ? waited / alive : 0;
-  nlohmann::json j = {{"state", v1::JobState_Name(status.state())},
-                      {"reason", status.reason()},
-                      {"wall_seconds", seconds},
-                      {"steps", steps},
-                      {"steps_per_second", seconds > 0 ? steps / seconds : 0},
-                      {"workers", workers.size()},
-                      {"bytes_pushed", pushed},
-                      {"bytes_pulled", pulled},
-                      {"pull_wait_share", wait_share},
-                      {"checkpoints", status.checkpoints()},
-                      {"checkpoint_seconds", status.checkpoint_seconds()},
-                      {"recoveries", status.recoveries()},
-                      {"failovers", status.failovers()},
-                      {"slowest_worker", slowest == nullptr ? nlohmann::json(nullptr)
-                                                            : nlohmann::json(slowest->id().index())},
-                      {"per_worker", workers}};
+  nlohmann::json j = {
+      {"state", v1::JobState_Name(status.state())},
+      {"reason", status.reason()},
+      {"wall_seconds", seconds},
+      {"steps", steps},
+      {"steps_per_second", seconds > 0 ? steps / seconds : 0},
+      {"workers", workers.size()},
+      {"bytes_pushed", pushed},
+      {"bytes_pulled", pulled},
+      {"pull_wait_share", wait_share},
+      {"checkpoints", status.checkpoints()},
+      {"checkpoint_seconds", status.checkpoint_seconds()},
+      {"recoveries", status.recoveries()},
+      {"failovers", status.failovers()},
+      {"slowest_worker",
+       slowest == nullptr ? nlohmann::json(nullptr) : nlohmann::json(slowest->id().index())},
+      {"per_worker", workers}};
   std::string line = absl::StrFormat(
-      "summary: %.1f s, %d steps (%.1f/s) on %d workers; pushed %s, pulled %s; pulls waited for %.0f%% of "
+      "summary: %.1f s, %d steps (%.1f/s) on %d workers; pushed %s, pulled %s; pulls waited for "
+      "%.0f%% of "
       "the workers' time",
       seconds, steps, seconds > 0 ? steps / seconds : 0.0, static_cast<int>(workers.size()),
       HumanBytes(pushed), HumanBytes(pulled), 100 * wait_share);
@@ -155,13 +158,16 @@ std::string DescribeLaunch(const LaunchOptions& o) {
   std::string out = absl::StrCat(
       "psrt-run --dry-run: nothing is started\n", "hosts: ", n,
       local ? " simulated on this machine over loopback" : "",
-      local ? "" : absl::StrCat(", this is host ", o.cluster.current, " (", hosts[o.cluster.current], ")"),
+      local
+          ? ""
+          : absl::StrCat(", this is host ", o.cluster.current, " (", hosts[o.cluster.current], ")"),
       "\ncoordinator: on host 0 at ",
       local ? "127.0.0.1, a free port" : absl::StrCat(hosts[0], ":", o.coordinator_port), "\n");
   for (int h = 0; h < n; ++h) {
-    const std::string address = local                                                 ? "127.0.0.1"
-                                : h == o.cluster.current && !o.advertise_address.empty() ? o.advertise_address
-                                                                                          : hosts[h];
+    const std::string address = local ? "127.0.0.1"
+                                : h == o.cluster.current && !o.advertise_address.empty()
+                                    ? o.advertise_address
+                                    : hosts[h];
     absl::StrAppend(&out, "host ", h, " (", hosts[h], "):\n");
     for (int i = 0; i < ps.servers_per_host; ++i) {
       absl::StrAppend(&out, "  psrt-server[", h * ps.servers_per_host + i, "] at ", address,
@@ -170,23 +176,24 @@ std::string DescribeLaunch(const LaunchOptions& o) {
                       "\n");
     }
     for (int i = 0; i < ps.workers_per_host; ++i) {
-      absl::StrAppend(&out, "  worker: RANK ", h * ps.workers_per_host + i, ", LOCAL_RANK ", i, "\n");
+      absl::StrAppend(&out, "  worker: RANK ", h * ps.workers_per_host + i, ", LOCAL_RANK ", i,
+                      "\n");
     }
   }
-  absl::StrAppend(&out, "training command (WORLD_SIZE ", n * ps.workers_per_host, "): ",
-                  absl::StrJoin(o.command, " "), "\n");
-  absl::StrAppend(&out, "mode: ", ps.mode,
-                  ps.mode == "ssp" ? absl::StrCat(", staleness ", ps.staleness) : "",
-                  ps.backup_workers > 0 ? absl::StrCat(", ", ps.backup_workers, " backup workers") : "",
-                  ps.elastic_max_workers > 0 ? absl::StrCat(", elastic ", ps.elastic_min_workers, "..",
-                                                            ps.elastic_max_workers, " workers")
-                                             : "",
-                  "; keys of ", ps.partition_bytes, " bytes; compression ", ps.compression,
-                  "; transport ", ps.transport, "; replicas ", ps.replicas, "\n");
+  absl::StrAppend(&out, "training command (WORLD_SIZE ", n * ps.workers_per_host,
+                  "): ", absl::StrJoin(o.command, " "), "\n");
+  absl::StrAppend(
+      &out, "mode: ", ps.mode, ps.mode == "ssp" ? absl::StrCat(", staleness ", ps.staleness) : "",
+      ps.backup_workers > 0 ? absl::StrCat(", ", ps.backup_workers, " backup workers") : "",
+      ps.elastic_max_workers > 0 ? absl::StrCat(", elastic ", ps.elastic_min_workers, "..",
+                                                ps.elastic_max_workers, " workers")
+                                 : "",
+      "; keys of ", ps.partition_bytes, " bytes; compression ", ps.compression, "; transport ",
+      ps.transport, "; replicas ", ps.replicas, "\n");
   absl::StrAppend(&out, "on failure: ", ps.on_failure,
                   ps.on_failure == "recover"
-                      ? absl::StrCat(" (at most ", ps.max_recoveries, " recoveries, a lost host waited for ",
-                                     ps.host_wait_s, " s)")
+                      ? absl::StrCat(" (at most ", ps.max_recoveries,
+                                     " recoveries, a lost host waited for ", ps.host_wait_s, " s)")
                       : "",
                   "; heartbeat timeout ", ps.heartbeat_timeout_s, " s, barrier timeout ",
                   ps.barrier_timeout_s, " s\n");
@@ -201,10 +208,12 @@ std::string DescribeLaunch(const LaunchOptions& o) {
                     ", and a final one at the end\n");
   }
   absl::StrAppend(&out, "restore: ", ps.restore.empty() ? std::string("none") : ps.restore, "\n");
-  absl::StrAppend(&out, "token: ", o.token.empty() ? "none (RPCs are not authenticated)" : "set", "\n");
+  absl::StrAppend(&out, "token: ", o.token.empty() ? "none (RPCs are not authenticated)" : "set",
+                  "\n");
   for (const char* program : {"psrt-coordinator", "psrt-worker", "psrt-server"}) {
     const std::string path = absl::StrCat(o.bin_dir, "/", program);
-    absl::StrAppend(&out, "program: ", path, access(path.c_str(), X_OK) == 0 ? "" : " (missing here)", "\n");
+    absl::StrAppend(&out, "program: ", path,
+                    access(path.c_str(), X_OK) == 0 ? "" : " (missing here)", "\n");
   }
   return out;
 }
@@ -301,12 +310,16 @@ int RunLauncher(const LaunchOptions& o) {
   // Each host's agent runs its servers and training processes, so that it
   // can start them again when the job recovers from a failure.
   auto agent_argv = [&](int h) {
-    std::vector<std::string> argv = {o.bin_dir + "/psrt-worker", "--coordinator=" + coordinator,
-                                     absl::StrCat("--host-index=", h), "--host=" + hosts[h],
-                                     connect_timeout, "--servers",
-                                     "--server-host=" + (local                               ? std::string("127.0.0.1")
-                                                         : o.advertise_address.empty() ? hosts[h]
-                                                                                       : o.advertise_address)};
+    std::vector<std::string> argv = {
+        o.bin_dir + "/psrt-worker",
+        "--coordinator=" + coordinator,
+        absl::StrCat("--host-index=", h),
+        "--host=" + hosts[h],
+        connect_timeout,
+        "--servers",
+        "--server-host=" + (local                         ? std::string("127.0.0.1")
+                            : o.advertise_address.empty() ? hosts[h]
+                                                          : o.advertise_address)};
     if (local) argv.push_back("--server-bind=127.0.0.1");
     if (o.metrics_port >= 0) argv.push_back("--server-metrics-port=0");
     argv.push_back("--");
@@ -423,7 +436,8 @@ int RunLauncher(const LaunchOptions& o) {
       give_up = std::min(give_up, absl::Now() + settle);
     }
     if (absl::Now() > give_up) {
-      LogWarning("processes still running ", absl::FormatDuration(settle), " after a failure; stopping them");
+      LogWarning("processes still running ", absl::FormatDuration(settle),
+                 " after a failure; stopping them");
       stop_all();
       break;
     }

@@ -22,28 +22,34 @@ int main(int argc, char** argv) {
   std::string interface = psrt::EnvOr("PSRT_INTERFACE", "");
   double stop_grace_s = 30;
   o.advertise_address = psrt::EnvOr("PSRT_ADVERTISE_ADDRESS", "");
-  psrt::Flags flags("psrt-run",
-                    "--distribution=JSON [--local=N | --hosts=H1,H2 --current-host=H] -- COMMAND [ARGS...]\n\n"
-                    "Runs the same on every host: each starts its parameter servers and its agent,\n"
-                    "host 0 also the coordinator. Hosts come from --hosts, else SM_HOSTS and\n"
-                    "SM_CURRENT_HOST (SageMaker), else TF_CONFIG, else this host alone.\n\n"
-                    "Distribution keys (inside \"parameter_server\"):\n" +
-                        psrt::DistributionHelp());
+  psrt::Flags flags(
+      "psrt-run",
+      "--distribution=JSON [--local=N | --hosts=H1,H2 --current-host=H] -- COMMAND [ARGS...]\n\n"
+      "Runs the same on every host: each starts its parameter servers and its agent,\n"
+      "host 0 also the coordinator. Hosts come from --hosts, else SM_HOSTS and\n"
+      "SM_CURRENT_HOST (SageMaker), else TF_CONFIG, else this host alone.\n\n"
+      "Distribution keys (inside \"parameter_server\"):\n" +
+          psrt::DistributionHelp());
   flags.Add("distribution", &o.distribution,
             "JSON with SageMaker's shape: {\"parameter_server\": {\"enabled\": true, ...}}.");
-  flags.Add("local", &o.local_hosts, "Simulate this many hosts on this machine over loopback (0: off).");
-  flags.Add("hosts", &hosts, "Comma-separated hosts of the job (overrides SM_HOSTS and TF_CONFIG).");
+  flags.Add("local", &o.local_hosts,
+            "Simulate this many hosts on this machine over loopback (0: off).");
+  flags.Add("hosts", &hosts,
+            "Comma-separated hosts of the job (overrides SM_HOSTS and TF_CONFIG).");
   flags.Add("current-host", &current_host, "Which of --hosts this is, by name or index.");
-  flags.Add("coordinator-port", &o.coordinator_port, "Port of the coordinator on host 0 (multi-host).");
-  flags.Add("token", &o.token,
-            "Job token (env PSRT_JOB_TOKEN); generated in local mode. Every host must use the same one.");
+  flags.Add("coordinator-port", &o.coordinator_port,
+            "Port of the coordinator on host 0 (multi-host).");
+  flags.Add(
+      "token", &o.token,
+      "Job token (env PSRT_JOB_TOKEN); generated in local mode. Every host must use the same one.");
   flags.Add("interface", &interface,
             "Network interface whose IPv4 address this host's servers announce, e.g. eth0 (env "
             "PSRT_INTERFACE); default: the host's name in the host list.");
   flags.Add("advertise-address", &o.advertise_address,
             "Address or name this host's servers announce (env PSRT_ADVERTISE_ADDRESS); "
             "excludes --interface.");
-  flags.Add("bin-dir", &o.bin_dir, "Directory holding psrt-coordinator, psrt-server and psrt-worker.");
+  flags.Add("bin-dir", &o.bin_dir,
+            "Directory holding psrt-coordinator, psrt-server and psrt-worker.");
   flags.Add(
       "stop-grace", &stop_grace_s,
       "Seconds a SIGTERM or SIGINT (Ctrl-C) leaves the job to write a final checkpoint and end "
@@ -51,9 +57,10 @@ int main(int argc, char** argv) {
   flags.Add("summary-json", &o.summary_json,
             "Host 0 also writes the job's summary here as JSON, with each worker's figures.");
   bool dry_run = false;
-  flags.Add("dry-run", &dry_run,
-            "Print the cluster this would start (hosts, coordinator, servers and ports, workers and "
-            "ranks, checkpoint and restore settings) after checking every flag, and exit.");
+  flags.Add(
+      "dry-run", &dry_run,
+      "Print the cluster this would start (hosts, coordinator, servers and ports, workers and "
+      "ranks, checkpoint and restore settings) after checking every flag, and exit.");
   flags.Add("metrics-port", &o.metrics_port,
             "Coordinator's Prometheus port (servers then serve /metrics on free ports); -1: off.");
   // Mutual TLS: every process of the job reads these from its environment.
@@ -63,11 +70,12 @@ int main(int argc, char** argv) {
     const char* help;
     std::string value;
   };
-  TlsFlag tls[] = {
-      {"tls-ca", "PSRT_TLS_CA", "CA certificate(s), PEM, that signed every process's certificate", ""},
-      {"tls-cert", "PSRT_TLS_CERT", "Certificate, PEM, every process presents", ""},
-      {"tls-key", "PSRT_TLS_KEY", "Private key, PEM, of --tls-cert", ""},
-      {"tls-server-name", "PSRT_TLS_SERVER_NAME", "Name servers' certificates are checked against, not their host", ""}};
+  TlsFlag tls[] = {{"tls-ca", "PSRT_TLS_CA",
+                    "CA certificate(s), PEM, that signed every process's certificate", ""},
+                   {"tls-cert", "PSRT_TLS_CERT", "Certificate, PEM, every process presents", ""},
+                   {"tls-key", "PSRT_TLS_KEY", "Private key, PEM, of --tls-cert", ""},
+                   {"tls-server-name", "PSRT_TLS_SERVER_NAME",
+                    "Name servers' certificates are checked against, not their host", ""}};
   for (TlsFlag& t : tls) flags.Add(t.flag, &t.value, absl::StrCat(t.help, " (env ", t.env, ")."));
   flags.ParseOrExit(argc, argv);
   for (const TlsFlag& t : tls) {
@@ -83,30 +91,38 @@ int main(int argc, char** argv) {
   absl::StatusOr<psrt::PsOptions> ps = psrt::ParseDistribution(o.distribution);
   if (!ps.ok()) return fail(absl::StrCat("--distribution: ", ps.status().message()));
   if (!ps->enabled) {
-    return fail("--distribution: parameter_server.enabled is not true; psrt-run starts parameter-server jobs only");
+    return fail(
+        "--distribution: parameter_server.enabled is not true; psrt-run starts parameter-server "
+        "jobs only");
   }
   o.ps = *ps;
   if (o.local_hosts < 0 || o.local_hosts > 64) return fail("--local must be in 0..64");
   if (!(stop_grace_s >= 0 && stop_grace_s <= 86400))
     return fail("--stop-grace must be in 0..86400 seconds");
   o.stop_grace = absl::Seconds(stop_grace_s);
-  if (o.coordinator_port <= 0 || o.coordinator_port > 65535) return fail("--coordinator-port must be in 1..65535");
+  if (o.coordinator_port <= 0 || o.coordinator_port > 65535)
+    return fail("--coordinator-port must be in 1..65535");
   if (o.local_hosts == 0) {
-    absl::StatusOr<psrt::ClusterSpec> cluster = psrt::ResolveCluster(hosts, current_host, std::getenv);
+    absl::StatusOr<psrt::ClusterSpec> cluster =
+        psrt::ResolveCluster(hosts, current_host, std::getenv);
     if (!cluster.ok()) return fail(std::string(cluster.status().message()));
     o.cluster = *cluster;
     if (o.cluster.hosts.size() == 1 && o.cluster.hosts[0] == "localhost") o.local_hosts = 1;
   }
   if (!interface.empty() && !o.advertise_address.empty()) {
-    return fail("give --interface or --advertise-address (PSRT_INTERFACE, PSRT_ADVERTISE_ADDRESS), not both");
+    return fail(
+        "give --interface or --advertise-address (PSRT_INTERFACE, PSRT_ADVERTISE_ADDRESS), not "
+        "both");
   }
   if (o.local_hosts > 0 && !(interface.empty() && o.advertise_address.empty())) {
-    return fail("--interface and --advertise-address choose what a host announces to other hosts; this job "
-                "runs every host on this machine, where servers announce 127.0.0.1");
+    return fail(
+        "--interface and --advertise-address choose what a host announces to other hosts; this job "
+        "runs every host on this machine, where servers announce 127.0.0.1");
   }
   if (o.local_hosts > 1 && o.ps.server_port_base > 0) {
-    return fail("--distribution: server_port_base gives every host the same ports, but --local runs " +
-                std::to_string(o.local_hosts) + " hosts on this machine; leave it out");
+    return fail(
+        "--distribution: server_port_base gives every host the same ports, but --local runs " +
+        std::to_string(o.local_hosts) + " hosts on this machine; leave it out");
   }
   if (!interface.empty()) {
     absl::StatusOr<std::string> address = psrt::InterfaceAddress(interface);
