@@ -45,6 +45,14 @@ std::string HumanBytes(int64_t b) {
   return absl::StrCat(b, " B");
 }
 
+// The job's hosts: the cluster's, or in local mode "local0", "local1", ...
+std::vector<std::string> JobHosts(const LaunchOptions& o) {
+  if (o.local_hosts == 0) return o.cluster.hosts;
+  std::vector<std::string> hosts;
+  for (int i = 0; i < o.local_hosts; ++i) hosts.push_back(absl::StrCat("local", i));
+  return hosts;
+}
+
 // Waits for the coordinator's port file (local mode binds port 0).
 absl::StatusOr<int> ReadPortFile(const std::string& path, const Child& coordinator,
                                  absl::Duration timeout) {
@@ -148,11 +156,7 @@ JobSummary SummarizeJob(const v1::JobStatusResponse& status, absl::Duration wall
 
 std::string DescribeLaunch(const LaunchOptions& o) {
   const bool local = o.local_hosts > 0;
-  std::vector<std::string> hosts = o.cluster.hosts;
-  if (local) {
-    hosts.clear();
-    for (int i = 0; i < o.local_hosts; ++i) hosts.push_back(absl::StrCat("local", i));
-  }
+  const std::vector<std::string> hosts = JobHosts(o);
   const PsOptions& ps = o.ps;
   const int n = static_cast<int>(hosts.size());
   std::string out = absl::StrCat(
@@ -225,11 +229,7 @@ int RunLauncher(const LaunchOptions& o) {
   const absl::Time launched = absl::Now();
   std::optional<v1::JobStatusResponse> last_status;  // the coordinator's latest
   const bool local = o.local_hosts > 0;
-  std::vector<std::string> hosts = o.cluster.hosts;
-  if (local) {
-    hosts.clear();
-    for (int i = 0; i < o.local_hosts; ++i) hosts.push_back(absl::StrCat("local", i));
-  }
+  const std::vector<std::string> hosts = JobHosts(o);
   std::vector<int> my_hosts;
   if (local) {
     for (int i = 0; i < o.local_hosts; ++i) my_hosts.push_back(i);
