@@ -26,6 +26,21 @@ def run_job(script, args, ps=None, hosts=2, timeout=240):
     return p.returncode, p.stdout
 
 
+def failure_text(log, tail=4000):
+    """What a failed job's assertion shows: every Python traceback in the
+    log (the first failing worker's is often far from the end), then the
+    log's last `tail` characters."""
+    lines = log.splitlines()
+    excerpts = []
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("Traceback (most recent call last)"):
+            end = i + 1
+            while end < len(lines) and lines[end].startswith((" ", "\t")):
+                end += 1
+            excerpts.append("\n".join(lines[max(0, i - 3):end + 1]))
+    return "\n...\n".join(excerpts + [log[-tail:]])
+
+
 def job_processes(token):
     """{pid: command line} of the live processes whose environment holds the
     job token."""

@@ -17,6 +17,8 @@ worker), and floating-point buffers averaged over workers after each step.
 
 import argparse
 import contextlib
+import os
+import time
 
 import torch
 from torch import nn
@@ -430,6 +432,14 @@ def reference(case, steps=STEPS, workers=2, device="cpu"):
     return final_state(model, scaler)
 
 
+def wait_for_file(path, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError("no %s after %d s" % (path, timeout))
+        time.sleep(0.05)
+
+
 def main():
     import psrt.torch as psrt
 
@@ -438,6 +448,8 @@ def main():
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--out", required=True)
     p.add_argument("--clip-from", type=int, help="clip gradients from this step on only (a test of the error)")
+    p.add_argument("--late-rank1", action="store_true",
+                   help="async and ssp: rank 1 takes its first step after rank 0's and clips from its second only")
     p.add_argument("--unfreeze-at", type=int, help="unfreeze the backbone at this step (a test of the error)")
     p.add_argument("--mean-grads", choices=["auto", "always", "never"], default="auto")
     p.add_argument("--fixed-batch", action="store_true",
@@ -465,7 +477,12 @@ def main():
         first = opt.global_step  # > 0 in a restored job: it goes on from there
         for step in range(first, args.steps):
             recipe = dict(CASES[case][3])
-            if args.clip_from is not None and step >= args.clip_from:
+            clip_from = args.clip_from
+            if args.late_rank1:
+                clip_from = step if rank == 0 else first + 1
+                if rank == 1 and step == first:
+                    wait_for_file(args.out + ".rank0-stepped")
+            if clip_from is not None and step >= clip_from:
                 recipe["clip"] = 1e-3
             if step == args.unfreeze_at:
                 for q in model.parameters():
@@ -473,6 +490,8 @@ def main():
             loss = train_step(case, model, opt, scaler, 0 if args.fixed_batch else step, [rank], recipe=recipe,
                               check_clip=not args.fixed_batch)
             print("rank %d: %s step %d loss %.6f" % (rank, case, step, loss), flush=True)
+            if args.late_rank1 and rank == 0 and step == first:
+                open(args.out + ".rank0-stepped", "w").close()
         opt.synchronize()
         results[case] = final_state(model, scaler)
         print("rank %d: %s trained %d steps" % (rank, case, args.steps), flush=True)

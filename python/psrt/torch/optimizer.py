@@ -189,7 +189,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ``.grad`` holds; in async and ssp modes each worker's own edited
         gradient goes out at ``step()``. ``None`` (the default) does this at
         the first step and keeps doing it only if that step's gradients were
-        changed; ``True`` always (edits that start later, or happen on some
+        changed (in async and ssp modes: if any worker's first step changed
+        them); ``True`` always (edits that start later, or happen on some
         steps only); ``False`` never. Without it a gradient changed after it
         was sent is an error at ``step()``.
       sync_buffers: the model's float32 and int64 buffers (BatchNorm's
@@ -258,8 +259,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # Gradients wait for step() (see mean_grads): always, never, or at the
         # first step, which decides (None until then; see _hold).
         self._mean_grads = mean_grads
-        self._decision = None  # sync, mean_grads=None: where the workers agree on it
-        if mean_grads is None and self._sync and self._variables:
+        self._decision = None  # mean_grads=None: where the workers agree on it
+        if mean_grads is None and self._variables:
             self._join_decision()
         self._grad_step = None     # the mean-gradient keys' step (registered when first needed)
         self._exchange_queued = False
@@ -349,8 +350,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._by_param[id(b)] = v
 
     def _join_decision(self):
-        """Sync: the first step's decision lives on the servers (an assign key
-        holding the mean of the workers' "changed" flags), so every worker
+        """The first step's decision lives on the servers (an assign key: in
+        sync mode the mean of the workers' "changed" flags), so every worker
         holds gradients or none does; a worker that joins later takes it."""
         self._decision = _Variable(self._variables[0].name + "@mean_grads", torch.zeros(1))
         self._register(self._decision, {"name": "assign"}, psrt.Compression.none)
@@ -362,9 +363,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         worker changed them."""
         if self._decision is not None:
             v = self._decision
-            v.param.fill_(1.0 if edited else 0.0)
-            self._client.wait(self._client.push_pull([v.name], [v.param.data_ptr()], [v.pulled.data_ptr()],
-                                                     self._client.pulled_version(v.name)))
+            if self._sync or edited:
+                v.param.fill_(1.0 if edited else 0.0)
+                self._client.wait(self._client.push_pull([v.name], [v.param.data_ptr()], [v.pulled.data_ptr()],
+                                                         self._client.pulled_version(v.name)))
+            else:
+                # Async and ssp: a worker's first step may come after others'
+                # updates, at weights where its clipping happens not to bite;
+                # it takes their "changed" and never overwrites it with its own.
+                self._client.wait(self._client.pull([v.name], [v.pulled.data_ptr()], 0))
             edited = bool(v.pulled.item() > 0)
         self._mean_grads = edited
 
