@@ -9,15 +9,21 @@
 //               hold, as psrt-server does);
 //   epoch       one training process fails (on_worker_failure "continue"):
 //               the time until every server heartbeats the new epoch;
+//   checkpoints meanwhile, training steps every --step-ms and the job
+//               checkpoints every --checkpoint-every steps (sync): the
+//               coordinator polls every server's SaveShard as it does in a
+//               job, and each played server writes a real one-key shard
+//               (tmpfs) once the step is reached;
 //   end         every other training process reports its exit, and the
-//               time until the coordinator says the job succeeded.
+//               time until the coordinator says the job succeeded (after
+//               its final checkpoint).
 //
 // Reported per N: Register and barrier latency percentiles, heartbeat
 // latency percentiles, late heartbeats (answered after the next was due)
 // and whether the coordinator declared anyone lost, the coordinator's CPU
-// (cores busy) and resident memory over the heartbeat phase, and the epoch
-// and end times. Checkpoint rounds are not played: they need servers that
-// save shards.
+// (cores busy), resident memory and most threads over the heartbeat phase,
+// the checkpoints committed and their mean time, and the epoch and end
+// times.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
@@ -39,6 +45,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -47,6 +54,10 @@
 #include "common/grpc_util.h"
 #include "common/process.h"
 #include "psrt/v1/coordinator.grpc.pb.h"
+#include "psrt/v1/ps.grpc.pb.h"
+#include "server/checkpoint/crc32c.h"
+#include "server/checkpoint/shard_format.h"
+#include "server/checkpoint/storage.h"
 
 namespace psrt {
 namespace {
@@ -121,6 +132,163 @@ v1::ProcessId Id(v1::Role role, int index) {
   return id;
 }
 
+// The servers' side of checkpoints, played: one gRPC server listening on a
+// loopback port per played server (each its own address, so that the
+// coordinator holds a connection per server, as in a job). Stats says the step training is
+// at; SaveShard for a step answers once training reached it (or its wait
+// ran out: not done), with a real one-key shard written through the
+// checkpoint format and storage, as psrt-server answers.
+class PlayedServers final : public v1::ParameterServer::CallbackService {
+ public:
+  static constexpr int kElements = 16;  // per server's key
+
+  PlayedServers(int servers, std::string root_uri) : servers_(servers), root_uri_(std::move(root_uri)) {}
+  ~PlayedServers() {
+    stop_ = true;
+    if (ticker_.joinable()) ticker_.join();
+    if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  }
+
+  // Listens on loopback; training steps every `step` from now on.
+  absl::Status Start(absl::Duration step) {
+    absl::StatusOr<std::unique_ptr<Storage>> storage = OpenStorage(root_uri_);
+    if (!storage.ok()) return storage.status();
+    storage_ = *std::move(storage);
+    grpc::ServerBuilder builder;
+    ports_.resize(servers_);
+    for (int& port : ports_) builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || std::count(ports_.begin(), ports_.end(), 0) > 0) {
+      return absl::InternalError("played servers: cannot listen");
+    }
+    ticker_ = std::thread([this, step] {
+      absl::Time next = absl::Now() + step;
+      while (!stop_.load()) {
+        if (absl::Now() >= next) {
+          step_.fetch_add(1);
+          next += step;
+        }
+        Sweep(absl::Now());
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      Sweep(absl::InfiniteFuture());
+    });
+    return absl::OkStatus();
+  }
+  std::string address(int server) const { return absl::StrCat("127.0.0.1:", ports_[server]); }
+  int64_t shards_written() const { return written_.load(); }
+
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const v1::StatsRequest*,
+                                  v1::StatsResponse* resp) override {
+    resp->set_num_keys(1);
+    resp->set_min_version(step_.load());
+    resp->set_max_version(step_.load());
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+
+  grpc::ServerUnaryReactor* SaveShard(grpc::CallbackServerContext* ctx, const v1::SaveShardRequest* req,
+                                      v1::SaveShardResponse* resp) override {
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    // The coordinator names each server's shard "shard-IIIII-of-NNNNN".
+    const size_t at = req->shard_path().rfind("shard-");
+    int index = -1;
+    if (req->root_uri() != root_uri_ || at == std::string::npos ||
+        !absl::SimpleAtoi(req->shard_path().substr(at + 6, 5), &index) || index < 0 || index >= servers_) {
+      r->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "played servers: not a shard of this job"));
+      return r;
+    }
+    if (req->step() < 0 || step_.load() >= req->step()) {
+      r->Finish(Write(*req, index, resp));
+      return r;
+    }
+    absl::MutexLock lock(&mu_);
+    waiting_.push_back({r, req, resp, index, absl::Now() + absl::Seconds(req->wait_s())});
+    return r;
+  }
+
+ private:
+  struct Waiting {
+    grpc::ServerUnaryReactor* reactor;
+    const v1::SaveShardRequest* req;
+    v1::SaveShardResponse* resp;
+    int index;
+    absl::Time until;
+  };
+
+  // Answers the SaveShards whose step was reached (written) or whose wait
+  // ended by `now` (not done).
+  void Sweep(absl::Time now) {
+    std::vector<Waiting> ready;
+    {
+      absl::MutexLock lock(&mu_);
+      auto keep = std::partition(waiting_.begin(), waiting_.end(), [&](const Waiting& w) {
+        return w.req->step() > step_.load() && w.until > now;
+      });
+      ready.assign(keep, waiting_.end());
+      waiting_.erase(keep, waiting_.end());
+    }
+    for (Waiting& w : ready) {
+      if (w.req->step() <= step_.load()) {
+        w.reactor->Finish(Write(*w.req, w.index, w.resp));
+      } else {
+        w.resp->set_done(false);
+        w.resp->set_keys_waiting(1);
+        w.reactor->Finish(grpc::Status::OK);
+      }
+    }
+  }
+
+  grpc::Status Write(const v1::SaveShardRequest& req, int index, v1::SaveShardResponse* resp) {
+    KeyRecord key;
+    key.variable = "load";
+    key.partition = static_cast<uint32_t>(index);
+    key.offset = int64_t{index} * kElements;
+    key.num_elements = kElements;
+    key.version = req.step() >= 0 ? req.step() : step_.load();
+    key.learning_rate = 0.1;
+    key.optimizer = "sgd";
+    key.weights.assign(kElements, 0.5f);
+    const std::string bytes = EncodeShard({key});
+    if (absl::Status s = storage_->Put(req.shard_path(), bytes); !s.ok()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(s.message()));
+    }
+    written_.fetch_add(1);
+    resp->set_done(true);
+    v1::ManifestShard* shard = resp->mutable_shard();
+    shard->set_path(req.shard_path());
+    shard->set_bytes(static_cast<int64_t>(bytes.size()));
+    shard->set_crc32c(Crc32c(bytes));
+    shard->set_num_records(1);
+    v1::ManifestKey* k = resp->add_keys();
+    k->set_variable(key.variable);
+    k->set_partition(key.partition);
+    k->set_offset(key.offset);
+    k->set_num_elements(key.num_elements);
+    k->set_version(key.version);
+    v1::ManifestVariable* v = resp->add_variables();
+    v->set_name(key.variable);
+    v->add_shape(int64_t{servers_} * kElements);
+    v->set_dtype(v1::DTYPE_FLOAT32);
+    v->mutable_optimizer()->set_name("sgd");
+    v->mutable_optimizer()->set_lr(0.1);
+    return grpc::Status::OK;
+  }
+
+  const int servers_;
+  const std::string root_uri_;
+  std::unique_ptr<Storage> storage_;
+  std::unique_ptr<grpc::Server> server_;
+  std::vector<int> ports_;
+  std::atomic<int64_t> step_{0}, written_{0};
+  std::atomic<bool> stop_{false};
+  std::thread ticker_;
+  absl::Mutex mu_;
+  std::vector<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
+};
+
 // CPU seconds (user + system) and resident bytes of `pid`.
 std::pair<double, int64_t> Usage(pid_t pid) {
   std::istringstream stat(ReadFile(absl::StrCat("/proc/", pid, "/stat")));
@@ -137,10 +305,21 @@ std::pair<double, int64_t> Usage(pid_t pid) {
   return {ticks / sysconf(_SC_CLK_TCK), rss};
 }
 
+// The threads `pid` runs now.
+int Threads(pid_t pid) {
+  std::istringstream status(ReadFile(absl::StrCat("/proc/", pid, "/status")));
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("Threads:", 0) == 0) return std::atoi(line.c_str() + 8);
+  }
+  return 0;
+}
+
 struct Settings {
   double seconds = 10;
   double heartbeat_timeout_s = 10;  // the job's default
   int timeout_s = 300;
+  int step_ms = 500;            // a training step
+  int checkpoint_every = 2;     // steps; 0: no checkpoints
 };
 
 // One coordinator, one N.
@@ -158,16 +337,19 @@ class Run {
     if (driver_.joinable()) driver_.join();
     beating_.Drain(absl::Seconds(30));
     if (pid_ > 0) Terminate({pid_}, absl::Seconds(5));
+    played_.reset();
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
+    if (!checkpoints_.empty()) std::filesystem::remove_all(checkpoints_);
   }
 
   absl::StatusOr<nlohmann::json> Go() {
     if (absl::Status s = StartCoordinator(); !s.ok()) return s;
     driver_ = std::thread([this] { Drive(); });
     nlohmann::json out = {{"hosts", hosts_}, {"processes", 3 * hosts_}};
-    if (absl::Status s = StartUp(&out); !s.ok()) return s;
-    if (absl::Status s = Heartbeats(&out); !s.ok()) return s;
-    if (absl::Status s = End(&out); !s.ok()) return s;
+    absl::Status s = StartUp(&out);
+    if (s.ok()) s = Heartbeats(&out);
+    if (s.ok()) s = End(&out);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(s.message(), LastLogLines()));
     return out;
   }
 
@@ -176,11 +358,23 @@ class Run {
     char dir[] = "/tmp/psrt-coordinator-load-XXXXXX";
     if (mkdtemp(dir) == nullptr) return absl::InternalError("mkdtemp failed");
     dir_ = dir;
+    std::string checkpoint;
+    if (settings_.checkpoint_every > 0) {
+      // On tmpfs where there is one: the played servers' shards are written
+      // on this one machine, and their fsyncs are not the coordinator's cost.
+      char root[] = "/dev/shm/psrt-coordinator-load-XXXXXX";
+      checkpoints_ = mkdtemp(root) != nullptr ? root : dir_ + "/checkpoints";
+      played_ = std::make_unique<PlayedServers>(hosts_, "file://" + checkpoints_);
+      if (absl::Status s = played_->Start(absl::Milliseconds(settings_.step_ms)); !s.ok()) return s;
+      checkpoint = absl::StrCat(R"(,"checkpoint":{"uri":"file://)", checkpoints_, R"(","every_steps":)",
+                                settings_.checkpoint_every, R"(,"keep":2})");
+    }
     std::vector<std::string> names;
     for (int h = 0; h < hosts_; ++h) names.push_back(absl::StrCat("load-host-", h));
     const std::string distribution = absl::StrCat(
         R"({"parameter_server":{"enabled":true,"heartbeat_timeout_s":)", settings_.heartbeat_timeout_s,
-        R"(,"barrier_timeout_s":)", settings_.timeout_s, R"(,"on_worker_failure":"continue"}})");
+        R"(,"barrier_timeout_s":)", settings_.timeout_s, R"(,"on_worker_failure":"continue")", checkpoint,
+        "}}");
     const std::string port_file = dir_ + "/port";
     // Its log (a line per registration) goes to a file; the shell execs it,
     // so the pid is the coordinator's.
@@ -232,7 +426,9 @@ class Run {
         *c->req.mutable_id() = Id(role, h);
         c->req.set_host(absl::StrCat("load-host-", h));
         c->req.set_pid(100000 + h);
-        if (role == v1::ROLE_SERVER) c->req.set_address(absl::StrCat("127.0.0.1:", 20000 + h));
+        if (role == v1::ROLE_SERVER) {
+          c->req.set_address(played_ != nullptr ? played_->address(h) : absl::StrCat("127.0.0.1:", 20000 + h));
+        }
         stub_->async()->Register(&c->ctx, &c->req, &c->resp, [&, c, role, h](grpc::Status s) {
           const absl::Time now = absl::Now();
           reg.Add(now - c->start);
@@ -372,7 +568,17 @@ class Run {
   // fails and the servers take the new epoch.
   absl::Status Heartbeats(nlohmann::json* out) {
     const auto [cpu0, rss0] = Usage(pid_);
+    const absl::StatusOr<v1::JobStatusResponse> status0 = JobStatus();
+    if (!status0.ok()) return status0.status();
     measuring_ = true;
+    std::atomic<bool> sampling{true};
+    std::atomic<int> threads{0};
+    std::thread sampler([&] {
+      while (sampling.load()) {
+        threads = std::max(threads.load(), Threads(pid_));
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+    });
     absl::SleepFor(absl::Seconds(settings_.seconds / 2));
     const int failing = 3 * hosts_ - 1;  // the last host's training process
     {
@@ -388,12 +594,20 @@ class Run {
     req.set_exit_code(1);
     req.set_message("coordinator_load: this process fails on purpose");
     v1::ReportExitResponse resp;
-    if (grpc::Status s = stub_->ReportExit(&ctx, req, &resp); !s.ok()) {
-      return absl::InternalError(absl::StrCat("ReportExit: ", s.error_message()));
-    }
-    absl::SleepFor(absl::Seconds(settings_.seconds / 2));
+    grpc::Status reported = stub_->ReportExit(&ctx, req, &resp);
+    if (reported.ok()) absl::SleepFor(absl::Seconds(settings_.seconds / 2));
     measuring_ = false;
+    sampling = false;
+    sampler.join();
+    if (!reported.ok()) return absl::InternalError(absl::StrCat("ReportExit: ", reported.error_message()));
     const auto [cpu1, rss1] = Usage(pid_);
+    const absl::StatusOr<v1::JobStatusResponse> status1 = JobStatus();
+    if (!status1.ok()) return status1.status();
+    const int64_t checkpoints = status1->checkpoints() - status0->checkpoints();
+    (*out)["checkpoints"] = checkpoints;
+    (*out)["checkpoint_mean_s"] =
+        checkpoints > 0 ? (status1->checkpoint_seconds() - status0->checkpoint_seconds()) / checkpoints : 0.0;
+    (*out)["coordinator_threads_max"] = threads.load();
     (*out)["heartbeat"] = beats_.Summary();
     (*out)["heartbeat_interval_s"] = absl::ToDoubleSeconds(interval_);
     (*out)["heartbeats_late"] = late_.load();
@@ -427,25 +641,39 @@ class Run {
     }
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
     while (absl::Now() < deadline) {
-      grpc::ClientContext ctx;
-      PrepareContext(&ctx, kToken, absl::Seconds(10));
-      v1::JobStatusResponse status;
-      grpc::Status s = stub_->GetJobStatus(&ctx, v1::JobStatusRequest(), &status);
-      if (s.ok() && status.state() == v1::JOB_SUCCEEDED) {
+      absl::StatusOr<v1::JobStatusResponse> status = JobStatus();
+      if (status.ok() && status->state() == v1::JOB_SUCCEEDED) {
         (*out)["end_s"] = absl::ToDoubleSeconds(absl::Now() - start);
         return absl::OkStatus();
       }
-      if (s.ok() && status.state() == v1::JOB_FAILED) {
-        return absl::InternalError(absl::StrCat("the job failed: ", status.reason()));
+      if (status.ok() && status->state() == v1::JOB_FAILED) {
+        return absl::InternalError(absl::StrCat("the job failed: ", status->reason()));
       }
       absl::SleepFor(absl::Milliseconds(20));
     }
     return absl::DeadlineExceededError("the job did not succeed within 60 s of the exits");
   }
 
+  // The coordinator's last lines, for a run that failed.
+  std::string LastLogLines() const {
+    std::vector<std::string> lines = absl::StrSplit(ReadFile(dir_ + "/coordinator.log"), '\n', absl::SkipEmpty());
+    if (lines.size() > 3) lines.erase(lines.begin(), lines.end() - 3);
+    return lines.empty() ? "" : absl::StrCat("; the coordinator's last lines:\n  ", absl::StrJoin(lines, "\n  "));
+  }
+
+  absl::StatusOr<v1::JobStatusResponse> JobStatus() {
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, kToken, absl::Seconds(10));
+    v1::JobStatusResponse status;
+    grpc::Status s = stub_->GetJobStatus(&ctx, v1::JobStatusRequest(), &status);
+    if (!s.ok()) return absl::UnavailableError(absl::StrCat("GetJobStatus: ", s.error_message()));
+    return status;
+  }
+
   const int hosts_;
   const Settings settings_;
-  std::string dir_;
+  std::string dir_, checkpoints_;
+  std::unique_ptr<PlayedServers> played_;  // with checkpoints
   pid_t pid_ = 0;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   std::unique_ptr<grpc::GenericStub> generic_;
@@ -478,6 +706,9 @@ int Main(int argc, char** argv) {
             "The job's heartbeat_timeout_s (the interval is a fifth of it, at most 1 s); "
             "10 is the job's default.");
   flags.Add("timeout", &settings.timeout_s, "Give up on a start-up after this many seconds.");
+  flags.Add("step-ms", &settings.step_ms, "Milliseconds per training step, as the played servers report it.");
+  flags.Add("checkpoint-every", &settings.checkpoint_every,
+            "The job checkpoints every this many steps (sync); 0: no checkpoints.");
   flags.Add("json", &json_path, "Write the results as JSON here.");
   flags.ParseOrExit(argc, argv);
   absl::StatusOr<std::vector<int>> counts = ParseCounts(hosts, 2, 16384);
@@ -486,16 +717,18 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (counts->empty() || settings.seconds < 2 || settings.heartbeat_timeout_s <= 0 ||
-      settings.timeout_s < 1) {
-    std::fprintf(stderr, "%s: need --hosts, --seconds >= 2, --heartbeat-timeout > 0, --timeout >= 1\n",
+      settings.timeout_s < 1 || settings.step_ms < 1 || settings.checkpoint_every < 0) {
+    std::fprintf(stderr,
+                 "%s: need --hosts, --seconds >= 2, --heartbeat-timeout > 0, --timeout >= 1, "
+                 "--step-ms >= 1, --checkpoint-every >= 0\n",
                  kProgram);
     return 2;
   }
   std::printf("%s: one psrt-coordinator, N hosts played (agent, server, worker each); nproc %ld, load %s\n",
               kProgram, sysconf(_SC_NPROCESSORS_ONLN), LoadAverage().c_str());
-  std::printf("%6s %9s %12s %12s %12s %12s %12s %6s %6s %9s %8s %8s\n", "hosts", "start s",
+  std::printf("%6s %9s %12s %12s %12s %12s %12s %6s %6s %9s %8s %8s %8s %7s %8s %8s\n", "hosts", "start s",
               "barrier p99", "hb p50 ms", "hb p99 ms", "hb max ms", "beats/s", "late", "errors",
-              "cores", "RSS MiB", "epoch s");
+              "cores", "RSS MiB", "threads", "epoch s", "ckpts", "ckpt s", "end s");
   nlohmann::json results = nlohmann::json::array();
   for (int n : *counts) {
     Run run(n, settings);
@@ -509,7 +742,7 @@ int Main(int argc, char** argv) {
       continue;
     }
     const nlohmann::json& j = *r;
-    std::printf("%6d %9.2f %10.1fms %12.2f %12.2f %12.2f %12.0f %6d %6d %9.2f %8.1f %8.2f\n", n,
+    std::printf("%6d %9.2f %10.1fms %12.2f %12.2f %12.2f %12.0f %6d %6d %9.2f %8.1f %8d %8.2f %7d %8.3f %8.2f\n", n,
                 j["start_up_s"].get<double>(), j["barrier"]["p99_us"].get<double>() / 1e3,
                 j["heartbeat"]["p50_us"].get<double>() / 1e3,
                 j["heartbeat"]["p99_us"].get<double>() / 1e3,
@@ -517,8 +750,9 @@ int Main(int argc, char** argv) {
                 j["heartbeat"]["count"].get<double>() / settings.seconds,
                 j["heartbeats_late"].get<int>(), j["heartbeat_errors"].get<int>(),
                 j["coordinator_cores_busy"].get<double>(),
-                j["coordinator_rss_bytes"].get<double>() / (1 << 20),
-                j["epoch_to_every_server_s"].get<double>());
+                j["coordinator_rss_bytes"].get<double>() / (1 << 20), j["coordinator_threads_max"].get<int>(),
+                j["epoch_to_every_server_s"].get<double>(), j["checkpoints"].get<int>(),
+                j["checkpoint_mean_s"].get<double>(), j["end_s"].get<double>());
     std::fflush(stdout);
     results.push_back(j);
   }

@@ -56,8 +56,10 @@ bool TlsEnabled() {
   return !c.ok() || c->enabled();
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
-                                           int64_t max_message_bytes) {
+namespace {
+
+std::shared_ptr<grpc::Channel> NewChannel(const std::string& address, int64_t max_message_bytes,
+                                          bool tensors) {
   grpc::ChannelArguments args;
   const int limit = static_cast<int>(std::min<int64_t>(max_message_bytes, INT_MAX));
   args.SetMaxReceiveMessageSize(limit);
@@ -66,10 +68,12 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  // One TCP connection per server from each process is the bottleneck for
-  // big tensors; a local subchannel pool per channel keeps channels apart.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  TuneForTensors([&](const char* name, int v) { args.SetInt(name, v); });
+  if (tensors) {
+    // One TCP connection per server from each process is the bottleneck for
+    // big tensors; a local subchannel pool per channel keeps channels apart.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    TuneForTensors([&](const char* name, int v) { args.SetInt(name, v); });
+  }
   const absl::StatusOr<TlsConfig>& tls = Tls();
   if (tls.ok() && !tls->enabled()) {
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
@@ -82,6 +86,16 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
     if (!tls->server_name.empty()) args.SetSslTargetNameOverride(tls->server_name);
   }  // else the system's roots, which trust no job certificate
   return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
+}
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int64_t max_message_bytes) {
+  return NewChannel(address, max_message_bytes, /*tensors=*/true);
+}
+
+std::shared_ptr<grpc::Channel> MakeControlChannel(const std::string& address) {
+  return NewChannel(address, kDefaultMaxMessageBytes, /*tensors=*/false);
 }
 
 void ConfigureServerBuilder(grpc::ServerBuilder* builder, int64_t max_message_bytes) {

@@ -47,6 +47,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(
     const std::string& address,
     int64_t max_message_bytes = kDefaultMaxMessageBytes);
 
+// The same for calls that carry no tensors (checkpoint rounds, a server's
+// Stats): without the tensor path's large read buffers and connection of its
+// own, so that a coordinator holding one per server stays small.
+std::shared_ptr<grpc::Channel> MakeControlChannel(const std::string& address);
+
 // Applies message limits and thread limits shared by every psrt service.
 void ConfigureServerBuilder(grpc::ServerBuilder* builder,
                             int64_t max_message_bytes = kDefaultMaxMessageBytes);

@@ -10,6 +10,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
 #include "common/failpoint.h"
 #include "common/grpc_util.h"
@@ -29,8 +30,13 @@ std::string JobId(const std::string& token) {
   return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)));
 }
 // How long a periodic sync checkpoint's server calls wait for the step
-// before the coordinator looks at its other triggers again.
-constexpr absl::Duration kPollWait = absl::Milliseconds(250);
+// before the coordinator looks at its other triggers again: 250 ms, and 1 ms
+// per server beyond, so that the polls of thousands of servers (one call
+// each, all the time between checkpoints) stay near a thousand calls a
+// second.
+absl::Duration PollWait(size_t servers) {
+  return std::max(absl::Milliseconds(250), absl::Milliseconds(static_cast<int64_t>(servers)));
+}
 
 std::vector<double> SecondsBuckets() { return {0.01, 0.1, 1, 10, 100, 1000}; }
 
@@ -66,8 +72,11 @@ void Checkpointer::Start(const std::vector<std::string>& server_addresses, int64
   const bool loop = options_.config.every_steps() > 0 || options_.config.every_seconds() > 0;
   {
     absl::MutexLock save(&save_mu_);
-    servers_.clear();
-    for (const std::string& a : server_addresses) servers_.push_back(v1::ParameterServer::NewStub(MakeChannel(a)));
+    addresses_ = server_addresses;
+    {
+      absl::MutexLock stubs(&stubs_mu_);
+      servers_.clear();  // made at the first call (Servers)
+    }
     start_step_ = start_step;
     absl::MutexLock lock(&mu_);
     stopping_ = false;
@@ -171,16 +180,56 @@ void Checkpointer::Untrack(grpc::ClientContext* ctx) {
   calls_.erase(std::find(calls_.begin(), calls_.end(), ctx));
 }
 
+const std::vector<std::unique_ptr<v1::ParameterServer::Stub>>& Checkpointer::Servers() {
+  absl::MutexLock lock(&stubs_mu_);
+  if (servers_.empty()) {
+    for (const std::string& a : addresses_) servers_.push_back(v1::ParameterServer::NewStub(MakeControlChannel(a)));
+  }
+  return servers_;
+}
+
+std::vector<grpc::Status> Checkpointer::CallEach(absl::Duration timeout, const StartCall& start) {
+  const std::vector<std::unique_ptr<v1::ParameterServer::Stub>>& servers = Servers();
+  const int n = static_cast<int>(servers.size());
+  std::vector<grpc::Status> status(n);
+  std::vector<std::unique_ptr<grpc::ClientContext>> calls(n);
+  absl::BlockingCounter answered(n);
+  for (int i = 0; i < n; ++i) {
+    calls[i] = std::make_unique<grpc::ClientContext>();
+    PrepareContext(calls[i].get(), options_.token, timeout);
+    if (!Track(calls[i].get())) {
+      calls[i].reset();
+      status[i] = grpc::Status(grpc::StatusCode::CANCELLED, "the checkpoint was cancelled");
+      answered.DecrementCount();
+      continue;
+    }
+    start(i, servers[i].get(), calls[i].get(), [&status, &answered, i](grpc::Status s) {
+      status[i] = std::move(s);
+      answered.DecrementCount();
+    });
+  }
+  answered.Wait();
+  for (const auto& ctx : calls) {
+    if (ctx != nullptr) Untrack(ctx.get());
+  }
+  return status;
+}
+
 absl::StatusOr<std::vector<v1::StatsResponse>> Checkpointer::AllStats() {
-  std::vector<v1::StatsResponse> out(servers_.size());
-  for (size_t i = 0; i < servers_.size(); ++i) {
-    grpc::ClientContext ctx;
-    PrepareContext(&ctx, options_.token, kRpcTimeout);
-    if (!Track(&ctx)) return absl::CancelledError("the checkpoint was cancelled");
-    grpc::Status s = servers_[i]->Stats(&ctx, v1::StatsRequest(), &out[i]);
-    Untrack(&ctx);
-    if (!s.ok()) {
-      return absl::UnavailableError(absl::StrCat("server ", i, " did not answer Stats: ", s.error_message()));
+  std::vector<v1::StatsResponse> out(addresses_.size());
+  const v1::StatsRequest req;
+  std::vector<grpc::Status> status =
+      CallEach(kRpcTimeout, [&](int i, v1::ParameterServer::Stub* server, grpc::ClientContext* ctx,
+                                std::function<void(grpc::Status)> done) {
+        server->async()->Stats(ctx, &req, &out[i], std::move(done));
+      });
+  for (size_t i = 0; i < status.size(); ++i) {
+    if (status[i].error_code() == grpc::StatusCode::CANCELLED) {
+      return absl::CancelledError("the checkpoint was cancelled");
+    }
+    if (!status[i].ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("server ", i, " did not answer Stats: ", status[i].error_message()));
     }
   }
   return out;
@@ -214,35 +263,28 @@ v1::CheckpointResponse Checkpointer::Response(const std::string& name, int64_t s
 
 absl::Status Checkpointer::Round(const std::string& name, int64_t step, absl::Duration wait,
                                  std::vector<v1::SaveShardResponse>* responses, bool* done) {
-  const int n = static_cast<int>(servers_.size());
+  const int n = static_cast<int>(addresses_.size());
   // Async and ssp copy every key at once: nothing to wait for.
   bool allow_empty = !sync();
   for (const v1::SaveShardResponse& r : *responses) allow_empty = allow_empty || r.keys_size() > 0;
+  std::vector<v1::SaveShardRequest> requests(n);
+  std::vector<v1::SaveShardResponse> answers(n);
+  std::vector<grpc::Status> status = CallEach(
+      wait + options_.save_timeout, [&](int i, v1::ParameterServer::Stub* server, grpc::ClientContext* ctx,
+                                        std::function<void(grpc::Status)> done) {
+        v1::SaveShardRequest& req = requests[i];
+        req.set_root_uri(root_->uri());
+        req.set_name(name);
+        req.set_shard_path(ShardPath(name, i, n));
+        req.set_step(sync() ? step : -1);
+        req.set_wait_s(absl::ToDoubleSeconds(wait));
+        req.set_allow_empty(allow_empty);
+        server->async()->SaveShard(ctx, &req, &answers[i], std::move(done));
+      });
   responses->resize(n);
-  std::vector<grpc::Status> status(n);
-  std::vector<std::thread> calls;
   for (int i = 0; i < n; ++i) {
-    calls.emplace_back([&, i] {
-      v1::SaveShardRequest req;
-      req.set_root_uri(root_->uri());
-      req.set_name(name);
-      req.set_shard_path(ShardPath(name, i, n));
-      req.set_step(sync() ? step : -1);
-      req.set_wait_s(absl::ToDoubleSeconds(wait));
-      req.set_allow_empty(allow_empty);
-      grpc::ClientContext ctx;
-      PrepareContext(&ctx, options_.token, wait + options_.save_timeout);
-      if (!Track(&ctx)) {
-        status[i] = grpc::Status(grpc::StatusCode::CANCELLED, "the checkpoint was cancelled");
-        return;
-      }
-      v1::SaveShardResponse resp;
-      status[i] = servers_[i]->SaveShard(&ctx, req, &resp);
-      Untrack(&ctx);
-      if (status[i].ok()) (*responses)[i] = std::move(resp);
-    });
+    if (status[i].ok()) (*responses)[i] = std::move(answers[i]);
   }
-  for (std::thread& t : calls) t.join();
   *done = true;
   for (int i = 0; i < n; ++i) {
     if (!status[i].ok()) {
@@ -330,7 +372,7 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Commit(
 
 absl::StatusOr<v1::CheckpointResponse> Checkpointer::SaveNow(absl::Time deadline) {
   absl::MutexLock lock(&save_mu_);
-  if (servers_.empty()) return absl::UnavailableError("the job's servers have not all registered yet");
+  if (addresses_.empty()) return absl::UnavailableError("the job's servers have not all registered yet");
   absl::Status last;
   // Sync: a key may pass the chosen step before it is armed; then try the
   // step it reached.
@@ -369,7 +411,7 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::SaveNow(absl::Time deadline
 
 absl::StatusOr<v1::CheckpointResponse> Checkpointer::Finish() {
   Stop();
-  if (servers_.empty()) return absl::FailedPreconditionError("the job ended before its servers registered");
+  if (addresses_.empty()) return absl::FailedPreconditionError("the job ended before its servers registered");
   return SaveNow(absl::Now() + options_.save_timeout);
 }
 
@@ -423,7 +465,7 @@ void Checkpointer::Loop() {
     }
     const absl::Time started = absl::Now();
     bool done = false;
-    absl::Status s = Round(name, target, kPollWait, &responses, &done);
+    absl::Status s = Round(name, target, PollWait(addresses_.size()), &responses, &done);
     if (s.ok() && done) s = Commit(name, target, responses, started).status();
     if (!s.ok() || done) {
       if (!s.ok() && stopping()) break;  // stopped or cancelled on purpose: not news

@@ -1,6 +1,7 @@
 #ifndef PSRT_SERVER_CHECKPOINTER_H_
 #define PSRT_SERVER_CHECKPOINTER_H_
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -79,7 +80,15 @@ class Checkpointer {
   Checkpointer(CheckpointerOptions options, std::unique_ptr<Storage> root, Metrics* metrics);
   void Loop();
   bool sync() const { return options_.mode == "sync"; }
-  // Per server, its Stats; or the first error.
+  // One call to every server at once, by gRPC's callback API: a thread per
+  // server would mean thousands, at every poll of a large job. `start(i,
+  // stub, ctx, done)` starts server i's call, which ends by calling done. Returns
+  // each call's status once all have ended; Cancel cancels them, and after
+  // it a call is CANCELLED without being sent.
+  using StartCall = std::function<void(int, v1::ParameterServer::Stub*, grpc::ClientContext*,
+                                       std::function<void(grpc::Status)>)>;
+  std::vector<grpc::Status> CallEach(absl::Duration timeout, const StartCall& start);
+  // Per server, its Stats (asked all at once); or the first error.
   absl::StatusOr<std::vector<v1::StatsResponse>> AllStats();
   // Registers a server call so that Abort can cancel it; false once cancelled.
   bool Track(grpc::ClientContext* ctx);
@@ -116,7 +125,13 @@ class Checkpointer {
   absl::Mutex record_mu_;
   v1::JobRecord record_ ABSL_GUARDED_BY(record_mu_);
   // Set by Start while no checkpoint is being written.
-  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> servers_;
+  std::vector<std::string> addresses_;
+  // Their stubs, made at the first call after Start (Servers): a channel per
+  // server takes a while at thousands of servers, and the coordinator calls
+  // Start under its lock.
+  const std::vector<std::unique_ptr<v1::ParameterServer::Stub>>& Servers();
+  absl::Mutex stubs_mu_;
+  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> servers_ ABSL_GUARDED_BY(stubs_mu_);
   int64_t start_step_ = 0;
   std::thread loop_;
   Counter* saved_;

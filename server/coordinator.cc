@@ -411,7 +411,7 @@ int64_t CoordinatorService::ReachedStep(const std::vector<std::string>& servers)
   int64_t reached = 0;
   for (const std::string& address : servers) {
     if (address.empty()) continue;
-    auto stub = v1::ParameterServer::NewStub(MakeChannel(address));
+    auto stub = v1::ParameterServer::NewStub(MakeControlChannel(address));
     grpc::ClientContext ctx;
     PrepareContext(&ctx, options_.token, absl::Seconds(1));
     v1::StatsResponse stats;
