@@ -44,8 +44,11 @@ done
 
 # One coordinator against the processes of 64 to 4096 hosts.
 echo "bench: coordinator_load"
-"$bin/coordinator_load" --json "$out/coordinator_load.json" | tee "$out/coordinator_load.txt"
-reports+=("$out/coordinator_load.json" "$out/coordinator_load.txt")
+"$bin/coordinator_load" --checkpoint-every=0 --json "$out/coordinator_load.json" | tee "$out/coordinator_load.txt"
+"$bin/coordinator_load" --hosts=64,256,1024,2048 --json "$out/coordinator_load_checkpoints.json" |
+  tee "$out/coordinator_load_checkpoints.txt"
+reports+=("$out/coordinator_load.json" "$out/coordinator_load.txt" "$out/coordinator_load_checkpoints.json"
+          "$out/coordinator_load_checkpoints.txt")
 
 # The trainer across three network-namespace hosts (plain, then shaped links)
 # against the same job on loopback, in turns, and a communication-bound torch
