@@ -2,8 +2,9 @@
 // of N hosts (an agent, a server and a training process each: 3N processes),
 // played by this program over gRPC, for each N of --hosts:
 //
-//   start-up    every process registers, and servers and training processes
-//               wait in the readiness barrier, as they do at a job's start;
+//   start-up    every process registers, and the training processes wait
+//               in the readiness barrier, as they do at a job's start (a
+//               server's first heartbeat brings it the shard map instead);
 //   heartbeats  each process heartbeats at the job's interval, staggered,
 //               for --seconds (servers report the membership epoch they
 //               hold, as psrt-server does);
@@ -402,8 +403,8 @@ class Run {
     return absl::OkStatus();
   }
 
-  // Every process registers; servers and training processes then wait in
-  // the barrier, which ends when the last of them registered.
+  // Every process registers; the training processes then wait in the
+  // barrier, which ends when the last process registered.
   absl::Status StartUp(nlohmann::json* out) {
     Latencies reg, barrier;
     InFlight registering, waiting;
@@ -442,7 +443,7 @@ class Run {
             registered_[role % 3 * hosts_ + h] = true;  // as RoleOf orders them
           }
           if (!s.ok()) fail(s, absl::StrCat("Register of ", role, "/", h));
-          if (s.ok() && role != v1::ROLE_AGENT) Wait(role, h, &waiting, &barrier, fail);
+          if (s.ok() && role == v1::ROLE_WORKER) Wait(role, h, &waiting, &barrier, fail);
           registering.End();
         });
       }
