@@ -66,6 +66,7 @@ namespace {
 constexpr char kProgram[] = "coordinator_load";
 constexpr char kToken[] = "coordinator-load";
 constexpr int kMaxInFlight = 512;  // registrations and exits at once
+constexpr int kConnections = 64;   // to the coordinator (Run::StartCoordinator)
 
 // Latencies of one kind of call, in microseconds.
 class Latencies {
@@ -394,12 +395,19 @@ class Run {
       absl::SleepFor(absl::Milliseconds(20));
     }
     if (port == 0) return absl::DeadlineExceededError("psrt-coordinator wrote no port within 30 s");
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(-1);
-    std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-        absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args);
-    stub_ = v1::Coordinator::NewStub(channel);
-    generic_ = std::make_unique<grpc::GenericStub>(channel);
+    // A job's processes each have a connection of their own; the played
+    // ones share kConnections, host h's calls going by connection h % it, so
+    // that one host's heartbeats do not queue behind all the barrier's
+    // answers on one connection.
+    for (int c = 0; c < kConnections; ++c) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(-1);
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+          absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args);
+      stubs_.push_back(v1::Coordinator::NewStub(channel));
+      generic_.push_back(std::make_unique<grpc::GenericStub>(channel));
+    }
     return absl::OkStatus();
   }
 
@@ -430,7 +438,7 @@ class Run {
         if (role == v1::ROLE_SERVER) {
           c->req.set_address(played_ != nullptr ? played_->address(h) : absl::StrCat("127.0.0.1:", 20000 + h));
         }
-        stub_->async()->Register(&c->ctx, &c->req, &c->resp, [&, c, role, h](grpc::Status s) {
+        Stub(h)->async()->Register(&c->ctx, &c->req, &c->resp, [&, c, role, h](grpc::Status s) {
           const absl::Time now = absl::Now();
           reg.Add(now - c->start);
           int64_t ns = absl::ToUnixNanos(now);
@@ -476,7 +484,7 @@ class Run {
     *req.mutable_id() = Id(role, h);
     bool own = false;
     (void)grpc::SerializationTraits<v1::BarrierRequest>::Serialize(req, &c->req, &own);
-    generic_->UnaryCall(&c->ctx, "/psrt.v1.Coordinator/Barrier", grpc::StubOptions(), &c->req,
+    generic_[h % kConnections]->UnaryCall(&c->ctx, "/psrt.v1.Coordinator/Barrier", grpc::StubOptions(), &c->req,
                         &c->resp, [&fail, this, c, role, h, waiting, barrier](grpc::Status s) {
       const absl::Time now = absl::Now();
       barrier->Add(now - c->start);
@@ -542,7 +550,7 @@ class Run {
       c->req.set_shard_map_epoch(shard_map_held_[i]);
     }
     beating_.Begin();
-    stub_->async()->Heartbeat(&c->ctx, &c->req, &c->resp, [this, c, i, role](grpc::Status s) {
+    Stub(i % hosts_)->async()->Heartbeat(&c->ctx, &c->req, &c->resp, [this, c, i, role](grpc::Status s) {
       const absl::Time done = absl::Now();
       if (measuring_.load()) {
         beats_.Add(done - c->start);
@@ -595,7 +603,7 @@ class Run {
     req.set_exit_code(1);
     req.set_message("coordinator_load: this process fails on purpose");
     v1::ReportExitResponse resp;
-    grpc::Status reported = stub_->ReportExit(&ctx, req, &resp);
+    grpc::Status reported = Stub(hosts_ - 1)->ReportExit(&ctx, req, &resp);
     if (reported.ok()) absl::SleepFor(absl::Seconds(settings_.seconds / 2));
     measuring_ = false;
     sampling = false;
@@ -631,7 +639,7 @@ class Run {
       inflight.Begin(kMaxInFlight);
       auto* c = new Call<v1::ReportExitRequest, v1::ReportExitResponse>(absl::Seconds(30));
       *c->req.mutable_id() = Id(v1::ROLE_WORKER, h);
-      stub_->async()->ReportExit(&c->ctx, &c->req, &c->resp, [&, c](grpc::Status s) {
+      Stub(h)->async()->ReportExit(&c->ctx, &c->req, &c->resp, [&, c](grpc::Status s) {
         if (!s.ok()) errors.fetch_add(1);
         delete c;
         inflight.End();
@@ -666,7 +674,7 @@ class Run {
     grpc::ClientContext ctx;
     PrepareContext(&ctx, kToken, absl::Seconds(10));
     v1::JobStatusResponse status;
-    grpc::Status s = stub_->GetJobStatus(&ctx, v1::JobStatusRequest(), &status);
+    grpc::Status s = Stub(0)->GetJobStatus(&ctx, v1::JobStatusRequest(), &status);
     if (!s.ok()) return absl::UnavailableError(absl::StrCat("GetJobStatus: ", s.error_message()));
     return status;
   }
@@ -676,8 +684,9 @@ class Run {
   std::string dir_, checkpoints_;
   std::unique_ptr<PlayedServers> played_;  // with checkpoints
   pid_t pid_ = 0;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
-  std::unique_ptr<grpc::GenericStub> generic_;
+  v1::Coordinator::Stub* Stub(int host) { return stubs_[host % kConnections].get(); }
+  std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs_;
+  std::vector<std::unique_ptr<grpc::GenericStub>> generic_;
   const absl::Duration interval_;
   absl::Mutex mu_;
   absl::Time barrier_end_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
