@@ -39,8 +39,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -78,7 +78,9 @@ class Latencies {
   nlohmann::json Summary() {
     absl::MutexLock lock(&mu_);
     std::sort(us_.begin(), us_.end());
-    auto at = [&](double q) { return us_.empty() ? 0 : us_[static_cast<size_t>(q * (us_.size() - 1))]; };
+    auto at = [&](double q) {
+      return us_.empty() ? 0 : us_[static_cast<size_t>(q * (us_.size() - 1))];
+    };
     return {{"count", us_.size()}, {"p50_us", at(0.5)}, {"p99_us", at(0.99)}, {"max_us", at(1)}};
   }
 
@@ -144,7 +146,8 @@ class PlayedServers final : public v1::ParameterServer::CallbackService {
  public:
   static constexpr int kElements = 16;  // per server's key
 
-  PlayedServers(int servers, std::string root_uri) : servers_(servers), root_uri_(std::move(root_uri)) {}
+  PlayedServers(int servers, std::string root_uri)
+      : servers_(servers), root_uri_(std::move(root_uri)) {}
   ~PlayedServers() {
     stop_ = true;
     if (ticker_.joinable()) ticker_.join();
@@ -158,7 +161,8 @@ class PlayedServers final : public v1::ParameterServer::CallbackService {
     storage_ = *std::move(storage);
     grpc::ServerBuilder builder;
     ports_.resize(servers_);
-    for (int& port : ports_) builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    for (int& port : ports_)
+      builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(this);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || std::count(ports_.begin(), ports_.end(), 0) > 0) {
@@ -191,15 +195,18 @@ class PlayedServers final : public v1::ParameterServer::CallbackService {
     return r;
   }
 
-  grpc::ServerUnaryReactor* SaveShard(grpc::CallbackServerContext* ctx, const v1::SaveShardRequest* req,
+  grpc::ServerUnaryReactor* SaveShard(grpc::CallbackServerContext* ctx,
+                                      const v1::SaveShardRequest* req,
                                       v1::SaveShardResponse* resp) override {
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
     // The coordinator names each server's shard "shard-IIIII-of-NNNNN".
     const size_t at = req->shard_path().rfind("shard-");
     int index = -1;
     if (req->root_uri() != root_uri_ || at == std::string::npos ||
-        !absl::SimpleAtoi(req->shard_path().substr(at + 6, 5), &index) || index < 0 || index >= servers_) {
-      r->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "played servers: not a shard of this job"));
+        !absl::SimpleAtoi(req->shard_path().substr(at + 6, 5), &index) || index < 0 ||
+        index >= servers_) {
+      r->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                             "played servers: not a shard of this job"));
       return r;
     }
     if (req->step() < 0 || step_.load() >= req->step()) {
@@ -320,8 +327,8 @@ struct Settings {
   double seconds = 10;
   double heartbeat_timeout_s = 10;  // the job's default
   int timeout_s = 300;
-  int step_ms = 500;            // a training step
-  int checkpoint_every = 2;     // steps; 0: no checkpoints
+  int step_ms = 500;         // a training step
+  int checkpoint_every = 2;  // steps; 0: no checkpoints
 };
 
 // One coordinator, one N.
@@ -368,25 +375,24 @@ class Run {
       checkpoints_ = mkdtemp(root) != nullptr ? root : dir_ + "/checkpoints";
       played_ = std::make_unique<PlayedServers>(hosts_, "file://" + checkpoints_);
       if (absl::Status s = played_->Start(absl::Milliseconds(settings_.step_ms)); !s.ok()) return s;
-      checkpoint = absl::StrCat(R"(,"checkpoint":{"uri":"file://)", checkpoints_, R"(","every_steps":)",
-                                settings_.checkpoint_every, R"(,"keep":2})");
+      checkpoint = absl::StrCat(R"(,"checkpoint":{"uri":"file://)", checkpoints_,
+                                R"(","every_steps":)", settings_.checkpoint_every, R"(,"keep":2})");
     }
     std::vector<std::string> names;
     for (int h = 0; h < hosts_; ++h) names.push_back(absl::StrCat("load-host-", h));
-    const std::string distribution = absl::StrCat(
-        R"({"parameter_server":{"enabled":true,"heartbeat_timeout_s":)", settings_.heartbeat_timeout_s,
-        R"(,"barrier_timeout_s":)", settings_.timeout_s, R"(,"on_worker_failure":"continue")", checkpoint,
-        "}}");
+    const std::string distribution =
+        absl::StrCat(R"({"parameter_server":{"enabled":true,"heartbeat_timeout_s":)",
+                     settings_.heartbeat_timeout_s, R"(,"barrier_timeout_s":)", settings_.timeout_s,
+                     R"(,"on_worker_failure":"continue")", checkpoint, "}}");
     const std::string port_file = dir_ + "/port";
     // Its log (a line per registration) goes to a file; the shell execs it,
     // so the pid is the coordinator's.
-    absl::StatusOr<pid_t> pid = Spawn(
-        {"/bin/sh", "-c",
-         absl::StrCat("exec \"$0\" \"$@\" 2>", dir_, "/coordinator.log"),
-         SelfDirectory() + "/psrt-coordinator", "--bind=127.0.0.1", "--port=0",
-         "--port-file=" + port_file, "--metrics-port=-1", absl::StrCat("--token=", kToken),
-         "--hosts=" + absl::StrJoin(names, ","), "--distribution=" + distribution},
-        {});
+    absl::StatusOr<pid_t> pid =
+        Spawn({"/bin/sh", "-c", absl::StrCat("exec \"$0\" \"$@\" 2>", dir_, "/coordinator.log"),
+               SelfDirectory() + "/psrt-coordinator", "--bind=127.0.0.1", "--port=0",
+               "--port-file=" + port_file, "--metrics-port=-1", absl::StrCat("--token=", kToken),
+               "--hosts=" + absl::StrJoin(names, ","), "--distribution=" + distribution},
+              {});
     if (!pid.ok()) return pid.status();
     pid_ = *pid;
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
@@ -430,13 +436,14 @@ class Run {
     for (v1::Role role : {v1::ROLE_AGENT, v1::ROLE_SERVER, v1::ROLE_WORKER}) {
       for (int h = 0; h < hosts_ && failed == 0; ++h) {
         registering.Begin(kMaxInFlight);
-        auto* c = new Call<v1::RegisterRequest, v1::RegisterResponse>(
-            absl::Seconds(settings_.timeout_s));
+        auto* c =
+            new Call<v1::RegisterRequest, v1::RegisterResponse>(absl::Seconds(settings_.timeout_s));
         *c->req.mutable_id() = Id(role, h);
         c->req.set_host(absl::StrCat("load-host-", h));
         c->req.set_pid(100000 + h);
         if (role == v1::ROLE_SERVER) {
-          c->req.set_address(played_ != nullptr ? played_->address(h) : absl::StrCat("127.0.0.1:", 20000 + h));
+          c->req.set_address(played_ != nullptr ? played_->address(h)
+                                                : absl::StrCat("127.0.0.1:", 20000 + h));
         }
         Stub(h)->async()->Register(&c->ctx, &c->req, &c->resp, [&, c, role, h](grpc::Status s) {
           const absl::Time now = absl::Now();
@@ -484,19 +491,20 @@ class Run {
     *req.mutable_id() = Id(role, h);
     bool own = false;
     (void)grpc::SerializationTraits<v1::BarrierRequest>::Serialize(req, &c->req, &own);
-    generic_[h % kConnections]->UnaryCall(&c->ctx, "/psrt.v1.Coordinator/Barrier", grpc::StubOptions(), &c->req,
-                        &c->resp, [&fail, this, c, role, h, waiting, barrier](grpc::Status s) {
-      const absl::Time now = absl::Now();
-      barrier->Add(now - c->start);
-      {
-        absl::MutexLock lock(&mu_);
-        barrier_end_ = std::max(barrier_end_, now);
-        barrier_bytes_ = std::max<int64_t>(barrier_bytes_, c->resp.Length());
-      }
-      delete c;
-      if (!s.ok()) fail(s, absl::StrCat("Barrier of ", role, "/", h));
-      waiting->End();
-    });
+    generic_[h % kConnections]->UnaryCall(
+        &c->ctx, "/psrt.v1.Coordinator/Barrier", grpc::StubOptions(), &c->req, &c->resp,
+        [&fail, this, c, role, h, waiting, barrier](grpc::Status s) {
+          const absl::Time now = absl::Now();
+          barrier->Add(now - c->start);
+          {
+            absl::MutexLock lock(&mu_);
+            barrier_end_ = std::max(barrier_end_, now);
+            barrier_bytes_ = std::max<int64_t>(barrier_bytes_, c->resp.Length());
+          }
+          delete c;
+          if (!s.ok()) fail(s, absl::StrCat("Barrier of ", role, "/", h));
+          waiting->End();
+        });
   }
 
   // Process i of the 3N: agents, then servers, then training processes.
@@ -522,7 +530,8 @@ class Run {
         for (int i = 0; i < n; ++i) {
           if (!started[i] && registered_[i]) {
             started[i] = true;
-            due[i] = now + absl::Nanoseconds(std::uniform_int_distribution<int64_t>(0, interval_ns)(rng));
+            due[i] = now +
+                     absl::Nanoseconds(std::uniform_int_distribution<int64_t>(0, interval_ns)(rng));
           }
           if (due[i] > now) continue;
           if (i == silent_) {
@@ -550,27 +559,29 @@ class Run {
       c->req.set_shard_map_epoch(shard_map_held_[i]);
     }
     beating_.Begin();
-    Stub(i % hosts_)->async()->Heartbeat(&c->ctx, &c->req, &c->resp, [this, c, i, role](grpc::Status s) {
-      const absl::Time done = absl::Now();
-      if (measuring_.load()) {
-        beats_.Add(done - c->start);
-        if (done - c->start > interval_) late_.fetch_add(1);
-        if (!s.ok() || c->resp.state() != v1::JOB_RUNNING) errors_.fetch_add(1);
-      }
-      if (s.ok()) {
-        absl::MutexLock lock(&hb_mu_);
-        if (c->resp.has_shard_map()) shard_map_held_[i] = c->resp.shard_map().epoch();
-        if (c->resp.has_membership() && c->resp.membership().epoch() != epoch_held_[i]) {
-          epoch_held_[i] = c->resp.membership().epoch();
-          if (role == v1::ROLE_SERVER && epoch_held_[i] == watched_epoch_ &&
-              ++servers_on_watched_ == hosts_) {
-            all_servers_on_watched_ = done;
+    Stub(i % hosts_)
+        ->async()
+        ->Heartbeat(&c->ctx, &c->req, &c->resp, [this, c, i, role](grpc::Status s) {
+          const absl::Time done = absl::Now();
+          if (measuring_.load()) {
+            beats_.Add(done - c->start);
+            if (done - c->start > interval_) late_.fetch_add(1);
+            if (!s.ok() || c->resp.state() != v1::JOB_RUNNING) errors_.fetch_add(1);
           }
-        }
-      }
-      delete c;
-      beating_.End();
-    });
+          if (s.ok()) {
+            absl::MutexLock lock(&hb_mu_);
+            if (c->resp.has_shard_map()) shard_map_held_[i] = c->resp.shard_map().epoch();
+            if (c->resp.has_membership() && c->resp.membership().epoch() != epoch_held_[i]) {
+              epoch_held_[i] = c->resp.membership().epoch();
+              if (role == v1::ROLE_SERVER && epoch_held_[i] == watched_epoch_ &&
+                  ++servers_on_watched_ == hosts_) {
+                all_servers_on_watched_ = done;
+              }
+            }
+          }
+          delete c;
+          beating_.End();
+        });
   }
 
   // --seconds of heartbeats from every process; halfway, a training process
@@ -608,14 +619,17 @@ class Run {
     measuring_ = false;
     sampling = false;
     sampler.join();
-    if (!reported.ok()) return absl::InternalError(absl::StrCat("ReportExit: ", reported.error_message()));
+    if (!reported.ok())
+      return absl::InternalError(absl::StrCat("ReportExit: ", reported.error_message()));
     const auto [cpu1, rss1] = Usage(pid_);
     const absl::StatusOr<v1::JobStatusResponse> status1 = JobStatus();
     if (!status1.ok()) return status1.status();
     const int64_t checkpoints = status1->checkpoints() - status0->checkpoints();
     (*out)["checkpoints"] = checkpoints;
     (*out)["checkpoint_mean_s"] =
-        checkpoints > 0 ? (status1->checkpoint_seconds() - status0->checkpoint_seconds()) / checkpoints : 0.0;
+        checkpoints > 0
+            ? (status1->checkpoint_seconds() - status0->checkpoint_seconds()) / checkpoints
+            : 0.0;
     (*out)["coordinator_threads_max"] = threads.load();
     (*out)["heartbeat"] = beats_.Summary();
     (*out)["heartbeat_interval_s"] = absl::ToDoubleSeconds(interval_);
@@ -624,9 +638,10 @@ class Run {
     (*out)["coordinator_cores_busy"] = (cpu1 - cpu0) / settings_.seconds;
     (*out)["coordinator_rss_bytes"] = std::max(rss0, rss1);
     absl::MutexLock lock(&hb_mu_);
-    (*out)["epoch_to_every_server_s"] = all_servers_on_watched_ == absl::InfiniteFuture()
-                                            ? -1.0
-                                            : absl::ToDoubleSeconds(all_servers_on_watched_ - failed_at);
+    (*out)["epoch_to_every_server_s"] =
+        all_servers_on_watched_ == absl::InfiniteFuture()
+            ? -1.0
+            : absl::ToDoubleSeconds(all_servers_on_watched_ - failed_at);
     return absl::OkStatus();
   }
 
@@ -665,9 +680,12 @@ class Run {
 
   // The coordinator's last lines, for a run that failed.
   std::string LastLogLines() const {
-    std::vector<std::string> lines = absl::StrSplit(ReadFile(dir_ + "/coordinator.log"), '\n', absl::SkipEmpty());
+    std::vector<std::string> lines =
+        absl::StrSplit(ReadFile(dir_ + "/coordinator.log"), '\n', absl::SkipEmpty());
     if (lines.size() > 3) lines.erase(lines.begin(), lines.end() - 3);
-    return lines.empty() ? "" : absl::StrCat("; the coordinator's last lines:\n  ", absl::StrJoin(lines, "\n  "));
+    return lines.empty()
+               ? ""
+               : absl::StrCat("; the coordinator's last lines:\n  ", absl::StrJoin(lines, "\n  "));
   }
 
   absl::StatusOr<v1::JobStatusResponse> JobStatus() {
@@ -716,14 +734,16 @@ int Main(int argc, char** argv) {
             "The job's heartbeat_timeout_s (the interval is a fifth of it, at most 1 s); "
             "10 is the job's default.");
   flags.Add("timeout", &settings.timeout_s, "Give up on a start-up after this many seconds.");
-  flags.Add("step-ms", &settings.step_ms, "Milliseconds per training step, as the played servers report it.");
+  flags.Add("step-ms", &settings.step_ms,
+            "Milliseconds per training step, as the played servers report it.");
   flags.Add("checkpoint-every", &settings.checkpoint_every,
             "The job checkpoints every this many steps (sync); 0: no checkpoints.");
   flags.Add("json", &json_path, "Write the results as JSON here.");
   flags.ParseOrExit(argc, argv);
   absl::StatusOr<std::vector<int>> counts = ParseCounts(hosts, 2, 16384);
   if (!counts.ok()) {
-    std::fprintf(stderr, "%s: --hosts: %s\n", kProgram, std::string(counts.status().message()).c_str());
+    std::fprintf(stderr, "%s: --hosts: %s\n", kProgram,
+                 std::string(counts.status().message()).c_str());
     return 2;
   }
   if (counts->empty() || settings.seconds < 2 || settings.heartbeat_timeout_s <= 0 ||
@@ -734,11 +754,12 @@ int Main(int argc, char** argv) {
                  kProgram);
     return 2;
   }
-  std::printf("%s: one psrt-coordinator, N hosts played (agent, server, worker each); nproc %ld, load %s\n",
-              kProgram, sysconf(_SC_NPROCESSORS_ONLN), LoadAverage().c_str());
-  std::printf("%6s %9s %12s %12s %12s %12s %12s %6s %6s %9s %8s %8s %8s %7s %8s %8s\n", "hosts", "start s",
-              "barrier p99", "hb p50 ms", "hb p99 ms", "hb max ms", "beats/s", "late", "errors",
-              "cores", "RSS MiB", "threads", "epoch s", "ckpts", "ckpt s", "end s");
+  std::printf(
+      "%s: one psrt-coordinator, N hosts played (agent, server, worker each); nproc %ld, load %s\n",
+      kProgram, sysconf(_SC_NPROCESSORS_ONLN), LoadAverage().c_str());
+  std::printf("%6s %9s %12s %12s %12s %12s %12s %6s %6s %9s %8s %8s %8s %7s %8s %8s\n", "hosts",
+              "start s", "barrier p99", "hb p50 ms", "hb p99 ms", "hb max ms", "beats/s", "late",
+              "errors", "cores", "RSS MiB", "threads", "epoch s", "ckpts", "ckpt s", "end s");
   nlohmann::json results = nlohmann::json::array();
   for (int n : *counts) {
     Run run(n, settings);
@@ -752,28 +773,32 @@ int Main(int argc, char** argv) {
       continue;
     }
     const nlohmann::json& j = *r;
-    std::printf("%6d %9.2f %10.1fms %12.2f %12.2f %12.2f %12.0f %6d %6d %9.2f %8.1f %8d %8.2f %7d %8.3f %8.2f\n", n,
-                j["start_up_s"].get<double>(), j["barrier"]["p99_us"].get<double>() / 1e3,
-                j["heartbeat"]["p50_us"].get<double>() / 1e3,
-                j["heartbeat"]["p99_us"].get<double>() / 1e3,
-                j["heartbeat"]["max_us"].get<double>() / 1e3,
-                j["heartbeat"]["count"].get<double>() / settings.seconds,
-                j["heartbeats_late"].get<int>(), j["heartbeat_errors"].get<int>(),
-                j["coordinator_cores_busy"].get<double>(),
-                j["coordinator_rss_bytes"].get<double>() / (1 << 20), j["coordinator_threads_max"].get<int>(),
-                j["epoch_to_every_server_s"].get<double>(), j["checkpoints"].get<int>(),
-                j["checkpoint_mean_s"].get<double>(), j["end_s"].get<double>());
+    std::printf(
+        "%6d %9.2f %10.1fms %12.2f %12.2f %12.2f %12.0f %6d %6d %9.2f %8.1f %8d %8.2f %7d %8.3f "
+        "%8.2f\n",
+        n, j["start_up_s"].get<double>(), j["barrier"]["p99_us"].get<double>() / 1e3,
+        j["heartbeat"]["p50_us"].get<double>() / 1e3, j["heartbeat"]["p99_us"].get<double>() / 1e3,
+        j["heartbeat"]["max_us"].get<double>() / 1e3,
+        j["heartbeat"]["count"].get<double>() / settings.seconds, j["heartbeats_late"].get<int>(),
+        j["heartbeat_errors"].get<int>(), j["coordinator_cores_busy"].get<double>(),
+        j["coordinator_rss_bytes"].get<double>() / (1 << 20),
+        j["coordinator_threads_max"].get<int>(), j["epoch_to_every_server_s"].get<double>(),
+        j["checkpoints"].get<int>(), j["checkpoint_mean_s"].get<double>(),
+        j["end_s"].get<double>());
     std::fflush(stdout);
     results.push_back(j);
   }
-  std::printf("late: heartbeats answered after the next was due; errors: refused, or the job not running\n");
+  std::printf(
+      "late: heartbeats answered after the next was due; errors: refused, or the job not "
+      "running\n");
   if (!json_path.empty()) {
-    std::ofstream(json_path) << nlohmann::json({{"benchmark", kProgram},
-                                                {"date", absl::FormatTime(absl::RFC3339_sec, absl::Now(),
-                                                                          absl::UTCTimeZone())},
-                                                {"nproc", sysconf(_SC_NPROCESSORS_ONLN)},
-                                                {"heartbeat_timeout_s", settings.heartbeat_timeout_s},
-                                                {"results", results}})
+    std::ofstream(json_path) << nlohmann::json(
+                                    {{"benchmark", kProgram},
+                                     {"date", absl::FormatTime(absl::RFC3339_sec, absl::Now(),
+                                                               absl::UTCTimeZone())},
+                                     {"nproc", sysconf(_SC_NPROCESSORS_ONLN)},
+                                     {"heartbeat_timeout_s", settings.heartbeat_timeout_s},
+                                     {"results", results}})
                                     .dump(2)
                              << "\n";
   }

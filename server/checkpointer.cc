@@ -1,10 +1,10 @@
 #include "server/checkpointer.h"
 
+#include <openssl/sha.h>
+
 #include <algorithm>
 #include <climits>
 #include <map>
-
-#include <openssl/sha.h>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
@@ -183,7 +183,8 @@ void Checkpointer::Untrack(grpc::ClientContext* ctx) {
 const std::vector<std::unique_ptr<v1::ParameterServer::Stub>>& Checkpointer::Servers() {
   absl::MutexLock lock(&stubs_mu_);
   if (servers_.empty()) {
-    for (const std::string& a : addresses_) servers_.push_back(v1::ParameterServer::NewStub(MakeControlChannel(a)));
+    for (const std::string& a : addresses_)
+      servers_.push_back(v1::ParameterServer::NewStub(MakeControlChannel(a)));
   }
   return servers_;
 }
@@ -269,18 +270,19 @@ absl::Status Checkpointer::Round(const std::string& name, int64_t step, absl::Du
   for (const v1::SaveShardResponse& r : *responses) allow_empty = allow_empty || r.keys_size() > 0;
   std::vector<v1::SaveShardRequest> requests(n);
   std::vector<v1::SaveShardResponse> answers(n);
-  std::vector<grpc::Status> status = CallEach(
-      wait + options_.save_timeout, [&](int i, v1::ParameterServer::Stub* server, grpc::ClientContext* ctx,
-                                        std::function<void(grpc::Status)> done) {
-        v1::SaveShardRequest& req = requests[i];
-        req.set_root_uri(root_->uri());
-        req.set_name(name);
-        req.set_shard_path(ShardPath(name, i, n));
-        req.set_step(sync() ? step : -1);
-        req.set_wait_s(absl::ToDoubleSeconds(wait));
-        req.set_allow_empty(allow_empty);
-        server->async()->SaveShard(ctx, &req, &answers[i], std::move(done));
-      });
+  std::vector<grpc::Status> status =
+      CallEach(wait + options_.save_timeout,
+               [&](int i, v1::ParameterServer::Stub* server, grpc::ClientContext* ctx,
+                   std::function<void(grpc::Status)> done) {
+                 v1::SaveShardRequest& req = requests[i];
+                 req.set_root_uri(root_->uri());
+                 req.set_name(name);
+                 req.set_shard_path(ShardPath(name, i, n));
+                 req.set_step(sync() ? step : -1);
+                 req.set_wait_s(absl::ToDoubleSeconds(wait));
+                 req.set_allow_empty(allow_empty);
+                 server->async()->SaveShard(ctx, &req, &answers[i], std::move(done));
+               });
   responses->resize(n);
   for (int i = 0; i < n; ++i) {
     if (status[i].ok()) (*responses)[i] = std::move(answers[i]);
@@ -372,7 +374,8 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Commit(
 
 absl::StatusOr<v1::CheckpointResponse> Checkpointer::SaveNow(absl::Time deadline) {
   absl::MutexLock lock(&save_mu_);
-  if (addresses_.empty()) return absl::UnavailableError("the job's servers have not all registered yet");
+  if (addresses_.empty())
+    return absl::UnavailableError("the job's servers have not all registered yet");
   absl::Status last;
   // Sync: a key may pass the chosen step before it is armed; then try the
   // step it reached.
@@ -411,7 +414,8 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::SaveNow(absl::Time deadline
 
 absl::StatusOr<v1::CheckpointResponse> Checkpointer::Finish() {
   Stop();
-  if (addresses_.empty()) return absl::FailedPreconditionError("the job ended before its servers registered");
+  if (addresses_.empty())
+    return absl::FailedPreconditionError("the job ended before its servers registered");
   return SaveNow(absl::Now() + options_.save_timeout);
 }
 
