@@ -94,7 +94,7 @@ CoordinatorLink::~CoordinatorLink() {
   }
   if (heartbeats_.joinable()) heartbeats_.join();
   // A training process's last word: its final totals.
-  if (options_.id.role() == v1::ROLE_WORKER) SendStats();
+  if (options_.stats) SendStats();
 }
 
 void CoordinatorLink::SetProgress(int64_t step) {
@@ -103,18 +103,14 @@ void CoordinatorLink::SetProgress(int64_t step) {
   }
 }
 
-void CoordinatorLink::SetStats(const v1::WorkerStats& stats) {
-  absl::MutexLock lock(&mu_);
-  stats_ = stats;
-}
-
 void CoordinatorLink::SendStats() {
-  v1::HeartbeatRequest req;
+  if (!options_.stats) return;
   {
     absl::MutexLock lock(&mu_);
     if (end_.state != v1::JOB_RUNNING) return;  // the job no longer counts it
-    *req.mutable_stats() = stats_;
   }
+  v1::HeartbeatRequest req;
+  *req.mutable_stats() = options_.stats();
   *req.mutable_id() = options_.id;
   req.set_generation(options_.generation);
   req.set_step(progress_.load(std::memory_order_relaxed));
@@ -139,8 +135,8 @@ void CoordinatorLink::HeartbeatLoop() {
   req.set_generation(options_.generation);
   absl::MutexLock lock(&mu_);
   while (!stop_) {
-    *req.mutable_stats() = stats_;
     mu_.Unlock();
+    if (options_.stats) *req.mutable_stats() = options_.stats();
     req.set_step(progress_.load(std::memory_order_relaxed));
     req.set_membership_epoch(epoch);
     req.set_shard_map_epoch(shard_epoch);

@@ -35,6 +35,10 @@ class CoordinatorLink {
     // Called from the heartbeat thread whenever the shard map changes (a
     // server's backup took over its keys).
     std::function<void(const v1::ShardMap&)> on_shard_map;
+    // Training processes: their totals, asked for at each heartbeat, by
+    // SendStats and once more when the link closes (the job's summary takes
+    // the last).
+    std::function<v1::WorkerStats()> stats;
   };
   struct JobEnd {
     v1::JobState state = v1::JOB_RUNNING;
@@ -69,10 +73,7 @@ class CoordinatorLink {
   int host_index() const;
   // Training processes: the furthest step pushed, sent with each heartbeat.
   void SetProgress(int64_t step);
-  // Training processes: their totals, sent with each heartbeat, by SendStats
-  // and once more when the link closes (the job's summary takes the last).
-  void SetStats(const v1::WorkerStats& stats);
-  // Sends the totals now, in a heartbeat of its own (best effort, within a
+  // Sends the totals (Options::stats) now, in a heartbeat of its own (best effort, within a
   // second): a training process that ends says how far it got.
   void SendStats();
 
@@ -95,7 +96,6 @@ class CoordinatorLink {
   v1::JobConfig current_config_ ABSL_GUARDED_BY(mu_);
   int host_index_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> progress_{0};
-  v1::WorkerStats stats_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread heartbeats_;
 };

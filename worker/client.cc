@@ -316,9 +316,17 @@ class Client::Impl {
   absl::flat_hash_map<Handle, std::shared_ptr<Op>> ops ABSL_GUARDED_BY(mu);
   Handle next_handle ABSL_GUARDED_BY(mu) = 1;
   // Push ids grow across restarts of this rank: they start at the clock.
-  // What the job's summary says of this process (link->SetStats).
+  // What the job's summary says of this process (Stats, asked for by the link).
   std::atomic<int64_t> bytes_pushed{0}, bytes_pulled{0}, pull_wait_us{0};
   const absl::Time connected = absl::Now();
+  v1::WorkerStats Stats() const {
+    v1::WorkerStats stats;
+    stats.set_bytes_pushed(bytes_pushed.load());
+    stats.set_bytes_pulled(bytes_pulled.load());
+    stats.set_wait_seconds(pull_wait_us.load() / 1e6);
+    stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - connected));
+    return stats;
+  }
   std::atomic<uint64_t> next_push_id{static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())) << 20};
   // The data channels to each server (common/data_channel.h), one per
   // connection; empty with "transport": "grpc" and under mutual TLS. Last:
@@ -1208,6 +1216,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     impl->active_workers.store(m.active_workers_size(), std::memory_order_relaxed);
   };
   lo.on_shard_map = [impl = impl.get()](const v1::ShardMap& m) { impl->FollowShardMap(m); };
+  lo.stats = [impl = impl.get()] { return impl->Stats(); };
   absl::StatusOr<std::unique_ptr<CoordinatorLink>> link = CoordinatorLink::Connect(lo);
   if (!link.ok()) return link.status();
   impl->link = std::move(*link);
@@ -1431,12 +1440,6 @@ absl::Status Client::Wait(Handle handle) {
   if (op != nullptr && absl::StrContains(op->kind, "PULL")) {
     impl_->pull_wait_us += absl::ToInt64Microseconds(end - start);
   }
-  v1::WorkerStats stats;
-  stats.set_bytes_pushed(impl_->bytes_pushed.load());
-  stats.set_bytes_pulled(impl_->bytes_pulled.load());
-  stats.set_wait_seconds(impl_->pull_wait_us.load() / 1e6);
-  stats.set_seconds(absl::ToDoubleSeconds(end - impl_->connected));
-  impl_->link->SetStats(stats);
   return s;
 }
 
