@@ -137,6 +137,10 @@ void CoordinatorLink::HeartbeatLoop() {
   while (!stop_) {
     mu_.Unlock();
     if (options_.stats) *req.mutable_stats() = options_.stats();
+    req.clear_copies_building();
+    if (options_.copies_building) {
+      for (int owner : options_.copies_building()) req.add_copies_building(owner);
+    }
     req.set_step(progress_.load(std::memory_order_relaxed));
     req.set_membership_epoch(epoch);
     req.set_shard_map_epoch(shard_epoch);
@@ -151,9 +155,11 @@ void CoordinatorLink::HeartbeatLoop() {
       if (options_.on_membership) options_.on_membership(resp.membership());
       epoch = resp.membership().epoch();
     }
+    bool new_map = false;
     if (s.ok() && resp.has_shard_map() && resp.shard_map().epoch() != shard_epoch) {
       if (options_.on_shard_map) options_.on_shard_map(resp.shard_map());
       shard_epoch = resp.shard_map().epoch();
+      new_map = true;
     }
     mu_.Lock();
     if (s.ok()) {
@@ -163,7 +169,11 @@ void CoordinatorLink::HeartbeatLoop() {
         current_config_ = resp.config();
         host_index_ = resp.host_index();
       }
-      if (end_.state == v1::JOB_RUNNING && resp.state() != v1::JOB_RUNNING) {
+      if (end_.state == v1::JOB_RUNNING && resp.leave()) {
+        end_.state = v1::JOB_SUCCEEDED;
+        end_.reason = "removed from the job: its keys moved to the other servers";
+        end_.left = true;
+      } else if (end_.state == v1::JOB_RUNNING && resp.state() != v1::JOB_RUNNING) {
         end_.state = resp.state();
         end_.reason = resp.reason();
       } else if (end_.state == v1::JOB_RUNNING && options_.generation != 0 &&
@@ -184,11 +194,21 @@ void CoordinatorLink::HeartbeatLoop() {
       end_.reason = absl::StrCat("the coordinator refused a heartbeat: ", s.error_message());
     }
     // Until the first shard map (every server registered), ask again soon:
-    // a replica's first updates wait for it.
-    const bool want_map = options_.on_shard_map && shard_epoch == 0;
-    mu_.AwaitWithTimeout(absl::Condition(&stop_),
+    // a replica's first updates wait for it. So too while keys move: after
+    // a new map (the coordinator waits to hear it applied) and while copies
+    // are being built.
+    const bool want_map = (options_.on_shard_map && (shard_epoch == 0 || new_map)) ||
+                          req.copies_building_size() > 0;
+    auto stop_or_wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || wake_; };
+    mu_.AwaitWithTimeout(absl::Condition(&stop_or_wake),
                          want_map ? std::min(interval, kShardMapPoll) : interval);
+    wake_ = false;
   }
+}
+
+void CoordinatorLink::Wake() {
+  absl::MutexLock lock(&mu_);
+  wake_ = true;
 }
 
 int64_t CoordinatorLink::generation() const {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -39,10 +40,17 @@ class CoordinatorLink {
     // SendStats and once more when the link closes (the job's summary takes
     // the last).
     std::function<v1::WorkerStats()> stats;
+    // Servers: the owners whose keys they copy to a new holder now, asked
+    // for at each heartbeat; while there are any, heartbeats come every
+    // 50 ms, so that the coordinator learns soon when a move can go on.
+    std::function<std::vector<int>()> copies_building;
   };
   struct JobEnd {
     v1::JobState state = v1::JOB_RUNNING;
     std::string reason;
+    // Servers: the job goes on without this one (its keys moved away); the
+    // state is JOB_SUCCEEDED for this process.
+    bool left = false;
   };
 
   // Registers, retrying while the coordinator is not up yet, until
@@ -77,6 +85,10 @@ class CoordinatorLink {
   // second): a training process that ends says how far it got.
   void SendStats();
 
+  // Sends the next heartbeat now rather than at its interval: a client
+  // whose server answered that a key moved learns the new shard map soon.
+  void Wake();
+
   // Blocks until the job has ended (or the coordinator was lost).
   JobEnd WaitForEnd() const;
   // Blocks at most `timeout`; returns the state then.
@@ -97,6 +109,7 @@ class CoordinatorLink {
   int host_index_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> progress_{0};
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
   std::thread heartbeats_;
 };
 

@@ -288,6 +288,13 @@ const std::vector<KeySpec>& ParameterServerKeys() {
        [](const Json& v, PsOptions* o) {
          return SetInt(v, "servers_per_host", 1, kIntMax, &o->servers_per_host);
        }},
+      {"max_servers", "int", "0",
+       "the most servers the job can have: the key map has this many, those "
+       "past the started ones join while the job runs (psrt-server --index) "
+       "and any can be removed (psrt-ckpt remove-server); 0: the started ones",
+       [](const Json& v, PsOptions* o) {
+         return SetInt(v, "max_servers", 0, 4096, &o->max_servers);
+       }},
       {"server_port_base", "int", "0",
        "fixed ports for firewalls and Kubernetes Services: a host's servers "
        "listen on this port, the next, ... (1..65535); 0: free ports",
@@ -550,6 +557,11 @@ absl::Status ValidateCombination(const Json& ps, const PsOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "'server_port_base' ", o.server_port_base, " with ", o.servers_per_host,
         " servers per host runs past port 65535; lower server_port_base"));
+  }
+  if (o.max_servers > 0 && o.replicas > 0) {
+    return absl::InvalidArgumentError(
+        "'max_servers' (servers joining and leaving a running job) and "
+        "'replicas' do not go together yet; drop one of them");
   }
   const CheckpointOptions& c = o.checkpoint;
   if ((c.every_steps > 0 || c.every_seconds > 0) && c.uri.empty()) {

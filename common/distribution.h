@@ -42,6 +42,10 @@ struct PsOptions {
   std::string pull_compression = "none";
   std::string transport = "auto";       // "auto" | "tcp"
   int servers_per_host = 1;             // >= 1
+  // The most servers the job can have: servers past those psrt-run starts
+  // join while it runs (docs/runtime.md, "Servers joining and leaving");
+  // 0: as many as it starts.
+  int max_servers = 0;
   // > 0: a host's servers listen on ports base, base + 1, ... (one per
   // server on the host); 0: each picks a free port.
   int server_port_base = 0;

@@ -41,6 +41,12 @@ inline int BackupServer(int server, int num_servers, int servers_per_host) {
   return (server + step) % num_servers;
 }
 
+// "max_servers": the server that serves server `server`'s keys at the start
+// of a job that starts `started` of its servers (the others join later).
+inline int InitialServer(int server, int started) {
+  return started <= 0 || server < started ? server : server % started;
+}
+
 }  // namespace psrt
 
 #endif  // PSRT_COMMON_KEY_MAP_H_

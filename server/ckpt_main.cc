@@ -6,7 +6,11 @@
 //   psrt-ckpt inspect URI   what a checkpoint holds (URI: a checkpoint, or a
 //                           root for its LATEST)
 //   psrt-ckpt save --coordinator=HOST:PORT   checkpoint a running job now
+//   psrt-ckpt remove-server --coordinator=HOST:PORT --index=N
+//                           move server N's keys to the job's other servers
+//                           and let it go ("max_servers")
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,6 +36,8 @@ constexpr char kUsage[] =
     "                under a root) and check every checksum\n"
     "  inspect URI   print what a checkpoint holds (a root URI: its LATEST)\n"
     "  save          ask a running job's coordinator for a checkpoint now\n"
+    "  remove-server move a server's keys to the other servers of a running\n"
+    "                job, then let it go (the job needs \"max_servers\")\n"
     "URI: file:///path, /path or s3://bucket/prefix";
 
 int Fail(const absl::Status& s) {
@@ -148,29 +154,63 @@ int Inspect(const std::string& uri) {
   return 0;
 }
 
-int Save(int argc, char** argv) {
+// The commands that ask a running job's coordinator: its flags, then `call`
+// with a stub and a context bounded by --timeout.
+int AskCoordinator(const char* command, const char* what, int argc, char** argv, int* index,
+                   const std::function<int(v1::Coordinator::Stub*, grpc::ClientContext*)>& call) {
   std::string coordinator = EnvOr("PSRT_COORDINATOR", "");
   std::string token = EnvOr("PSRT_JOB_TOKEN", "");
   double timeout_s = 600;
-  Flags flags("psrt-ckpt save", "--coordinator=HOST:PORT [--token=T]");
+  const std::string name = absl::StrCat("psrt-ckpt ", command);
+  Flags flags(name, index != nullptr ? "--coordinator=HOST:PORT --index=N [--token=T]"
+                                     : "--coordinator=HOST:PORT [--token=T]");
   flags.Add("coordinator", &coordinator, "The job's psrt-coordinator (env PSRT_COORDINATOR).");
   flags.Add("token", &token, "The job token (env PSRT_JOB_TOKEN).");
-  flags.Add("timeout", &timeout_s, "Seconds to wait for the checkpoint to be committed.");
+  flags.Add("timeout", &timeout_s, absl::StrCat("Seconds to wait for ", what, "."));
+  if (index != nullptr) flags.Add("index", index, "The server to remove.");
   flags.ParseOrExit(argc, argv);
-  if (coordinator.empty() || timeout_s <= 0) {
-    std::fprintf(stderr, "psrt-ckpt save: need --coordinator and --timeout > 0\n");
+  if (coordinator.empty() || timeout_s <= 0 || (index != nullptr && *index < 0)) {
+    std::fprintf(stderr, "%s: need --coordinator%s and --timeout > 0\n", name.c_str(),
+                 index != nullptr ? ", --index >= 0" : "");
     return 2;
   }
   if (absl::Status s = InitTransportSecurity(); !s.ok()) return Fail(s);
   auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
   grpc::ClientContext ctx;
   PrepareContext(&ctx, token, absl::Seconds(timeout_s));
-  v1::CheckpointResponse resp;
-  grpc::Status s = stub->Checkpoint(&ctx, v1::CheckpointRequest(), &resp);
-  if (!s.ok()) return Fail(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()));
-  std::printf("%s %s (step %ld)\n", resp.already_saved() ? "already saved" : "committed", resp.uri().c_str(),
-              static_cast<long>(resp.step()));
-  return 0;
+  return call(stub.get(), &ctx);
+}
+
+int FailRpc(const grpc::Status& s) {
+  return Fail(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()));
+}
+
+int Save(int argc, char** argv) {
+  return AskCoordinator("save", "the checkpoint to be committed", argc, argv, nullptr,
+                        [](v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) {
+                          v1::CheckpointResponse resp;
+                          grpc::Status s = stub->Checkpoint(ctx, v1::CheckpointRequest(), &resp);
+                          if (!s.ok()) return FailRpc(s);
+                          std::printf("%s %s (step %ld)\n", resp.already_saved() ? "already saved" : "committed",
+                                      resp.uri().c_str(), static_cast<long>(resp.step()));
+                          return 0;
+                        });
+}
+
+int RemoveServer(int argc, char** argv) {
+  int index = -1;
+  return AskCoordinator("remove-server", "the server to leave", argc, argv, &index,
+                        [&](v1::Coordinator::Stub* stub, grpc::ClientContext* ctx) {
+                          v1::RemoveServerRequest req;
+                          req.set_index(index);
+                          v1::RemoveServerResponse resp;
+                          grpc::Status s = stub->RemoveServer(ctx, req, &resp);
+                          if (!s.ok()) return FailRpc(s);
+                          std::printf("server %d left the job; its keys are on server%s %s\n", index,
+                                      resp.moved_to_size() == 1 ? "" : "s",
+                                      absl::StrJoin(resp.moved_to(), ", ").c_str());
+                          return 0;
+                        });
 }
 
 }  // namespace
@@ -179,6 +219,7 @@ int Save(int argc, char** argv) {
 int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "";
   if (command == "save") return psrt::Save(argc - 1, argv + 1);
+  if (command == "remove-server") return psrt::RemoveServer(argc - 1, argv + 1);
   if (command == "--help" || command == "-h") {
     std::printf("usage: psrt-ckpt %s\n", psrt::kUsage);
     return 0;

@@ -138,7 +138,12 @@ void CoordinatorService::LayOutLocked() {
   const PsOptions& ps = options_.ps;
   const int num_hosts = static_cast<int>(hosts_.size());
   config_.set_num_hosts(num_hosts);
-  config_.set_num_servers(num_hosts * ps.servers_per_host);
+  // "max_servers": the key map has max_servers servers; those past the
+  // started ones join later, their keys served meanwhile by InitialServer.
+  const int started = num_hosts * ps.servers_per_host;
+  config_.set_num_servers(std::max(started, ps.max_servers));
+  config_.set_started_servers(ps.max_servers > 0 ? started : 0);
+  moves_.clear();
   const int slots = num_hosts * ps.workers_per_host;
   config_.set_num_workers(ps.elastic_max_workers > 0 ? std::min(slots, ps.elastic_max_workers) : slots);
   started_ = false;
@@ -161,15 +166,24 @@ void CoordinatorService::LayOutLocked() {
   for (int slot = 0; slot < num_hosts; ++slot) {
     for (int i = 0; i < ps.servers_per_host; ++i) add(v1::ROLE_SERVER, slot * ps.servers_per_host + i, hosts_[slot]);
   }
+  for (int index = started; index < config_.num_servers(); ++index) {
+    Process p;
+    p.id.set_role(v1::ROLE_SERVER);
+    p.id.set_index(index);
+    p.parked = true;
+    p.name = absl::StrCat("server ", index);
+    processes_.push_back(std::move(p));
+  }
   for (int rank = 0; rank < config_.num_workers(); ++rank) {
     add(v1::ROLE_WORKER, rank, hosts_[rank / ps.workers_per_host]);
   }
   active_workers_->Set(config_.num_workers());
   served_by_.resize(config_.num_servers());
-  replica_at_.assign(config_.replicas() > 0 ? config_.num_servers() : 0, -1);
+  const bool copies = config_.replicas() > 0 || config_.started_servers() > 0;
+  replica_at_.assign(copies ? config_.num_servers() : 0, -1);
   replica_since_.assign(replica_at_.size(), 0);
   for (int i = 0; i < config_.num_servers(); ++i) {
-    served_by_[i] = i;
+    served_by_[i] = InitialServer(i, config_.started_servers());
     if (config_.replicas() > 0) replica_at_[i] = BackupServer(i, config_.num_servers(), options_.ps.servers_per_host);
   }
   ++shard_epoch_;
@@ -221,10 +235,7 @@ void CoordinatorService::ServerLostLocked(Process* p, const std::string& reason)
                                                                                        " from their replicas"),
              ", no step lost (failover)");
   // The checkpoints go on with the servers left.
-  std::vector<std::string> live;
-  for (const Process& q : processes_) {
-    if (q.id.role() == v1::ROLE_SERVER && !q.lost) live.push_back(q.address);
-  }
+  std::vector<std::string> live = LiveServerAddressesLocked();
   if (options_.checkpointer != nullptr && checkpoints_started_) {
     if (failover_.joinable()) failover_.join();
     const int64_t restored = config_.restored_step();
@@ -264,6 +275,19 @@ std::vector<std::string> CoordinatorService::ServerAddressesLocked() const {
     if (q.id.role() == v1::ROLE_SERVER) out.push_back(q.address);
   }
   return out;
+}
+
+std::vector<std::string> CoordinatorService::LiveServerAddressesLocked() const {
+  std::vector<std::string> out;
+  for (const Process& q : processes_) {
+    if (q.id.role() == v1::ROLE_SERVER && !q.lost && !q.parked) out.push_back(q.address);
+  }
+  return out;
+}
+
+bool CoordinatorService::LiveServerLocked(int index) {
+  const Process* q = ServerLocked(index);
+  return q != nullptr && q->registered && !q->exited && !q->lost && !q->parked;
 }
 
 CoordinatorService::Process* CoordinatorService::FindLocked(const v1::ProcessId& id) {
@@ -525,7 +549,7 @@ void CoordinatorService::MaybeStartCheckpointsLocked() {
   if (options_.checkpointer == nullptr || checkpoints_started_ || stopping_job_ || !ReadyLocked())
     return;
   checkpoints_started_ = true;
-  options_.checkpointer->Start(ServerAddressesLocked(), config_.restored_step());
+  options_.checkpointer->Start(LiveServerAddressesLocked(), config_.restored_step());
 }
 
 void CoordinatorService::CheckSuccessLocked() {
@@ -566,7 +590,7 @@ void CoordinatorService::CheckSuccessLocked() {
 std::vector<std::string> CoordinatorService::MissingLocked() const {
   std::vector<std::string> missing;
   for (const Process& p : processes_) {
-    if (!p.registered && p.id.role() != v1::ROLE_AGENT) missing.push_back(p.name);
+    if (!p.registered && !p.parked && p.id.role() != v1::ROLE_AGENT) missing.push_back(p.name);
   }
   return missing;
 }
@@ -575,12 +599,12 @@ bool CoordinatorService::ReadyLocked() const {
   // Asked at every registration and heartbeat tick: no names made here.
   if (!elastic()) {
     return std::all_of(processes_.begin(), processes_.end(), [](const Process& p) {
-      return p.registered || p.id.role() == v1::ROLE_AGENT;
+      return p.registered || p.parked || p.id.role() == v1::ROLE_AGENT;
     });
   }
   int workers = 0;
   for (const Process& p : processes_) {
-    if (p.id.role() == v1::ROLE_SERVER && !p.registered) return false;
+    if (p.id.role() == v1::ROLE_SERVER && !p.registered && !p.parked) return false;
     workers += p.id.role() == v1::ROLE_WORKER && p.registered && !p.lost && !p.exited;
   }
   return workers >= config_.min_workers();
@@ -588,12 +612,12 @@ bool CoordinatorService::ReadyLocked() const {
 
 bool CoordinatorService::AllServersRegisteredLocked() const {
   return std::all_of(processes_.begin(), processes_.end(),
-                     [](const Process& p) { return p.id.role() != v1::ROLE_SERVER || p.registered; });
+                     [](const Process& p) { return p.id.role() != v1::ROLE_SERVER || p.registered || p.parked; });
 }
 
 bool CoordinatorService::ServersApplyLocked(int64_t epoch) const {
   return std::all_of(processes_.begin(), processes_.end(), [&](const Process& p) {
-    return p.id.role() != v1::ROLE_SERVER || p.lost || p.applied_epoch >= epoch;
+    return p.id.role() != v1::ROLE_SERVER || p.lost || p.parked || p.applied_epoch >= epoch;
   });
 }
 
@@ -620,6 +644,32 @@ grpc::Status CoordinatorService::DoRegister(grpc::ServerContextBase* ctx, const 
                         absl::StrCat(p->expected_host, " left the job: it was gone for longer than host_wait_s"));
   }
   if (p->id.role() == v1::ROLE_AGENT && p->lost) AgentBackLocked(p);
+  // "max_servers": a server index with no process joins the running job:
+  // it starts empty, and its keys move to it from the server serving them.
+  const bool joins = p->id.role() == v1::ROLE_SERVER && p->parked;
+  if (joins && p->leaving) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat(p->name, " is still leaving the job; start it again once it has left"));
+  }
+  if (joins && !ReadyLocked()) {
+    // Asked again by the server's link until it connects.
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        absl::StrCat(p->name, " joins a running job; this one has not started yet (not arrived: ",
+                                     absl::StrJoin(MissingLocked(), ", "), ")"));
+  }
+  if (joins) {
+    p->parked = false;
+    p->lost = false;
+    p->shard_epoch = 0;
+    p->copies_building.clear();
+    Move m;
+    m.owner = p->id.index();
+    m.to = p->id.index();
+    moves_.push_back(m);
+    p->name = absl::StrCat("server ", p->id.index(), " on ", req->host());
+    LogInfo(p->name, " joins the job at ", req->address(), ": its keys move to it from server ",
+            served_by_[p->id.index()]);
+  }
   // A server back after its keys moved ("replicas": 1) is a spare.
   const bool spare = p->id.role() == v1::ROLE_SERVER && p->lost && config_.replicas() > 0;
   if (!spare && p->registered && !p->exited && p->id.role() == v1::ROLE_SERVER &&
@@ -653,7 +703,7 @@ grpc::Status CoordinatorService::DoRegister(grpc::ServerContextBase* ctx, const 
     LogInfo(p->name, " is back at ", req->address(), ": it keeps the copies of the keys of servers ",
             absl::StrJoin(copies, ", "), " from now on");
   }
-  resp->set_spare(spare);
+  resp->set_spare(spare || joins);
   p->registered = true;
   p->exited = false;
   p->restarting = false;
@@ -780,6 +830,12 @@ grpc::Status CoordinatorService::DoHeartbeat(grpc::ServerContextBase* ctx, const
     resp->set_reason(reason_);
     return grpc::Status::OK;
   }
+  if (p->id.role() == v1::ROLE_SERVER && p->parked) {
+    // Removed (its keys are on the other servers): it exits.
+    resp->set_state(state_);
+    resp->set_leave(true);
+    return grpc::Status::OK;
+  }
   if (p->id.role() == v1::ROLE_AGENT && state_ == v1::JOB_RUNNING && p->lost) {
     AgentBackLocked(p);  // its host's link came back
   } else if (p->id.role() == v1::ROLE_AGENT && state_ == v1::JOB_RUNNING && !p->registered) {
@@ -804,7 +860,11 @@ grpc::Status CoordinatorService::DoHeartbeat(grpc::ServerContextBase* ctx, const
       AllServersRegisteredLocked()) {
     *resp->mutable_shard_map() = ShardMapLocked();
   }
-  if (p->id.role() == v1::ROLE_SERVER) p->applied_epoch = req->membership_epoch();
+  if (p->id.role() == v1::ROLE_SERVER) {
+    p->applied_epoch = req->membership_epoch();
+    p->shard_epoch = req->shard_map_epoch();
+    p->copies_building.assign(req->copies_building().begin(), req->copies_building().end());
+  }
   p->last_heartbeat = absl::Now();
   if (state_ != v1::JOB_RUNNING) p->saw_end = true;
   resp->set_state(state_);
@@ -820,6 +880,7 @@ grpc::Status CoordinatorService::DoReportExit(grpc::ServerContextBase* ctx,
   Process* p;
   if (grpc::Status s = Lookup(req->id(), &p); !s.ok()) return s;
   if (p->exited) return grpc::Status::OK;  // the agent and the worker may both report
+  if (p->parked) return grpc::Status::OK;  // removed: its exit was expected
   if (StaleLocked(req->generation())) return grpc::Status::OK;  // replaced by a recovery
   const std::string what = absl::StrCat(p->name, " exited with code ", req->exit_code(),
                                         req->message().empty() ? "" : absl::StrCat(": ", req->message()));
@@ -882,6 +943,8 @@ grpc::Status CoordinatorService::DoGetJobStatus(grpc::ServerContextBase* ctx,
   }
   const absl::Time now = absl::Now();
   resp->set_seconds(absl::ToDoubleSeconds(now - born_));
+  for (int s : served_by_) resp->add_served_by(s);
+  resp->set_moves(moves_done_);
   for (const Process& p : processes_) {
     v1::ProcessStatus* s = resp->add_processes();
     *s->mutable_id() = p.id;
@@ -948,6 +1011,10 @@ grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext* ctx, const v1::
     if (state_ != v1::JOB_RUNNING || finishing_) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "the job is ending; its final checkpoint is written (or it failed)");
+    }
+    if (!moves_.empty()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "keys are moving between servers (a server joins or leaves); ask again once they are");
     }
     MaybeStartCheckpointsLocked();  // the monitor's next round may not have yet
     if (!checkpoints_started_) {
@@ -1044,6 +1111,7 @@ void CoordinatorService::Monitor() {
       if (state_ != v1::JOB_RUNNING || recovering_) break;
     }
     if (state_ != v1::JOB_RUNNING || recovering_) continue;
+    AdvanceMovesLocked();
     MaybeStartCheckpointsLocked();
     if (!ReadyLocked() && now - start_ > barrier) {
       FailLocked(absl::StrCat("readiness barrier timed out after ", absl::FormatDuration(barrier),
@@ -1077,6 +1145,195 @@ v1::JobState CoordinatorService::WaitForEnd() {
       absl::Seconds(std::min(config_.heartbeat_timeout_s(), 4 * config_.heartbeat_interval_s() + 1));
   mu_.AwaitWithDeadline(absl::Condition(&heard), ended_at_ + grace);
   return state_;
+}
+
+}  // namespace psrt
+
+namespace psrt {
+
+void CoordinatorService::PauseCheckpointsLocked() {
+  if (checkpoints_paused_ || pausing_) return;
+  if (options_.checkpointer == nullptr || !checkpoints_started_) {
+    checkpoints_paused_ = true;
+    return;
+  }
+  pausing_ = true;
+  if (failover_.joinable()) failover_.join();
+  failover_ = std::thread([this] {
+    options_.checkpointer->Abort(absl::Seconds(2));
+    absl::MutexLock lock(&mu_);
+    pausing_ = false;
+    checkpoints_paused_ = true;
+  });
+}
+
+void CoordinatorService::ResumeCheckpointsLocked() {
+  checkpoints_paused_ = false;
+  if (options_.checkpointer == nullptr || !checkpoints_started_ || stopping_job_) return;
+  std::vector<std::string> live = LiveServerAddressesLocked();
+  const int64_t restored = config_.restored_step();
+  if (failover_.joinable()) failover_.join();
+  failover_ = std::thread([this, live, restored] {
+    std::optional<v1::CheckpointResponse> last = options_.checkpointer->LastCommitted();
+    absl::MutexLock lock(&mu_);
+    if (state_ != v1::JOB_RUNNING || stopping_job_ || !moves_.empty()) return;
+    options_.checkpointer->Start(live, last ? last->step() : restored);
+  });
+}
+
+void CoordinatorService::AdvanceMovesLocked() {
+  if (moves_.empty() || finishing_ || stopping_job_) return;
+  PauseCheckpointsLocked();
+  if (!checkpoints_paused_) return;
+  Move& m = moves_.front();
+  const absl::Time now = absl::Now();
+  const absl::Duration limit = absl::Seconds(std::max(60.0, config_.barrier_timeout_s()));
+  if (m.phase == Move::kWaiting) {
+    m.from = served_by_[m.owner];
+    if (m.to < 0) {
+      // The live server serving the fewest owners, not leaving.
+      int best = -1, best_count = 0;
+      for (const Process& q : processes_) {
+        const int i = q.id.index();
+        if (q.id.role() != v1::ROLE_SERVER || q.leaving || !LiveServerLocked(i)) continue;
+        const int count = static_cast<int>(std::count(served_by_.begin(), served_by_.end(), i));
+        if (best < 0 || count < best_count) best = i, best_count = count;
+      }
+      m.to = best;
+    }
+    if (m.to < 0 || m.from == m.to || !LiveServerLocked(m.from) || !LiveServerLocked(m.to)) {
+      move_error_ = absl::StrCat("server ", m.owner, "'s keys cannot move from server ", m.from, " to server ",
+                                 m.to, ": one of them is not there");
+      LogWarning(move_error_);
+      moves_.pop_front();
+      if (moves_.empty()) ResumeCheckpointsLocked();
+      return;
+    }
+    ++shard_epoch_;
+    replica_at_[m.owner] = m.to;
+    replica_since_[m.owner] = shard_epoch_;
+    m.epoch = shard_epoch_;
+    m.phase = Move::kCopying;
+    m.since = now;
+    LogInfo("moving server ", m.owner, "'s keys from server ", m.from, " to server ", m.to,
+            ": copying them (shard map epoch ", shard_epoch_, ")");
+    return;
+  }
+  Process* from = ServerLocked(m.from);
+  if (m.phase == Move::kCopying) {
+    const bool built = from->shard_epoch >= m.epoch &&
+                       std::find(from->copies_building.begin(), from->copies_building.end(), m.owner) ==
+                           from->copies_building.end();
+    if (!built && now - m.since > limit) {
+      // Nothing has changed hands: the old server goes on serving them.
+      ++shard_epoch_;
+      replica_at_[m.owner] = -1;
+      replica_since_[m.owner] = shard_epoch_;
+      move_error_ = absl::StrCat("server ", m.owner, "'s keys were not copied to server ", m.to, " within ",
+                                 absl::FormatDuration(limit), "; they stay on server ", m.from);
+      LogWarning(move_error_);
+      moves_.pop_front();
+      if (moves_.empty()) ResumeCheckpointsLocked();
+      return;
+    }
+    if (!built) return;
+    ++shard_epoch_;
+    served_by_[m.owner] = -1;
+    m.epoch = shard_epoch_;
+    m.phase = Move::kLetGo;
+    return;
+  }
+  // kLetGo: once the old server has let them go, the new one serves them.
+  if (from->shard_epoch < m.epoch) return;
+  ++shard_epoch_;
+  served_by_[m.owner] = m.to;
+  replica_at_[m.owner] = -1;
+  replica_since_[m.owner] = shard_epoch_;
+  ++moves_done_;
+  LogInfo("server ", m.to, " serves server ", m.owner, "'s keys (moved from server ", m.from, " in ",
+          absl::FormatDuration(absl::Trunc(now - m.since, absl::Milliseconds(1))), ", shard map epoch ",
+          shard_epoch_, ")");
+  moves_.pop_front();
+  // A server that is leaving and serves nothing more leaves.
+  for (Process& q : processes_) {
+    if (q.id.role() != v1::ROLE_SERVER || !q.leaving) continue;
+    if (std::count(served_by_.begin(), served_by_.end(), q.id.index()) > 0) continue;
+    if (std::any_of(moves_.begin(), moves_.end(), [&](const Move& n) { return n.to == q.id.index(); })) continue;
+    q.leaving = false;
+    q.parked = true;
+    q.registered = false;
+    q.address.clear();
+    ++shard_epoch_;
+    LogInfo(q.name, " left the job: its keys are on the other servers");
+  }
+  if (moves_.empty()) ResumeCheckpointsLocked();
+}
+
+grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx, const v1::RemoveServerRequest* req,
+                                              v1::RemoveServerResponse* resp) {
+  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (config_.started_servers() == 0) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this job's servers are fixed: set \"max_servers\" in the parameter_server option for "
+                        "servers to join and leave a running job");
+  }
+  const int index = req->index();
+  if (index < 0 || index >= config_.num_servers()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("no server ", index, " in this job: its servers are 0..",
+                                     config_.num_servers() - 1));
+  }
+  Process* p = ServerLocked(index);
+  if (state_ != v1::JOB_RUNNING || recovering_ || !ReadyLocked()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("the job is not running with all its processes (", StateName(state_),
+                                     recovering_ ? ", recovering" : "", ")"));
+  }
+  if (!LiveServerLocked(index) || p->leaving) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("server ", index, p->leaving ? " is already leaving" : " is not in the job now"));
+  }
+  int others = 0;
+  for (const Process& q : processes_) {
+    others += q.id.role() == v1::ROLE_SERVER && q.id.index() != index && !q.leaving && LiveServerLocked(q.id.index());
+  }
+  if (others == 0) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("server ", index, " is the job's last server; its keys have nowhere to go"));
+  }
+  p->leaving = true;
+  move_error_.clear();
+  std::vector<int> owners;
+  for (int o = 0; o < static_cast<int>(served_by_.size()); ++o) {
+    if (served_by_[o] != index) continue;
+    Move m;
+    m.owner = o;
+    moves_.push_back(m);
+    owners.push_back(o);
+  }
+  LogInfo("removing ", p->name, ": the keys of servers ", absl::StrJoin(owners, ", "),
+          " move to the other servers");
+  const absl::Time deadline = absl::Now() + TimeLeft(ctx, absl::Minutes(10));
+  auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return p->parked || !p->leaving || state_ != v1::JOB_RUNNING || ctx->IsCancelled();
+  };
+  while (!over() && absl::Now() < deadline) {
+    mu_.AwaitWithTimeout(absl::Condition(&over), absl::Milliseconds(100));
+  }
+  if (p->parked) {
+    for (int o : owners) resp->add_moved_to(served_by_[o]);
+    return grpc::Status::OK;
+  }
+  if (state_ != v1::JOB_RUNNING) {
+    return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("the job ended: ", reason_));
+  }
+  if (!p->leaving) {
+    return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("server ", index, " did not leave: ", move_error_));
+  }
+  return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                      absl::StrCat("server ", index, "'s keys are still moving; it leaves once they are on "
+                                   "the other servers (see the coordinator's log)"));
 }
 
 }  // namespace psrt

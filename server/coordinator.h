@@ -1,6 +1,7 @@
 #ifndef PSRT_SERVER_COORDINATOR_H_
 #define PSRT_SERVER_COORDINATOR_H_
 
+#include <deque>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,6 +64,9 @@ class CoordinatorService final : public CoordinatorBase {
                                          grpc::ByteBuffer* resp) override;
   grpc::Status Checkpoint(grpc::ServerContext* ctx, const v1::CheckpointRequest* req,
                           v1::CheckpointResponse* resp) override;
+  // Answers once the server's keys are on the others and it is gone.
+  grpc::Status RemoveServer(grpc::ServerContext* ctx, const v1::RemoveServerRequest* req,
+                            v1::RemoveServerResponse* resp) override;
 
   // Blocks until the job has ended and every live server and agent has heard
   // so (or a grace period passed). Returns the final state.
@@ -94,6 +98,12 @@ class CoordinatorService final : public CoordinatorBase {
     absl::Time lost_at;       // agents: when
     int slot = -1;            // agents: their host's index in the job now; -1: it left
     int64_t applied_epoch = 0;  // servers: the membership epoch they said they apply
+    // Servers ("max_servers"): no process has this index now (it joins
+    // later, or it left); leaving: RemoveServer is moving its keys away.
+    bool parked = false;
+    bool leaving = false;
+    int64_t shard_epoch = 0;              // servers: the shard map they said they apply
+    std::vector<int> copies_building;     // servers: as their last heartbeat said
     int64_t step = 0;           // training processes: the latest step they pushed
     v1::WorkerStats stats;      // training processes: as of their last heartbeat
   };
@@ -160,6 +170,27 @@ class CoordinatorService final : public CoordinatorBase {
   void ReleaseBarriersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishReleased() ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<std::string> ServerAddressesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The addresses of the servers that hold keys now (not lost, not parked).
+  std::vector<std::string> LiveServerAddressesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool LiveServerLocked(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves of one owner's keys to another server ("max_servers"), one at a
+  // time: the checkpoints pause; the new server gets a copy (the shard map
+  // names it replica_at) built by the old one, which forwards updates to it
+  // from then on; once the copy is built the old server lets the keys go
+  // (served_by -1) and says so; then the new one serves them.
+  struct Move {
+    int owner = 0;
+    int from = -1;
+    int to = -1;  // -1: the live server serving the fewest owners, at the start
+    enum Phase { kWaiting, kCopying, kLetGo } phase = kWaiting;
+    int64_t epoch = 0;  // of the shard map that started the phase
+    absl::Time since;
+  };
+  void AdvanceMovesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The checkpoints stop while keys move (a checkpoint must find every key
+  // on one server) and start again after, with the servers there are then.
+  void PauseCheckpointsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ResumeCheckpointsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
   v1::JobConfig config_;
@@ -184,6 +215,13 @@ class CoordinatorService final : public CoordinatorBase {
   std::vector<int> replica_at_ ABSL_GUARDED_BY(mu_);  // per server: who keeps copies (-1: none)
   std::vector<int64_t> replica_since_ ABSL_GUARDED_BY(mu_);  // the epoch it was named in
   int64_t shard_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<Move> moves_ ABSL_GUARDED_BY(mu_);
+  int moves_done_ ABSL_GUARDED_BY(mu_) = 0;
+  // The checkpoints are stopped for the moves (set by failover_'s thread
+  // once a checkpoint being written has ended).
+  bool checkpoints_paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool pausing_ ABSL_GUARDED_BY(mu_) = false;
+  std::string move_error_ ABSL_GUARDED_BY(mu_);  // why the last RemoveServer failed
   struct WaitingBarrier {
     grpc::CallbackServerContext* ctx;
     grpc::ServerUnaryReactor* reactor;

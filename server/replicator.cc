@@ -36,7 +36,8 @@ std::shared_ptr<v1::ParameterServer::Stub> Replicator::StubLocked(int server) {
 
 void Replicator::Update(const v1::ShardMap& map) {
   std::vector<int> promote;
-  std::vector<std::pair<int, int>> seed;  // owner, new copy holder
+  std::vector<std::pair<int, int>> release;  // owner, its new server
+  std::vector<std::pair<int, int>> seed;     // owner, new copy holder
   {
     absl::MutexLock lock(&mu_);
     const int n = map.server_addresses_size();
@@ -53,12 +54,14 @@ void Replicator::Update(const v1::ShardMap& map) {
     }
     replica_at_.resize(n, -1);
     replica_since_.resize(n, 0);
+    auto served_by = [&](int i) { return i < map.served_by_size() ? map.served_by(i) : i; };
     for (int i = 0; i < map.replica_at_size() && i < n; ++i) {
       const int at = map.replica_at(i);
       const int64_t since = i < map.replica_since_size() ? map.replica_since(i) : 0;
-      const bool mine = (i < map.served_by_size() ? map.served_by(i) : i) == self_;
+      const bool mine = served_by(i) == self_;
       if (at == replica_at_[i] && since == replica_since_[i]) continue;
-      if (mine && at < 0 && !first)
+      // (Not where the copy was here: it is what this server serves now.)
+      if (mine && at < 0 && !first && replica_at_[i] != self_)
         LogWarning("the keys of server ", i, " served here have no copy any more");
       // A copy holder named anew for keys served here (not the start, where
       // every worker registers its keys with both): copy them there first.
@@ -66,18 +69,24 @@ void Replicator::Update(const v1::ShardMap& map) {
       replica_at_[i] = at;
       replica_since_[i] = since;
     }
-    // Keys it serves now from copies: another server's, or (a spare that
-    // took over its old keys back) its own.
-    for (int i = 0; i < map.served_by_size(); ++i) {
-      if (map.served_by(i) == self_ && promoted_.insert(i).second) promote.push_back(i);
+    for (int i = 0; i < n; ++i) {
+      // Keys it serves now from copies: another server's, or (a server that
+      // joined, or a spare that took over its old keys back) its own.
+      if (served_by(i) == self_ && served_.insert(i).second) promote.push_back(i);
+      // Keys another server serves from now on (-1: for a moment none):
+      // they move to where the copy was built.
+      if (served_by(i) != self_ && served_.erase(i) > 0) {
+        release.emplace_back(i, served_by(i) >= 0 ? served_by(i) : replica_at_[i]);
+      }
     }
     for (const auto& [owner, at] : seed) seeding_.insert(owner);
   }
+  for (const auto& [owner, to] : release) store_->Release(owner, to);
   for (int i : promote) store_->Promote(i);
   for (const auto& [owner, at] : seed) {
     LogInfo("building the copy of server ", owner, "'s keys on server ", at);
     seeders_.emplace_back([this, owner = owner, at = at] {
-      store_->SeedCopies(owner == self_ ? -1 : owner, owner, [&](const v1::SeedRequest& req) {
+      store_->SeedCopies(owner, [&](const v1::SeedRequest& req) {
         std::shared_ptr<v1::ParameterServer::Stub> stub;
         {
           absl::MutexLock lock(&mu_);
@@ -94,6 +103,11 @@ void Replicator::Update(const v1::ShardMap& map) {
       seeding_.erase(owner);
     });
   }
+}
+
+std::vector<int> Replicator::CopiesBuilding() {
+  absl::MutexLock lock(&mu_);
+  return {seeding_.begin(), seeding_.end()};
 }
 
 std::shared_ptr<v1::ParameterServer::Stub> Replicator::CopyHolder(int owner, int* at,
@@ -139,6 +153,10 @@ Store::Forwarded Replicator::Forward(int owner, const std::string& variable, uin
                                      int64_t version, const float* grad, int64_t n,
                                      const Store::Origin& origin) {
   const int key_owner = owner < 0 ? self_ : owner;
+  int at;
+  bool seeding;
+  std::shared_ptr<v1::ParameterServer::Stub> stub = CopyHolder(key_owner, &at, &seeding);
+  if (at == -1 || at == self_) return nullptr;  // no copy: the update stays here alone
   struct Call {
     v1::ReplicateRequest req;
     v1::ReplicateResponse resp;
@@ -160,10 +178,6 @@ Store::Forwarded Replicator::Forward(int owner, const std::string& variable, uin
     req.set_clock(origin.clock);
   }
   call->start = absl::Now();
-  int at;
-  bool seeding;
-  std::shared_ptr<v1::ParameterServer::Stub> stub = CopyHolder(key_owner, &at, &seeding);
-  if (at == -1 || at == self_) return nullptr;  // no copy: the update stays here alone
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   std::shared_ptr<DataChannel> channel = stub != nullptr ? ChannelTo(at, stub.get()) : nullptr;
   if (channel != nullptr) {

@@ -18,10 +18,11 @@
 
 namespace psrt {
 
-// "replicas": 1, one server's side. It sends each update of the keys it
-// serves to their copies (Store's Forward) on the server the coordinator's
-// shard map names for their owner, and follows that map: the servers whose
-// keys it now serves (Promote), owners whose copies are gone (updates then
+// "replicas": 1 and "max_servers", one server's side. It sends each update
+// of the keys it serves to their copies (Store's Forward) on the server the
+// coordinator's shard map names for their owner, and follows that map: the
+// servers whose keys it now serves (Promote), those whose keys it served and
+// another serves now (Release), owners whose copies are gone (updates then
 // stay here), and new copy holders, to which it copies those keys first, in
 // the background (Store::SeedCopies).
 class Replicator {
@@ -44,6 +45,8 @@ class Replicator {
                            int64_t version, const float* grad, int64_t n,
                            const Store::Origin& origin);
   void Update(const v1::ShardMap& map);
+  // The owners whose keys are being copied to a new holder now.
+  std::vector<int> CopiesBuilding();
 
  private:
   // A copy holder's data channel: opened on first use and again after it
@@ -82,7 +85,7 @@ class Replicator {
   std::vector<std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
   std::vector<int> replica_at_ ABSL_GUARDED_BY(mu_);  // per owner; -1: no copy
   std::vector<int64_t> replica_since_ ABSL_GUARDED_BY(mu_);
-  std::set<int> promoted_ ABSL_GUARDED_BY(mu_);
+  std::set<int> served_ ABSL_GUARDED_BY(mu_);  // owners whose keys it serves
   std::set<int> seeding_ ABSL_GUARDED_BY(mu_);  // owners whose copies are being built
   std::vector<std::thread> seeders_;
   // Sends the forwarded updates; last member: joined first, while

@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
   store_options.max_variables = limits.max_variables();
   store_options.max_keys_per_variable = limits.max_keys_per_variable();
   if (limits.max_pull_wait_s() > 0) store_options.max_pull_wait = absl::Seconds(limits.max_pull_wait_s());
+  store_options.self = index;
   psrt::Store store(store_options, &metrics);
   psrt::PsService service(&store, &metrics, token, limits.max_calls_per_worker());
   // "replicas": 1: this server's updates go to their copies on another
@@ -86,8 +87,11 @@ int main(int argc, char** argv) {
   const int num_servers = config->num_servers();
   const int servers_per_host = num_servers / std::max(1, config->num_hosts());
   const int backed_up = (index + num_servers - psrt::BackupServer(0, num_servers, servers_per_host)) % num_servers;
+  // "max_servers": keys move between servers as servers join and leave, by
+  // the same copies.
+  const int started = config->started_servers();
   std::unique_ptr<psrt::Replicator> replicator;
-  if (config->replicas() > 0) {
+  if (config->replicas() > 0 || started > 0) {
     replicator = std::make_unique<psrt::Replicator>(index, token, absl::Seconds(2 * config->heartbeat_timeout_s() + 5),
                                                     config->transport() != "grpc", &store);
     store.SetForward([r = replicator.get()](int owner, const std::string& variable, uint32_t partition,
@@ -150,6 +154,7 @@ int main(int argc, char** argv) {
   };
   if (replicator != nullptr) {
     link_options.on_shard_map = [r = replicator.get()](const psrt::v1::ShardMap& map) { r->Update(map); };
+    link_options.copies_building = [r = replicator.get()] { return r->CopiesBuilding(); };
   }
   auto link = psrt::CoordinatorLink::Connect(link_options);
   if (!link.ok()) {
@@ -169,6 +174,21 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::vector<psrt::Store::RestoredKey>> keys =
         from.ok() ? psrt::LoadServerKeys(*from, index, config->num_servers(), config->partition_bytes())
                   : from.status();
+    // "max_servers": the keys of the servers that join later, which this
+    // one serves until they do.
+    for (int owner = started; started > 0 && keys.ok() && owner < num_servers; ++owner) {
+      if (psrt::InitialServer(owner, started) != index) continue;
+      absl::StatusOr<std::vector<psrt::Store::RestoredKey>> theirs =
+          psrt::LoadServerKeys(*from, owner, num_servers, config->partition_bytes());
+      if (!theirs.ok()) {
+        keys = theirs.status();
+        break;
+      }
+      for (psrt::Store::RestoredKey& k : *theirs) {
+        k.owner = owner;
+        keys->push_back(std::move(k));
+      }
+    }
     if (keys.ok() && replicator != nullptr) {
       absl::StatusOr<std::vector<psrt::Store::RestoredKey>> copies =
           psrt::LoadServerKeys(*from, backed_up, num_servers, config->partition_bytes());
@@ -211,6 +231,8 @@ int main(int argc, char** argv) {
     psrt::LogWarning(why);
     (*link)->ReportExit(link_options.id, 1, why).IgnoreError();
     code = 1;
+  } else if (end.left) {
+    psrt::LogInfo(end.reason, "; exiting");
   } else {
     code = end.state == psrt::v1::JOB_SUCCEEDED ? 0 : 1;
     psrt::LogInfo("job ", code == 0 ? "succeeded" : "failed", ": ", end.reason, "; exiting");

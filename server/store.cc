@@ -74,6 +74,7 @@ struct Store::Key {
   // here once that server is gone.
   int backup_of ABSL_GUARDED_BY(mu) = -1;
   bool serving ABSL_GUARDED_BY(mu) = true;
+  int moved_to ABSL_GUARDED_BY(mu) = -1;  // Release: the server that serves it now
   // A sparse table's part (spec.has_table()): its rows, in place of
   // weights, slots and accum.
   std::unique_ptr<Table> table ABSL_GUARDED_BY(mu);
@@ -377,6 +378,10 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time 
           key->backup_of = req.primary();
           key->serving = false;
         }
+      } else if (req.has_owner() && added) {
+        // Another server's key by the key map, served here for now.
+        absl::MutexLock lock(&key->mu);
+        key->backup_of = req.owner() == options_.self ? -1 : req.owner();
       }
     }
     Completed completed;
@@ -432,7 +437,15 @@ absl::Status Store::CheckRoomLocked(const v1::KeySpec& spec, const OptimizerConf
   return absl::OkStatus();
 }
 
+bool Store::Owns(const Key* k, int owner) const {
+  return k->backup_of == owner || (k->backup_of < 0 && owner >= 0 && owner == options_.self);
+}
+
 absl::Status Store::NotServing(const Key* k) {
+  if (k->moved_to >= 0) {
+    return absl::UnavailableError(absl::StrCat("key '", k->name, "' moved to server ", k->moved_to,
+                                               "; the shard map says so from its next epoch"));
+  }
   // UNAVAILABLE: the client tries again, and this server serves the key as
   // soon as it hears that its primary is gone.
   return absl::UnavailableError(absl::StrCat("key '", k->name, "' is held here as a replica of server ",
@@ -538,6 +551,7 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
   if (key->n != n) return absl::FailedPreconditionError(absl::StrCat("key '", name, "' has another size here"));
   key->backup_of = req.primary();
   key->serving = false;
+  key->moved_to = -1;
   if (!key->initialized) InitKey(key, *opt);
   std::memcpy(key->weights.data(), req.weights().data(), n * 4);
   for (int i = 0; i < req.slots_size(); ++i) std::memcpy(key->slots[i].data(), req.slots(i).data(), n * 4);
@@ -547,11 +561,16 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
   return absl::OkStatus();
 }
 
-void Store::SeedCopies(int owner, int primary, const std::function<absl::Status(const v1::SeedRequest&)>& send) {
+void Store::SeedCopies(int owner, const std::function<absl::Status(const v1::SeedRequest&)>& send) {
   int64_t sent = 0;
+  const int primary = owner < 0 ? options_.self : owner;
   for (Key* k : AllKeys()) {
     absl::MutexLock lock(&k->mu);
-    if (!k->serving || !k->initialized || k->backup_of != owner) continue;
+    if (!k->serving || !k->initialized || !Owns(k, owner)) continue;
+    if (k->table != nullptr) {
+      LogWarning("key '", k->name, "' is a sparse table's part, which is not copied to other servers");
+      continue;
+    }
     v1::SeedRequest req;
     *req.mutable_spec() = k->spec;
     req.set_primary(primary);
@@ -567,6 +586,38 @@ void Store::SeedCopies(int owner, int primary, const std::function<absl::Status(
     ++sent;
   }
   LogInfo("copied ", sent, " keys to their new backup");
+}
+
+void Store::Release(int owner, int to) {
+  Completed failed;
+  int64_t n = 0;
+  for (Key* k : AllKeys()) {
+    absl::MutexLock lock(&k->mu);
+    if (!k->serving || !Owns(k, owner)) continue;
+    k->serving = false;
+    k->moved_to = to;
+    if (k->backup_of < 0) k->backup_of = options_.self;
+    const absl::Status moved = NotServing(k);
+    for (auto& [p, i] : k->waiters) {
+      absl::MutexLock plock(&p->mu);
+      if (p->error.ok()) p->error = moved;
+      failed.push_back(p);
+    }
+    k->waiters.clear();
+    if (k->initialized) {
+      bytes_stored_ -= KeyBytes(k->n, k->optimizer);
+      k->initialized = false;
+    }
+    // Freed: a new copy (Seed) allocates again.
+    std::vector<float>().swap(k->weights);
+    std::vector<float>().swap(k->accum);
+    k->slots.clear();
+    k->slot_ptrs.clear();
+    k->snap_ready = false;
+    ++n;
+  }
+  for (const auto& p : failed) Complete(p.get());
+  if (n > 0) LogInfo("server ", owner < 0 ? options_.self : owner, "'s ", n, " keys served here moved to server ", to);
 }
 
 void Store::InitKey(Key* key, const OptimizerConfig& optimizer) {
@@ -722,12 +773,12 @@ absl::Status Store::Push(const WireMessage& req) {
           "; a scale is finite and positive, at least 3e-39 (0 stands for 1)"));
     }
     absl::MutexLock lock(&k->mu);
+    if (!k->serving) return NotServing(k);
     if (!k->initialized) {
       return absl::FailedPreconditionError(absl::StrCat(
           "key '", k->name, "' has no value yet: rank 0 has not registered it"));
     }
     if (!k->stopped.ok()) return k->stopped;
-    if (!k->serving) return NotServing(k);
     if (!k->active[w]) {
       return absl::FailedPreconditionError(absl::StrCat(
           "worker ", w, " is not an active worker of this job (it was lost); it must rejoin first"));
@@ -1590,7 +1641,7 @@ void Store::FinishRestore(absl::StatusOr<std::vector<RestoredKey>> restored, int
         InitKey(key.get(), *opt);
         key->version = r.state.version;
         key->lr = r.state.learning_rate;
-        key->backup_of = r.backup_of;
+        key->backup_of = r.backup_of >= 0 ? r.backup_of : r.owner;
         key->serving = r.backup_of < 0;
         std::fill(key->clock.begin(), key->clock.end(), step);
       }

@@ -57,6 +57,9 @@ struct StoreOptions {
   int64_t max_bytes = 0;
   int max_variables = 0;
   int max_keys_per_variable = 0;
+  // This server's index in the job (-1: not known, as in tools and tests):
+  // a key whose owner is `self` is its own.
+  int self = -1;
 };
 
 // The keys one server holds: float32 weights, optimizer slots and versions.
@@ -101,10 +104,16 @@ class Store {
   void Promote(int primary);
   // A whole key from the server that serves it, for a new copy here.
   absl::Status Seed(const v1::SeedRequest& req);
-  // Sends every key of `owner` (-1: this server's own, which is server
-  // `primary`) that this server serves to `send`, each under its lock, so
-  // that no update falls between the copy and the updates forwarded after it.
-  void SeedCopies(int owner, int primary, const std::function<absl::Status(const v1::SeedRequest&)>& send);
+  // Sends every key of server `owner` (-1 or self: this server's own) that
+  // this server serves to `send`, each under its lock, so that no update
+  // falls between the copy and the updates forwarded after it.
+  void SeedCopies(int owner, const std::function<absl::Status(const v1::SeedRequest&)>& send);
+  // Server `owner`'s keys (-1 or self: this server's own) moved to server
+  // `to`: this server stops serving them and frees their state; pulls
+  // waiting for them, and requests that still come, get UNAVAILABLE, so
+  // their clients send them again where the shard map says. A sync step
+  // half done here is done again there from the resent pushes.
+  void Release(int owner, int to);
   // INVALID_ARGUMENT unless `rank` is a worker of this job.
   absl::Status CheckWorker(int32_t rank) const;
   int num_workers() const { return options_.num_workers; }
@@ -175,6 +184,7 @@ class Store {
     v1::KeySpec spec;
     KeyRecord state;
     int backup_of = -1;  // a copy of that server's key ("replicas": 1)
+    int owner = -1;      // served here, but that server's key by the key map
   };
   // Installs the keys of a checkpoint (or, with an error, refuses every
   // registration with it) and lets registrations in. Workers resume at
@@ -191,6 +201,8 @@ class Store {
   // The key `spec` names, made (without a value) if it is new.
   Key* FindOrAddLocked(const v1::KeySpec& spec, bool* added) ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_);
   static absl::Status NotServing(const Key* k);  // holds k->mu
+  // Whether k is server `owner`'s key (-1 or self: this server's own).
+  bool Owns(const Key* k, int owner) const;  // holds k->mu
   // What a new key costs in weights, optimizer slots and (sync) accumulator.
   int64_t KeyBytes(int64_t n, const OptimizerConfig& optimizer) const;
   // New keys of one registration so far, against the limits.

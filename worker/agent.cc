@@ -52,8 +52,10 @@ int RunAgent(const AgentOptions& options) {
   v1::JobConfig config = (*link)->current_config();
   int host_index = (*link)->host_index();
   const int local = config.workers_per_host();
-  const int servers_here =
-      options.servers ? config.num_servers() / std::max(1, config.num_hosts()) : 0;
+  // Of the job's servers, those started here ("max_servers": the others
+  // join later, started by hand).
+  const int started = config.started_servers() > 0 ? config.started_servers() : config.num_servers();
+  const int servers_here = options.servers ? started / std::max(1, config.num_hosts()) : 0;
   int64_t generation = (*link)->generation();
 
   std::map<pid_t, Child> children;     // running

@@ -404,7 +404,7 @@ class Client::Impl {
     for (int s = 0; s < map.served_by_size() && s < num_servers; ++s) {
       const int to = map.served_by(s);
       if (to < 0 || to >= num_servers || to == Route(s)) continue;
-      LogWarning("server ", s, " was lost: its keys are served by server ", to, " at ", Address(to), " now");
+      LogInfo("server ", s, "'s keys are served by server ", to, " at ", Address(to), " now");
       routes[s].store(to, std::memory_order_release);
     }
     // A server started again after its loss listens elsewhere.
@@ -472,6 +472,7 @@ class Client::Impl {
     std::vector<int> grpc_only;
     std::string why_not;
     for (int s = 0; s < num_servers; ++s) {
+      if (Address(s).empty()) continue;  // joins later
       for (int c = 0; c < options.connections_per_server; ++c) Channel(s, c);
       absl::MutexLock lock(&links[s]->mu);
       if (links[s]->channels[0] == nullptr) {
@@ -536,8 +537,12 @@ class Client::Impl {
   bool Retry(const grpc::Status& st, absl::Time start, absl::Duration backoff) const {
     // With replicas a lost server's keys move to its backup once the
     // coordinator notices (within its heartbeat timeout): wait that long.
+    // So too where keys move between servers ("max_servers"); the shard map
+    // that says where is asked for at once.
+    const bool moves = config.replicas() > 0 || config.started_servers() > 0;
+    if (moves && st.error_code() == grpc::StatusCode::UNAVAILABLE) link->Wake();
     const absl::Duration budget =
-        config.replicas() > 0
+        moves
             ? std::max(options.retry_budget, absl::Seconds(config.heartbeat_timeout_s()) + absl::Seconds(5))
             : options.retry_budget;
     return st.error_code() == grpc::StatusCode::UNAVAILABLE && absl::Now() - start + backoff < budget &&
@@ -628,6 +633,7 @@ class Client::Impl {
     std::vector<int> with;
     std::string why_not;
     for (int s = 0; s < num_servers; ++s) {
+      if (Address(s).empty()) continue;  // joins later
       absl::StatusOr<std::unique_ptr<SharedRegion>> region =
           SharedRegion::Create(kSharedSlots * kRequestBytes);
       absl::Status st = region.status();
@@ -1239,7 +1245,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
         impl->links.back()->channels.resize(options.connections_per_server);
       }
     }
-    for (int s = 0; s < n; ++s) impl->Connect(s, barrier->shard_map().server_addresses(s));
+    // A server that joins later ("max_servers") has no address yet.
+    for (int s = 0; s < n; ++s) {
+      if (!barrier->shard_map().server_addresses(s).empty()) impl->Connect(s, barrier->shard_map().server_addresses(s));
+    }
   }
   impl->moved = std::make_unique<std::atomic<int>[]>(n);
   impl->routes = std::make_unique<std::atomic<int>[]>(n);
@@ -1309,6 +1318,8 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
   for (const Partition& p : *parts) {
     Batch& b = Impl::BatchFor(&batches, &open, p.server, rank() == 0 ? p.num_elements * 4 : 0);
     b.req->set_worker_rank(rank());
+    // Keys may move between servers: each says whose it is by the key map.
+    if (impl_->config.started_servers() > 0) b.req->set_owner(p.server);
     v1::KeySpec* spec = b.req->add_keys();
     spec->set_variable(name);
     spec->set_partition(p.index);
@@ -1361,6 +1372,11 @@ absl::Status Client::RegisterTable(const std::string& name, const TableOptions& 
     return absl::FailedPreconditionError(
         absl::StrCat("table '", name, "': tables are not replicated; this job has \"replicas\": ",
                      impl_->config.replicas()));
+  }
+  if (impl_->config.started_servers() > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("table '", name, "': a table's rows do not move between servers; this job has "
+                     "\"max_servers\" (servers that join and leave)"));
   }
   v1::KeySpec spec;
   spec.set_variable(name);
@@ -1466,8 +1482,9 @@ absl::Status Client::SetLearningRate(double lr, const std::string& variable) {
     for (const Partition& p : var->parts) holds[p.server] = 1;
     if (var->dim > 0) holds.assign(num_servers(), 1);  // a table has a part on every server
   }
+  std::vector<char> asked(num_servers(), 0);  // servers serve other servers' keys too
   for (int s = 0; s < num_servers(); ++s) {
-    if (!holds[s]) continue;
+    if (!holds[s] || asked[impl_->Route(s)]++) continue;
     v1::SetLearningRateResponse resp;
     absl::Status st = impl_->Call(s, "set-learning-rate", [&](grpc::ClientContext* ctx) {
       return impl_->Stub(s)->SetLearningRate(ctx, req, &resp);
@@ -1479,7 +1496,9 @@ absl::Status Client::SetLearningRate(double lr, const std::string& variable) {
 
 absl::StatusOr<std::vector<int64_t>> Client::WorkerClocks() {
   std::vector<int64_t> clocks(num_workers(), INT64_MAX);
+  std::vector<char> asked(num_servers(), 0);
   for (int s = 0; s < num_servers(); ++s) {
+    if (asked[impl_->Route(s)]++) continue;
     v1::StatsResponse resp;
     absl::Status st = impl_->Call(s, "stats", [&](grpc::ClientContext* ctx) {
       return impl_->Stub(s)->Stats(ctx, v1::StatsRequest(), &resp);
@@ -1497,7 +1516,9 @@ absl::StatusOr<std::vector<int64_t>> Client::WorkerClocks() {
 
 absl::StatusOr<double> Client::ServerMetric(const std::string& name) {
   double total = 0;
+  std::vector<char> asked(num_servers(), 0);  // each server's metric once
   for (int s = 0; s < num_servers(); ++s) {
+    if (asked[impl_->Route(s)]++) continue;
     v1::StatsResponse resp;
     absl::Status st = impl_->Call(s, "stats", [&](grpc::ClientContext* ctx) {
       return impl_->Stub(s)->Stats(ctx, v1::StatsRequest(), &resp);
