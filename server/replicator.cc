@@ -81,28 +81,31 @@ void Replicator::Update(const v1::ShardMap& map) {
     }
     for (const auto& [owner, at] : seed) seeding_.insert(owner);
   }
-  for (const auto& [owner, to] : release) store_->Release(owner, to);
+  for (const auto& [owner, to] : release) {
+    store_->Release(owner, to, [&, to = to](const v1::SeedRequest& req) { return SeedTo(to, req); });
+  }
   for (int i : promote) store_->Promote(i);
   for (const auto& [owner, at] : seed) {
     LogInfo("building the copy of server ", owner, "'s keys on server ", at);
     seeders_.emplace_back([this, owner = owner, at = at] {
-      store_->SeedCopies(owner, [&](const v1::SeedRequest& req) {
-        std::shared_ptr<v1::ParameterServer::Stub> stub;
-        {
-          absl::MutexLock lock(&mu_);
-          stub = StubLocked(at);
-        }
-        if (stub == nullptr)
-          return absl::UnavailableError(absl::StrCat("server ", at, " has no address"));
-        grpc::ClientContext ctx;
-        PrepareContext(&ctx, token_, absl::Seconds(30));
-        v1::SeedResponse resp;
-        return FromGrpc(stub->Seed(&ctx, req, &resp));
-      });
+      store_->SeedCopies(owner, [&](const v1::SeedRequest& req) { return SeedTo(at, req); });
       absl::MutexLock lock(&mu_);
       seeding_.erase(owner);
     });
   }
+}
+
+absl::Status Replicator::SeedTo(int at, const v1::SeedRequest& req) {
+  std::shared_ptr<v1::ParameterServer::Stub> stub;
+  {
+    absl::MutexLock lock(&mu_);
+    stub = StubLocked(at);
+  }
+  if (stub == nullptr) return absl::UnavailableError(absl::StrCat("server ", at, " has no address"));
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx, token_, absl::Seconds(30));
+  v1::SeedResponse resp;
+  return FromGrpc(stub->Seed(&ctx, req, &resp));
 }
 
 std::vector<int> Replicator::CopiesBuilding() {

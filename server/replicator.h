@@ -61,6 +61,8 @@ class Replicator {
     bool announced ABSL_GUARDED_BY(mu) = false;  // logged once
   };
 
+  // A Seed call to server `at` (a copy, or a move's hand-over).
+  absl::Status SeedTo(int at, const v1::SeedRequest& req);
   std::shared_ptr<v1::ParameterServer::Stub> StubLocked(int server)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Server `at`'s data channel, or null (then gRPC carries the update).

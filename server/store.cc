@@ -303,6 +303,10 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time 
                                  const Cancelled& cancelled) {
   if (absl::Status s = CheckWorker(req.worker_rank()); !s.ok()) return s;
   if (req.keys().empty()) return absl::InvalidArgumentError("register request names no keys");
+  if (req.has_owner() && (req.owner() < 0 || req.replica())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register request names owner ", req.owner(), "; an owner is a server index (>= 0), and a copy names its primary"));
+  }
   if (absl::Status s = WaitForRestore(deadline, cancelled); !s.ok()) return s;
   std::string restored_from;
   {
@@ -508,7 +512,7 @@ void Store::Promote(int primary) {
     k->serving = true;
     ++n;
   }
-  if (n > 0) LogWarning("serving the ", n, " keys of server ", primary, " from their replicas here");
+  if (n > 0) LogInfo("serving the ", n, " keys of server ", primary, " here, from the copies it kept");
 }
 
 Store::Key* Store::FindOrAddLocked(const v1::KeySpec& spec, bool* added) {
@@ -529,36 +533,90 @@ Store::Key* Store::FindOrAddLocked(const v1::KeySpec& spec, bool* added) {
 absl::Status Store::Seed(const v1::SeedRequest& req) {
   absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(req.spec().optimizer());
   const int64_t n = req.spec().num_elements();
-  if (!opt.ok() || n <= 0 || static_cast<int64_t>(req.weights().size()) != n * 4 ||
-      req.slots_size() != NumSlots(*opt) || req.worker_clocks_size() > options_.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat("seed of key '", KeyName(req.spec().variable(), req.spec().partition()),
-                                                   "' does not fit its spec"));
+  const std::string name = KeyName(req.spec().variable(), req.spec().partition());
+  const bool weights = !req.handover() || !req.weights().empty();
+  const size_t workers = static_cast<size_t>(options_.num_workers);
+  auto sized = [&](size_t size, size_t want) { return size == 0 || size == want; };
+  if (!opt.ok() || n <= 0 || req.worker_clocks_size() > options_.num_workers ||
+      (weights && (static_cast<int64_t>(req.weights().size()) != n * 4 || req.slots_size() != NumSlots(*opt))) ||
+      !sized(req.accum().size(), n * 4) || !sized(req.contributed_size(), workers) ||
+      !sized(req.last_step_size(), workers) || !sized(req.recent_push_ids_size(), workers * kPushWindow) ||
+      !sized(req.recent_next_size(), workers)) {
+    return absl::InvalidArgumentError(absl::StrCat("seed of key '", name, "' does not fit its spec"));
   }
   for (const std::string& slot : req.slots()) {
     if (static_cast<int64_t>(slot.size()) != n * 4) return absl::InvalidArgumentError("seed slot of the wrong size");
   }
-  const std::string name = KeyName(req.spec().variable(), req.spec().partition());
+  for (int32_t next : req.recent_next()) {
+    if (next < 0 || next >= kPushWindow) return absl::InvalidArgumentError("seed push window out of range");
+  }
   Key* key;
-  {
+  if (weights) {
     absl::MutexLock lock(&map_mu_);
     bool added = false;
     key = FindOrAddLocked(req.spec(), &added);
+  } else {
+    absl::StatusOr<Key*> found = Find(req.spec().variable(), req.spec().partition());
+    if (!found.ok()) return absl::FailedPreconditionError(absl::StrCat("key '", name, "' has no copy here"));
+    key = *found;
   }
   absl::MutexLock lock(&key->mu);
   if (key->serving && key->initialized) {
     return absl::FailedPreconditionError(absl::StrCat("key '", name, "' is served here; it takes no copy"));
   }
   if (key->n != n) return absl::FailedPreconditionError(absl::StrCat("key '", name, "' has another size here"));
+  if (!weights && (!key->initialized || key->version != req.version())) {
+    // The hand-over then comes again with the weights.
+    return absl::FailedPreconditionError(absl::StrCat("the copy of key '", name, "' is at version ", key->version,
+                                                      ", not ", req.version()));
+  }
   key->backup_of = req.primary();
   key->serving = false;
   key->moved_to = -1;
   if (!key->initialized) InitKey(key, *opt);
-  std::memcpy(key->weights.data(), req.weights().data(), n * 4);
-  for (int i = 0; i < req.slots_size(); ++i) std::memcpy(key->slots[i].data(), req.slots(i).data(), n * 4);
+  if (weights) {
+    std::memcpy(key->weights.data(), req.weights().data(), n * 4);
+    for (int i = 0; i < req.slots_size(); ++i) std::memcpy(key->slots[i].data(), req.slots(i).data(), n * 4);
+  }
   key->version = req.version();
   key->lr = req.lr();
   for (int w = 0; w < req.worker_clocks_size(); ++w) key->clock[w] = req.worker_clocks(w);
+  if (req.handover()) {
+    if (options_.sync && !req.accum().empty()) std::memcpy(key->accum.data(), req.accum().data(), n * 4);
+    key->contributions = 0;
+    for (int w = 0; w < req.contributed_size(); ++w) {
+      key->contributed[w] = req.contributed(w);
+      key->contributions += req.contributed(w);
+    }
+    for (int w = 0; w < req.last_step_size(); ++w) key->last_step[w] = req.last_step(w);
+    if (!options_.sync) {
+      for (int i = 0; i < req.recent_push_ids_size(); ++i) key->recent_push_ids[i] = req.recent_push_ids(i);
+      for (int w = 0; w < req.recent_next_size(); ++w) key->recent_next[w] = static_cast<uint8_t>(req.recent_next(w));
+    }
+  }
   return absl::OkStatus();
+}
+
+void Store::FillSeed(const Key* k, int primary, v1::SeedRequest* req) const {
+  *req->mutable_spec() = k->spec;
+  req->set_primary(primary);
+  req->set_version(k->version);
+  req->set_lr(k->lr);
+  req->set_weights(reinterpret_cast<const char*>(k->weights.data()), k->n * 4);
+  for (const auto& slot : k->slots) req->add_slots(reinterpret_cast<const char*>(slot.data()), k->n * 4);
+  for (int64_t c : k->clock) req->add_worker_clocks(c);
+}
+
+void Store::FillHandover(const Key* k, v1::SeedRequest* req) const {
+  req->set_handover(true);
+  if (options_.sync) {
+    if (k->contributions > 0) req->set_accum(reinterpret_cast<const char*>(k->accum.data()), k->n * 4);
+    for (char c : k->contributed) req->add_contributed(c != 0);
+    for (int64_t step : k->last_step) req->add_last_step(step);
+  } else {
+    for (uint64_t id : k->recent_push_ids) req->add_recent_push_ids(id);
+    for (uint8_t next : k->recent_next) req->add_recent_next(next);
+  }
 }
 
 void Store::SeedCopies(int owner, const std::function<absl::Status(const v1::SeedRequest&)>& send) {
@@ -572,13 +630,7 @@ void Store::SeedCopies(int owner, const std::function<absl::Status(const v1::See
       continue;
     }
     v1::SeedRequest req;
-    *req.mutable_spec() = k->spec;
-    req.set_primary(primary);
-    req.set_version(k->version);
-    req.set_lr(k->lr);
-    req.set_weights(reinterpret_cast<const char*>(k->weights.data()), k->n * 4);
-    for (const auto& slot : k->slots) req.add_slots(reinterpret_cast<const char*>(slot.data()), k->n * 4);
-    for (int64_t c : k->clock) req.add_worker_clocks(c);
+    FillSeed(k, primary, &req);
     if (absl::Status s = send(req); !s.ok()) {
       LogWarning("building the copy of key '", k->name, "' failed: ", s.message());
       return;
@@ -588,12 +640,39 @@ void Store::SeedCopies(int owner, const std::function<absl::Status(const v1::See
   LogInfo("copied ", sent, " keys to their new backup");
 }
 
-void Store::Release(int owner, int to) {
+void Store::Release(int owner, int to, const SendSeed& send) {
   Completed failed;
-  int64_t n = 0;
+  int64_t n = 0, handed = 0;
+  const int primary = owner < 0 ? options_.self : owner;
   for (Key* k : AllKeys()) {
     absl::MutexLock lock(&k->mu);
     if (!k->serving || !Owns(k, owner)) continue;
+    if (send && k->initialized && k->table == nullptr) {
+      // Under the key's lock: nothing changes it between the hand-over and
+      // the moment it stops being served here. The copy there has every
+      // version published here (an update is published once it holds it),
+      // so the weights go along only where it does not.
+      v1::SeedRequest req;
+      *req.mutable_spec() = k->spec;
+      req.set_primary(primary);
+      req.set_version(k->version);
+      req.set_lr(k->lr);
+      for (int64_t c : k->clock) req.add_worker_clocks(c);
+      FillHandover(k, &req);
+      absl::Status s = send(req);
+      if (absl::IsFailedPrecondition(s)) {
+        req.Clear();
+        FillSeed(k, primary, &req);
+        FillHandover(k, &req);
+        s = send(req);
+      }
+      if (s.ok()) {
+        ++handed;
+      } else {
+        LogWarning("key '", k->name, "': its state was not handed over to server ", to, " (", s.message(),
+                   "); a step half done here is done there again from the pushes resent to it");
+      }
+    }
     k->serving = false;
     k->moved_to = to;
     if (k->backup_of < 0) k->backup_of = options_.self;
@@ -617,7 +696,9 @@ void Store::Release(int owner, int to) {
     ++n;
   }
   for (const auto& p : failed) Complete(p.get());
-  if (n > 0) LogInfo("server ", owner < 0 ? options_.self : owner, "'s ", n, " keys served here moved to server ", to);
+  if (n > 0) {
+    LogInfo("server ", primary, "'s ", n, " keys served here moved to server ", to, " (", handed, " handed over)");
+  }
 }
 
 void Store::InitKey(Key* key, const OptimizerConfig& optimizer) {
@@ -802,6 +883,12 @@ absl::Status Store::Push(const WireMessage& req) {
     bytes += kd.data.size();
   }
   pushes_->Add();
+  // A key that moved to another server since it was checked (Release) is
+  // not applied here: the push is answered UNAVAILABLE and sent again where
+  // the shard map says, which takes the keys applied here as pushed (their
+  // state was handed over).
+  absl::Mutex moved_mu;
+  absl::Status moved;
   auto push_key = [&](int i) {
     const WireKey& kd = req.keys[i];
     Key* k = keys[i];
@@ -813,6 +900,11 @@ absl::Status Store::Push(const WireMessage& req) {
     Completed completed;
     {
       absl::MutexLock lock(&k->mu);
+      if (!k->serving) {
+        absl::MutexLock mlock(&moved_mu);
+        moved = NotServing(k);
+        return;
+      }
       ApplyPush(k, w, req.push_id, kd);
       NotifyWaiters(k, &completed);
     }
@@ -825,7 +917,8 @@ absl::Status Store::Push(const WireMessage& req) {
   } else {
     for (size_t i = 0; i < keys.size(); ++i) push_key(static_cast<int>(i));
   }
-  return absl::OkStatus();
+  absl::MutexLock lock(&moved_mu);
+  return moved;
 }
 
 void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {

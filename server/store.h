@@ -113,7 +113,10 @@ class Store {
   // waiting for them, and requests that still come, get UNAVAILABLE, so
   // their clients send them again where the shard map says. A sync step
   // half done here is done again there from the resent pushes.
-  void Release(int owner, int to);
+  // `send` hands each key's state over to `to` first (SeedRequest.handover)
+  // under the key's lock; null: nothing is handed over.
+  using SendSeed = std::function<absl::Status(const v1::SeedRequest&)>;
+  void Release(int owner, int to, const SendSeed& send);
   // INVALID_ARGUMENT unless `rank` is a worker of this job.
   absl::Status CheckWorker(int32_t rank) const;
   int num_workers() const { return options_.num_workers; }
@@ -203,6 +206,10 @@ class Store {
   static absl::Status NotServing(const Key* k);  // holds k->mu
   // Whether k is server `owner`'s key (-1 or self: this server's own).
   bool Owns(const Key* k, int owner) const;  // holds k->mu
+  // A Seed of k's whole state (weights, slots, version, rate, clocks), for
+  // server `primary`'s copy; and (handover) what a move adds to it.
+  void FillSeed(const Key* k, int primary, v1::SeedRequest* req) const;  // holds k->mu
+  void FillHandover(const Key* k, v1::SeedRequest* req) const;          // holds k->mu
   // What a new key costs in weights, optimizer slots and (sync) accumulator.
   int64_t KeyBytes(int64_t n, const OptimizerConfig& optimizer) const;
   // New keys of one registration so far, against the limits.

@@ -634,7 +634,8 @@ TEST_F(BadInputTest, UndecodableRequestsAreInvalidArgumentOnEveryMethod) {
   const std::vector<std::pair<std::string, std::string>> coordinator_methods = {
       {"Register", "RegisterRequest"}, {"Barrier", "BarrierRequest"},
       {"Heartbeat", "HeartbeatRequest"}, {"ReportExit", "ReportExitRequest"},
-      {"GetJobStatus", "JobStatusRequest"}, {"Checkpoint", "CheckpointRequest"}};
+      {"GetJobStatus", "JobStatusRequest"}, {"Checkpoint", "CheckpointRequest"},
+      {"RemoveServer", "RemoveServerRequest"}};
   std::vector<std::tuple<std::string, std::string, std::string>> all;
   for (const auto& [method, type] : server_methods) {
     all.emplace_back(cluster_->server_address(0), "/psrt.v1.ParameterServer/" + method, type);

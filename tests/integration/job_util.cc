@@ -100,4 +100,21 @@ pid_t FindJobProcess(const std::string& token, const std::function<bool(pid_t)>&
   return 0;
 }
 
+pid_t ServerProcess(const std::string& token, int index) {
+  return FindJobProcess(token, [&](pid_t p) {
+    const std::string cmd = CmdLine(p);
+    return cmd.find("psrt-server") != std::string::npos &&
+           cmd.find(absl::StrCat("--index=", index, " ")) != std::string::npos;
+  });
+}
+
+int Leftovers(const std::string& token) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::vector<pid_t> left;
+  while (!(left = JobProcesses(token)).empty() && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(100));
+  for (pid_t p : left) kill(p, SIGKILL);
+  return static_cast<int>(left.size());
+}
+
 }  // namespace psrt

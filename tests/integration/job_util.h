@@ -39,6 +39,11 @@ std::vector<pid_t> JobProcesses(const std::string& token);
 std::string CmdLine(pid_t pid);
 // The live process of the job for which `match` holds, or 0.
 pid_t FindJobProcess(const std::string& token, const std::function<bool(pid_t)>& match);
+// The job's psrt-server of that index, or 0.
+pid_t ServerProcess(const std::string& token, int index);
+// Waits (bounded) for every process of the job to be gone; kills and
+// returns those that are not.
+int Leftovers(const std::string& token);
 
 }  // namespace psrt
 

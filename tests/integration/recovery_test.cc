@@ -74,17 +74,6 @@ std::vector<Recovery> Recoveries(const std::string& out) {
   return r;
 }
 
-// Waits (bounded) for every process of the job to be gone; kills and
-// returns those that are not.
-int Leftovers(const std::string& token) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  std::vector<pid_t> left;
-  while (!(left = JobProcesses(token)).empty() && absl::Now() < deadline)
-    absl::SleepFor(absl::Milliseconds(100));
-  for (pid_t p : left) kill(p, SIGKILL);
-  return static_cast<int>(left.size());
-}
-
 enum class Kind { kServer, kWorker, kAgent, kCoordinator, kLauncher };
 constexpr Kind kKinds[] = {Kind::kServer, Kind::kWorker, Kind::kAgent, Kind::kCoordinator,
                            Kind::kLauncher};
@@ -106,14 +95,6 @@ const char* KindName(Kind k) {
 }
 
 // The process of `kind` on host 1 (the coordinator is host 0's).
-pid_t ServerProcess(const std::string& token, int index) {
-  return FindJobProcess(token, [&](pid_t p) {
-    const std::string cmd = CmdLine(p);
-    return cmd.find("psrt-server") != std::string::npos &&
-           cmd.find(absl::StrCat("--index=", index, " ")) != std::string::npos;
-  });
-}
-
 pid_t Victim(Kind kind, const std::string& token, const Proc& run) {
   if (kind == Kind::kLauncher) return run.pid;
   if (kind == Kind::kServer) return ServerProcess(token, 1);

@@ -1,0 +1,204 @@
+// Servers joining and leaving a running job ("max_servers"): psrt-run, its
+// agents, servers and the example trainer as real processes on loopback, a
+// server started by hand to join, psrt-ckpt remove-server to let one go.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <regex>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "server/checkpoint/catalog.h"
+#include "tests/integration/job_util.h"
+
+namespace psrt {
+namespace {
+
+// 8192 weights in keys of 4 KiB (9 keys with the bias) on two hosts'
+// servers; steps long enough for a join and a removal in the middle.
+constexpr int kSteps = 1000;
+constexpr char kTrainer[] = "--dim=8192 --batch=64 --lr=0.02 --log-every=50";
+
+std::string Distribution(const std::string& more) {
+  return absl::StrCat(
+      R"({"parameter_server":{"enabled":true,"heartbeat_timeout_s":2,"partition_bytes":4096)", more,
+      "}}");
+}
+
+Proc StartJob(const std::string& dist, const std::string& token, const std::string& dir) {
+  return Proc::Start(absl::StrCat(kBin, "/psrt-run --local=2 --token=", token, " --distribution='",
+                                  dist, "' -- ", kBin, "/psrt-example-linreg ", kTrainer,
+                                  " --steps=", kSteps, " --result=", dir, "/r"),
+                     dir + "/log");
+}
+
+// Rank 0's final weights of the same training with the servers it starts
+// with, none joining or leaving.
+const std::string& UninterruptedWeights() {
+  static const std::string* weights = [] {
+    const std::string dir = TempDir();
+    Proc run = StartJob(Distribution(""), RandomToken(), dir);
+    EXPECT_EQ(run.Wait(absl::Seconds(120), "the uninterrupted job"), 0) << run.Output();
+    return new std::string(ReadFile(dir + "/r.rank0.weights"));
+  }();
+  return *weights;
+}
+
+std::string CoordinatorAddress(const Proc& run) {
+  EXPECT_TRUE(run.WaitForOutput("coordinator at ", absl::Seconds(30))) << run.Output();
+  std::smatch m;
+  const std::string out = run.Output();
+  if (!std::regex_search(out, m, std::regex("coordinator at ([0-9.]+:[0-9]+)"))) return "";
+  return m[1];
+}
+
+// A server started by hand to join the job as server `index`.
+Proc JoinServer(const std::string& coordinator, const std::string& token, int index,
+                const std::string& dir) {
+  return Proc::Start(absl::StrCat(kBin, "/psrt-server --coordinator=", coordinator, " --index=",
+                                  index, " --host=127.0.0.1 --token=", token),
+                     absl::StrCat(dir, "/server", index, ".log"));
+}
+
+// psrt-ckpt remove-server; its exit code, its output in *out.
+int RemoveServer(const std::string& coordinator, const std::string& token, int index,
+                 const std::string& dir, std::string* out) {
+  Proc p = Proc::Start(absl::StrCat(kBin, "/psrt-ckpt remove-server --coordinator=", coordinator,
+                                    " --token=", token, " --index=", index, " --timeout=60"),
+                       absl::StrCat(dir, "/remove", index, ".log"));
+  const int code = p.Wait(absl::Seconds(90), "psrt-ckpt remove-server");
+  *out = p.Output();
+  return code;
+}
+
+// Waits until the coordinator's log says that `to` serves `owner`'s keys.
+bool WaitMoved(const Proc& run, int owner, int to) {
+  return run.WaitForOutput(absl::StrCat("server ", to, " serves server ", owner, "'s keys (moved"),
+                           absl::Seconds(60));
+}
+
+TEST(ServerMovesTest, ASyncJobWithAServerJoiningAndOneLeavingEndsBitForBitAsUninterrupted) {
+  // Server 2 joins (server 0 served its keys until then), then server 0
+  // leaves: its keys go to another server. Sync steps go on throughout; a
+  // step half done when keys move is handed over with them.
+  const std::string dir = TempDir(), token = RandomToken();
+  Proc run = StartJob(Distribution(R"(,"max_servers":3)"), token, dir);
+  const std::string coordinator = CoordinatorAddress(run);
+  ASSERT_FALSE(coordinator.empty()) << run.Output();
+  ASSERT_TRUE(run.WaitForOutput("step 200 ", absl::Seconds(60))) << run.Output();
+  Proc joined = JoinServer(coordinator, token, 2, dir);
+  ASSERT_TRUE(WaitMoved(run, 2, 2)) << run.Output() << joined.Output();
+  ASSERT_TRUE(run.WaitForOutput("step 700 ", absl::Seconds(60))) << run.Output();
+  std::string said;
+  ASSERT_EQ(RemoveServer(coordinator, token, 0, dir, &said), 0) << said << run.Output();
+  EXPECT_TRUE(std::regex_search(said, std::regex("server 0 left the job; its keys are on server [12]")))
+      << said;
+  EXPECT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
+  EXPECT_EQ(joined.Wait(absl::Seconds(30), "the server that joined"), 0) << joined.Output();
+  const std::string out = run.Output();
+  EXPECT_NE(out.find("server 2 on 127.0.0.1 joins the job"), std::string::npos) << out;
+  EXPECT_NE(out.find("server 0 on local0 left the job: its keys are on the other servers"),
+            std::string::npos)
+      << out;
+  // Server 0 exited by itself, with code 0, and was not started again.
+  EXPECT_NE(out.find("removed from the job: its keys moved to the other servers; exiting"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("failed"), std::string::npos) << out;
+  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights())
+      << "final weights differ from the uninterrupted run's\n"
+      << out;
+  EXPECT_EQ(Leftovers(token), 0);
+}
+
+TEST(ServerMovesTest, AnAsyncJobLosesNoPushAndAppliesNoneTwiceWhileServersJoinAndLeave) {
+  // Every push of both workers is applied exactly once: each key's final
+  // version, in the checkpoint written at the end, counts them.
+  const std::string dir = TempDir(), token = RandomToken();
+  Proc run = StartJob(Distribution(absl::StrCat(R"(,"max_servers":3,"mode":"async",)",
+                                                R"("checkpoint":{"uri":")", dir, R"(/ckpt"})")),
+                      token, dir);
+  const std::string coordinator = CoordinatorAddress(run);
+  ASSERT_FALSE(coordinator.empty()) << run.Output();
+  ASSERT_TRUE(run.WaitForOutput("step 200 ", absl::Seconds(60))) << run.Output();
+  Proc joined = JoinServer(coordinator, token, 2, dir);
+  ASSERT_TRUE(WaitMoved(run, 2, 2)) << run.Output() << joined.Output();
+  std::string said;
+  ASSERT_EQ(RemoveServer(coordinator, token, 1, dir, &said), 0) << said << run.Output();
+  ASSERT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
+  EXPECT_EQ(joined.Wait(absl::Seconds(30), "the server that joined"), 0) << joined.Output();
+  absl::StatusOr<CheckpointRef> final = ResolveCheckpoint("latest", dir + "/ckpt");
+  ASSERT_TRUE(final.ok()) << final.status();
+  // Two servers wrote it: server 1 had left.
+  EXPECT_EQ(final->manifest.num_servers(), 2);
+  EXPECT_EQ(final->manifest.keys_size(), 9);
+  for (const v1::ManifestKey& k : final->manifest.keys()) {
+    EXPECT_EQ(k.version(), 2 * kSteps) << k.variable() << "#" << k.partition();
+  }
+  EXPECT_EQ(Leftovers(token), 0);
+}
+
+TEST(ServerMovesTest, RemovalsThatCannotBeAreRefusedSayingWhyAndChangeNothing) {
+  const std::string dir = TempDir(), token = RandomToken();
+  std::string said;
+  {
+    // A job whose servers are fixed.
+    Proc run = StartJob(Distribution(""), token, dir);
+    const std::string coordinator = CoordinatorAddress(run);
+    ASSERT_TRUE(run.WaitForOutput("step 100 ", absl::Seconds(60))) << run.Output();
+    EXPECT_EQ(RemoveServer(coordinator, token, 0, dir, &said), 1) << said;
+    EXPECT_NE(said.find("this job's servers are fixed: set \"max_servers\""), std::string::npos)
+        << said;
+    EXPECT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
+    EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights());
+  }
+  const std::string token2 = RandomToken(), dir2 = TempDir();
+  Proc run = StartJob(Distribution(R"(,"max_servers":3)"), token2, dir2);
+  const std::string coordinator = CoordinatorAddress(run);
+  ASSERT_TRUE(run.WaitForOutput("step 100 ", absl::Seconds(60))) << run.Output();
+  EXPECT_EQ(RemoveServer(coordinator, token2, 5, dir2, &said), 1) << said;
+  EXPECT_NE(said.find("no server 5 in this job: its servers are 0..2"), std::string::npos) << said;
+  EXPECT_EQ(RemoveServer(coordinator, token2, 2, dir2, &said), 1) << said;
+  EXPECT_NE(said.find("server 2 is not in the job now"), std::string::npos) << said;
+  EXPECT_EQ(RemoveServer(coordinator, "wrong-token", 0, dir2, &said), 1) << said;
+  EXPECT_NE(said.find("not this job's"), std::string::npos) << said;
+  // A server of an index the job does not have cannot join.
+  Proc stray = JoinServer(coordinator, token2, 7, dir2);
+  EXPECT_NE(stray.Wait(absl::Seconds(30), "a server of index 7"), 0);
+  EXPECT_NE(stray.Output().find("no server with index 7 in this job"), std::string::npos)
+      << stray.Output();
+  // The last server stays.
+  ASSERT_EQ(RemoveServer(coordinator, token2, 0, dir2, &said), 0) << said << run.Output();
+  EXPECT_EQ(RemoveServer(coordinator, token2, 1, dir2, &said), 1) << said;
+  EXPECT_NE(said.find("server 1 is the job's last server"), std::string::npos) << said;
+  EXPECT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
+  EXPECT_TRUE(ReadFile(dir2 + "/r.rank0.weights") == UninterruptedWeights())
+      << "final weights differ from the uninterrupted run's\n"
+      << run.Output();
+  EXPECT_EQ(Leftovers(token2), 0);
+}
+
+TEST(ServerMovesTest, ARecoveryRestoresTheKeysOfServersThatJoinLater) {
+  // Server 2 never joins: server 0 serves its keys, saves them in the
+  // checkpoints and restores them when server 1 is killed and the job rolls
+  // back.
+  const std::string dir = TempDir(), token = RandomToken();
+  Proc run = StartJob(
+      Distribution(absl::StrCat(R"(,"max_servers":3,"on_failure":"recover",)",
+                                R"("checkpoint":{"uri":")", dir, R"(/ckpt","every_steps":100})")),
+      token, dir);
+  ASSERT_TRUE(run.WaitForOutput("step 350 ", absl::Seconds(60))) << run.Output();
+  kill(ServerProcess(token, 1), SIGKILL);
+  ASSERT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
+  const std::string out = run.Output();
+  EXPECT_NE(out.find("rolled back to step"), std::string::npos) << out;
+  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights())
+      << "final weights differ from the uninterrupted run's\n"
+      << out;
+  EXPECT_EQ(Leftovers(token), 0);
+}
+
+}  // namespace
+}  // namespace psrt
