@@ -1174,10 +1174,13 @@ void CoordinatorService::ResumeCheckpointsLocked() {
   const int64_t restored = config_.restored_step();
   if (failover_.joinable()) failover_.join();
   failover_ = std::thread([this, live, restored] {
+    // From a step no key has reached: a snapshot armed before the keys
+    // moved is not on the server that holds them now.
     std::optional<v1::CheckpointResponse> last = options_.checkpointer->LastCommitted();
+    const int64_t from = std::max(last ? last->step() : restored, ReachedStep(live));
     absl::MutexLock lock(&mu_);
     if (state_ != v1::JOB_RUNNING || stopping_job_ || !moves_.empty()) return;
-    options_.checkpointer->Start(live, last ? last->step() : restored);
+    options_.checkpointer->Start(live, from);
   });
 }
 
@@ -1243,12 +1246,19 @@ void CoordinatorService::AdvanceMovesLocked() {
     m.phase = Move::kLetGo;
     return;
   }
-  // kLetGo: once the old server has let them go, the new one serves them.
-  if (from->shard_epoch < m.epoch) return;
-  ++shard_epoch_;
-  served_by_[m.owner] = m.to;
-  replica_at_[m.owner] = -1;
-  replica_since_[m.owner] = shard_epoch_;
+  if (m.phase == Move::kLetGo) {
+    // Once the old server has let them go, the new one serves them.
+    if (from->shard_epoch < m.epoch) return;
+    ++shard_epoch_;
+    served_by_[m.owner] = m.to;
+    replica_at_[m.owner] = -1;
+    replica_since_[m.owner] = shard_epoch_;
+    m.epoch = shard_epoch_;
+    m.phase = Move::kTakeOver;
+    return;
+  }
+  // kTakeOver: the new server serves them (so a checkpoint finds them there).
+  if (ServerLocked(m.to)->shard_epoch < m.epoch) return;
   ++moves_done_;
   LogInfo("server ", m.to, " serves server ", m.owner, "'s keys (moved from server ", m.from, " in ",
           absl::FormatDuration(absl::Trunc(now - m.since, absl::Milliseconds(1))), ", shard map epoch ",

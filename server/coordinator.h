@@ -177,12 +177,13 @@ class CoordinatorService final : public CoordinatorBase {
   // time: the checkpoints pause; the new server gets a copy (the shard map
   // names it replica_at) built by the old one, which forwards updates to it
   // from then on; once the copy is built the old server lets the keys go
-  // (served_by -1) and says so; then the new one serves them.
+  // (served_by -1) and says so; then the new one serves them, and the move
+  // ends once it says it does.
   struct Move {
     int owner = 0;
     int from = -1;
     int to = -1;  // -1: the live server serving the fewest owners, at the start
-    enum Phase { kWaiting, kCopying, kLetGo } phase = kWaiting;
+    enum Phase { kWaiting, kCopying, kLetGo, kTakeOver } phase = kWaiting;
     int64_t epoch = 0;  // of the shard map that started the phase
     absl::Time since;
   };

@@ -82,9 +82,12 @@ bool WaitMoved(const Proc& run, int owner, int to) {
 TEST(ServerMovesTest, ASyncJobWithAServerJoiningAndOneLeavingEndsBitForBitAsUninterrupted) {
   // Server 2 joins (server 0 served its keys until then), then server 0
   // leaves: its keys go to another server. Sync steps go on throughout; a
-  // step half done when keys move is handed over with them.
+  // step half done when keys move is handed over with them. Checkpoints
+  // every 100 steps pause while keys move, and each finds every key.
   const std::string dir = TempDir(), token = RandomToken();
-  Proc run = StartJob(Distribution(R"(,"max_servers":3)"), token, dir);
+  Proc run = StartJob(Distribution(absl::StrCat(R"(,"max_servers":3,"checkpoint":{"uri":")", dir,
+                                                R"(/ckpt","every_steps":100})")),
+                      token, dir);
   const std::string coordinator = CoordinatorAddress(run);
   ASSERT_FALSE(coordinator.empty()) << run.Output();
   ASSERT_TRUE(run.WaitForOutput("step 200 ", absl::Seconds(60))) << run.Output();
@@ -110,6 +113,11 @@ TEST(ServerMovesTest, ASyncJobWithAServerJoiningAndOneLeavingEndsBitForBitAsUnin
   EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights())
       << "final weights differ from the uninterrupted run's\n"
       << out;
+  absl::StatusOr<CheckpointRef> final = ResolveCheckpoint("latest", dir + "/ckpt");
+  ASSERT_TRUE(final.ok()) << final.status();
+  EXPECT_EQ(final->manifest.step(), kSteps);
+  EXPECT_EQ(final->manifest.num_servers(), 2);  // servers 1 and 2
+  EXPECT_EQ(final->manifest.keys_size(), 9);
   EXPECT_EQ(Leftovers(token), 0);
 }
 
