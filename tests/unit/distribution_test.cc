@@ -16,7 +16,7 @@ using ::testing::HasSubstr;
 
 constexpr char kAllPsKeys[] =
     "enabled, mode, staleness, backup_workers, compression, pull_compression, transport, "
-    "servers_per_host, server_port_base, workers_per_host, partition_bytes, "
+    "servers_per_host, max_servers, server_port_base, workers_per_host, partition_bytes, "
     "gradient_aggregation, on_worker_failure, restart_workers, "
     "replicas, nonfinite, on_failure, max_recoveries, host_wait_s, heartbeat_timeout_s, barrier_timeout_s, restore, checkpoint, elastic, limits";
 
@@ -200,6 +200,13 @@ TEST(ParseDistributionTest, RecoverNeedsCheckpointsAndSaysWhatIsAccepted) {
   EXPECT_EQ(ParseOk(Ps(R"("on_failure": "recover", "replicas": 1)")).replicas, 1);
   EXPECT_THAT(ParseError(Ps(R"("replicas": 2)")),
               AllOf(HasSubstr("'replicas'"), HasSubstr("1")));
+  // Servers joining and leaving a running job.
+  EXPECT_EQ(ParseOk(Ps(R"("max_servers": 8)")).max_servers, 8);
+  EXPECT_EQ(ParseOk(Ps("")).max_servers, 0);
+  EXPECT_THAT(ParseError(Ps(R"("max_servers": -1)")), HasSubstr("'max_servers'"));
+  EXPECT_THAT(ParseError(Ps(R"("max_servers": 5000)")), HasSubstr("'max_servers'"));
+  EXPECT_THAT(ParseError(Ps(R"("max_servers": 4, "replicas": 1)")),
+              AllOf(HasSubstr("'max_servers'"), HasSubstr("'replicas'"), HasSubstr("do not go together")));
   EXPECT_THAT(ParseError(Ps(R"("on_failure": "restart")")),
               AllOf(HasSubstr("'on_failure'"), HasSubstr("fail, recover")));
   EXPECT_THAT(
@@ -512,13 +519,13 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   std::vector<std::string> lines =
       absl::StrSplit(help, '\n', absl::SkipEmpty());
   // parameter_server + 25 keys inside it + 4 checkpoint.* keys.
-  ASSERT_EQ(lines.size(), 30u) << help;
+  ASSERT_EQ(lines.size(), 31u) << help;
   for (const std::string& line : lines) {
     EXPECT_THAT(line, HasSubstr("default")) << line;
   }
   const std::vector<std::string> expected = {
       "parameter_server", "enabled", "mode", "staleness", "backup_workers",
-      "compression", "pull_compression", "transport", "servers_per_host",
+      "compression", "pull_compression", "transport", "servers_per_host", "max_servers",
       "server_port_base", "workers_per_host", "partition_bytes", "gradient_aggregation",
       "on_worker_failure", "restart_workers", "replicas", "nonfinite", "on_failure", "max_recoveries",
       "host_wait_s", "heartbeat_timeout_s",
@@ -529,8 +536,8 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   }
   EXPECT_THAT(lines[2], AllOf(HasSubstr("string"), HasSubstr("\"sync\""),
                               HasSubstr("ssp")));
-  EXPECT_THAT(lines[11], AllOf(HasSubstr("int"), HasSubstr("262144")));
-  EXPECT_THAT(lines[20], AllOf(HasSubstr("number"), HasSubstr("10")));
+  EXPECT_THAT(lines[12], AllOf(HasSubstr("int"), HasSubstr("262144")));
+  EXPECT_THAT(lines[21], AllOf(HasSubstr("number"), HasSubstr("10")));
 }
 
 }  // namespace

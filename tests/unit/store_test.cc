@@ -592,6 +592,89 @@ TEST(StoreTest, SyncDuplicatePushIsAppliedOnce) {
   EXPECT_EQ(Metric(m, "t_updates_total"), 1);
 }
 
+// ---------------------------------------------------------------------------
+// Keys moving to another server ("max_servers"): Release on the old one,
+// Seed's hand-over and Promote on the new one.
+
+StoreOptions SyncServer(int self) {
+  StoreOptions o = Sync(2);
+  o.self = self;
+  return o;
+}
+
+TEST(StoreTest, AReleasedKeyGoesWithItsHalfDoneStepAndItsWaitingPullsAskAgain) {
+  Metrics ma("a"), mb("b");
+  Store a(SyncServer(0), &ma), b(SyncServer(1), &mb);
+  ASSERT_TRUE(a.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  ASSERT_TRUE(a.RegisterKeys(RegReq(1, {Simple("w", std::nullopt)})).ok());
+  auto to_b = [&](const v1::SeedRequest& req) { return b.Seed(req); };
+  a.SeedCopies(0, to_b);  // the copy the move starts with
+  // Worker 0's push of step 0 is in; worker 1's is not, and worker 0 waits.
+  ASSERT_TRUE(a.Push(PushReq(0, 1, {Grad("w", 0, kG0)})).ok());
+  absl::Status waited;
+  std::thread pull([&] { waited = PullOne(a, 0, "w", 1).status(); });
+  while (a.pending_pulls() == 0) absl::SleepFor(absl::Milliseconds(1));
+  a.Release(0, 1, to_b);
+  pull.join();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kUnavailable) << waited;
+  EXPECT_HAS(waited, "key 'w#0' moved to server 1");
+  EXPECT_EQ(a.bytes_stored(), 0);  // freed
+  absl::Status late = a.Push(PushReq(1, 1, {Grad("w", 0, kG1)}));
+  EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable) << late;
+  // Not served on b until it is told so.
+  EXPECT_EQ(PullOne(b, 0, "w", 0).status().code(), absl::StatusCode::kUnavailable);
+  b.Promote(0);
+  // Worker 0's push, sent again, is known; worker 1's finishes the step.
+  ASSERT_TRUE(b.Push(PushReq(0, 1, {Grad("w", 0, kG0)})).ok());
+  EXPECT_EQ(Metric(mb, "b_duplicate_pushes_total"), 1);
+  ASSERT_TRUE(b.Push(PushReq(1, 1, {Grad("w", 0, kG1)})).ok());
+  EXPECT_KEY(b, "w", 1, kW1Mean);
+  EXPECT_EQ(Metric(mb, "b_updates_total"), 1);
+}
+
+TEST(StoreTest, AHandOverToAServerWithoutACurrentCopyBringsTheWeights) {
+  Metrics ma("a"), mb("b");
+  Store a(SyncServer(0), &ma), b(SyncServer(1), &mb);
+  ASSERT_TRUE(a.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  ASSERT_TRUE(a.Push(PushReq(0, 1, {Grad("w", 0, kG0)})).ok());
+  std::vector<v1::SeedRequest> sent;
+  a.Release(0, 1, [&](const v1::SeedRequest& req) {
+    sent.push_back(req);
+    return b.Seed(req);
+  });
+  // First without the weights (b holds no copy: refused), then with them.
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_TRUE(sent[0].weights().empty());
+  EXPECT_FALSE(sent[1].weights().empty());
+  b.Promote(0);
+  ASSERT_TRUE(b.Push(PushReq(1, 1, {Grad("w", 0, kG1)})).ok());
+  EXPECT_KEY(b, "w", 1, kW1Mean);
+}
+
+TEST(StoreTest, AHandOverThatDoesNotFitChangesNothing) {
+  Metrics mb("b");
+  Store b(SyncServer(1), &mb);
+  v1::SeedRequest req;
+  *req.mutable_spec() = Simple("w", std::nullopt);
+  req.set_primary(0);
+  req.set_weights(Bytes(kW0));
+  req.set_handover(true);
+  req.add_contributed(true);  // two workers, one flag
+  EXPECT_EQ(b.Seed(req).code(), absl::StatusCode::kInvalidArgument);
+  req.clear_contributed();
+  req.add_recent_next(-1);
+  EXPECT_EQ(b.Seed(req).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.num_keys(), 0);
+  // An owner that is no server, or a copy that names one, is refused.
+  v1::RegisterKeysRequest reg = RegReq(0, {Simple("w", kW0)});
+  reg.set_owner(-2);
+  EXPECT_EQ(b.RegisterKeys(reg).code(), absl::StatusCode::kInvalidArgument);
+  reg.set_owner(0);
+  reg.set_replica(true);
+  EXPECT_EQ(b.RegisterKeys(reg).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.num_keys(), 0);
+}
+
 TEST(StoreTest, SyncPushOrPullOutOfRange) {
   Metrics m("t");
   Store store(Sync(1), &m);
