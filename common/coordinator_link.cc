@@ -198,10 +198,13 @@ void CoordinatorLink::HeartbeatLoop() {
     // a new map (the coordinator waits to hear it applied) and while copies
     // are being built.
     const bool want_map = (options_.on_shard_map && (shard_epoch == 0 || new_map)) ||
-                          req.copies_building_size() > 0;
+                          req.copies_building_size() > 0 || (options_.moving && options_.moving());
     auto stop_or_wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || wake_; };
+    // A new map is said to be held at once (a move waits for that).
     mu_.AwaitWithTimeout(absl::Condition(&stop_or_wake),
-                         want_map ? std::min(interval, kShardMapPoll) : interval);
+                         new_map ? absl::ZeroDuration()
+                         : want_map ? std::min(interval, kShardMapPoll)
+                                    : interval);
     wake_ = false;
   }
 }

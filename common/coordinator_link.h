@@ -41,9 +41,11 @@ class CoordinatorLink {
     // the last).
     std::function<v1::WorkerStats()> stats;
     // Servers: the owners whose keys they copy to a new holder now, asked
-    // for at each heartbeat; while there are any, heartbeats come every
-    // 50 ms, so that the coordinator learns soon when a move can go on.
+    // for at each heartbeat. While there are any, or `moving` says keys
+    // move, heartbeats come every 50 ms: each step of a move waits for the
+    // coordinator to hear that the last one was taken.
     std::function<std::vector<int>()> copies_building;
+    std::function<bool()> moving;
   };
   struct JobEnd {
     v1::JobState state = v1::JOB_RUNNING;

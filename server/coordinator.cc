@@ -263,6 +263,12 @@ CoordinatorService::~CoordinatorService() {
   }
   monitor_.join();
   FinishReleased();
+  std::vector<std::thread> turns;
+  {
+    absl::MutexLock lock(&mu_);
+    turns.swap(checkpoint_turns_);
+  }
+  for (std::thread& t : turns) t.join();
   if (finisher_.joinable()) finisher_.join();
   if (stopper_.joinable()) stopper_.join();
   if (recoverer_.joinable()) recoverer_.join();
@@ -856,14 +862,17 @@ grpc::Status CoordinatorService::DoHeartbeat(grpc::ServerContextBase* ctx, const
     progress_step_ = req->step();
     step_gauge_->Set(static_cast<double>(progress_step_));
   }
-  if (p->id.role() != v1::ROLE_AGENT && req->shard_map_epoch() != shard_epoch_ &&
-      AllServersRegisteredLocked()) {
-    *resp->mutable_shard_map() = ShardMapLocked();
-  }
   if (p->id.role() == v1::ROLE_SERVER) {
     p->applied_epoch = req->membership_epoch();
     p->shard_epoch = req->shard_map_epoch();
     p->copies_building.assign(req->copies_building().begin(), req->copies_building().end());
+    // A move's next step waits for what this server says: taken at once,
+    // and its map goes back in this answer.
+    if (!moves_.empty() && state_ == v1::JOB_RUNNING && !recovering_) AdvanceMovesLocked();
+  }
+  if (p->id.role() != v1::ROLE_AGENT && req->shard_map_epoch() != shard_epoch_ &&
+      AllServersRegisteredLocked()) {
+    *resp->mutable_shard_map() = ShardMapLocked();
   }
   p->last_heartbeat = absl::Now();
   if (state_ != v1::JOB_RUNNING) p->saw_end = true;
@@ -1158,8 +1167,7 @@ void CoordinatorService::PauseCheckpointsLocked() {
     return;
   }
   pausing_ = true;
-  if (failover_.joinable()) failover_.join();
-  failover_ = std::thread([this] {
+  checkpoint_turns_.emplace_back([this] {
     options_.checkpointer->Abort(absl::Seconds(2));
     absl::MutexLock lock(&mu_);
     pausing_ = false;
@@ -1172,8 +1180,7 @@ void CoordinatorService::ResumeCheckpointsLocked() {
   if (options_.checkpointer == nullptr || !checkpoints_started_ || stopping_job_) return;
   std::vector<std::string> live = LiveServerAddressesLocked();
   const int64_t restored = config_.restored_step();
-  if (failover_.joinable()) failover_.join();
-  failover_ = std::thread([this, live, restored] {
+  checkpoint_turns_.emplace_back([this, live, restored] {
     // From a step no key has reached: a snapshot armed before the keys
     // moved is not on the server that holds them now.
     std::optional<v1::CheckpointResponse> last = options_.checkpointer->LastCommitted();

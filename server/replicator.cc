@@ -108,6 +108,16 @@ absl::Status Replicator::SeedTo(int at, const v1::SeedRequest& req) {
   return FromGrpc(stub->Seed(&ctx, req, &resp));
 }
 
+bool Replicator::HasCopies() {
+  absl::MutexLock lock(&mu_);
+  for (int owner = 0; owner < static_cast<int>(replica_at_.size()); ++owner) {
+    const int at = replica_at_[owner];
+    if (at == self_ && served_.count(owner) == 0) return true;  // kept here
+    if (at >= 0 && at != self_ && served_.count(owner) > 0) return true;  // kept elsewhere
+  }
+  return false;
+}
+
 std::vector<int> Replicator::CopiesBuilding() {
   absl::MutexLock lock(&mu_);
   return {seeding_.begin(), seeding_.end()};

@@ -47,6 +47,9 @@ class Replicator {
   void Update(const v1::ShardMap& map);
   // The owners whose keys are being copied to a new holder now.
   std::vector<int> CopiesBuilding();
+  // Whether keys served here have a copy elsewhere, or copies are kept here
+  // (with "max_servers" and no replicas: a move is under way).
+  bool HasCopies();
 
  private:
   // A copy holder's data channel: opened on first use and again after it

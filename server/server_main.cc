@@ -17,6 +17,7 @@
 #include "common/metrics.h"
 #include "common/metrics_server.h"
 #include "server/checkpoint_io.h"
+#include "absl/cleanup/cleanup.h"
 #include "common/key_map.h"
 #include "server/data_server.h"
 #include "server/ps_service.h"
@@ -80,7 +81,18 @@ int main(int argc, char** argv) {
   store_options.max_keys_per_variable = limits.max_keys_per_variable();
   if (limits.max_pull_wait_s() > 0) store_options.max_pull_wait = absl::Seconds(limits.max_pull_wait_s());
   store_options.self = index;
+  // A copy asked for by clients that know it is served here now: the shard
+  // map that says so is asked for at once (from the link, once there is
+  // one, until it goes). Before the store: outlives its last call.
+  absl::Mutex wake_mu;
+  psrt::CoordinatorLink* wake ABSL_GUARDED_BY(wake_mu) = nullptr;
   psrt::Store store(store_options, &metrics);
+  if (config->started_servers() > 0) {
+    store.SetOnCopyAsked([&] {
+      absl::MutexLock lock(&wake_mu);
+      if (wake != nullptr) wake->Wake();
+    });
+  }
   psrt::PsService service(&store, &metrics, token, limits.max_calls_per_worker());
   // "replicas": 1: this server's updates go to their copies on another
   // server first, and it keeps the copies of the server it backs up.
@@ -155,12 +167,21 @@ int main(int argc, char** argv) {
   if (replicator != nullptr) {
     link_options.on_shard_map = [r = replicator.get()](const psrt::v1::ShardMap& map) { r->Update(map); };
     link_options.copies_building = [r = replicator.get()] { return r->CopiesBuilding(); };
+    if (started > 0) link_options.moving = [r = replicator.get()] { return r->HasCopies(); };
   }
   auto link = psrt::CoordinatorLink::Connect(link_options);
   if (!link.ok()) {
     psrt::LogError(link.status().message());
     return 1;
   }
+  {
+    absl::MutexLock lock(&wake_mu);
+    wake = link->get();
+  }
+  absl::Cleanup forget_link = [&] {
+    absl::MutexLock lock(&wake_mu);
+    wake = nullptr;
+  };
   psrt::LogInfo("serving on ", link_options.address, " (", config->mode(), " mode, ",
                 config->num_workers(), " workers", psrt::TlsEnabled() ? ", mutual TLS" : "", ")");
   if (store_options.restore_pending && (*link)->spare()) {

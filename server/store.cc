@@ -445,11 +445,12 @@ bool Store::Owns(const Key* k, int owner) const {
   return k->backup_of == owner || (k->backup_of < 0 && owner >= 0 && owner == options_.self);
 }
 
-absl::Status Store::NotServing(const Key* k) {
+absl::Status Store::NotServing(const Key* k) const {
   if (k->moved_to >= 0) {
     return absl::UnavailableError(absl::StrCat("key '", k->name, "' moved to server ", k->moved_to,
                                                "; the shard map says so from its next epoch"));
   }
+  if (on_copy_asked_) on_copy_asked_();
   // UNAVAILABLE: the client tries again, and this server serves the key as
   // soon as it hears that its primary is gone.
   return absl::UnavailableError(absl::StrCat("key '", k->name, "' is held here as a replica of server ",

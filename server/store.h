@@ -96,6 +96,10 @@ class Store {
                                           int64_t version, const float* grad, int64_t n,
                                           const Origin& origin)>;
   void SetForward(Forward forward);
+  // Called when a request finds a copy here that is not served yet: the
+  // clients already know it serves it, so the shard map that says so is
+  // asked for now. Set before serving.
+  void SetOnCopyAsked(std::function<void()> hook) { on_copy_asked_ = std::move(hook); }
   // Applies a primary's update to this server's copy of the key: `req`
   // names it, `gradient` holds its float32 values (req.gradient() over
   // gRPC; the frame's payload over the data channel).
@@ -203,7 +207,7 @@ class Store {
   absl::StatusOr<Key*> Find(const std::string& variable, uint32_t partition) const;
   // The key `spec` names, made (without a value) if it is new.
   Key* FindOrAddLocked(const v1::KeySpec& spec, bool* added) ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_);
-  static absl::Status NotServing(const Key* k);  // holds k->mu
+  absl::Status NotServing(const Key* k) const;  // holds k->mu
   // Whether k is server `owner`'s key (-1 or self: this server's own).
   bool Owns(const Key* k, int owner) const;  // holds k->mu
   // A Seed of k's whole state (weights, slots, version, rate, clocks), for
@@ -292,6 +296,7 @@ class Store {
   BufferPool buffers_;  // pulled values on their way out
   std::unique_ptr<ThreadPool> apply_pool_;
   Forward forward_;  // set before serving, then read only
+  std::function<void()> on_copy_asked_;  // the same
   mutable absl::Mutex pending_mu_;
   std::vector<std::shared_ptr<PendingPull>> pending_ ABSL_GUARDED_BY(pending_mu_);
   absl::Mutex sweeper_mu_;

@@ -1074,7 +1074,12 @@ class Client::Impl {
       return Finish(r, CallError(r->shard.server, r->what(), st, r->attempts, r->start));
     }
     pool->Schedule([this, r] {
-      absl::SleepFor(r->backoff);
+      // Sooner when its keys move meanwhile (a failover, or a server that
+      // joins or leaves): the new route is tried at once.
+      const absl::Time until = absl::Now() + r->backoff;
+      while (absl::Now() < until && Route(r->shard.server) == r->target) {
+        absl::SleepFor(std::min(absl::Milliseconds(10), until - absl::Now()));
+      }
       r->backoff = std::min(r->backoff * 2, absl::Seconds(1));
       // The same request again (a push keeps its id), unless its keys moved
       // to the backup: then encoded again for it (Attempt does the same when
