@@ -92,9 +92,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--dims", default="262144,1048576,4194304",
-                    help="trainer weights: 1, 4 and 16 MiB (4, 16 and 64 keys of 256 KiB)")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--dims", default="262144,1048576,2097152",
+                    help="trainer weights: 1, 4 and 8 MiB (4, 16 and 32 keys of 256 KiB)")
+    ap.add_argument("--steps", type=int, default=240)
     ap.add_argument("--batch", type=int, default=8)
     args = ap.parse_args()
     bin_dir = os.path.join(args.build, "bin")

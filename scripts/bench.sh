@@ -92,6 +92,13 @@ echo "bench: replica_bench"
 "$root/.venv/bin/python" "$root/benchmarks/replica_bench.py" --build "$build" --out "$out" | tee "$out/replicas.txt"
 reports+=("$out/replicas.json" "$out/replicas.txt")
 
+# What a server joining and one leaving ("max_servers") cost a running sync job,
+# against the same job with its servers fixed.
+echo "bench: server_moves_bench"
+"$root/.venv/bin/python" "$root/benchmarks/server_moves_bench.py" --build "$build" --out "$out" |
+  tee "$out/server_moves.txt"
+reports+=("$out/server_moves.json" "$out/server_moves.txt")
+
 # PyTorch through psrt (fp32, fp16) against DistributedDataParallel with gloo.
 echo "bench: torch_bench"
 "$root/scripts/setup.sh" frameworks

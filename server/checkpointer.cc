@@ -68,15 +68,18 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOpt
 
 Checkpointer::~Checkpointer() { Stop(); }
 
+void Checkpointer::Retarget(const std::vector<std::string>& server_addresses) {
+  absl::MutexLock save(&save_mu_);
+  addresses_ = server_addresses;
+  absl::MutexLock stubs(&stubs_mu_);
+  servers_.clear();  // made at the first call (Servers)
+}
+
 void Checkpointer::Start(const std::vector<std::string>& server_addresses, int64_t start_step) {
   const bool loop = options_.config.every_steps() > 0 || options_.config.every_seconds() > 0;
+  Retarget(server_addresses);
   {
     absl::MutexLock save(&save_mu_);
-    addresses_ = server_addresses;
-    {
-      absl::MutexLock stubs(&stubs_mu_);
-      servers_.clear();  // made at the first call (Servers)
-    }
     start_step_ = start_step;
     absl::MutexLock lock(&mu_);
     stopping_ = false;

@@ -44,6 +44,8 @@ class Checkpointer {
   // `start_step` (the restored step, if any). May follow Stop or Abort (a
   // recovered job's new servers).
   void Start(const std::vector<std::string>& server_addresses, int64_t start_step);
+  // The servers the next checkpoint asks (servers joined or left since Start).
+  void Retarget(const std::vector<std::string>& server_addresses);
   // Writes a checkpoint now (sync: at the step the fastest key is at) and
   // answers once it is committed, or with why not by `deadline`.
   absl::StatusOr<v1::CheckpointResponse> SaveNow(absl::Time deadline);

@@ -74,6 +74,8 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
       active_workers_(metrics->GetGauge("active_workers", "Training processes taking part")),
       recoveries_(metrics->GetCounter("recoveries_total", "Recoveries: rollbacks to the last checkpoint after a failure")),
       failovers_(metrics->GetCounter("failovers_total", "Servers lost whose keys their backups serve since (replicas: 1)")),
+      moves_total_(metrics->GetCounter("server_moves_total",
+                                 "Server indices whose keys moved to another server (max_servers: joins, removals)")),
       steps_lost_(metrics->GetCounter("recovery_steps_lost_total", "Training steps done again because a recovery rolled them back")),
       step_gauge_(metrics->GetGauge("step", "The furthest worker's training step (the step it pushed last)")),
       steps_(metrics->GetCounter("steps_total", "Training steps made: how far the furthest worker's step advanced, steps done again after a recovery included")) {
@@ -573,8 +575,10 @@ void CoordinatorService::CheckSuccessLocked() {
     // A job may end before the monitor's next round has started them.
     MaybeStartCheckpointsLocked();
     // The servers still hold the trained model: save it before anyone hears
-    // that the job is over.
-    finisher_ = std::thread([this] {
+    // that the job is over. From the servers there are now: one that joined
+    // while the checkpoints were stopped for its keys' move is among them.
+    finisher_ = std::thread([this, live = LiveServerAddressesLocked()] {
+      options_.checkpointer->Retarget(live);
       absl::StatusOr<v1::CheckpointResponse> r = options_.checkpointer->Finish();
       absl::MutexLock lock(&mu_);
       final_saved_ = true;
@@ -653,10 +657,6 @@ grpc::Status CoordinatorService::DoRegister(grpc::ServerContextBase* ctx, const 
   // "max_servers": a server index with no process joins the running job:
   // it starts empty, and its keys move to it from the server serving them.
   const bool joins = p->id.role() == v1::ROLE_SERVER && p->parked;
-  if (joins && p->leaving) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat(p->name, " is still leaving the job; start it again once it has left"));
-  }
   if (joins && !ReadyLocked()) {
     // Asked again by the server's link until it connects.
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -953,7 +953,7 @@ grpc::Status CoordinatorService::DoGetJobStatus(grpc::ServerContextBase* ctx,
   const absl::Time now = absl::Now();
   resp->set_seconds(absl::ToDoubleSeconds(now - born_));
   for (int s : served_by_) resp->add_served_by(s);
-  resp->set_moves(moves_done_);
+  resp->set_moves(static_cast<int>(moves_total_->value()));
   for (const Process& p : processes_) {
     v1::ProcessStatus* s = resp->add_processes();
     *s->mutable_id() = p.id;
@@ -1212,12 +1212,8 @@ void CoordinatorService::AdvanceMovesLocked() {
       m.to = best;
     }
     if (m.to < 0 || m.from == m.to || !LiveServerLocked(m.from) || !LiveServerLocked(m.to)) {
-      move_error_ = absl::StrCat("server ", m.owner, "'s keys cannot move from server ", m.from, " to server ",
-                                 m.to, ": one of them is not there");
-      LogWarning(move_error_);
-      moves_.pop_front();
-      if (moves_.empty()) ResumeCheckpointsLocked();
-      return;
+      return EndMoveLocked(absl::StrCat("server ", m.owner, "'s keys cannot move from server ", m.from,
+                                        " to server ", m.to, ": one of them is not there"));
     }
     ++shard_epoch_;
     replica_at_[m.owner] = m.to;
@@ -1239,12 +1235,9 @@ void CoordinatorService::AdvanceMovesLocked() {
       ++shard_epoch_;
       replica_at_[m.owner] = -1;
       replica_since_[m.owner] = shard_epoch_;
-      move_error_ = absl::StrCat("server ", m.owner, "'s keys were not copied to server ", m.to, " within ",
-                                 absl::FormatDuration(limit), "; they stay on server ", m.from);
-      LogWarning(move_error_);
-      moves_.pop_front();
-      if (moves_.empty()) ResumeCheckpointsLocked();
-      return;
+      return EndMoveLocked(absl::StrCat("server ", m.owner, "'s keys were not copied to server ", m.to,
+                                        " within ", absl::FormatDuration(limit), "; they stay on server ",
+                                        m.from));
     }
     if (!built) return;
     ++shard_epoch_;
@@ -1266,16 +1259,31 @@ void CoordinatorService::AdvanceMovesLocked() {
   }
   // kTakeOver: the new server serves them (so a checkpoint finds them there).
   if (ServerLocked(m.to)->shard_epoch < m.epoch) return;
-  ++moves_done_;
+  moves_total_->Add();
   LogInfo("server ", m.to, " serves server ", m.owner, "'s keys (moved from server ", m.from, " in ",
           absl::FormatDuration(absl::Trunc(now - m.since, absl::Milliseconds(1))), ", shard map epoch ",
           shard_epoch_, ")");
+  EndMoveLocked("");
+}
+
+void CoordinatorService::EndMoveLocked(const std::string& error) {
   moves_.pop_front();
-  // A server that is leaving and serves nothing more leaves.
+  if (!error.empty()) {
+    // The removals under way stop (RemoveServer says why); joins go on.
+    move_error_ = error;
+    LogWarning(error);
+    for (Process& q : processes_) q.leaving = false;
+    moves_.erase(std::remove_if(moves_.begin(), moves_.end(), [](const Move& m) { return m.to < 0; }),
+                 moves_.end());
+  }
+  ParkLeaversLocked();
+  if (moves_.empty()) ResumeCheckpointsLocked();
+}
+
+void CoordinatorService::ParkLeaversLocked() {
   for (Process& q : processes_) {
     if (q.id.role() != v1::ROLE_SERVER || !q.leaving) continue;
     if (std::count(served_by_.begin(), served_by_.end(), q.id.index()) > 0) continue;
-    if (std::any_of(moves_.begin(), moves_.end(), [&](const Move& n) { return n.to == q.id.index(); })) continue;
     q.leaving = false;
     q.parked = true;
     q.registered = false;
@@ -1283,7 +1291,6 @@ void CoordinatorService::AdvanceMovesLocked() {
     ++shard_epoch_;
     LogInfo(q.name, " left the job: its keys are on the other servers");
   }
-  if (moves_.empty()) ResumeCheckpointsLocked();
 }
 
 grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx, const v1::RemoveServerRequest* req,
@@ -1331,6 +1338,7 @@ grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx, const v1
   }
   LogInfo("removing ", p->name, ": the keys of servers ", absl::StrJoin(owners, ", "),
           " move to the other servers");
+  ParkLeaversLocked();  // it serves none: it leaves at once
   const absl::Time deadline = absl::Now() + TimeLeft(ctx, absl::Minutes(10));
   auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return p->parked || !p->leaving || state_ != v1::JOB_RUNNING || ctx->IsCancelled();

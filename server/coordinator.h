@@ -188,6 +188,10 @@ class CoordinatorService final : public CoordinatorBase {
     absl::Time since;
   };
   void AdvanceMovesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The move in front is over (`error`: it was given up); the servers
+  // leaving that serve nothing now leave.
+  void EndMoveLocked(const std::string& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ParkLeaversLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The checkpoints stop while keys move (a checkpoint must find every key
   // on one server) and start again after, with the servers there are then.
   void PauseCheckpointsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -217,7 +221,6 @@ class CoordinatorService final : public CoordinatorBase {
   std::vector<int64_t> replica_since_ ABSL_GUARDED_BY(mu_);  // the epoch it was named in
   int64_t shard_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Move> moves_ ABSL_GUARDED_BY(mu_);
-  int moves_done_ ABSL_GUARDED_BY(mu_) = 0;
   // The checkpoints are stopped for the moves (set by failover_'s thread
   // once a checkpoint being written has ended).
   bool checkpoints_paused_ ABSL_GUARDED_BY(mu_) = false;
@@ -242,6 +245,7 @@ class CoordinatorService final : public CoordinatorBase {
   std::vector<ReleasedBarrier> released_ ABSL_GUARDED_BY(mu_);
   std::thread failover_;  // restarts the checkpoints with the servers left
   Counter* failovers_;
+  Counter* moves_total_;
   std::thread recoverer_;
   Counter* recoveries_;
   Counter* steps_lost_;

@@ -363,6 +363,16 @@ class Client::Impl {
   };
 
   int Route(int s) const { return routes[s].load(std::memory_order_acquire); }
+  // One owner per server serving those `holds` names: a server serves
+  // other servers' keys too ("replicas", "max_servers") and is asked once.
+  std::vector<int> OnePerServer(const std::vector<char>& holds) const {
+    std::vector<int> owners;
+    std::vector<char> asked(num_servers, 0);
+    for (int s = 0; s < num_servers; ++s) {
+      if (holds[s] && !asked[Route(s)]++) owners.push_back(s);
+    }
+    return owners;
+  }
   std::shared_ptr<v1::ParameterServer::Stub> Stub(int s) const {
     absl::MutexLock lock(&channels_mu);
     return stubs[Route(s)];
@@ -1487,9 +1497,7 @@ absl::Status Client::SetLearningRate(double lr, const std::string& variable) {
     for (const Partition& p : var->parts) holds[p.server] = 1;
     if (var->dim > 0) holds.assign(num_servers(), 1);  // a table has a part on every server
   }
-  std::vector<char> asked(num_servers(), 0);  // servers serve other servers' keys too
-  for (int s = 0; s < num_servers(); ++s) {
-    if (!holds[s] || asked[impl_->Route(s)]++) continue;
+  for (int s : impl_->OnePerServer(holds)) {
     v1::SetLearningRateResponse resp;
     absl::Status st = impl_->Call(s, "set-learning-rate", [&](grpc::ClientContext* ctx) {
       return impl_->Stub(s)->SetLearningRate(ctx, req, &resp);
@@ -1501,9 +1509,7 @@ absl::Status Client::SetLearningRate(double lr, const std::string& variable) {
 
 absl::StatusOr<std::vector<int64_t>> Client::WorkerClocks() {
   std::vector<int64_t> clocks(num_workers(), INT64_MAX);
-  std::vector<char> asked(num_servers(), 0);
-  for (int s = 0; s < num_servers(); ++s) {
-    if (asked[impl_->Route(s)]++) continue;
+  for (int s : impl_->OnePerServer(std::vector<char>(num_servers(), 1))) {
     v1::StatsResponse resp;
     absl::Status st = impl_->Call(s, "stats", [&](grpc::ClientContext* ctx) {
       return impl_->Stub(s)->Stats(ctx, v1::StatsRequest(), &resp);
@@ -1521,9 +1527,7 @@ absl::StatusOr<std::vector<int64_t>> Client::WorkerClocks() {
 
 absl::StatusOr<double> Client::ServerMetric(const std::string& name) {
   double total = 0;
-  std::vector<char> asked(num_servers(), 0);  // each server's metric once
-  for (int s = 0; s < num_servers(); ++s) {
-    if (asked[impl_->Route(s)]++) continue;
+  for (int s : impl_->OnePerServer(std::vector<char>(num_servers(), 1))) {
     v1::StatsResponse resp;
     absl::Status st = impl_->Call(s, "stats", [&](grpc::ClientContext* ctx) {
       return impl_->Stub(s)->Stats(ctx, v1::StatsRequest(), &resp);
