@@ -201,10 +201,10 @@ void CoordinatorLink::HeartbeatLoop() {
                           req.copies_building_size() > 0 || (options_.moving && options_.moving());
     auto stop_or_wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || wake_; };
     // A new map is said to be held at once (a move waits for that).
-    mu_.AwaitWithTimeout(absl::Condition(&stop_or_wake),
-                         new_map ? absl::ZeroDuration()
-                         : want_map ? std::min(interval, kShardMapPoll)
-                                    : interval);
+    mu_.AwaitWithTimeout(absl::Condition(&stop_or_wake), new_map ? absl::ZeroDuration()
+                                                         : want_map
+                                                             ? std::min(interval, kShardMapPoll)
+                                                             : interval);
     wake_ = false;
   }
 }

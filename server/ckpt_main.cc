@@ -191,7 +191,8 @@ int Save(int argc, char** argv) {
                           v1::CheckpointResponse resp;
                           grpc::Status s = stub->Checkpoint(ctx, v1::CheckpointRequest(), &resp);
                           if (!s.ok()) return FailRpc(s);
-                          std::printf("%s %s (step %ld)\n", resp.already_saved() ? "already saved" : "committed",
+                          std::printf("%s %s (step %ld)\n",
+                                      resp.already_saved() ? "already saved" : "committed",
                                       resp.uri().c_str(), static_cast<long>(resp.step()));
                           return 0;
                         });
@@ -206,8 +207,8 @@ int RemoveServer(int argc, char** argv) {
                           v1::RemoveServerResponse resp;
                           grpc::Status s = stub->RemoveServer(ctx, req, &resp);
                           if (!s.ok()) return FailRpc(s);
-                          std::printf("server %d left the job; its keys are on server%s %s\n", index,
-                                      resp.moved_to_size() == 1 ? "" : "s",
+                          std::printf("server %d left the job; its keys are on server%s %s\n",
+                                      index, resp.moved_to_size() == 1 ? "" : "s",
                                       absl::StrJoin(resp.moved_to(), ", ").c_str());
                           return 0;
                         });

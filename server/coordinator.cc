@@ -68,17 +68,27 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const grpc::By
 
 CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metrics)
     : options_(std::move(options)),
-      registered_(metrics->GetGauge("registered_processes", "Processes registered with the coordinator")),
+      registered_(
+          metrics->GetGauge("registered_processes", "Processes registered with the coordinator")),
       heartbeats_(metrics->GetCounter("heartbeats_total", "Heartbeats received")),
-      epoch_gauge_(metrics->GetGauge("membership_epoch", "Membership epoch: changes when a worker is lost or rejoins")),
+      epoch_gauge_(metrics->GetGauge("membership_epoch",
+                                     "Membership epoch: changes when a worker is lost or rejoins")),
       active_workers_(metrics->GetGauge("active_workers", "Training processes taking part")),
-      recoveries_(metrics->GetCounter("recoveries_total", "Recoveries: rollbacks to the last checkpoint after a failure")),
-      failovers_(metrics->GetCounter("failovers_total", "Servers lost whose keys their backups serve since (replicas: 1)")),
-      moves_total_(metrics->GetCounter("server_moves_total",
-                                 "Server indices whose keys moved to another server (max_servers: joins, removals)")),
-      steps_lost_(metrics->GetCounter("recovery_steps_lost_total", "Training steps done again because a recovery rolled them back")),
-      step_gauge_(metrics->GetGauge("step", "The furthest worker's training step (the step it pushed last)")),
-      steps_(metrics->GetCounter("steps_total", "Training steps made: how far the furthest worker's step advanced, steps done again after a recovery included")) {
+      recoveries_(metrics->GetCounter(
+          "recoveries_total", "Recoveries: rollbacks to the last checkpoint after a failure")),
+      failovers_(metrics->GetCounter(
+          "failovers_total", "Servers lost whose keys their backups serve since (replicas: 1)")),
+      moves_total_(metrics->GetCounter(
+          "server_moves_total",
+          "Server indices whose keys moved to another server (max_servers: joins, removals)")),
+      steps_lost_(
+          metrics->GetCounter("recovery_steps_lost_total",
+                              "Training steps done again because a recovery rolled them back")),
+      step_gauge_(metrics->GetGauge(
+          "step", "The furthest worker's training step (the step it pushed last)")),
+      steps_(metrics->GetCounter("steps_total",
+                                 "Training steps made: how far the furthest worker's step "
+                                 "advanced, steps done again after a recovery included")) {
   const PsOptions& ps = options_.ps;
   config_.set_mode(ps.mode);
   config_.set_partition_bytes(ps.partition_bytes);
@@ -621,8 +631,9 @@ bool CoordinatorService::ReadyLocked() const {
 }
 
 bool CoordinatorService::AllServersRegisteredLocked() const {
-  return std::all_of(processes_.begin(), processes_.end(),
-                     [](const Process& p) { return p.id.role() != v1::ROLE_SERVER || p.registered || p.parked; });
+  return std::all_of(processes_.begin(), processes_.end(), [](const Process& p) {
+    return p.id.role() != v1::ROLE_SERVER || p.registered || p.parked;
+  });
 }
 
 bool CoordinatorService::ServersApplyLocked(int64_t epoch) const {
@@ -659,9 +670,10 @@ grpc::Status CoordinatorService::DoRegister(grpc::ServerContextBase* ctx, const 
   const bool joins = p->id.role() == v1::ROLE_SERVER && p->parked;
   if (joins && !ReadyLocked()) {
     // Asked again by the server's link until it connects.
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        absl::StrCat(p->name, " joins a running job; this one has not started yet (not arrived: ",
-                                     absl::StrJoin(MissingLocked(), ", "), ")"));
+    return grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat(p->name, " joins a running job; this one has not started yet (not arrived: ",
+                     absl::StrJoin(MissingLocked(), ", "), ")"));
   }
   if (joins) {
     p->parked = false;
@@ -1022,8 +1034,9 @@ grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext* ctx, const v1::
                           "the job is ending; its final checkpoint is written (or it failed)");
     }
     if (!moves_.empty()) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "keys are moving between servers (a server joins or leaves); ask again once they are");
+      return grpc::Status(
+          grpc::StatusCode::UNAVAILABLE,
+          "keys are moving between servers (a server joins or leaves); ask again once they are");
     }
     MaybeStartCheckpointsLocked();  // the monitor's next round may not have yet
     if (!checkpoints_started_) {
@@ -1212,8 +1225,8 @@ void CoordinatorService::AdvanceMovesLocked() {
       m.to = best;
     }
     if (m.to < 0 || m.from == m.to || !LiveServerLocked(m.from) || !LiveServerLocked(m.to)) {
-      return EndMoveLocked(absl::StrCat("server ", m.owner, "'s keys cannot move from server ", m.from,
-                                        " to server ", m.to, ": one of them is not there"));
+      return EndMoveLocked(absl::StrCat("server ", m.owner, "'s keys cannot move from server ",
+                                        m.from, " to server ", m.to, ": one of them is not there"));
     }
     ++shard_epoch_;
     replica_at_[m.owner] = m.to;
@@ -1228,16 +1241,16 @@ void CoordinatorService::AdvanceMovesLocked() {
   Process* from = ServerLocked(m.from);
   if (m.phase == Move::kCopying) {
     const bool built = from->shard_epoch >= m.epoch &&
-                       std::find(from->copies_building.begin(), from->copies_building.end(), m.owner) ==
-                           from->copies_building.end();
+                       std::find(from->copies_building.begin(), from->copies_building.end(),
+                                 m.owner) == from->copies_building.end();
     if (!built && now - m.since > limit) {
       // Nothing has changed hands: the old server goes on serving them.
       ++shard_epoch_;
       replica_at_[m.owner] = -1;
       replica_since_[m.owner] = shard_epoch_;
-      return EndMoveLocked(absl::StrCat("server ", m.owner, "'s keys were not copied to server ", m.to,
-                                        " within ", absl::FormatDuration(limit), "; they stay on server ",
-                                        m.from));
+      return EndMoveLocked(absl::StrCat("server ", m.owner, "'s keys were not copied to server ",
+                                        m.to, " within ", absl::FormatDuration(limit),
+                                        "; they stay on server ", m.from));
     }
     if (!built) return;
     ++shard_epoch_;
@@ -1260,9 +1273,9 @@ void CoordinatorService::AdvanceMovesLocked() {
   // kTakeOver: the new server serves them (so a checkpoint finds them there).
   if (ServerLocked(m.to)->shard_epoch < m.epoch) return;
   moves_total_->Add();
-  LogInfo("server ", m.to, " serves server ", m.owner, "'s keys (moved from server ", m.from, " in ",
-          absl::FormatDuration(absl::Trunc(now - m.since, absl::Milliseconds(1))), ", shard map epoch ",
-          shard_epoch_, ")");
+  LogInfo("server ", m.to, " serves server ", m.owner, "'s keys (moved from server ", m.from,
+          " in ", absl::FormatDuration(absl::Trunc(now - m.since, absl::Milliseconds(1))),
+          ", shard map epoch ", shard_epoch_, ")");
   EndMoveLocked("");
 }
 
@@ -1273,8 +1286,9 @@ void CoordinatorService::EndMoveLocked(const std::string& error) {
     move_error_ = error;
     LogWarning(error);
     for (Process& q : processes_) q.leaving = false;
-    moves_.erase(std::remove_if(moves_.begin(), moves_.end(), [](const Move& m) { return m.to < 0; }),
-                 moves_.end());
+    moves_.erase(
+        std::remove_if(moves_.begin(), moves_.end(), [](const Move& m) { return m.to < 0; }),
+        moves_.end());
   }
   ParkLeaversLocked();
   if (moves_.empty()) ResumeCheckpointsLocked();
@@ -1293,14 +1307,16 @@ void CoordinatorService::ParkLeaversLocked() {
   }
 }
 
-grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx, const v1::RemoveServerRequest* req,
+grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx,
+                                              const v1::RemoveServerRequest* req,
                                               v1::RemoveServerResponse* resp) {
   if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (config_.started_servers() == 0) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "this job's servers are fixed: set \"max_servers\" in the parameter_server option for "
-                        "servers to join and leave a running job");
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        "this job's servers are fixed: set \"max_servers\" in the parameter_server option for "
+        "servers to join and leave a running job");
   }
   const int index = req->index();
   if (index < 0 || index >= config_.num_servers()) {
@@ -1311,20 +1327,24 @@ grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx, const v1
   Process* p = ServerLocked(index);
   if (state_ != v1::JOB_RUNNING || recovering_ || !ReadyLocked()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("the job is not running with all its processes (", StateName(state_),
-                                     recovering_ ? ", recovering" : "", ")"));
+                        absl::StrCat("the job is not running with all its processes (",
+                                     StateName(state_), recovering_ ? ", recovering" : "", ")"));
   }
   if (!LiveServerLocked(index) || p->leaving) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("server ", index, p->leaving ? " is already leaving" : " is not in the job now"));
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("server ", index,
+                     p->leaving ? " is already leaving" : " is not in the job now"));
   }
   int others = 0;
   for (const Process& q : processes_) {
-    others += q.id.role() == v1::ROLE_SERVER && q.id.index() != index && !q.leaving && LiveServerLocked(q.id.index());
+    others += q.id.role() == v1::ROLE_SERVER && q.id.index() != index && !q.leaving &&
+              LiveServerLocked(q.id.index());
   }
   if (others == 0) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("server ", index, " is the job's last server; its keys have nowhere to go"));
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("server ", index, " is the job's last server; its keys have nowhere to go"));
   }
   p->leaving = true;
   move_error_.clear();
@@ -1354,10 +1374,12 @@ grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx, const v1
     return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("the job ended: ", reason_));
   }
   if (!p->leaving) {
-    return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("server ", index, " did not leave: ", move_error_));
+    return grpc::Status(grpc::StatusCode::ABORTED,
+                        absl::StrCat("server ", index, " did not leave: ", move_error_));
   }
   return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                      absl::StrCat("server ", index, "'s keys are still moving; it leaves once they are on "
+                      absl::StrCat("server ", index,
+                                   "'s keys are still moving; it leaves once they are on "
                                    "the other servers (see the coordinator's log)"));
 }
 

@@ -102,8 +102,8 @@ class CoordinatorService final : public CoordinatorBase {
     // later, or it left); leaving: RemoveServer is moving its keys away.
     bool parked = false;
     bool leaving = false;
-    int64_t shard_epoch = 0;              // servers: the shard map they said they apply
-    std::vector<int> copies_building;     // servers: as their last heartbeat said
+    int64_t shard_epoch = 0;           // servers: the shard map they said they apply
+    std::vector<int> copies_building;  // servers: as their last heartbeat said
     int64_t step = 0;           // training processes: the latest step they pushed
     v1::WorkerStats stats;      // training processes: as of their last heartbeat
   };

@@ -78,10 +78,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (ps->max_servers > 0 && ps->max_servers < num_servers) {
-    std::fprintf(stderr,
-                 "psrt-coordinator: --distribution: 'max_servers' is %d but the job starts %d servers; "
-                 "set it to at least that many\n",
-                 ps->max_servers, num_servers);
+    std::fprintf(
+        stderr,
+        "psrt-coordinator: --distribution: 'max_servers' is %d but the job starts %d servers; "
+        "set it to at least that many\n",
+        ps->max_servers, num_servers);
     return 2;
   }
   options.ps = *ps;

@@ -82,7 +82,8 @@ void Replicator::Update(const v1::ShardMap& map) {
     for (const auto& [owner, at] : seed) seeding_.insert(owner);
   }
   for (const auto& [owner, to] : release) {
-    store_->Release(owner, to, [&, to = to](const v1::SeedRequest& req) { return SeedTo(to, req); });
+    store_->Release(owner, to,
+                    [&, to = to](const v1::SeedRequest& req) { return SeedTo(to, req); });
   }
   for (int i : promote) store_->Promote(i);
   for (const auto& [owner, at] : seed) {
@@ -101,7 +102,8 @@ absl::Status Replicator::SeedTo(int at, const v1::SeedRequest& req) {
     absl::MutexLock lock(&mu_);
     stub = StubLocked(at);
   }
-  if (stub == nullptr) return absl::UnavailableError(absl::StrCat("server ", at, " has no address"));
+  if (stub == nullptr)
+    return absl::UnavailableError(absl::StrCat("server ", at, " has no address"));
   grpc::ClientContext ctx;
   PrepareContext(&ctx, token_, absl::Seconds(30));
   v1::SeedResponse resp;
@@ -112,7 +114,7 @@ bool Replicator::HasCopies() {
   absl::MutexLock lock(&mu_);
   for (int owner = 0; owner < static_cast<int>(replica_at_.size()); ++owner) {
     const int at = replica_at_[owner];
-    if (at == self_ && served_.count(owner) == 0) return true;  // kept here
+    if (at == self_ && served_.count(owner) == 0) return true;            // kept here
     if (at >= 0 && at != self_ && served_.count(owner) > 0) return true;  // kept elsewhere
   }
   return false;

@@ -90,7 +90,7 @@ class Replicator {
   std::vector<std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
   std::vector<int> replica_at_ ABSL_GUARDED_BY(mu_);  // per owner; -1: no copy
   std::vector<int64_t> replica_since_ ABSL_GUARDED_BY(mu_);
-  std::set<int> served_ ABSL_GUARDED_BY(mu_);  // owners whose keys it serves
+  std::set<int> served_ ABSL_GUARDED_BY(mu_);   // owners whose keys it serves
   std::set<int> seeding_ ABSL_GUARDED_BY(mu_);  // owners whose copies are being built
   std::vector<std::thread> seeders_;
   // Sends the forwarded updates; last member: joined first, while

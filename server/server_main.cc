@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/functional/bind_front.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -13,12 +14,11 @@
 #include "common/daemon.h"
 #include "common/flags.h"
 #include "common/grpc_util.h"
+#include "common/key_map.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/metrics_server.h"
 #include "server/checkpoint_io.h"
-#include "absl/cleanup/cleanup.h"
-#include "common/key_map.h"
 #include "server/data_server.h"
 #include "server/ps_service.h"
 #include "server/replicator.h"

@@ -304,8 +304,9 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time 
   if (absl::Status s = CheckWorker(req.worker_rank()); !s.ok()) return s;
   if (req.keys().empty()) return absl::InvalidArgumentError("register request names no keys");
   if (req.has_owner() && (req.owner() < 0 || req.replica())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "register request names owner ", req.owner(), "; an owner is a server index (>= 0), and a copy names its primary"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("register request names owner ", req.owner(),
+                     "; an owner is a server index (>= 0), and a copy names its primary"));
   }
   if (absl::Status s = WaitForRestore(deadline, cancelled); !s.ok()) return s;
   std::string restored_from;
@@ -513,7 +514,8 @@ void Store::Promote(int primary) {
     k->serving = true;
     ++n;
   }
-  if (n > 0) LogInfo("serving the ", n, " keys of server ", primary, " here, from the copies it kept");
+  if (n > 0)
+    LogInfo("serving the ", n, " keys of server ", primary, " here, from the copies it kept");
 }
 
 Store::Key* Store::FindOrAddLocked(const v1::KeySpec& spec, bool* added) {
@@ -539,17 +541,21 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
   const size_t workers = static_cast<size_t>(options_.num_workers);
   auto sized = [&](size_t size, size_t want) { return size == 0 || size == want; };
   if (!opt.ok() || n <= 0 || req.worker_clocks_size() > options_.num_workers ||
-      (weights && (static_cast<int64_t>(req.weights().size()) != n * 4 || req.slots_size() != NumSlots(*opt))) ||
+      (weights && (static_cast<int64_t>(req.weights().size()) != n * 4 ||
+                   req.slots_size() != NumSlots(*opt))) ||
       !sized(req.accum().size(), n * 4) || !sized(req.contributed_size(), workers) ||
-      !sized(req.last_step_size(), workers) || !sized(req.recent_push_ids_size(), workers * kPushWindow) ||
+      !sized(req.last_step_size(), workers) ||
+      !sized(req.recent_push_ids_size(), workers * kPushWindow) ||
       !sized(req.recent_next_size(), workers)) {
-    return absl::InvalidArgumentError(absl::StrCat("seed of key '", name, "' does not fit its spec"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("seed of key '", name, "' does not fit its spec"));
   }
   for (const std::string& slot : req.slots()) {
     if (static_cast<int64_t>(slot.size()) != n * 4) return absl::InvalidArgumentError("seed slot of the wrong size");
   }
   for (int32_t next : req.recent_next()) {
-    if (next < 0 || next >= kPushWindow) return absl::InvalidArgumentError("seed push window out of range");
+    if (next < 0 || next >= kPushWindow)
+      return absl::InvalidArgumentError("seed push window out of range");
   }
   Key* key;
   if (weights) {
@@ -558,7 +564,8 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
     key = FindOrAddLocked(req.spec(), &added);
   } else {
     absl::StatusOr<Key*> found = Find(req.spec().variable(), req.spec().partition());
-    if (!found.ok()) return absl::FailedPreconditionError(absl::StrCat("key '", name, "' has no copy here"));
+    if (!found.ok())
+      return absl::FailedPreconditionError(absl::StrCat("key '", name, "' has no copy here"));
     key = *found;
   }
   absl::MutexLock lock(&key->mu);
@@ -568,8 +575,8 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
   if (key->n != n) return absl::FailedPreconditionError(absl::StrCat("key '", name, "' has another size here"));
   if (!weights && (!key->initialized || key->version != req.version())) {
     // The hand-over then comes again with the weights.
-    return absl::FailedPreconditionError(absl::StrCat("the copy of key '", name, "' is at version ", key->version,
-                                                      ", not ", req.version()));
+    return absl::FailedPreconditionError(absl::StrCat("the copy of key '", name, "' is at version ",
+                                                      key->version, ", not ", req.version()));
   }
   key->backup_of = req.primary();
   key->serving = false;
@@ -577,13 +584,15 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
   if (!key->initialized) InitKey(key, *opt);
   if (weights) {
     std::memcpy(key->weights.data(), req.weights().data(), n * 4);
-    for (int i = 0; i < req.slots_size(); ++i) std::memcpy(key->slots[i].data(), req.slots(i).data(), n * 4);
+    for (int i = 0; i < req.slots_size(); ++i)
+      std::memcpy(key->slots[i].data(), req.slots(i).data(), n * 4);
   }
   key->version = req.version();
   key->lr = req.lr();
   for (int w = 0; w < req.worker_clocks_size(); ++w) key->clock[w] = req.worker_clocks(w);
   if (req.handover()) {
-    if (options_.sync && !req.accum().empty()) std::memcpy(key->accum.data(), req.accum().data(), n * 4);
+    if (options_.sync && !req.accum().empty())
+      std::memcpy(key->accum.data(), req.accum().data(), n * 4);
     key->contributions = 0;
     for (int w = 0; w < req.contributed_size(); ++w) {
       key->contributed[w] = req.contributed(w);
@@ -591,8 +600,10 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
     }
     for (int w = 0; w < req.last_step_size(); ++w) key->last_step[w] = req.last_step(w);
     if (!options_.sync) {
-      for (int i = 0; i < req.recent_push_ids_size(); ++i) key->recent_push_ids[i] = req.recent_push_ids(i);
-      for (int w = 0; w < req.recent_next_size(); ++w) key->recent_next[w] = static_cast<uint8_t>(req.recent_next(w));
+      for (int i = 0; i < req.recent_push_ids_size(); ++i)
+        key->recent_push_ids[i] = req.recent_push_ids(i);
+      for (int w = 0; w < req.recent_next_size(); ++w)
+        key->recent_next[w] = static_cast<uint8_t>(req.recent_next(w));
     }
   }
   return absl::OkStatus();
@@ -604,14 +615,16 @@ void Store::FillSeed(const Key* k, int primary, v1::SeedRequest* req) const {
   req->set_version(k->version);
   req->set_lr(k->lr);
   req->set_weights(reinterpret_cast<const char*>(k->weights.data()), k->n * 4);
-  for (const auto& slot : k->slots) req->add_slots(reinterpret_cast<const char*>(slot.data()), k->n * 4);
+  for (const auto& slot : k->slots)
+    req->add_slots(reinterpret_cast<const char*>(slot.data()), k->n * 4);
   for (int64_t c : k->clock) req->add_worker_clocks(c);
 }
 
 void Store::FillHandover(const Key* k, v1::SeedRequest* req) const {
   req->set_handover(true);
   if (options_.sync) {
-    if (k->contributions > 0) req->set_accum(reinterpret_cast<const char*>(k->accum.data()), k->n * 4);
+    if (k->contributions > 0)
+      req->set_accum(reinterpret_cast<const char*>(k->accum.data()), k->n * 4);
     for (char c : k->contributed) req->add_contributed(c != 0);
     for (int64_t step : k->last_step) req->add_last_step(step);
   } else {
@@ -627,7 +640,8 @@ void Store::SeedCopies(int owner, const std::function<absl::Status(const v1::See
     absl::MutexLock lock(&k->mu);
     if (!k->serving || !k->initialized || !Owns(k, owner)) continue;
     if (k->table != nullptr) {
-      LogWarning("key '", k->name, "' is a sparse table's part, which is not copied to other servers");
+      LogWarning("key '", k->name,
+                 "' is a sparse table's part, which is not copied to other servers");
       continue;
     }
     v1::SeedRequest req;
@@ -670,7 +684,8 @@ void Store::Release(int owner, int to, const SendSeed& send) {
       if (s.ok()) {
         ++handed;
       } else {
-        LogWarning("key '", k->name, "': its state was not handed over to server ", to, " (", s.message(),
+        LogWarning("key '", k->name, "': its state was not handed over to server ", to, " (",
+                   s.message(),
                    "); a step half done here is done there again from the pushes resent to it");
       }
     }
@@ -698,7 +713,8 @@ void Store::Release(int owner, int to, const SendSeed& send) {
   }
   for (const auto& p : failed) Complete(p.get());
   if (n > 0) {
-    LogInfo("server ", primary, "'s ", n, " keys served here moved to server ", to, " (", handed, " handed over)");
+    LogInfo("server ", primary, "'s ", n, " keys served here moved to server ", to, " (", handed,
+            " handed over)");
   }
 }
 

@@ -213,7 +213,7 @@ class Store {
   // A Seed of k's whole state (weights, slots, version, rate, clocks), for
   // server `primary`'s copy; and (handover) what a move adds to it.
   void FillSeed(const Key* k, int primary, v1::SeedRequest* req) const;  // holds k->mu
-  void FillHandover(const Key* k, v1::SeedRequest* req) const;          // holds k->mu
+  void FillHandover(const Key* k, v1::SeedRequest* req) const;           // holds k->mu
   // What a new key costs in weights, optimizer slots and (sync) accumulator.
   int64_t KeyBytes(int64_t n, const OptimizerConfig& optimizer) const;
   // New keys of one registration so far, against the limits.

@@ -54,7 +54,8 @@ int RunAgent(const AgentOptions& options) {
   const int local = config.workers_per_host();
   // Of the job's servers, those started here ("max_servers": the others
   // join later, started by hand).
-  const int started = config.started_servers() > 0 ? config.started_servers() : config.num_servers();
+  const int started =
+      config.started_servers() > 0 ? config.started_servers() : config.num_servers();
   const int servers_here = options.servers ? started / std::max(1, config.num_hosts()) : 0;
   int64_t generation = (*link)->generation();
 

@@ -552,9 +552,9 @@ class Client::Impl {
     const bool moves = config.replicas() > 0 || config.started_servers() > 0;
     if (moves && st.error_code() == grpc::StatusCode::UNAVAILABLE) link->Wake();
     const absl::Duration budget =
-        moves
-            ? std::max(options.retry_budget, absl::Seconds(config.heartbeat_timeout_s()) + absl::Seconds(5))
-            : options.retry_budget;
+        moves ? std::max(options.retry_budget,
+                         absl::Seconds(config.heartbeat_timeout_s()) + absl::Seconds(5))
+              : options.retry_budget;
     return st.error_code() == grpc::StatusCode::UNAVAILABLE && absl::Now() - start + backoff < budget &&
            JobStatus().ok();
   }
@@ -1262,7 +1262,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     }
     // A server that joins later ("max_servers") has no address yet.
     for (int s = 0; s < n; ++s) {
-      if (!barrier->shard_map().server_addresses(s).empty()) impl->Connect(s, barrier->shard_map().server_addresses(s));
+      if (!barrier->shard_map().server_addresses(s).empty())
+        impl->Connect(s, barrier->shard_map().server_addresses(s));
     }
   }
   impl->moved = std::make_unique<std::atomic<int>[]>(n);
@@ -1390,7 +1391,8 @@ absl::Status Client::RegisterTable(const std::string& name, const TableOptions& 
   }
   if (impl_->config.started_servers() > 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("table '", name, "': a table's rows do not move between servers; this job has "
+        absl::StrCat("table '", name,
+                     "': a table's rows do not move between servers; this job has "
                      "\"max_servers\" (servers that join and leave)"));
   }
   v1::KeySpec spec;

@@ -632,9 +632,9 @@ TEST_F(BadInputTest, UndecodableRequestsAreInvalidArgumentOnEveryMethod) {
       {"SaveShard", "SaveShardRequest"}, {"AttachSharedMemory", "AttachSharedMemoryRequest"},
       {"Replicate", "ReplicateRequest"}, {"Seed", "SeedRequest"}};
   const std::vector<std::pair<std::string, std::string>> coordinator_methods = {
-      {"Register", "RegisterRequest"}, {"Barrier", "BarrierRequest"},
-      {"Heartbeat", "HeartbeatRequest"}, {"ReportExit", "ReportExitRequest"},
-      {"GetJobStatus", "JobStatusRequest"}, {"Checkpoint", "CheckpointRequest"},
+      {"Register", "RegisterRequest"},        {"Barrier", "BarrierRequest"},
+      {"Heartbeat", "HeartbeatRequest"},      {"ReportExit", "ReportExitRequest"},
+      {"GetJobStatus", "JobStatusRequest"},   {"Checkpoint", "CheckpointRequest"},
       {"RemoveServer", "RemoveServerRequest"}};
   std::vector<std::tuple<std::string, std::string, std::string>> all;
   for (const auto& [method, type] : server_methods) {

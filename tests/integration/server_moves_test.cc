@@ -57,8 +57,8 @@ std::string CoordinatorAddress(const Proc& run) {
 // A server started by hand to join the job as server `index`.
 Proc JoinServer(const std::string& coordinator, const std::string& token, int index,
                 const std::string& dir) {
-  return Proc::Start(absl::StrCat(kBin, "/psrt-server --coordinator=", coordinator, " --index=",
-                                  index, " --host=127.0.0.1 --token=", token),
+  return Proc::Start(absl::StrCat(kBin, "/psrt-server --coordinator=", coordinator,
+                                  " --index=", index, " --host=127.0.0.1 --token=", token),
                      absl::StrCat(dir, "/server", index, ".log"));
 }
 
@@ -96,7 +96,8 @@ TEST(ServerMovesTest, ASyncJobWithAServerJoiningAndOneLeavingEndsBitForBitAsUnin
   ASSERT_TRUE(run.WaitForOutput("step 700 ", absl::Seconds(60))) << run.Output();
   std::string said;
   ASSERT_EQ(RemoveServer(coordinator, token, 0, dir, &said), 0) << said << run.Output();
-  EXPECT_TRUE(std::regex_search(said, std::regex("server 0 left the job; its keys are on server [12]")))
+  EXPECT_TRUE(
+      std::regex_search(said, std::regex("server 0 left the job; its keys are on server [12]")))
       << said;
   EXPECT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
   EXPECT_EQ(joined.Wait(absl::Seconds(30), "the server that joined"), 0) << joined.Output();

@@ -18,7 +18,8 @@ constexpr char kAllPsKeys[] =
     "enabled, mode, staleness, backup_workers, compression, pull_compression, transport, "
     "servers_per_host, max_servers, server_port_base, workers_per_host, partition_bytes, "
     "gradient_aggregation, on_worker_failure, restart_workers, "
-    "replicas, nonfinite, on_failure, max_recoveries, host_wait_s, heartbeat_timeout_s, barrier_timeout_s, restore, checkpoint, elastic, limits";
+    "replicas, nonfinite, on_failure, max_recoveries, host_wait_s, heartbeat_timeout_s, "
+    "barrier_timeout_s, restore, checkpoint, elastic, limits";
 
 PsOptions ParseOk(const std::string& json) {
   absl::StatusOr<PsOptions> result = ParseDistribution(json);
@@ -205,8 +206,9 @@ TEST(ParseDistributionTest, RecoverNeedsCheckpointsAndSaysWhatIsAccepted) {
   EXPECT_EQ(ParseOk(Ps("")).max_servers, 0);
   EXPECT_THAT(ParseError(Ps(R"("max_servers": -1)")), HasSubstr("'max_servers'"));
   EXPECT_THAT(ParseError(Ps(R"("max_servers": 5000)")), HasSubstr("'max_servers'"));
-  EXPECT_THAT(ParseError(Ps(R"("max_servers": 4, "replicas": 1)")),
-              AllOf(HasSubstr("'max_servers'"), HasSubstr("'replicas'"), HasSubstr("do not go together")));
+  EXPECT_THAT(
+      ParseError(Ps(R"("max_servers": 4, "replicas": 1)")),
+      AllOf(HasSubstr("'max_servers'"), HasSubstr("'replicas'"), HasSubstr("do not go together")));
   EXPECT_THAT(ParseError(Ps(R"("on_failure": "restart")")),
               AllOf(HasSubstr("'on_failure'"), HasSubstr("fail, recover")));
   EXPECT_THAT(
@@ -523,14 +525,37 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   for (const std::string& line : lines) {
     EXPECT_THAT(line, HasSubstr("default")) << line;
   }
-  const std::vector<std::string> expected = {
-      "parameter_server", "enabled", "mode", "staleness", "backup_workers",
-      "compression", "pull_compression", "transport", "servers_per_host", "max_servers",
-      "server_port_base", "workers_per_host", "partition_bytes", "gradient_aggregation",
-      "on_worker_failure", "restart_workers", "replicas", "nonfinite", "on_failure", "max_recoveries",
-      "host_wait_s", "heartbeat_timeout_s",
-      "barrier_timeout_s", "restore", "checkpoint", "elastic", "limits", "checkpoint.uri",
-      "checkpoint.every_steps", "checkpoint.every_seconds", "checkpoint.keep"};
+  const std::vector<std::string> expected = {"parameter_server",
+                                             "enabled",
+                                             "mode",
+                                             "staleness",
+                                             "backup_workers",
+                                             "compression",
+                                             "pull_compression",
+                                             "transport",
+                                             "servers_per_host",
+                                             "max_servers",
+                                             "server_port_base",
+                                             "workers_per_host",
+                                             "partition_bytes",
+                                             "gradient_aggregation",
+                                             "on_worker_failure",
+                                             "restart_workers",
+                                             "replicas",
+                                             "nonfinite",
+                                             "on_failure",
+                                             "max_recoveries",
+                                             "host_wait_s",
+                                             "heartbeat_timeout_s",
+                                             "barrier_timeout_s",
+                                             "restore",
+                                             "checkpoint",
+                                             "elastic",
+                                             "limits",
+                                             "checkpoint.uri",
+                                             "checkpoint.every_steps",
+                                             "checkpoint.every_seconds",
+                                             "checkpoint.keep"};
   for (size_t i = 0; i < expected.size(); ++i) {
     EXPECT_THAT(lines[i], HasSubstr(expected[i] + " ")) << lines[i];
   }
