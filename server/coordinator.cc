@@ -1360,23 +1360,36 @@ grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx,
           " move to the other servers");
   ParkLeaversLocked();  // it serves none: it leaves at once
   const absl::Time deadline = absl::Now() + TimeLeft(ctx, absl::Minutes(10));
+  // Looked up anew each time: a recovery lays the processes out again.
+  const int64_t generation = generation_;
+  auto gone = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Process* q = ServerLocked(index);
+    return q == nullptr || q->parked || !q->leaving;
+  };
   auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return p->parked || !p->leaving || state_ != v1::JOB_RUNNING || ctx->IsCancelled();
+    return gone() || state_ != v1::JOB_RUNNING || generation_ != generation || recovering_ ||
+           ctx->IsCancelled();
   };
   while (!over() && absl::Now() < deadline) {
     mu_.AwaitWithTimeout(absl::Condition(&over), absl::Milliseconds(100));
   }
-  if (p->parked) {
-    for (int o : owners) resp->add_moved_to(served_by_[o]);
-    return grpc::Status::OK;
-  }
   if (state_ != v1::JOB_RUNNING) {
     return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("the job ended: ", reason_));
   }
-  if (!p->leaving) {
+  if (generation_ != generation || recovering_) {
+    return grpc::Status(grpc::StatusCode::ABORTED,
+                        "the job recovered from a failure meanwhile: it goes on with the servers it "
+                        "started with");
+  }
+  if (const Process* q = ServerLocked(index); q != nullptr && q->parked) {
+    for (int o : owners) resp->add_moved_to(served_by_[o]);
+    return grpc::Status::OK;
+  }
+  if (gone()) {
     return grpc::Status(grpc::StatusCode::ABORTED,
                         absl::StrCat("server ", index, " did not leave: ", move_error_));
   }
+  if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
   return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                       absl::StrCat("server ", index,
                                    "'s keys are still moving; it leaves once they are on "
