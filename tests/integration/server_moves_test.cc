@@ -110,7 +110,10 @@ TEST(ServerMovesTest, ASyncJobWithAServerJoiningAndOneLeavingEndsBitForBitAsUnin
   EXPECT_NE(out.find("removed from the job: its keys moved to the other servers; exiting"),
             std::string::npos)
       << out;
-  EXPECT_EQ(out.find("failed"), std::string::npos) << out;
+  // Every checkpoint found each key on one server (a checkpoint may still
+  // fail for a step training raced past under load: not this test's).
+  EXPECT_EQ(out.find("do not tile"), std::string::npos) << out;
+  EXPECT_EQ(out.find("checkpoint at step 1000 failed"), std::string::npos) << out;
   EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights())
       << "final weights differ from the uninterrupted run's\n"
       << out;
@@ -118,7 +121,20 @@ TEST(ServerMovesTest, ASyncJobWithAServerJoiningAndOneLeavingEndsBitForBitAsUnin
   ASSERT_TRUE(final.ok()) << final.status();
   EXPECT_EQ(final->manifest.step(), kSteps);
   EXPECT_EQ(final->manifest.num_servers(), 2);  // servers 1 and 2
-  EXPECT_EQ(final->manifest.keys_size(), 9);
+  // Every checkpoint committed, before, during and after the moves, holds
+  // every key at its step.
+  absl::StatusOr<std::unique_ptr<Storage>> root = OpenStorage(NormalizeUri(dir + "/ckpt"));
+  ASSERT_TRUE(root.ok()) << root.status();
+  absl::StatusOr<std::vector<CheckpointEntry>> all = ListCheckpoints(root->get());
+  ASSERT_TRUE(all.ok()) << all.status();
+  int committed = 0;
+  for (const CheckpointEntry& e : *all) {
+    if (!e.committed) continue;
+    ++committed;
+    EXPECT_EQ(e.manifest.keys_size(), 9) << e.name;
+    for (const v1::ManifestKey& k : e.manifest.keys()) EXPECT_EQ(k.version(), e.manifest.step()) << e.name;
+  }
+  EXPECT_GE(committed, 5) << out;
   EXPECT_EQ(Leftovers(token), 0);
 }
 
