@@ -132,7 +132,8 @@ TEST(ServerMovesTest, ASyncJobWithAServerJoiningAndOneLeavingEndsBitForBitAsUnin
     if (!e.committed) continue;
     ++committed;
     EXPECT_EQ(e.manifest.keys_size(), 9) << e.name;
-    for (const v1::ManifestKey& k : e.manifest.keys()) EXPECT_EQ(k.version(), e.manifest.step()) << e.name;
+    for (const v1::ManifestKey& k : e.manifest.keys())
+      EXPECT_EQ(k.version(), e.manifest.step()) << e.name;
   }
   EXPECT_GE(committed, 5) << out;
   EXPECT_EQ(Leftovers(token), 0);
