@@ -614,10 +614,13 @@ void Store::FillSeed(const Key* k, int primary, v1::SeedRequest* req) const {
   req->set_primary(primary);
   req->set_version(k->version);
   req->set_lr(k->lr);
+  for (int64_t c : k->clock) req->add_worker_clocks(c);
+}
+
+void Store::FillWeights(const Key* k, v1::SeedRequest* req) const {
   req->set_weights(reinterpret_cast<const char*>(k->weights.data()), k->n * 4);
   for (const auto& slot : k->slots)
     req->add_slots(reinterpret_cast<const char*>(slot.data()), k->n * 4);
-  for (int64_t c : k->clock) req->add_worker_clocks(c);
 }
 
 void Store::FillHandover(const Key* k, v1::SeedRequest* req) const {
@@ -646,6 +649,7 @@ void Store::SeedCopies(int owner, const std::function<absl::Status(const v1::See
     }
     v1::SeedRequest req;
     FillSeed(k, primary, &req);
+    FillWeights(k, &req);
     if (absl::Status s = send(req); !s.ok()) {
       LogWarning("building the copy of key '", k->name, "' failed: ", s.message());
       return;
@@ -668,17 +672,11 @@ void Store::Release(int owner, int to, const SendSeed& send) {
       // version published here (an update is published once it holds it),
       // so the weights go along only where it does not.
       v1::SeedRequest req;
-      *req.mutable_spec() = k->spec;
-      req.set_primary(primary);
-      req.set_version(k->version);
-      req.set_lr(k->lr);
-      for (int64_t c : k->clock) req.add_worker_clocks(c);
+      FillSeed(k, primary, &req);
       FillHandover(k, &req);
       absl::Status s = send(req);
       if (absl::IsFailedPrecondition(s)) {
-        req.Clear();
-        FillSeed(k, primary, &req);
-        FillHandover(k, &req);
+        FillWeights(k, &req);
         s = send(req);
       }
       if (s.ok()) {

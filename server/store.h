@@ -210,9 +210,10 @@ class Store {
   absl::Status NotServing(const Key* k) const;  // holds k->mu
   // Whether k is server `owner`'s key (-1 or self: this server's own).
   bool Owns(const Key* k, int owner) const;  // holds k->mu
-  // A Seed of k's whole state (weights, slots, version, rate, clocks), for
-  // server `primary`'s copy; and (handover) what a move adds to it.
+  // A Seed of k for server `primary`'s copy: its spec, version, rate and
+  // clocks; its weights and slots; and (handover) what a move adds.
   void FillSeed(const Key* k, int primary, v1::SeedRequest* req) const;  // holds k->mu
+  void FillWeights(const Key* k, v1::SeedRequest* req) const;            // holds k->mu
   void FillHandover(const Key* k, v1::SeedRequest* req) const;           // holds k->mu
   // What a new key costs in weights, optimizer slots and (sync) accumulator.
   int64_t KeyBytes(int64_t n, const OptimizerConfig& optimizer) const;

@@ -80,6 +80,17 @@ bool WaitMoved(const Proc& run, int owner, int to) {
                            absl::Seconds(60));
 }
 
+// At step 200 of `run`, server 2 joins (started by hand as *joined); returns
+// once its keys moved to it. *coordinator: the job's.
+void JoinAtStep200(const Proc& run, const std::string& token, const std::string& dir,
+                   std::string* coordinator, Proc* joined) {
+  *coordinator = CoordinatorAddress(run);
+  ASSERT_FALSE(coordinator->empty()) << run.Output();
+  ASSERT_TRUE(run.WaitForOutput("step 200 ", absl::Seconds(60))) << run.Output();
+  *joined = JoinServer(*coordinator, token, 2, dir);
+  ASSERT_TRUE(WaitMoved(run, 2, 2)) << run.Output() << joined->Output();
+}
+
 TEST(ServerMovesTest, ASyncJobWithAServerJoiningAndOneLeavingEndsBitForBitAsUninterrupted) {
   // Server 2 joins (server 0 served its keys until then), then server 0
   // leaves: its keys go to another server. Sync steps go on throughout; a
@@ -89,11 +100,9 @@ TEST(ServerMovesTest, ASyncJobWithAServerJoiningAndOneLeavingEndsBitForBitAsUnin
   Proc run = StartJob(Distribution(absl::StrCat(R"(,"max_servers":3,"checkpoint":{"uri":")", dir,
                                                 R"(/ckpt","every_steps":100})")),
                       token, dir);
-  const std::string coordinator = CoordinatorAddress(run);
-  ASSERT_FALSE(coordinator.empty()) << run.Output();
-  ASSERT_TRUE(run.WaitForOutput("step 200 ", absl::Seconds(60))) << run.Output();
-  Proc joined = JoinServer(coordinator, token, 2, dir);
-  ASSERT_TRUE(WaitMoved(run, 2, 2)) << run.Output() << joined.Output();
+  std::string coordinator;
+  Proc joined;
+  ASSERT_NO_FATAL_FAILURE(JoinAtStep200(run, token, dir, &coordinator, &joined));
   ASSERT_TRUE(run.WaitForOutput("step 700 ", absl::Seconds(60))) << run.Output();
   std::string said;
   ASSERT_EQ(RemoveServer(coordinator, token, 0, dir, &said), 0) << said << run.Output();
@@ -147,11 +156,9 @@ TEST(ServerMovesTest, AnAsyncJobLosesNoPushAndAppliesNoneTwiceWhileServersJoinAn
   Proc run = StartJob(Distribution(absl::StrCat(R"(,"max_servers":3,"mode":"async",)",
                                                 R"("checkpoint":{"uri":")", dir, R"(/ckpt"})")),
                       token, dir);
-  const std::string coordinator = CoordinatorAddress(run);
-  ASSERT_FALSE(coordinator.empty()) << run.Output();
-  ASSERT_TRUE(run.WaitForOutput("step 200 ", absl::Seconds(60))) << run.Output();
-  Proc joined = JoinServer(coordinator, token, 2, dir);
-  ASSERT_TRUE(WaitMoved(run, 2, 2)) << run.Output() << joined.Output();
+  std::string coordinator;
+  Proc joined;
+  ASSERT_NO_FATAL_FAILURE(JoinAtStep200(run, token, dir, &coordinator, &joined));
   std::string said;
   ASSERT_EQ(RemoveServer(coordinator, token, 1, dir, &said), 0) << said << run.Output();
   ASSERT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
