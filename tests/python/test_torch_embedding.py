@@ -68,6 +68,24 @@ def test_sync_two_workers_equal_one_process_with_torch_sparse_optimizers(kind, b
     assert 0.7 < got["initial"].std() < 1.3
 
 
+def test_gradscaler_unscales_the_rows_too():
+    """A scaled loss (1024x) trains the rows as the unscaled one does in one
+    process: step() unscales the rows' gradients with the dense ones. The
+    user's scaler.unscale_(opt) cannot reach the rows, so it is refused."""
+    steps = 4
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rows.pt")
+        code, log = run_job(WORKER, ["--optimizer", "sgd", "--steps", str(steps), "--out", out, "--scaler"])
+        assert code == 0, log
+        got = torch.load(out)
+        rows, head = reference("sgd", False, got["initial"], steps)
+        torch.testing.assert_close(got["final"], rows, rtol=0, atol=1e-5)
+        assert (got["final"] - got["initial"]).abs().max() > 1e-2
+        code, log = run_job(WORKER, ["--optimizer", "sgd", "--steps", "1", "--out", out, "--scaler", "--unscale"])
+    assert code != 0
+    assert "scaler.unscale_(opt) does not reach psrt.torch.Embedding's rows" in log, log[-3000:]
+
+
 def test_lazy_adam_counts_every_step_of_the_job_as_a_table_step():
     """A table that no worker's forward uses in a step (steps 2, 3 and 6;
     its pushes have no rows on any server, so each waits for the step

@@ -21,6 +21,10 @@ import torch
 from jobs import HERE, failure_text, run_job
 import torch_models
 
+
+# GradScaler's scale after the cases' 3 steps, the second overflowed.
+SCALES = {"amp": 512.0, "amp_plain": 512.0, "amp_unscale": 512.0, "amp_growing": 2.0}
+
 SCRIPT = os.path.join(HERE, "torch_models.py")
 GROUPS = {
     # torchvision CNNs with BatchNorm, a frozen backbone, torch.compile.
@@ -33,6 +37,10 @@ GROUPS = {
     # and a layer never used.
     "sequence": ["transformer", "gpt2", "bert", "lstm", "horovod_idiom", "accumulation", "amp",
                  "functional"],
+    # Edits of .grad that no version counter shows: GradScaler without a
+    # clip (scaler.step's unscale, the user's unscale_, a scale of 1 at the
+    # first step), .data edits; and clip_grad_value_.
+    "edits": ["amp_plain", "amp_unscale", "amp_growing", "data_edit", "clip_value"],
 }
 
 
@@ -58,9 +66,9 @@ def check_against_reference(cases, ranks, device="cpu"):
             moved = moved or not torch.allclose(a.float(), initial[key].float(), atol=1e-3)
         assert moved, "%s: training changed nothing" % case
         assert ranks[0][case]["scale"] == ranks[1][case]["scale"] == want["scale"], case
-    if "amp" in cases:
+    for case in set(cases) & set(SCALES):
         # The overflowed step halved the scale on both ranks, as in one process.
-        assert ranks[0]["amp"]["scale"] == 512.0
+        assert ranks[0][case]["scale"] == SCALES[case], case
 
 
 @pytest.mark.parametrize("settings", [{"lr": 0.01, "momentum": 0.9}, {"lr": 0.1}])
@@ -99,7 +107,7 @@ def test_model_zoo_two_workers_equal_one_process_on_the_mean_gradient(group):
 def test_cuda_models_equal_one_process_on_the_mean_gradient():
     """The cases that need no package beyond torch, on the GPU: GradScaler
     with float16 autocast, clipping, a Transformer, an LSTM, BatchNorm."""
-    cases = ["transformer", "lstm", "amp", "functional", "accumulation", "small_cnn"]
+    cases = ["transformer", "lstm", "amp", "amp_plain", "amp_unscale", "functional", "accumulation", "small_cnn"]
     check_against_reference(cases, train(cases, ["--device", "cuda"]), device="cuda")
 
 
@@ -115,6 +123,15 @@ def test_a_gradient_changed_after_it_was_sent_is_an_error_naming_mean_grads():
     ranks = train(["transformer"], ["--clip-from", "2", "--steps", "3", "--mean-grads", "always"])
     for key, a in ranks[0]["transformer"]["state"].items():
         assert torch.equal(a, ranks[1]["transformer"]["state"][key]), key
+
+
+def test_gradscaler_after_gradients_went_out_is_refused():
+    """mean_grads=False sends gradients during backward(), before the scaler
+    could unscale them: step() says so instead of training on them."""
+    code, log = train(["amp_plain"], ["--mean-grads", "never", "--steps", "1"], expect_ok=False)
+    assert code != 0
+    assert "GradScaler.step() on gradients that went to the servers during backward(), still scaled" in log, \
+        log[-4000:]
 
 
 def test_async_workers_take_the_first_clipped_step_of_any_worker():

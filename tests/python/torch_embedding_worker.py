@@ -54,6 +54,8 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--out", required=True)
     ap.add_argument("--sit-out", type=steps_list, default=[], help="steps whose forward leaves the table out")
+    ap.add_argument("--scaler", action="store_true", help="a GradScaler (init_scale 1024) scales the loss")
+    ap.add_argument("--unscale", action="store_true", help="with --scaler: scaler.unscale_(opt) before the step")
     args = ap.parse_args()
     psrt.init()
     torch.manual_seed(0)
@@ -71,12 +73,21 @@ def main():
                                     named_parameters=head.named_parameters())
     rank, size = psrt.rank(), psrt.size()
     per = BATCH // size
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if args.scaler else None
     for step in range(psrt.restored_step(), args.steps):
         ids, y = batch(step)
         ids, y = ids[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
         opt.zero_grad()
-        torch.nn.functional.mse_loss(forward(table, head, ids, args.bag, step in args.sit_out), y).backward()
-        opt.step()
+        loss = torch.nn.functional.mse_loss(forward(table, head, ids, args.bag, step in args.sit_out), y)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+            continue
+        scaler.scale(loss).backward()
+        if args.unscale:
+            scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
     opt.synchronize()
     if rank == 0:
         final = table.rows(torch.arange(VOCAB))  # once every worker's last step is applied

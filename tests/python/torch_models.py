@@ -340,6 +340,19 @@ CASES = {
                                              nn.Flatten(), nn.Linear(8, 10)),
                        _small_image_loss, lambda p: torch.optim.SGD(p, lr=0.1), {}),
     "amp": (_AmpEncoder, _amp_loss, lambda p: torch.optim.SGD(p, lr=0.1), {"amp": True, "clip": 1.0}),
+    # GradScaler alone: scaler.step(opt) unscales (an in-place kernel that
+    # bumps no version counter), or the user's unscale_ without a clip.
+    "amp_plain": (_AmpEncoder, _amp_loss, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), {"amp": True}),
+    "amp_unscale": (_AmpEncoder, _amp_loss, lambda p: torch.optim.SGD(p, lr=0.1), {"amp": True, "unscale": True}),
+    # A scale of 1 at the first step (its unscale changes no bit), doubling
+    # every good step: only knowing the scaler tells that edits are coming.
+    "amp_growing": (_AmpEncoder, _amp_loss, lambda p: torch.optim.SGD(p, lr=0.1),
+                    {"amp": {"init_scale": 1.0, "growth_interval": 1}}),
+    # Other edits of .grad between backward() and step(): through .data
+    # (no version bump, as DeepSpeed-style code does it) and clip_grad_value_.
+    "data_edit": (_Functional, _functional_loss, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+                  {"data_scale": 0.25}),
+    "clip_value": (_Functional, _functional_loss, lambda p: torch.optim.SGD(p, lr=1.0), {"clip_value": 0.01}),
     "accumulation": (_EmbeddingTransformer, _embedding_transformer_loss, lambda p: _adam(p, 1e-3),
                      {"passes": 2}),
 }
@@ -368,8 +381,14 @@ def train_step(case, model, opt, scaler, step, ranks, after_backward=None, recip
             after_backward(rank)
     if recipe.get("horovod") and hasattr(opt, "skip_synchronize"):
         opt.synchronize()  # Horovod's idiom: the gradients are final here
-    if scaler is not None:
+    params = [p for p in model.parameters() if p.grad is not None]
+    if scaler is not None and ("clip" in recipe or recipe.get("unscale")):
         scaler.unscale_(opt)
+    if "data_scale" in recipe:
+        for p in params:
+            p.grad.data.mul_(recipe["data_scale"])
+    if "clip_value" in recipe:
+        torch.nn.utils.clip_grad_value_(params, recipe["clip_value"])
     if "clip" in recipe:
         norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
                                               recipe["clip"])
@@ -388,7 +407,11 @@ def train_step(case, model, opt, scaler, step, ranks, after_backward=None, recip
 
 
 def make_scaler(case):
-    return torch.amp.GradScaler(DEVICE.type, init_scale=1024.0) if CASES[case][3].get("amp") else None
+    """The case's GradScaler (recipe "amp": True, or its settings), or None."""
+    amp = CASES[case][3].get("amp")
+    if not amp:
+        return None
+    return torch.amp.GradScaler(DEVICE.type, **(amp if isinstance(amp, dict) else {"init_scale": 1024.0}))
 
 
 def final_state(model, scaler):

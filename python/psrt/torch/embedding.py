@@ -107,9 +107,10 @@ class _Table(torch.nn.Module):
         with torch.no_grad():
             return self._rows(ids.flatten(), self._step).view(*ids.shape, self.embedding_dim)
 
-    def push(self):
+    def push(self, inv_scale=None):
         """Pushes this step's row gradients (DistributedOptimizer.step() does
-        it). Every worker pushes once per step, rows or not, in sync mode."""
+        it, with GradScaler's `inv_scale`). Every worker pushes once per step,
+        rows or not, in sync mode."""
         self._finish_push()
         found = [(ids, rows.grad) for ids, rows in self._looked_up if rows.grad is not None]
         self._looked_up = []
@@ -123,10 +124,21 @@ class _Table(torch.nn.Module):
         else:
             ids, grads = torch.empty(0, dtype=torch.int64), torch.empty(0, self.embedding_dim)
         ids, grads = ids.contiguous(), grads.contiguous()
+        if inv_scale is not None and grads.numel():
+            # GradScaler's own unscale, as for the dense gradients.
+            torch._amp_foreach_non_finite_check_and_unscale_([grads], torch.zeros(()), inv_scale.cpu())
         handle = self._client.push_rows(self.table_name, ids.data_ptr(), ids.numel(), grads.data_ptr(),
                                         self._step)
         self._pushing = (handle, ids, grads)
         self._step += 1
+
+    def skip(self):
+        """A step GradScaler skipped: its rows' gradients are dropped, and
+        the table stays at its step, as the dense keys do."""
+        self._looked_up = []
+
+    def has_gradients(self):
+        return any(rows.grad is not None for _, rows in self._looked_up)
 
     def _finish_push(self):
         if self._pushing is not None:
@@ -191,7 +203,18 @@ class EmbeddingBag(_Table):
                                per_sample_weights=per_sample_weights).to(input.device)
 
 
-def push_tables():
-    """Pushes every table's gradients of this step (DistributedOptimizer.step())."""
+def push_tables(inv_scale=None):
+    """Pushes every table's gradients of this step (DistributedOptimizer.step()),
+    multiplied by GradScaler's `inv_scale` where given."""
     for table in list(_tables):
-        table.push()
+        table.push(inv_scale)
+
+
+def skip_tables():
+    """Drops every table's gradients of a step GradScaler skipped."""
+    for table in list(_tables):
+        table.skip()
+
+
+def tables_have_gradients():
+    return any(table.has_gradients() for table in list(_tables))

@@ -85,7 +85,7 @@ class _Variable:
         self.passes = 0       # backward passes accumulated since the last push
         self.lr = float(group["lr"]) if group is not None else 0.0
         self.inflight = None  # the push-pull whose values it waits for
-        self.sent = None      # (the .grad object, its version) as sent: edits after that show
+        self.sent = None      # (the .grad object, its version, its bits or None) as sent: edits after that show
         self.scratch = None   # the mean gradient's landing buffer; a buffer's outgoing copy
         self.step = 0         # buffers: the step their next push is for
 
@@ -199,6 +199,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         async and ssp modes the latest worker's are taken) and checkpointed.
         ``False`` keeps each worker's own.
     """
+
+    # torch.amp.GradScaler.step(opt) then hands step() its scale and found-inf
+    # flag (opt.grad_scale, opt.found_inf) instead of unscaling .grad itself:
+    # its in-place unscale bumps no version counter, so step() could not tell
+    # otherwise that a scaler is at work. step() unscales, or skips the step.
+    _step_supports_amp_scaling = True
 
     def __init__(self, optimizer, named_parameters, compression=psrt.Compression.job_default,
                  backward_passes_per_step=1, fusion_bytes=4 << 20, on_workers_change=None,
@@ -420,7 +426,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._sync_learning_rates()
             self._pushing = True
         g = v.param.grad
-        v.sent = (g, g._version) if g is not None else None
+        v.sent = (g, g._version, None) if g is not None else None
         v.grad = (g if g is not None else torch.zeros_like(v.param)).detach().contiguous()
         v.queued = True
         self._bucket.append(v)
@@ -446,13 +452,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Gradients held for step(): in sync mode every worker's go to the
         servers' mean-gradient keys ("assign") and the mean comes back into
         .grad, the same bits on every worker. Then .grad is noted, so step()
-        sees whether the user changed it."""
+        sees whether the user changed it: by its version and, while the
+        first step decides, by its bits too (edits through ``.data``, a numpy
+        view or some kernels bump no version)."""
         self._exchange_queued = False
         if self._sync:
             self._exchange_mean_grads()
+        deciding = self._mean_grads is None
         for v in self._variables:
             g = v.param.grad
-            v.sent = (g, g._version) if g is not None else None
+            v.sent = (g, g._version, g.clone() if deciding else None) if g is not None else None
             v.passes = 0
 
     def _exchange_mean_grads(self):
@@ -481,10 +490,35 @@ class DistributedOptimizer(torch.optim.Optimizer):
         with mean_grads, since the mean was written), or None."""
         for v in self._variables:
             if v.sent is not None:
-                g, version = v.sent
-                if v.param.grad is not g or g._version != version:
+                g, version, bits = v.sent
+                if v.param.grad is not g or g._version != version or (
+                        bits is not None and not torch.equal(g.view(torch.int32), bits.view(torch.int32))):
                     return v
         return None
+
+    def _grad_scaler(self):
+        """(scale, found_inf) when torch.amp.GradScaler.step() called step():
+        scale is None where scaler.unscale_(opt) ran already; found_inf says
+        whether the (unscaled) gradients hold Inf or NaN. (None, None) without
+        a scaler."""
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is None:
+            return None, None
+        return getattr(self, "grad_scale", None), bool(found_inf.item())
+
+    def _unscale(self, scale):
+        """Divides the gradients by the loss scale as GradScaler.unscale_ does
+        (its kernel, its float64 reciprocal), so the bits are one process's.
+        Returns the reciprocal, for the tables' rows."""
+        inv_scale = scale.double().reciprocal().float()
+        by_device = {}
+        for v in self._variables:
+            if v.param.grad is not None:
+                by_device.setdefault(v.param.grad.device, []).append(v.param.grad)
+        for device, grads in by_device.items():
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, torch.zeros((), device=device),
+                                                             inv_scale.to(device))
+        return inv_scale
 
     def _servers_version(self):
         """The least version pulled over the parameters. A worker that joins
@@ -590,6 +624,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for v in self._variables:
             if not v.param.requires_grad:
                 raise _frozen_error(v.name, "no longer requires grad")
+        scale, found_inf = self._grad_scaler()
+        if found_inf is not None and not self._hold:
+            raise psrt.PsrtError(
+                "psrt.DistributedOptimizer: GradScaler.step() on gradients that went to the servers "
+                "during backward(), still scaled (mean_grads=False, or a first step without the "
+                "scaler). Pass mean_grads=True (or leave it None and use the scaler from the first "
+                "step on)")
+        if found_inf is not None and scale is None and embedding.tables_have_gradients():
+            raise psrt.PsrtError(
+                "psrt.DistributedOptimizer: scaler.unscale_(opt) does not reach psrt.torch.Embedding's "
+                "rows (they are not in the optimizer), so their gradients are still scaled. Call "
+                "scaler.step(opt) without unscale_ first, and step() unscales them all")
         # Edits matter where gradients were sent already, or to the first
         # step's decision; afterwards, with mean_grads, they are the point.
         edited = self._edited() if self._mean_grads is not True else None
@@ -600,7 +646,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "Pass mean_grads=True to DistributedOptimizer when gradients are changed on some "
                 "steps only, or from a later step on" % edited.name)
         if self._mean_grads is None:
-            self._decide(edited is not None)
+            # A loss scale changes the gradients at every step, whatever
+            # this one's bits show.
+            self._decide(edited is not None or found_inf is not None)
         if self._learning:
             if self._sync_buffers and not self._model_seen and _traced_hook_calls["n"]:
                 raise psrt.PsrtError(
@@ -611,6 +659,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._learning = False
             self._land_at_step = [v for v in self._variables + self._buffers if id(v.param) not in self._seen]
             self._seen = None
+        if found_inf:
+            # GradScaler skips the update. In sync mode every worker does:
+            # each found the Inf in the same mean gradient. No key advances;
+            # buffers are averaged as at every step.
+            self._push_buffers()
+            embedding.skip_tables()
+            self._end_step()
+            return loss
+        inv_scale = self._unscale(scale) if scale is not None else None
         # A parameter whose gradient never came (unused this step) pushes
         # zeros: in sync mode every key advances every step.
         for v in self._variables:
@@ -618,17 +675,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._push(v)
         self._flush()
         self._push_buffers()
-        embedding.push_tables()  # psrt.torch.Embedding's rows, once per step
-        for v in self._variables:
-            v.queued = False
-            v.passes = 0
-            v.sent = None
-        self._pushing = False
+        embedding.push_tables(inv_scale)  # psrt.torch.Embedding's rows, once per step
+        self._end_step()
         # Tensors no module's forward reads would be read before they land.
         for v in self._land_at_step:
             if v.inflight is not None:
                 self._land(v)
         return loss
+
+    def _end_step(self):
+        for v in self._variables:
+            v.queued = False
+            v.passes = 0
+            v.sent = None
+        self._pushing = False
 
     def _push_buffers(self):
         """The buffers' values go to the servers, whose mean (sync) lands in
