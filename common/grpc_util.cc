@@ -65,8 +65,11 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& address, int64_t ma
   args.SetMaxReceiveMessageSize(limit);
   args.SetMaxSendMessageSize(limit);
   // Fail fast on a dead peer instead of waiting out long reconnect backoff.
+  // gRPC also takes the minimum backoff as the connect timeout: 1 s, since
+  // a handshake on a loaded host can take longer than 100 ms ("timed out
+  // before receiving SETTINGS"); a dead process refuses at once anyway.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   if (tensors) {
     // One TCP connection per server from each process is the bottleneck for

@@ -55,6 +55,7 @@ absl::Status ShardSaver::Save(const v1::SaveShardRequest& req, absl::Time deadli
 absl::Status ShardSaver::SaveTurn(const v1::SaveShardRequest& req, absl::Time until,
                                   v1::SaveShardResponse* resp) {
   const std::string id = absl::StrCat(req.root_uri(), "\n", req.name());
+  if (req.final()) store_->EndRegistrations();
   if (written_ == id) {
     *resp = result_;  // asked again: the shard is written
     return absl::OkStatus();

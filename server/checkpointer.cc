@@ -21,6 +21,10 @@ namespace psrt {
 namespace {
 
 constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
+// How long a save keeps asking servers that could not be reached (a slow
+// connect on a loaded host; a server restarting): a lost one is the
+// coordinator's to find, by heartbeats, within this.
+constexpr absl::Duration kUnreachableRetry = absl::Seconds(30);
 constexpr char kJobRecordFile[] = "JOB";
 
 // Names the job without revealing its token.
@@ -78,6 +82,8 @@ void Checkpointer::Retarget(const std::vector<std::string>& server_addresses) {
 void Checkpointer::Start(const std::vector<std::string>& server_addresses, int64_t start_step) {
   const bool loop = options_.config.every_steps() > 0 || options_.config.every_seconds() > 0;
   Retarget(server_addresses);
+  absl::MutexLock halt(&halt_mu_);
+  if (loop_.joinable()) loop_.join();  // a stopped loop that nobody joined yet
   {
     absl::MutexLock save(&save_mu_);
     start_step_ = start_step;
@@ -112,7 +118,10 @@ void Checkpointer::Halt(absl::Duration grace) {
       for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
     }
   }
-  if (loop_.joinable()) loop_.join();
+  {
+    absl::MutexLock halt(&halt_mu_);
+    if (loop_.joinable()) loop_.join();
+  }
   if (cancel) {
     absl::MutexLock save(&save_mu_);  // an on-demand SaveNow has returned
   }
@@ -219,28 +228,38 @@ std::vector<grpc::Status> Checkpointer::CallEach(absl::Duration timeout, const S
   return status;
 }
 
-absl::StatusOr<std::vector<v1::StatsResponse>> Checkpointer::AllStats() {
+absl::StatusOr<std::vector<v1::StatsResponse>> Checkpointer::AllStats(absl::Time retry_until) {
   std::vector<v1::StatsResponse> out(addresses_.size());
   const v1::StatsRequest req;
-  std::vector<grpc::Status> status =
-      CallEach(kRpcTimeout, [&](int i, v1::ParameterServer::Stub* server, grpc::ClientContext* ctx,
-                                std::function<void(grpc::Status)> done) {
-        server->async()->Stats(ctx, &req, &out[i], std::move(done));
-      });
-  for (size_t i = 0; i < status.size(); ++i) {
-    if (status[i].error_code() == grpc::StatusCode::CANCELLED) {
-      return absl::CancelledError("the checkpoint was cancelled");
+  absl::Duration backoff = absl::Milliseconds(100);
+  for (;;) {
+    std::vector<grpc::Status> status =
+        CallEach(kRpcTimeout, [&](int i, v1::ParameterServer::Stub* server, grpc::ClientContext* ctx,
+                                  std::function<void(grpc::Status)> done) {
+          server->async()->Stats(ctx, &req, &out[i], std::move(done));
+        });
+    absl::Status failed;
+    bool unreachable = false;
+    for (size_t i = 0; i < status.size() && failed.ok(); ++i) {
+      if (status[i].error_code() == grpc::StatusCode::CANCELLED) {
+        return absl::CancelledError("the checkpoint was cancelled");
+      }
+      if (!status[i].ok()) {
+        unreachable = status[i].error_code() == grpc::StatusCode::UNAVAILABLE ||
+                      status[i].error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+        failed = absl::UnavailableError(
+            absl::StrCat("server ", i, " did not answer Stats: ", status[i].error_message()));
+      }
     }
-    if (!status[i].ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("server ", i, " did not answer Stats: ", status[i].error_message()));
-    }
+    if (failed.ok()) return out;
+    if (!unreachable || absl::Now() + backoff > retry_until) return failed;
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, absl::Seconds(1));
   }
-  return out;
 }
 
-absl::StatusOr<int64_t> Checkpointer::CurrentStep() {
-  absl::StatusOr<std::vector<v1::StatsResponse>> stats = AllStats();
+absl::StatusOr<int64_t> Checkpointer::CurrentStep(absl::Time retry_until) {
+  absl::StatusOr<std::vector<v1::StatsResponse>> stats = AllStats(retry_until);
   if (!stats.ok()) return stats.status();
   int64_t step = sync() ? 0 : INT64_MAX;
   for (const v1::StatsResponse& s : *stats) {
@@ -265,7 +284,7 @@ v1::CheckpointResponse Checkpointer::Response(const std::string& name, int64_t s
   return r;
 }
 
-absl::Status Checkpointer::Round(const std::string& name, int64_t step, absl::Duration wait,
+absl::Status Checkpointer::Round(const std::string& name, int64_t step, absl::Duration wait, bool final,
                                  std::vector<v1::SaveShardResponse>* responses, bool* done) {
   const int n = static_cast<int>(addresses_.size());
   // Async and ssp copy every key at once: nothing to wait for.
@@ -284,6 +303,7 @@ absl::Status Checkpointer::Round(const std::string& name, int64_t step, absl::Du
                  req.set_step(sync() ? step : -1);
                  req.set_wait_s(absl::ToDoubleSeconds(wait));
                  req.set_allow_empty(allow_empty);
+                 req.set_final(final);
                  server->async()->SaveShard(ctx, &req, &answers[i], std::move(done));
                });
   responses->resize(n);
@@ -376,14 +396,20 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Commit(
 }
 
 absl::StatusOr<v1::CheckpointResponse> Checkpointer::SaveNow(absl::Time deadline) {
+  return Save(deadline, /*final=*/false);
+}
+
+absl::StatusOr<v1::CheckpointResponse> Checkpointer::Save(absl::Time deadline, bool final) {
   absl::MutexLock lock(&save_mu_);
   if (addresses_.empty())
     return absl::UnavailableError("the job's servers have not all registered yet");
   absl::Status last;
+  const absl::Time retry_until = std::min(deadline, absl::Now() + kUnreachableRetry);
+  absl::Duration backoff = absl::Milliseconds(100);
   // Sync: a key may pass the chosen step before it is armed; then try the
-  // step it reached.
+  // step it reached. A server that could not be reached: again, a while.
   for (int attempt = 0; attempt < 20 && absl::Now() < deadline; ++attempt) {
-    absl::StatusOr<int64_t> step = CurrentStep();
+    absl::StatusOr<int64_t> step = CurrentStep(retry_until);
     if (!step.ok()) return step.status();
     const std::string name = CheckpointName(*step);
     absl::StatusOr<bool> committed = Committed(name);
@@ -394,7 +420,7 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::SaveNow(absl::Time deadline
     bool done = false;
     while (true) {
       last = Round(name, *step, std::min(absl::Seconds(1), std::max(absl::ZeroDuration(), deadline - absl::Now())),
-                   &responses, &done);
+                   final, &responses, &done);
       if (!last.ok() || done || absl::Now() >= deadline) break;
     }
     if (last.ok() && done) {
@@ -409,17 +435,25 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::SaveNow(absl::Time deadline
                                                       " keys had not reached step ", *step,
                                                       " by the deadline"));
     }
+    if (absl::IsUnavailable(last) && absl::Now() + backoff < retry_until) {
+      absl::SleepFor(backoff);
+      backoff = std::min(2 * backoff, absl::Seconds(1));
+      continue;
+    }
     if (!absl::IsFailedPrecondition(last)) break;
   }
   failed_->Add();
   return last.ok() ? absl::DeadlineExceededError("checkpoint: no attempt before the deadline") : last;
 }
 
-absl::StatusOr<v1::CheckpointResponse> Checkpointer::Finish() {
+absl::StatusOr<v1::CheckpointResponse> Checkpointer::Finish(const std::vector<std::string>& server_addresses) {
+  // The triggers first: their loop takes save_mu_ turn after turn, which
+  // would keep Retarget waiting.
   Stop();
+  Retarget(server_addresses);
   if (addresses_.empty())
     return absl::FailedPreconditionError("the job ended before its servers registered");
-  return SaveNow(absl::Now() + options_.save_timeout);
+  return Save(absl::Now() + options_.save_timeout, /*final=*/true);
 }
 
 void Checkpointer::Loop() {
@@ -444,7 +478,7 @@ void Checkpointer::Loop() {
     if (!sync()) {
       // Async and ssp have no step boundary: save when every worker is past
       // the next multiple.
-      absl::StatusOr<int64_t> step = CurrentStep();
+      absl::StatusOr<int64_t> step = CurrentStep(absl::Now());
       if (step.ok() && *step >= target) {
         absl::StatusOr<v1::CheckpointResponse> r = SaveNow(absl::Now() + options_.save_timeout);
         if (!r.ok() && !stopping())
@@ -456,42 +490,47 @@ void Checkpointer::Loop() {
       }
       continue;
     }
-    // Sync: the servers are armed ahead for the step, and copy each key the
-    // moment it gets there.
-    absl::MutexLock lock(&save_mu_);
-    const std::string name = CheckpointName(target);
-    if (!target_checked) {
-      absl::StatusOr<bool> committed = Committed(name);
-      if (!committed.ok() || *committed) {
-        if (committed.ok()) target += every;
-        absl::SleepFor(absl::Milliseconds(50));
-        continue;
-      }
-      target_checked = true;
-      responses.clear();
-    }
-    const absl::Time started = absl::Now();
-    bool done = false;
-    absl::Status s = Round(name, target, PollWait(addresses_.size()), &responses, &done);
-    if (s.ok() && done) s = Commit(name, target, responses, started).status();
-    if (!s.ok() || done) {
-      if (!s.ok() && stopping()) break;  // stopped or cancelled on purpose: not news
-      if (!s.ok()) {
-        failed_->Add();
-        if (target != warned) LogWarning("checkpoint at step ", target, " failed: ", s.message());
-        warned = target;
-      }
-      // Done: the next multiple (the servers armed it already). Failed: the
-      // next multiple after where training is; with a server out of reach,
-      // the same step again a little later, never a step training did not
-      // get to.
-      absl::StatusOr<int64_t> now = s.ok() ? target : CurrentStep();
-      if (now.ok()) target = std::max(target + every, (*now / every + 1) * every);
-      target_checked = false;
-      last = absl::Now();
-      if (!s.ok()) absl::SleepFor(now.ok() ? absl::Milliseconds(50) : absl::Milliseconds(500));
-    }
+    absl::SleepFor(SyncTurn(&target, &target_checked, &warned, &responses, &last));
   }
+}
+
+absl::Duration Checkpointer::SyncTurn(int64_t* target, bool* target_checked, int64_t* warned,
+                                      std::vector<v1::SaveShardResponse>* responses, absl::Time* last) {
+  // Sync: the servers are armed ahead for the step, and copy each key the
+  // moment it gets there.
+  const int64_t every = options_.config.every_steps();
+  absl::MutexLock lock(&save_mu_);
+  const std::string name = CheckpointName(*target);
+  if (!*target_checked) {
+    absl::StatusOr<bool> committed = Committed(name);
+    if (!committed.ok() || *committed) {
+      if (committed.ok()) *target += every;
+      return absl::Milliseconds(50);
+    }
+    *target_checked = true;
+    responses->clear();
+  }
+  const absl::Time started = absl::Now();
+  bool done = false;
+  absl::Status s = Round(name, *target, PollWait(addresses_.size()), /*final=*/false, responses, &done);
+  if (s.ok() && done) s = Commit(name, *target, *responses, started).status();
+  if (s.ok() && !done) return absl::ZeroDuration();
+  if (!s.ok() && stopping()) return absl::ZeroDuration();  // stopped or cancelled on purpose: not news
+  if (!s.ok()) {
+    failed_->Add();
+    if (*target != *warned) LogWarning("checkpoint at step ", *target, " failed: ", s.message());
+    *warned = *target;
+  }
+  // Done: the next multiple (the servers armed it already). Failed: the
+  // next multiple after where training is; with a server out of reach,
+  // the same step again a little later, never a step training did not
+  // get to.
+  absl::StatusOr<int64_t> now = s.ok() ? *target : CurrentStep(absl::Now());
+  if (now.ok()) *target = std::max(*target + every, (*now / every + 1) * every);
+  *target_checked = false;
+  *last = absl::Now();
+  if (s.ok()) return absl::ZeroDuration();
+  return now.ok() ? absl::Milliseconds(50) : absl::Milliseconds(500);
 }
 
 }  // namespace psrt

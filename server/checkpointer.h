@@ -49,8 +49,11 @@ class Checkpointer {
   // Writes a checkpoint now (sync: at the step the fastest key is at) and
   // answers once it is committed, or with why not by `deadline`.
   absl::StatusOr<v1::CheckpointResponse> SaveNow(absl::Time deadline);
-  // Stops the triggers and writes the job's final checkpoint.
-  absl::StatusOr<v1::CheckpointResponse> Finish();
+  // Stops the triggers (their checkpoint in progress ends first), then
+  // writes the job's final checkpoint from these servers. Every worker has
+  // finished: a key some never registered is taken as it is at once, and a
+  // server that does not answer at once is asked again for a while.
+  absl::StatusOr<v1::CheckpointResponse> Finish(const std::vector<std::string>& server_addresses);
   // Stops the triggers (a checkpoint in progress ends at its next poll).
   void Stop();
   // Stops the triggers; a checkpoint in progress gets `grace` to commit (its
@@ -90,19 +93,26 @@ class Checkpointer {
   using StartCall = std::function<void(int, v1::ParameterServer::Stub*, grpc::ClientContext*,
                                        std::function<void(grpc::Status)>)>;
   std::vector<grpc::Status> CallEach(absl::Duration timeout, const StartCall& start);
-  // Per server, its Stats (asked all at once); or the first error.
-  absl::StatusOr<std::vector<v1::StatsResponse>> AllStats();
+  // Per server, its Stats (asked all at once); or the first error. Servers
+  // that could not be reached are asked again until `retry_until`.
+  absl::StatusOr<std::vector<v1::StatsResponse>> AllStats(absl::Time retry_until);
   // Registers a server call so that Abort can cancel it; false once cancelled.
   bool Track(grpc::ClientContext* ctx);
   void Untrack(grpc::ClientContext* ctx);
   // The checkpoint SaveNow writes: sync, the version of the fastest key;
   // otherwise the least worker clock (keys are copied as they are).
-  absl::StatusOr<int64_t> CurrentStep();
+  absl::StatusOr<int64_t> CurrentStep(absl::Time retry_until);
+  // SaveNow; `final`: the job's last checkpoint (SaveShardRequest.final).
+  absl::StatusOr<v1::CheckpointResponse> Save(absl::Time deadline, bool final);
+  // One turn of the sync triggers' loop; returns how long to wait before
+  // the next (without holding save_mu_, which on-demand saves need).
+  absl::Duration SyncTurn(int64_t* target, bool* target_checked, int64_t* warned,
+                          std::vector<v1::SaveShardResponse>* responses, absl::Time* last);
   // One SaveShard to every server in parallel, each waiting up to `wait`
   // for its keys to reach `step`. OK with *done when every shard is written.
   // `responses` carries over between rounds of one checkpoint: once a
   // server wrote keys, servers holding none may answer with empty shards.
-  absl::Status Round(const std::string& name, int64_t step, absl::Duration wait,
+  absl::Status Round(const std::string& name, int64_t step, absl::Duration wait, bool final,
                      std::vector<v1::SaveShardResponse>* responses, bool* done);
   absl::StatusOr<v1::CheckpointResponse> Commit(const std::string& name, int64_t step,
                                                 const std::vector<v1::SaveShardResponse>& shards,
@@ -135,7 +145,10 @@ class Checkpointer {
   absl::Mutex stubs_mu_;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> servers_ ABSL_GUARDED_BY(stubs_mu_);
   int64_t start_step_ = 0;
-  std::thread loop_;
+  // The triggers' thread: started and joined under halt_mu_, since a
+  // failover's Abort and the job's Finish may stop it at the same time.
+  absl::Mutex halt_mu_;
+  std::thread loop_ ABSL_GUARDED_BY(halt_mu_);
   Counter* saved_;
   Counter* failed_;
   Histogram* seconds_;

@@ -248,14 +248,17 @@ void CoordinatorService::ServerLostLocked(Process* p, const std::string& reason)
              ", no step lost (failover)");
   // The checkpoints go on with the servers left.
   std::vector<std::string> live = LiveServerAddressesLocked();
-  if (options_.checkpointer != nullptr && checkpoints_started_) {
-    if (failover_.joinable()) failover_.join();
+  if (options_.checkpointer != nullptr && checkpoints_started_ && !finishing_) {
     const int64_t restored = config_.restored_step();
-    failover_ = std::thread([this, live, restored] {
+    // After the last failover's thread (joined there, not under mu_, which
+    // it takes at its end).
+    failover_ = std::thread([this, live, restored, previous = std::move(failover_)]() mutable {
+      if (previous.joinable()) previous.join();
       options_.checkpointer->Abort(absl::Seconds(2));
       std::optional<v1::CheckpointResponse> last = options_.checkpointer->LastCommitted();
       absl::MutexLock lock(&mu_);
-      if (state_ != v1::JOB_RUNNING || stopping_job_) return;  // nothing is armed once it ended
+      // Nothing is armed once the job ended or its final checkpoint began.
+      if (state_ != v1::JOB_RUNNING || stopping_job_ || finishing_) return;
       options_.checkpointer->Start(live, last ? last->step() : restored);
     });
   }
@@ -445,8 +448,12 @@ void CoordinatorService::LostLocked(const std::string& reason) {
   }
   recovering_ = true;
   LogWarning(reason, "; recovering");
-  if (recoverer_.joinable()) recoverer_.join();  // the last recovery's thread has ended
-  recoverer_ = std::thread([this, reason] { Recover(reason); });
+  // After the last recovery's thread, which may still be writing the job
+  // record: joined there, not under mu_.
+  recoverer_ = std::thread([this, reason, previous = std::move(recoverer_)]() mutable {
+    if (previous.joinable()) previous.join();
+    Recover(reason);
+  });
 }
 
 int64_t CoordinatorService::ReachedStep(const std::vector<std::string>& servers) const {
@@ -588,8 +595,7 @@ void CoordinatorService::CheckSuccessLocked() {
     // that the job is over. From the servers there are now: one that joined
     // while the checkpoints were stopped for its keys' move is among them.
     finisher_ = std::thread([this, live = LiveServerAddressesLocked()] {
-      options_.checkpointer->Retarget(live);
-      absl::StatusOr<v1::CheckpointResponse> r = options_.checkpointer->Finish();
+      absl::StatusOr<v1::CheckpointResponse> r = options_.checkpointer->Finish(live);
       absl::MutexLock lock(&mu_);
       final_saved_ = true;
       if (!r.ok()) {
@@ -761,6 +767,10 @@ grpc::ServerUnaryReactor* CoordinatorService::Barrier(grpc::CallbackServerContex
     absl::MutexLock lock(&mu_);
     Process* p;
     if (grpc::Status s = Lookup(request.id(), &p); !s.ok()) return Answer(ctx, s);
+    if (!p->registered) {
+      return Answer(ctx, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                      absl::StrCat(p->name, " entered the barrier before registering")));
+    }
     reactor = ctx->DefaultReactor();
     barriers_.push_back({ctx, reactor, resp, absl::Now() + TimeLeft(ctx, timeout), timeout});
     ReleaseBarriersLocked();
@@ -856,7 +866,8 @@ grpc::Status CoordinatorService::DoHeartbeat(grpc::ServerContextBase* ctx, const
   }
   if (p->id.role() == v1::ROLE_AGENT && state_ == v1::JOB_RUNNING && p->lost) {
     AgentBackLocked(p);  // its host's link came back
-  } else if (p->id.role() == v1::ROLE_AGENT && state_ == v1::JOB_RUNNING && !p->registered) {
+  } else if (p->id.role() == v1::ROLE_AGENT && state_ == v1::JOB_RUNNING && !p->registered &&
+             options_.generation > 1) {
     // An agent that outlived a lost coordinator: this one was restarted.
     p->registered = true;
     LogInfo("registered ", p->name, " by its heartbeat");
@@ -1199,7 +1210,7 @@ void CoordinatorService::ResumeCheckpointsLocked() {
     std::optional<v1::CheckpointResponse> last = options_.checkpointer->LastCommitted();
     const int64_t from = std::max(last ? last->step() : restored, ReachedStep(live));
     absl::MutexLock lock(&mu_);
-    if (state_ != v1::JOB_RUNNING || stopping_job_ || !moves_.empty()) return;
+    if (state_ != v1::JOB_RUNNING || stopping_job_ || finishing_ || !moves_.empty()) return;
     options_.checkpointer->Start(live, from);
   });
 }

@@ -1589,7 +1589,7 @@ void Store::CopyForSnapshot(Key* k) {
 
 bool Store::Stray(Key* k, int64_t step) {
   if (!options_.sync || step <= 0 || k->version != 0 || k->registrants.empty() ||
-      absl::Now() - k->first_registered < options_.registration_wait) {
+      (!registrations_ended_ && absl::Now() - k->first_registered < options_.registration_wait)) {
     return false;
   }
   // Asked on every poll of a waiting checkpoint: the lists are made only
@@ -1609,7 +1609,8 @@ bool Store::Stray(Key* k, int64_t step) {
     }
     LogWarning("key '", k->name, "' was registered by worker", by.size() > 1 ? "s " : " ", absl::StrJoin(by, ", "),
                " but not by worker", not_by.size() > 1 ? "s " : " ", absl::StrJoin(not_by, ", "), " in ",
-               absl::FormatDuration(options_.registration_wait), " (barrier_timeout_s), so it cannot take a step: checkpoints ",
+               registrations_ended_ ? "the job" : absl::FormatDuration(options_.registration_wait),
+               ", so it cannot take a step: checkpoints ",
                k->initialized ? "take it as it is (version 0)" : "leave it out (it has no value)");
   }
   return true;

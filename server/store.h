@@ -49,8 +49,8 @@ struct StoreOptions {
   // on, the weights stay); true: the key stops with an error instead.
   bool fail_on_nonfinite = false;
   // Sync: how long checkpoints wait for every worker to register a key that
-  // some worker registered (the job's barrier_timeout_s); then they take it
-  // as it is (Store::Stray).
+  // some worker registered; then they take it as it is (Store::Stray). Such
+  // a key never took a step, so taking it early loses nothing.
   absl::Duration registration_wait = absl::Seconds(60);
   // What one token holder can make the store hold (0: no limit): weights
   // and optimizer state in bytes, distinct variables, keys per variable.
@@ -185,6 +185,9 @@ class Store {
   // buffers stay for the next checkpoint.
   void EncodeSnapshot(std::string* out, v1::SaveShardResponse* info);
   void DisarmSnapshot();
+  // Every worker has finished (the job's final checkpoint): a key some
+  // never registered never will be, so checkpoints take it at once.
+  void EndRegistrations() { registrations_ended_ = true; }
 
   // A key as a checkpoint holds it: spec (no initial value) and state.
   struct RestoredKey {
@@ -248,7 +251,8 @@ class Store {
   void InitKey(Key* key, const OptimizerConfig& optimizer);  // holds key->mu
   void CopyForSnapshot(Key* key);  // holds key->mu
   // Sync: a key some active worker has not registered registration_wait
-  // after the first did, still at version 0 at a checkpoint of a later step:
+  // after the first did (or once registrations ended), still at version 0
+  // at a checkpoint of a later step:
   // it cannot reach the step, so the checkpoint takes it as it is (or leaves
   // it out without a value) instead of waiting for it. Warns once per key.
   bool Stray(Key* key, int64_t step);  // holds key->mu
@@ -288,6 +292,7 @@ class Store {
   static constexpr int64_t kNotArmed = INT64_MIN;
   std::atomic<int64_t> snapshot_step_{kNotArmed};
   std::atomic<bool> snapshot_now_{false};  // armed with step < 0: all copied
+  std::atomic<bool> registrations_ended_{false};
   std::atomic<double> max_pause_s_{0};
   mutable absl::Mutex restore_mu_;
   bool restore_pending_ ABSL_GUARDED_BY(restore_mu_);

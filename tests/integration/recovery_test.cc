@@ -3,6 +3,7 @@
 // and a seeded chaos suite over every process kind and both policies.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -55,6 +56,45 @@ const std::string& UninterruptedWeights() {
     return new std::string(ReadFile(dir + "/r.rank0.weights"));
   }();
   return *weights;
+}
+
+// How long psrt-run may take to exit once both ranks printed their final
+// loss: the final checkpoint (a few KiB here) and every process's exit,
+// after any failure (docs/runtime.md, "Failures and job end"), with room
+// for a loaded machine.
+constexpr absl::Duration kPromptEnd = absl::Seconds(5);
+
+struct Ending {
+  int code = -1;
+  // From both ranks' final loss to psrt-run's exit; infinite if they never
+  // printed it.
+  absl::Duration after_training = absl::InfiniteDuration();
+};
+
+// Waits (bounded) for psrt-run's exit, timing it from the end of training.
+Ending WaitForTheEnd(Proc& run, absl::Duration timeout, const std::string& what) {
+  const absl::Time deadline = absl::Now() + timeout;
+  Ending e;
+  absl::Time trained = absl::InfiniteFuture();
+  while (absl::Now() < deadline) {
+    int status = 0;
+    if (waitpid(run.pid, &status, WNOHANG) == run.pid) {
+      e.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      run.code = e.code;
+      if (trained != absl::InfiniteFuture()) e.after_training = absl::Now() - trained;
+      return e;
+    }
+    if (trained == absl::InfiniteFuture()) {
+      const std::string out = run.Output();
+      if (out.find("rank 0 final loss") != std::string::npos &&
+          out.find("rank 1 final loss") != std::string::npos) {
+        trained = absl::Now();
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  e.code = run.Wait(absl::ZeroDuration(), what);  // kills it and says so
+  return e;
 }
 
 struct Recovery {
@@ -122,6 +162,7 @@ struct Outcome {
   int kill_step = 0;
   int code = -1;
   bool hung = false;
+  absl::Duration end = absl::InfiniteDuration();  // after training
   int leftovers = 0;
   std::vector<Recovery> recoveries;
   bool same_weights = false;
@@ -143,8 +184,10 @@ Outcome KillOnce(const std::string& policy, Kind kind, int kill_step) {
   // Detection takes a heartbeat timeout (2 s) at most; a recovery restarts
   // every process and replays at most a checkpoint interval. A killed
   // launcher ends at once; then its processes must go by themselves.
-  r.code = run.Wait(absl::Seconds(90),
-                    absl::StrCat("psrt-run after its ", KindName(kind), " was killed"));
+  const Ending e = WaitForTheEnd(run, absl::Seconds(90),
+                                 absl::StrCat("psrt-run after its ", KindName(kind), " was killed"));
+  r.code = e.code;
+  r.end = e.after_training;
   r.hung = r.code == -1;
   r.leftovers = Leftovers(token);
   r.output = run.Output();
@@ -261,13 +304,16 @@ TEST(ReplicaTest, KillingAnyServerAtAnyMomentLosesNoStep) {
     const pid_t victim = ServerProcess(token, server);
     ASSERT_NE(victim, 0) << run.Output();
     kill(victim, SIGKILL);
-    const int code = run.Wait(absl::Seconds(90), "psrt-run after a server was killed");
+    const Ending end = WaitForTheEnd(run, absl::Seconds(90), "psrt-run after a server was killed");
+    const int code = end.code;
     const std::string out = run.Output();
     const bool equal = ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights();
     same += code == 0 && equal;
-    std::printf("replica run %d: server %d killed at step %3d: exit %d, %s\n", i, server, kill_step,
-                code, equal ? "weights as uninterrupted" : "WEIGHTS DIFFER");
+    std::printf("replica run %d: server %d killed at step %3d: exit %d, %s, ended %s after training\n", i,
+                server, kill_step, code, equal ? "weights as uninterrupted" : "WEIGHTS DIFFER",
+                absl::FormatDuration(end.after_training).c_str());
     EXPECT_EQ(code, 0) << out;
+    EXPECT_LT(end.after_training, kPromptEnd) << out;
     EXPECT_TRUE(std::regex_search(
         out, std::regex(absl::StrCat("server ", server, " on local", server, " .*; server ",
                                      1 - server, " serves server ", server,
@@ -320,6 +366,44 @@ TEST(ReplicaTest, ALostServerComesBackAsTheNewBackupAndCanTakeOverInTurn) {
       << "final weights differ\n"
       << out;
   EXPECT_EQ(Leftovers(token), 0);
+}
+
+// Replicas, recovery and checkpoints together (the slowest ends seen): a
+// server killed at a random step fails over, comes back as the copy holder,
+// and the job still ends within kPromptEnd of its training, with its final
+// checkpoint at the last step. Seeded (PSRT_CHAOS_SEED), PSRT_END_RUNS runs
+// (default 4).
+TEST(ReplicaTest, AFailedOverJobWithCheckpointsEndsPromptly) {
+  const char* seed_env = std::getenv("PSRT_CHAOS_SEED");
+  const char* runs_env = std::getenv("PSRT_END_RUNS");
+  std::mt19937 rng(seed_env ? static_cast<unsigned>(std::atoi(seed_env)) : 1);
+  const int runs = runs_env ? std::atoi(runs_env) : 4;
+  ASSERT_GT(runs, 0) << "PSRT_END_RUNS must be > 0";
+  for (int i = 0; i < runs; ++i) {
+    const int server = std::uniform_int_distribution<int>(0, 1)(rng);
+    const int kill_step = 10 * std::uniform_int_distribution<int>(2, 28)(rng);
+    const std::string dir = TempDir(), token = RandomToken();
+    Proc run = StartJob(
+        ReplicaDistribution(absl::StrCat(R"(,"on_failure":"recover","checkpoint":{"uri":")", dir,
+                                         R"(/ckpt","every_steps":20})")),
+        token, dir);
+    ASSERT_TRUE(run.WaitForOutput(absl::StrCat("step ", kill_step, " "), absl::Seconds(60)))
+        << run.Output();
+    const pid_t victim = ServerProcess(token, server);
+    ASSERT_NE(victim, 0) << run.Output();
+    kill(victim, SIGKILL);
+    const Ending end = WaitForTheEnd(run, absl::Seconds(90), "psrt-run after a server was killed");
+    const std::string out = run.Output();
+    std::printf("run %d: server %d killed at step %3d: exit %d, ended %s after training\n", i, server,
+                kill_step, end.code, absl::FormatDuration(end.after_training).c_str());
+    EXPECT_EQ(end.code, 0) << out;
+    EXPECT_LT(end.after_training, kPromptEnd) << out;
+    EXPECT_NE(out.find("no step lost (failover)"), std::string::npos) << out;
+    absl::StatusOr<CheckpointRef> final = ResolveCheckpoint("latest", dir + "/ckpt");
+    ASSERT_TRUE(final.ok()) << final.status();
+    EXPECT_EQ(final->manifest.step(), kSteps);
+    EXPECT_EQ(Leftovers(token), 0);
+  }
 }
 
 // Updates reach the copies over the data channel, or by gRPC where the
@@ -442,11 +526,14 @@ TEST(ChaosTest, SigkillAnyProcessAtRandomNeverHangsNorLeavesProcesses) {
       if (x.lost >= 0) lost.push_back(x.lost);
     }
     std::printf(
-        "run %d: %-7s %-16s killed at step %3d: exit %d%s, %d left behind, %zu recoveries%s\n", i,
-        policy.c_str(), KindName(kind), kill_step, r.code, r.hung ? " (hung)" : "", r.leftovers,
+        "run %d: %-7s %-16s killed at step %3d: exit %d%s, %d left behind, %zu recoveries%s, ended %s "
+        "after training\n",
+        i, policy.c_str(), KindName(kind), kill_step, r.code, r.hung ? " (hung)" : "", r.leftovers,
         r.recoveries.size(),
-        r.code == 0 ? (r.same_weights ? ", weights as uninterrupted" : ", WEIGHTS DIFFER") : "");
+        r.code == 0 ? (r.same_weights ? ", weights as uninterrupted" : ", WEIGHTS DIFFER") : "",
+        absl::FormatDuration(r.end).c_str());
     EXPECT_FALSE(r.hung) << r.output;
+    if (r.code == 0) EXPECT_LT(r.end, kPromptEnd) << r.output;
     EXPECT_EQ(r.leftovers, 0) << r.output;
     const bool survivable = kind != Kind::kLauncher;
     if (policy == "recover" && survivable) {
