@@ -1588,8 +1588,19 @@ void Store::CopyForSnapshot(Key* k) {
 }
 
 bool Store::Stray(Key* k, int64_t step) {
-  if (!options_.sync || step <= 0 || k->version != 0 || k->registrants.empty() ||
-      (!registrations_ended_ && absl::Now() - k->first_registered < options_.registration_wait)) {
+  if (!options_.sync || step <= 0 || k->version >= step) return false;
+  if (registrations_ended_) {
+    // Every worker finished: nothing moves this key any more.
+    if (!k->partial_told) {
+      k->partial_told = true;
+      LogWarning("key '", k->name, "' is at version ", k->version, ", short of step ", step,
+                 ", and every worker finished: the final checkpoint ",
+                 k->initialized ? "takes it as it is" : "leaves it out (it has no value)");
+    }
+    return true;
+  }
+  if (k->version != 0 || k->registrants.empty() ||
+      absl::Now() - k->first_registered < options_.registration_wait) {
     return false;
   }
   // Asked on every poll of a waiting checkpoint: the lists are made only
@@ -1609,8 +1620,7 @@ bool Store::Stray(Key* k, int64_t step) {
     }
     LogWarning("key '", k->name, "' was registered by worker", by.size() > 1 ? "s " : " ", absl::StrJoin(by, ", "),
                " but not by worker", not_by.size() > 1 ? "s " : " ", absl::StrJoin(not_by, ", "), " in ",
-               registrations_ended_ ? "the job" : absl::FormatDuration(options_.registration_wait),
-               ", so it cannot take a step: checkpoints ",
+               absl::FormatDuration(options_.registration_wait), ", so it cannot take a step: checkpoints ",
                k->initialized ? "take it as it is (version 0)" : "leave it out (it has no value)");
   }
   return true;

@@ -251,8 +251,8 @@ class Store {
   void InitKey(Key* key, const OptimizerConfig& optimizer);  // holds key->mu
   void CopyForSnapshot(Key* key);  // holds key->mu
   // Sync: a key some active worker has not registered registration_wait
-  // after the first did (or once registrations ended), still at version 0
-  // at a checkpoint of a later step:
+  // after the first did, still at version 0 at a checkpoint of a later step
+  // (or, once registrations ended, any key short of the step):
   // it cannot reach the step, so the checkpoint takes it as it is (or leaves
   // it out without a value) instead of waiting for it. Warns once per key.
   bool Stray(Key* key, int64_t step);  // holds key->mu

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -603,6 +604,20 @@ TEST_F(BadInputTest, TheCoordinatorNamesUnknownRolesAndIndicesPlainly) {
   EXPECT_TRUE(Refused(heartbeat(static_cast<v1::Role>(7), 0), grpc::INVALID_ARGUMENT, {"role 7"}));
   EXPECT_TRUE(Refused(heartbeat(v1::ROLE_WORKER, 5), grpc::INVALID_ARGUMENT,
                       {"no worker with index 5 in this job; it has 1 worker (indices 0..0)"}));
+  // A process of the job that never registered (this cluster starts no
+  // agent): its heartbeats and barrier are refused, and it stays unknown.
+  EXPECT_TRUE(Refused(heartbeat(v1::ROLE_AGENT, 0), grpc::FAILED_PRECONDITION,
+                      {"agent on", "sent a heartbeat before registering"}));
+  EXPECT_TRUE(Refused(heartbeat(v1::ROLE_AGENT, 0), grpc::FAILED_PRECONDITION,
+                      {"sent a heartbeat before registering"}));
+  v1::BarrierRequest barrier;
+  barrier.mutable_id()->set_role(v1::ROLE_AGENT);
+  barrier.mutable_id()->set_index(0);
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  v1::BarrierResponse released;
+  EXPECT_TRUE(Refused(coordinator->Barrier(&ctx, barrier, &released), grpc::FAILED_PRECONDITION,
+                      {"entered the barrier before registering"}));
 }
 
 // Bytes that are not a valid message, to every method of both services:
@@ -921,66 +936,114 @@ TEST_F(BadInputTest, PullOfUnpushedVersionEndsAtDeadline) {
 // One rank registers a variable the other never does (a bug in a training
 // script): it cannot take a step, but it must block neither checkpoints nor
 // the job's end (its final checkpoint).
-TEST(PartialRegistrationTest, AVariableOneRankAloneRegisteredBlocksNeitherCheckpointsNorTheEnd) {
-  const std::string dir = MakeTempDir("partial");
-  ASSERT_FALSE(dir.empty());
-  testing::ClusterOptions options;
-  // Checkpoints wait barrier_timeout_s for the other rank to register it.
-  options.distribution = absl::StrCat(R"({"parameter_server":{"enabled":true,"mode":"sync","workers_per_host":2,)",
-                                      R"("barrier_timeout_s":2,"checkpoint":{"uri":"file://)", dir, R"("}}})");
-  absl::StatusOr<std::unique_ptr<testing::TestCluster>> started = testing::TestCluster::Start(options);
-  ASSERT_TRUE(started.ok()) << started.status();
-  testing::TestCluster& cluster = **started;
-  ASSERT_EQ(cluster.config().num_workers(), 2);
-  auto stub = v1::ParameterServer::NewStub(MakeChannel(cluster.server_address(0)));
-  auto call = [&](auto method, const auto& req, auto* resp) {
-    grpc::ClientContext ctx;
-    PrepareContext(&ctx, cluster.token(), kRpcTimeout);
-    return ((*stub).*method)(&ctx, req, resp);
-  };
-  v1::KeySpec stray = WSpec();
-  stray.set_variable("stray");
-  v1::RegisterKeysRequest rank0 = RegisterOf(WSpec(), 0);
-  *rank0.add_keys() = stray;
-  v1::RegisterKeysResponse registered;
-  ASSERT_TRUE(call(&v1::ParameterServer::Stub::RegisterKeys, rank0, &registered).ok());
-  v1::KeySpec w1 = WSpec();
-  w1.clear_init();
-  ASSERT_TRUE(call(&v1::ParameterServer::Stub::RegisterKeys, RegisterOf(w1, 1), &registered).ok());
-  for (int step = 0; step < 3; ++step) {
-    for (int rank = 0; rank < 2; ++rank) {
-      v1::PushResponse pushed;
-      const grpc::Status s = call(&v1::ParameterServer::Stub::Push,
-                                  PushOf(Key("w", 0, step, v1::DTYPE_FLOAT32, Bytes(Grad())), rank), &pushed);
-      ASSERT_TRUE(s.ok()) << "step " << step << ", rank " << rank << ": " << Describe(s);
+// The end of a job (docs/runtime.md, "Failures and job end"): a sync job
+// with the default barrier_timeout_s (60 s) whose variable 'stray' rank 0
+// alone registered (with its value) and 'rank1' rank 1 alone (without one),
+// after 3 steps of 'w' by both ranks.
+class JobEndTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("partial");
+    ASSERT_FALSE(dir_.empty());
+    testing::ClusterOptions options;
+    options.distribution = absl::StrCat(R"({"parameter_server":{"enabled":true,"mode":"sync","workers_per_host":2,)",
+                                        R"("checkpoint":{"uri":"file://)", dir_, R"("}}})");
+    absl::StatusOr<std::unique_ptr<testing::TestCluster>> started = testing::TestCluster::Start(options);
+    ASSERT_TRUE(started.ok()) << started.status();
+    cluster_ = *std::move(started);
+    ASSERT_EQ(cluster_->config().num_workers(), 2);
+    auto stub = v1::ParameterServer::NewStub(MakeChannel(cluster_->server_address(0)));
+    auto call = [&](auto method, const auto& req, auto* resp) {
+      grpc::ClientContext ctx;
+      PrepareContext(&ctx, cluster_->token(), kRpcTimeout);
+      return ((*stub).*method)(&ctx, req, resp);
+    };
+    v1::KeySpec stray = WSpec();
+    stray.set_variable("stray");
+    v1::RegisterKeysRequest rank0 = RegisterOf(WSpec(), 0);
+    *rank0.add_keys() = stray;
+    v1::RegisterKeysResponse registered;
+    ASSERT_TRUE(call(&v1::ParameterServer::Stub::RegisterKeys, rank0, &registered).ok());
+    v1::KeySpec w1 = WSpec();
+    w1.clear_init();
+    v1::KeySpec rank1_only = w1;
+    rank1_only.set_variable("rank1");
+    v1::RegisterKeysRequest rank1 = RegisterOf(w1, 1);
+    *rank1.add_keys() = rank1_only;
+    ASSERT_TRUE(call(&v1::ParameterServer::Stub::RegisterKeys, rank1, &registered).ok());
+    for (int step = 0; step < 3; ++step) {
+      for (int rank = 0; rank < 2; ++rank) {
+        v1::PushResponse pushed;
+        const grpc::Status s = call(&v1::ParameterServer::Stub::Push,
+                                    PushOf(Key("w", 0, step, v1::DTYPE_FLOAT32, Bytes(Grad())), rank), &pushed);
+        ASSERT_TRUE(s.ok()) << "step " << step << ", rank " << rank << ": " << Describe(s);
+      }
     }
   }
-  // A checkpoint now: at step 3, with 'stray' as it is.
-  auto coordinator = v1::Coordinator::NewStub(MakeChannel(cluster.coordinator_address()));
-  {
-    grpc::ClientContext ctx;
-    PrepareContext(&ctx, cluster.token(), absl::Seconds(20));
-    v1::CheckpointResponse saved;
-    const grpc::Status s = coordinator->Checkpoint(&ctx, v1::CheckpointRequest(), &saved);
-    ASSERT_TRUE(s.ok()) << "a checkpoint with a variable only rank 0 registered: " << Describe(s);
-    EXPECT_EQ(saved.step(), 3);
+  void TearDown() override {
+    cluster_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
-  // Both workers finish: the final checkpoint is written and the job ends.
-  for (int rank = 0; rank < 2; ++rank) {
-    v1::ProcessId id;
-    id.set_role(v1::ROLE_WORKER);
-    id.set_index(rank);
-    ASSERT_TRUE(cluster.worker_link(rank)->ReportExit(id, 0, "").ok());
+
+  // Both workers finish; the job's state once it ended, or after `within`.
+  v1::JobState FinishWithin(absl::Duration within) {
+    for (int rank = 0; rank < 2; ++rank) {
+      v1::ProcessId id;
+      id.set_role(v1::ROLE_WORKER);
+      id.set_index(rank);
+      EXPECT_TRUE(cluster_->worker_link(rank)->ReportExit(id, 0, "").ok());
+    }
+    const absl::Time deadline = absl::Now() + within;
+    v1::JobState state = v1::JOB_RUNNING;
+    while (state == v1::JOB_RUNNING && absl::Now() < deadline) {
+      absl::StatusOr<v1::JobStatusResponse> status = cluster_->worker_link(0)->GetJobStatus();
+      if (status.ok()) state = status->state();
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return state;
   }
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  v1::JobState state = v1::JOB_RUNNING;
-  while (state == v1::JOB_RUNNING && absl::Now() < deadline) {
-    absl::StatusOr<v1::JobStatusResponse> status = cluster.worker_link(0)->GetJobStatus();
-    if (status.ok()) state = status->state();
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  EXPECT_EQ(state, v1::JOB_SUCCEEDED) << "the job did not end 20 s after its workers did";
-  std::filesystem::remove_all(dir);
+
+  std::string dir_;
+  std::unique_ptr<testing::TestCluster> cluster_;
+};
+
+TEST_F(JobEndTest, ACheckpointWaitsSecondsNotBarrierTimeoutForVariablesSomeRanksNeverRegister) {
+  // Such keys never took a step: taken as they are after 5 s, not 60.
+  auto coordinator = v1::Coordinator::NewStub(MakeChannel(cluster_->coordinator_address()));
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx, cluster_->token(), absl::Seconds(20));
+  v1::CheckpointResponse saved;
+  const absl::Time start = absl::Now();
+  const grpc::Status s = coordinator->Checkpoint(&ctx, v1::CheckpointRequest(), &saved);
+  ASSERT_TRUE(s.ok()) << "a checkpoint with variables one rank alone registered: " << Describe(s);
+  EXPECT_EQ(saved.step(), 3);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  EXPECT_EQ(FinishWithin(absl::Seconds(10)), v1::JOB_SUCCEEDED);
+}
+
+TEST_F(JobEndTest, TheJobEndsAtOnceDespiteVariablesSomeRanksNeverRegistered) {
+  // Nobody can register them any more: the final checkpoint takes them at
+  // once (not after the 5 s a checkpoint waits while workers train).
+  EXPECT_EQ(FinishWithin(absl::Seconds(3)), v1::JOB_SUCCEEDED)
+      << "the job did not end 3 s after its workers did";
+}
+
+TEST_F(JobEndTest, AServerSlowToAnswerDelaysTheFinalCheckpointWithoutFailingIt) {
+  // Stopped for 2.5 s as the workers finish: a connection to it opens but
+  // its HTTP/2 greeting does not come (a loaded host). The final checkpoint
+  // asks it again until it answers.
+  const pid_t server = cluster_->server_pid(0);
+  ASSERT_EQ(kill(server, SIGSTOP), 0);
+  std::thread resume([server] {
+    absl::SleepFor(absl::Milliseconds(2500));
+    kill(server, SIGCONT);
+  });
+  const v1::JobState state = FinishWithin(absl::Seconds(20));
+  resume.join();
+  EXPECT_EQ(state, v1::JOB_SUCCEEDED);
+  absl::StatusOr<v1::JobStatusResponse> status = cluster_->worker_link(0)->GetJobStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->reason(), "every worker finished");
 }
 
 }  // namespace
