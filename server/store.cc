@@ -1588,9 +1588,11 @@ void Store::CopyForSnapshot(Key* k) {
 }
 
 bool Store::Stray(Key* k, int64_t step) {
-  if (!options_.sync || step <= 0 || k->version >= step) return false;
+  if (!options_.sync || step <= 0) return false;
   if (registrations_ended_) {
-    // Every worker finished: nothing moves this key any more.
+    // Every worker finished: nothing moves this key any more. An assign
+    // key is taken as it is anyway, once it has its value.
+    if (k->initialized && (k->version >= step || k->FreeRunning())) return false;
     if (!k->partial_told) {
       k->partial_told = true;
       LogWarning("key '", k->name, "' is at version ", k->version, ", short of step ", step,
