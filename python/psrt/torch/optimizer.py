@@ -350,7 +350,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if b.dtype in (torch.float32, torch.int64) and id(b) not in self._by_param:
                 v = _Variable("buffer:" + prefix + n, b)
                 self._register(v, {"name": "assign"}, psrt.Compression.none)
-                v.step = self._client.pulled_version(v.name)
+                # Sync: the step the key is at. Async and ssp: this worker's
+                # clock on it, which starts at the restored step (the key's
+                # version counts every worker's pushes, some made already).
+                v.step = self._client.pulled_version(v.name) if self._sync else self._client.restored_step()
                 v.scratch = torch.empty_like(v.pulled)
                 self._buffers.append(v)
                 self._by_param[id(b)] = v
