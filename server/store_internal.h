@@ -1,0 +1,124 @@
+// The store's insides, shared by its files (server/store*.cc) and by
+// nothing else: a key's state and a waiting pull.
+#ifndef PSRT_SERVER_STORE_INTERNAL_H_
+#define PSRT_SERVER_STORE_INTERNAL_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/store.h"
+#include "server/table.h"
+
+namespace psrt {
+
+// More of one worker's pushes than this are never in flight at once.
+inline constexpr int kPushWindow = 8;
+// Longest variable name a server stores.
+inline constexpr size_t kMaxNameBytes = 256;
+// Pushes at least this big spread their keys over the apply pool.
+inline constexpr int64_t kParallelPushBytes = 256 << 10;
+// How often waiting pulls are checked for their deadline and their caller.
+inline constexpr absl::Duration kSweepInterval = absl::Milliseconds(20);
+
+struct Store::Key {
+  absl::Mutex mu;
+  std::string name;  // "variable#partition"
+  v1::KeySpec spec;  // as first registered, without the initial value
+  bool is_table = false;  // spec.has_table()
+  OptimizerConfig optimizer ABSL_GUARDED_BY(mu);  // rank 0's, once it registered
+  int64_t n = 0;
+  bool initialized ABSL_GUARDED_BY(mu) = false;
+  int64_t version ABSL_GUARDED_BY(mu) = 0;
+  double lr ABSL_GUARDED_BY(mu) = 0;
+  bool lr_set ABSL_GUARDED_BY(mu) = false;  // changed by a worker before init
+  std::vector<float> weights ABSL_GUARDED_BY(mu);
+  std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
+  std::vector<float*> slot_ptrs ABSL_GUARDED_BY(mu);
+  // Sync: the sum of this version's pushes so far, and who sent them.
+  std::vector<float> accum ABSL_GUARDED_BY(mu);
+  std::vector<char> contributed ABSL_GUARDED_BY(mu);
+  int contributions ABSL_GUARDED_BY(mu) = 0;
+  // Sync: the last version each worker pushed for, to tell a retry of an
+  // applied step from a backup worker's late push.
+  std::vector<int64_t> last_step ABSL_GUARDED_BY(mu);
+  // Who takes part, and (sync) how many pushes complete a step.
+  std::vector<char> active ABSL_GUARDED_BY(mu);
+  int required ABSL_GUARDED_BY(mu) = 1;
+  // Async and ssp: a compressed gradient decoded, reused for every push.
+  std::vector<float> scratch ABSL_GUARDED_BY(mu);
+  // Async and ssp: each worker's clock (pushes made), for the staleness bound.
+  std::vector<int64_t> clock ABSL_GUARDED_BY(mu);
+  // Async: the last kPushWindow push ids applied per worker, so a retried
+  // push is applied once even when a worker's pushes overtake each other.
+  std::vector<uint64_t> recent_push_ids ABSL_GUARDED_BY(mu);
+  std::vector<uint8_t> recent_next ABSL_GUARDED_BY(mu);
+  // The copy an armed checkpoint took (buffers kept for the next one).
+  bool snap_ready ABSL_GUARDED_BY(mu) = false;
+  KeyRecord snap ABSL_GUARDED_BY(mu);
+  // Pulls waiting for this key: the pull and the key's index in it.
+  std::vector<std::pair<std::shared_ptr<PendingPull>, int>> waiters ABSL_GUARDED_BY(mu);
+  // Updates whose gradient held NaN or Inf; with "nonfinite": "fail" the
+  // first one stops the key (every push and pull after it gets this error).
+  int64_t nonfinite ABSL_GUARDED_BY(mu) = 0;
+  absl::Status stopped ABSL_GUARDED_BY(mu);
+  // "replicas": 1. A copy of server backup_of's key (-1: this server's own),
+  // updated by its Replicate calls; served (pushed, pulled, checkpointed)
+  // here once that server is gone.
+  int backup_of ABSL_GUARDED_BY(mu) = -1;
+  bool serving ABSL_GUARDED_BY(mu) = true;
+  int moved_to ABSL_GUARDED_BY(mu) = -1;  // Release: the server that serves it now
+  // A sparse table's part (spec.has_table()): its rows, in place of
+  // weights, slots and accum.
+  std::unique_ptr<Table> table ABSL_GUARDED_BY(mu);
+
+  // An assign key (kernels/optimizer.h) holds data that workers replace (the
+  // mean gradient, BatchNorm's statistics, frozen weights): its version does
+  // not follow the training step, so checkpoints take it as it is and the
+  // step is read from the other keys.
+  bool FreeRunning() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return !is_table && optimizer.kind == OptimizerKind::kAssign;
+  }
+  // The workers that registered this key here (by rank), since when.
+  std::vector<char> registrants ABSL_GUARDED_BY(mu);
+  absl::Time first_registered ABSL_GUARDED_BY(mu);
+  bool partial_told ABSL_GUARDED_BY(mu) = false;  // its warning is logged
+  bool snap_stray ABSL_GUARDED_BY(mu) = false;    // the copy is of a Stray key
+};
+
+// A pull whose keys are not all ready. It holds no thread: each key's
+// waiter entry serves it when the key gets there, the sweeper ends it at its
+// deadline. Fields above `mu` are set once, before it is shared.
+struct Store::PendingPull {
+  std::vector<Key*> keys;
+  std::vector<std::vector<int64_t>> ids;  // per key: a table's rows to send
+  std::vector<int64_t> min_version;
+  std::vector<v1::DType> dtypes;
+  // Room for each answer in the worker's shared memory (null: none).
+  std::vector<char*> shared_at;
+  std::vector<SharedSpan> spans;
+  absl::Time start;
+  absl::Time until;
+  Cancelled cancelled;
+  PullDone done;
+  absl::Mutex mu;
+  std::vector<OutKey> out ABSL_GUARDED_BY(mu);
+  std::vector<char> served ABSL_GUARDED_BY(mu);
+  int remaining ABSL_GUARDED_BY(mu) = 0;
+  bool finished ABSL_GUARDED_BY(mu) = false;  // done was called, or is being
+  absl::Status error ABSL_GUARDED_BY(mu);     // a key it waits for stopped
+};
+
+inline const char* DTypeName(v1::DType d) {
+  switch (d) {
+    case v1::DTYPE_FLOAT32: return "float32";
+    case v1::DTYPE_FLOAT16: return "float16";
+    case v1::DTYPE_BFLOAT16: return "bfloat16";
+    default: return "unspecified";
+  }
+}
+
+}  // namespace psrt
+
+#endif  // PSRT_SERVER_STORE_INTERNAL_H_

@@ -1,0 +1,314 @@
+// Store: the push path: checking a push, applying updates (sync steps, async
+// and ssp), non-finite gradients.
+#include "server/store.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
+#include "common/logging.h"
+#include "absl/time/clock.h"
+#include "common/compression.h"
+#include "common/key_map.h"
+#include "common/optimizer_proto.h"
+#include "server/table.h"
+#include "server/store_internal.h"
+
+namespace psrt {
+
+namespace {
+
+// Whether no value is NaN or Inf (exponent bits all ones): an integer OR
+// over the bits, which compilers vectorize.
+bool AllFinite(const float* v, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, v + i, sizeof(bits));
+    bad |= (bits & 0x7f800000u) == 0x7f800000u;
+  }
+  return bad == 0;
+}
+
+}  // namespace
+
+void Store::Apply(Key* key, const float* grad, const Origin& origin) {
+  // The backup applies the same update while this server does; the new
+  // version is published here only once the backup holds it too.
+  Forwarded forwarded;
+  if (key->serving && forward_) {
+    forwarded = forward_(key->backup_of, key->spec.variable(), key->spec.partition(), key->version,
+                         grad, key->n, origin);
+  }
+  // An assign key's value is data, not an update: NaN and Inf in it are what
+  // the workers must see (GradScaler finds the overflow in the mean gradient).
+  const bool skip = !key->FreeRunning() && !AllFinite(grad, key->n);
+  const absl::Time start = absl::Now();
+  if (!skip) {
+    ApplyUpdate(key->optimizer, key->lr, key->version + 1, key->weights.data(), grad,
+                key->slot_ptrs.data(), key->n);
+  }
+  if (forwarded) {
+    if (absl::Status s = forwarded(); !s.ok())
+      LogWarning("key '", key->name, "': its replica was not updated: ", s.message());
+  }
+  if (skip) {
+    SkipNonfinite(key, grad, key->n);
+    return;
+  }
+  Applied(key, start);
+}
+
+void Store::ApplyRows(Key* key, absl::Span<const int64_t> ids, const float* grads, float scale) {
+  if (SkipNonfinite(key, grads, static_cast<int64_t>(ids.size()) * key->table->dim())) return;
+  const absl::Time start = absl::Now();
+  const int64_t rows = key->table->rows();
+  key->table->Apply(ids, grads, scale, key->lr, key->version + 1);
+  const int64_t evicted = key->table->MaybeEvict(key->version + 1);
+  evicted_rows_->Add(static_cast<double>(evicted));
+  bytes_stored_ += (key->table->rows() - rows) * key->table->row_bytes();
+  Applied(key, start);
+}
+
+void Store::Applied(Key* key, absl::Time start) {
+  ++key->version;
+  if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->serving) CopyForSnapshot(key);
+  updates_->Add();
+  update_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+}
+
+bool Store::SkipNonfinite(Key* key, const float* grad, int64_t n) {
+  if (!AllFinite(grad, n)) {
+    // As AMP's GradScaler does, the step is skipped: the weights stay
+    // finite. Or ("nonfinite": "fail") the key stops, and says why.
+    nonfinite_updates_->Add();
+    const std::string what = absl::StrCat("key '", key->name, "' got a gradient with NaN or Inf at version ",
+                                          key->version, " (", ++key->nonfinite, " so far)");
+    if (options_.fail_on_nonfinite) {
+      key->stopped = absl::FailedPreconditionError(absl::StrCat(
+          what, "; the job's \"nonfinite\" setting is \"fail\": this key takes no more pushes or pulls"));
+      LogError(key->stopped.message());
+      return true;
+    }
+    if (key->nonfinite == 1) LogWarning(what, ": skipped (\"nonfinite\": \"skip\"); later ones are counted only");
+    ++key->version;
+    if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->serving) CopyForSnapshot(key);
+    return true;
+  }
+  return false;
+}
+
+absl::Status Store::Push(const WireMessage& req) {
+  if (absl::Status s = CheckWorker(req.worker_rank); !s.ok()) return s;
+  if (req.keys.empty()) return absl::InvalidArgumentError("push request names no keys");
+  const int w = req.worker_rank;
+  std::vector<Key*> keys;
+  keys.reserve(req.keys.size());
+  int64_t bytes = 0;
+  for (const WireKey& kd : req.keys) {
+    absl::StatusOr<Key*> key = Find(kd.variable, kd.partition);
+    if (!key.ok()) return key.status();
+    Key* k = *key;
+    if (std::find(keys.begin(), keys.end(), k) != keys.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key '", k->name, "' appears twice in one push; send one gradient per key"));
+    }
+    const int bpv = BytesPerValue(kd.dtype);
+    if (bpv == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push to key '", k->name, "' has dtype ", DTypeName(kd.dtype),
+          "; gradients are float32, float16 or bfloat16"));
+    }
+    if (k->is_table) {
+      const int64_t dim = k->spec.table().dim();
+      if (kd.data.size() != static_cast<int64_t>(kd.ids.size()) * dim * bpv) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "push to table '", k->spec.variable(), "' has ", kd.data.size(), " bytes for ", kd.ids.size(),
+            " ids; rows of dim ", dim, " in ", DTypeName(kd.dtype), " take ", kd.ids.size() * dim * bpv));
+      }
+    } else if (!kd.ids.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push to key '", k->name, "' names ids, but the variable is not a table"));
+    } else if (kd.data.size() != k->n * bpv) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push to key '", k->name, "' has ", kd.data.size(), " bytes; the key holds ", k->n, " ",
+          DTypeName(kd.dtype), " (", k->n * bpv, " bytes)"));
+    }
+    // Values are divided by the scale: its inverse must be finite too.
+    if (!std::isfinite(kd.scale) || kd.scale < 0 || (kd.scale != 0 && !std::isfinite(1.0f / kd.scale))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push to key '", k->name, "' has scale ", kd.scale,
+          "; a scale is finite and positive, at least 3e-39 (0 stands for 1)"));
+    }
+    absl::MutexLock lock(&k->mu);
+    if (!k->serving) return NotServing(k);
+    if (!k->initialized) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "key '", k->name, "' has no value yet: rank 0 has not registered it"));
+    }
+    if (!k->stopped.ok()) return k->stopped;
+    if (!k->active[w]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", w, " is not an active worker of this job (it was lost); it must rejoin first"));
+    }
+    if (kd.version < 0 || (options_.sync && kd.version > k->version)) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "push to key '", k->name, "' is for version ", kd.version, " but the key is at version ",
+          k->version, options_.sync ? "; in sync mode a worker pushes for the version it pulled" : ""));
+    }
+    // Async and ssp: a worker's clock moves one push at a time; a push far
+    // ahead would let it outrun the staleness bound (or be garbage).
+    if (!options_.sync && kd.version > k->clock[w]) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "push to key '", k->name, "' is for clock ", kd.version, " but worker ", w,
+          "'s clock there is ", k->clock[w], "; a worker's clock advances one push at a time"));
+    }
+    if (k->table) {
+      if (absl::Status s = CheckRowsLocked(k, kd.ids); !s.ok()) return s;
+    }
+    keys.push_back(k);
+    bytes += kd.data.size();
+  }
+  pushes_->Add();
+  // A key that moved to another server since it was checked (Release) is
+  // not applied here: the push is answered UNAVAILABLE and sent again where
+  // the shard map says, which takes the keys applied here as pushed (their
+  // state was handed over).
+  absl::Mutex moved_mu;
+  absl::Status moved;
+  auto push_key = [&](int i) {
+    const WireKey& kd = req.keys[i];
+    Key* k = keys[i];
+    bytes_in_->Add(kd.data.size());
+    key_pushes_->Add();
+    if (kd.dtype != v1::DTYPE_FLOAT32) compressed_pushes_->Add();
+    if (kd.scale != 0 && kd.scale != 1) rescaled_pushes_->Add();
+    if (kd.nonfinite) nonfinite_pushes_->Add();
+    Completed completed;
+    {
+      absl::MutexLock lock(&k->mu);
+      if (!k->serving) {
+        absl::MutexLock mlock(&moved_mu);
+        moved = NotServing(k);
+        return;
+      }
+      ApplyPush(k, w, req.push_id, kd);
+      NotifyWaiters(k, &completed);
+    }
+    for (const auto& p : completed) Complete(p.get());
+  };
+  // The keys of a big push are applied in parallel, on this thread and the
+  // store's pool; a small one right here (a hand-off costs more).
+  if (keys.size() > 1 && bytes >= kParallelPushBytes) {
+    apply_pool_->ParallelFor(static_cast<int>(keys.size()), push_key);
+  } else {
+    for (size_t i = 0; i < keys.size(); ++i) push_key(static_cast<int>(i));
+  }
+  absl::MutexLock lock(&moved_mu);
+  return moved;
+}
+
+void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
+  if (!options_.sync) {
+    uint64_t* recent = &k->recent_push_ids[w * kPushWindow];
+    if (push_id != 0 && std::find(recent, recent + kPushWindow, push_id) != recent + kPushWindow) {
+      duplicate_pushes_->Add();
+      return;
+    }
+    const Origin origin{w, push_id, kd.version + 1};
+    RecordPush(k, origin);
+    // A float32 gradient in one aligned piece is applied where it lies;
+    // anything else is decoded once into the key's scratch buffer.
+    const float* grad = Gradient(k, kd);
+    if (k->table) {
+      ApplyRows(k, kd.ids, grad, 1);
+    } else {
+      Apply(k, grad, origin);
+    }
+    return;
+  }
+  // Sync: one push per worker and version; a retry finds its step applied
+  // or its bit set, a backup worker's late push finds its step applied.
+  if (kd.version < k->version) {
+    (k->last_step[w] == kd.version ? duplicate_pushes_ : dropped_pushes_)->Add();
+    return;
+  }
+  if (k->contributed[w]) {
+    duplicate_pushes_->Add();
+    return;
+  }
+  k->last_step[w] = kd.version;
+  if (!k->table && k->contributions == 0 && k->required == 1 && (kd.scale == 0 || kd.scale == 1)) {
+    // The step's one gradient (a single worker): applied from where it
+    // lies, as an async push is, without the pass through the accumulator.
+    Apply(k, Gradient(k, kd), Origin());
+    return;
+  }
+  if (k->table) {
+    k->table->Accumulate(kd.ids, Gradient(k, kd));
+  } else {
+    DecodePayload(kd.data, kd.dtype, kd.scale, k->accum.data(), k->contributions > 0);
+  }
+  k->contributed[w] = 1;
+  ++k->contributions;
+  MaybeFinishStep(k);
+}
+
+const float* Store::Gradient(Key* k, const WireKey& kd) {
+  const std::vector<absl::string_view>& pieces = kd.data.pieces();
+  if (kd.dtype == v1::DTYPE_FLOAT32 && pieces.size() == 1 &&
+      reinterpret_cast<uintptr_t>(pieces[0].data()) % alignof(float) == 0) {
+    return reinterpret_cast<const float*>(pieces[0].data());
+  }
+  k->scratch.resize(kd.data.size() / BytesPerValue(kd.dtype));
+  DecodePayload(kd.data, kd.dtype, kd.scale, k->scratch.data(), false);
+  return k->scratch.data();
+}
+
+absl::Status Store::CheckRowsLocked(Key* k, absl::Span<const int64_t> ids) {
+  absl::StatusOr<int64_t> missing = k->table->CheckIds(ids);
+  if (!missing.ok()) return missing.status();
+  if (options_.max_bytes > 0) {
+    const int64_t more = *missing * k->table->row_bytes();
+    if (more > 0 && bytes_stored_.load() + more > options_.max_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "table '", k->spec.variable(), "': ", more / k->table->row_bytes(), " new rows would make this server hold ",
+          bytes_stored_.load() + more, " bytes, more than limits.max_server_bytes (", options_.max_bytes, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Store::RecordPush(Key* k, const Origin& origin) {
+  const int w = origin.worker;
+  k->recent_push_ids[w * kPushWindow + k->recent_next[w]] = origin.push_id;
+  k->recent_next[w] = (k->recent_next[w] + 1) % kPushWindow;
+  k->clock[w] = std::max(k->clock[w], origin.clock);
+}
+
+void Store::MaybeFinishStep(Key* k) {
+  if (k->contributions == 0 || k->contributions < k->required) return;
+  if (k->table) {
+    const float scale = options_.average_gradients && k->contributions > 1 ? 1.0f / k->contributions : 1.0f;
+    ApplyRows(k, k->table->accumulated_ids(), k->table->accumulated(), scale);
+    k->table->ClearAccumulated();
+    std::fill(k->contributed.begin(), k->contributed.end(), 0);
+    k->contributions = 0;
+    return;
+  }
+  if (options_.average_gradients && k->contributions > 1) {
+    const float scale = 1.0f / k->contributions;
+    for (float& v : k->accum) v *= scale;
+  }
+  Apply(k, k->accum.data(), Origin());
+  std::fill(k->contributed.begin(), k->contributed.end(), 0);
+  k->contributions = 0;
+}
+
+}  // namespace psrt

@@ -1,0 +1,370 @@
+// Store: registering keys (validation, room, initial values) and restoring
+// them from a checkpoint.
+#include "server/store.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
+#include "common/logging.h"
+#include "absl/time/clock.h"
+#include "common/compression.h"
+#include "common/key_map.h"
+#include "common/optimizer_proto.h"
+#include "server/table.h"
+#include "server/store_internal.h"
+
+namespace psrt {
+
+namespace {
+
+std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// A variable name: 1 to kMaxNameBytes bytes of printable ASCII.
+absl::Status CheckName(const std::string& name) {
+  if (name.empty()) return absl::InvalidArgumentError("a key has an empty variable name");
+  if (name.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("variable name '", name.substr(0, 40), "...' has ",
+                                                   name.size(), " bytes; names have at most ",
+                                                   kMaxNameBytes));
+  }
+  for (char c : name) {
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "variable name '", absl::CHexEscape(name),
+          "' holds a byte that is not printable ASCII; names are printable text"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Store::CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t rank) const {
+  const v1::KeySpec& have = key.spec;
+  std::string from;
+  {
+    absl::MutexLock lock(&restore_mu_);
+    from = restored_from_;
+  }
+  auto mismatch = [&](absl::string_view what, const std::string& a, const std::string& b) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "key '", key.name, "' ", from.empty() ? "was registered with " : "holds, in checkpoint " + from + ", ",
+        what, " ", a, " but worker ", rank, " registers it with ", b));
+  };
+  if (!std::equal(have.shape().begin(), have.shape().end(), spec.shape().begin(),
+                  spec.shape().end())) {
+    return mismatch("shape", ShapeText(have.shape()), ShapeText(spec.shape()));
+  }
+  if (have.dtype() != spec.dtype()) {
+    return mismatch("dtype", DTypeName(have.dtype()), DTypeName(spec.dtype()));
+  }
+  if (have.offset() != spec.offset() || have.num_elements() != spec.num_elements()) {
+    return mismatch("slice",
+                    absl::StrCat("[", have.offset(), ", +", have.num_elements(), ")"),
+                    absl::StrCat("[", spec.offset(), ", +", spec.num_elements(), ")"));
+  }
+  if (have.optimizer().name() != spec.optimizer().name()) {
+    return mismatch("optimizer", have.optimizer().name(), spec.optimizer().name());
+  }
+  if (have.table().SerializeAsString() != spec.table().SerializeAsString()) {
+    return mismatch("table settings", have.table().ShortDebugString(), spec.table().ShortDebugString());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::CheckDenseSpec(const v1::KeySpec& spec, int32_t rank) const {
+  const std::string name = KeyName(spec.variable(), spec.partition());
+  int64_t total = 1;
+  for (int64_t d : spec.shape()) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key '", name, "': shape ", ShapeText(spec.shape()), " has a negative dimension"));
+    }
+    if (d != 0 && total > INT64_MAX / d) {
+      return absl::InvalidArgumentError(absl::StrCat("key '", name, "': shape ", ShapeText(spec.shape()), " overflows 64 bits"));
+    }
+    total *= d;
+  }
+  if (spec.num_elements() > options_.max_key_bytes / 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key '", name, "' has ", spec.num_elements(), " elements; a key holds at most ",
+        options_.max_key_bytes / 4, " float32 (the job's partition size, ", options_.max_key_bytes,
+        " bytes)"));
+  }
+  if (spec.num_elements() <= 0 || spec.offset() < 0 ||
+      spec.offset() > total - spec.num_elements()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key '", name, "': slice [", spec.offset(), ", +", spec.num_elements(),
+        ") does not fit shape ", ShapeText(spec.shape()), " of ", total, " elements"));
+  }
+  if (!spec.init().empty()) {
+    if (rank != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key '", name, "': only rank 0 sends initial values; worker ", rank, " sent one"));
+    }
+    if (static_cast<int64_t>(spec.init().size()) != spec.num_elements() * 4) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key '", name, "': initial value has ", spec.init().size(), " bytes; expected ",
+          spec.num_elements() * 4, " (", spec.num_elements(), " float32)"));
+    }
+  } else if (rank == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key '", name, "': rank 0 must send the initial value"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time deadline,
+                                 const Cancelled& cancelled) {
+  if (absl::Status s = CheckWorker(req.worker_rank()); !s.ok()) return s;
+  if (req.keys().empty()) return absl::InvalidArgumentError("register request names no keys");
+  if (req.has_owner() && (req.owner() < 0 || req.replica())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register request names owner ", req.owner(),
+                     "; an owner is a server index (>= 0), and a copy names its primary"));
+  }
+  if (absl::Status s = WaitForRestore(deadline, cancelled); !s.ok()) return s;
+  std::string restored_from;
+  {
+    absl::MutexLock lock(&restore_mu_);
+    restored_from = restored_from_;
+  }
+  // Validate everything first: a bad request changes nothing.
+  std::vector<OptimizerConfig> optimizers;
+  Room room;
+  absl::flat_hash_set<std::string> names;
+  for (const v1::KeySpec& spec : req.keys()) {
+    const std::string name = KeyName(spec.variable(), spec.partition());
+    if (!names.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("key '", name, "' appears twice in one request"));
+    }
+    if (absl::Status s = CheckName(spec.variable()); !s.ok()) return s;
+    if (spec.dtype() != v1::DTYPE_FLOAT32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key '", name, "': variables of dtype ", DTypeName(spec.dtype()),
+          " are not supported; register float32 variables"));
+    }
+    if (spec.has_table()) {
+      if (absl::Status s = ValidateTableSpec(spec); !s.ok()) return s;
+      if (req.replica()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "table '", spec.variable(), "': tables are not replicated (\"replicas\" holds dense variables)"));
+      }
+    } else if (absl::Status s = CheckDenseSpec(spec, req.worker_rank()); !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(spec.optimizer());
+    if (!opt.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("key '", name, "': ", opt.status().message()));
+    }
+    optimizers.push_back(*opt);
+    if (options_.max_keys_per_variable > 0 && spec.partition() >= static_cast<uint32_t>(options_.max_keys_per_variable)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "key '", name, "': a variable has at most ", options_.max_keys_per_variable,
+          " keys (limits.max_keys_per_variable)"));
+    }
+    absl::ReaderMutexLock lock(&map_mu_);
+    auto it = keys_.find(name);
+    if (it != keys_.end()) {
+      if (absl::Status s = CheckSpec(*it->second, spec, req.worker_rank()); !s.ok()) return s;
+    } else if (absl::Status s = CheckRoomLocked(spec, *opt, &room); !s.ok()) {
+      return s;
+    } else if (!restored_from.empty()) {
+      std::vector<std::string> held;
+      for (const auto& [n, k] : keys_) held.push_back(n);
+      std::sort(held.begin(), held.end());
+      if (held.size() > 8) held.resize(8), held.push_back("...");
+      return absl::FailedPreconditionError(absl::StrCat(
+          "key '", name, "' is not in checkpoint ", restored_from, " (this server holds ",
+          held.empty() ? "none of its keys" : absl::StrJoin(held, ", "),
+          "): the checkpoint is of another model, or of this variable with another shape"));
+    }
+  }
+  for (int i = 0; i < req.keys_size(); ++i) {
+    const v1::KeySpec& spec = req.keys(i);
+    Key* key;
+    {
+      absl::MutexLock lock(&map_mu_);
+      bool added = false;
+      key = FindOrAddLocked(spec, &added);
+      if (!added) {
+        if (absl::Status s = CheckSpec(*key, spec, req.worker_rank()); !s.ok()) {
+          return s;  // lost a race with a different registration
+        }
+      }
+      if (req.replica()) {
+        absl::MutexLock lock(&key->mu);
+        if (key->backup_of < 0 && !key->initialized) {
+          key->backup_of = req.primary();
+          key->serving = false;
+        }
+      } else if (req.has_owner() && added) {
+        // Another server's key by the key map, served here for now.
+        absl::MutexLock lock(&key->mu);
+        key->backup_of = req.owner() == options_.self ? -1 : req.owner();
+      }
+    }
+    Completed completed;
+    {
+      absl::MutexLock lock(&key->mu);
+      if (key->registrants.empty()) {
+        key->registrants.assign(options_.num_workers, 0);
+        key->first_registered = absl::Now();
+      }
+      key->registrants[req.worker_rank()] = 1;
+      bytes_in_->Add(spec.init().size());
+      // Rank 0's value and optimizer settings win, once; a restarted rank 0
+      // keeps the trained weights.
+      // A table needs no initial value: its rows start from its seed.
+      if (key->initialized || (spec.init().empty() && !spec.has_table())) continue;
+      InitKey(key, optimizers[i]);
+      if (spec.has_table()) {
+        key->table = std::make_unique<Table>(key->name, spec.table(), key->optimizer, spec.partition());
+      } else {
+        std::memcpy(key->weights.data(), spec.init().data(), key->n * 4);
+        InitSlots(key->optimizer, key->slot_ptrs.data(), key->n);
+      }
+      if (!key->lr_set) key->lr = key->optimizer.lr;
+      NotifyWaiters(key, &completed);  // pulls that waited for rank 0
+    }
+    for (const auto& p : completed) Complete(p.get());
+  }
+  return absl::OkStatus();
+}
+
+int64_t Store::KeyBytes(int64_t n, const OptimizerConfig& optimizer) const {
+  return n * 4 * (1 + NumSlots(optimizer) + (options_.sync ? 1 : 0));
+}
+
+absl::Status Store::CheckRoomLocked(const v1::KeySpec& spec, const OptimizerConfig& optimizer, Room* room) {
+  const std::string name = KeyName(spec.variable(), spec.partition());
+  if (options_.max_variables > 0 && room->variables.empty()) {
+    for (const auto& [n, k] : keys_) room->variables.insert(k->spec.variable());
+  }
+  if (options_.max_variables > 0 && room->variables.insert(spec.variable()).second &&
+      static_cast<int64_t>(room->variables.size()) > options_.max_variables) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "key '", name, "': this server holds ", options_.max_variables,
+        " variables already, its limit (limits.max_variables)"));
+  }
+  room->bytes += KeyBytes(spec.num_elements(), optimizer);
+  if (options_.max_bytes > 0 && bytes_stored_.load() + room->bytes > options_.max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "key '", name, "': this server would hold ", bytes_stored_.load() + room->bytes,
+        " bytes of weights and optimizer state, more than limits.max_server_bytes (", options_.max_bytes,
+        ")"));
+  }
+  return absl::OkStatus();
+}
+
+void Store::InitKey(Key* key, const OptimizerConfig& optimizer) {
+  key->optimizer = optimizer;
+  // Restored weights and slots are moved in before: kept as they are.
+  key->weights.resize(key->n);
+  const int num_slots = NumSlots(key->optimizer);
+  if (key->slots.size() != static_cast<size_t>(num_slots)) {
+    key->slots.assign(num_slots, std::vector<float>(key->n));
+  }
+  key->slot_ptrs.clear();
+  for (auto& s : key->slots) key->slot_ptrs.push_back(s.data());
+  if (options_.sync) key->accum.assign(key->n, 0.f);
+  key->contributed.assign(options_.num_workers, 0);
+  key->last_step.assign(options_.num_workers, -1);
+  key->clock.assign(options_.num_workers, 0);
+  {
+    absl::MutexLock members(&members_mu_);
+    key->active = active_;
+  }
+  key->required = std::max<int>(
+      1, std::count(key->active.begin(), key->active.end(), 1) - options_.backup_workers);
+  if (!options_.sync) {
+    key->recent_push_ids.assign(options_.num_workers * kPushWindow, 0);
+    key->recent_next.assign(options_.num_workers, 0);
+  }
+  key->initialized = true;
+  bytes_stored_ += KeyBytes(key->n, key->optimizer);
+}
+
+absl::Status Store::WaitForRestore(absl::Time deadline, const Cancelled& cancelled) {
+  const absl::Time start = absl::Now();
+  deadline = std::min(deadline, start + options_.max_pull_wait);
+  absl::MutexLock lock(&restore_mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(restore_mu_) { return !restore_pending_; };
+  // A restore ends without a caller's wake-up: look every 100 ms whether
+  // the caller went away.
+  while (!restore_mu_.AwaitWithDeadline(absl::Condition(&done),
+                                        std::min(deadline, absl::Now() + absl::Milliseconds(100)))) {
+    if (cancelled && cancelled()) return absl::CancelledError("the caller went away");
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat("this server is still restoring its checkpoint after ",
+                                                 absl::FormatDuration(absl::Now() - start)));
+    }
+  }
+  return restore_status_;
+}
+
+void Store::FinishRestore(absl::StatusOr<std::vector<RestoredKey>> restored, int64_t step,
+                          const std::string& from) {
+  if (restored.ok()) {
+    for (RestoredKey& r : *restored) {
+      const std::string name = KeyName(r.spec.variable(), r.spec.partition());
+      auto key = std::make_unique<Key>();
+      key->name = name;
+      key->spec = r.spec;
+      key->is_table = r.spec.has_table();
+      key->n = r.spec.num_elements();
+      absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(r.spec.optimizer());
+      if (opt.ok() && r.spec.has_table()) {
+        absl::MutexLock lock(&key->mu);
+        InitKey(key.get(), *opt);
+        key->table = std::make_unique<Table>(name, r.spec.table(), *opt, r.spec.partition());
+        if (absl::Status s = key->table->Load(r.state); !s.ok()) {
+          restored = absl::DataLossError(absl::StrCat("checkpoint ", from, ": ", s.message()));
+          break;
+        }
+        bytes_stored_ += key->table->rows() * key->table->row_bytes();
+        key->version = r.state.version;
+        key->lr = r.state.learning_rate;
+        std::fill(key->clock.begin(), key->clock.end(), step);
+      } else if (!opt.ok() || NumSlots(*opt) != static_cast<int>(r.state.slots.size()) ||
+          static_cast<int64_t>(r.state.weights.size()) != key->n) {
+        restored = absl::DataLossError(absl::StrCat(
+            "checkpoint ", from, ": key '", name, "' does not fit its optimizer ",
+            r.spec.optimizer().name(), " (", r.state.slots.size(), " slots, ", r.state.weights.size(),
+            " weights for ", key->n, " elements)", opt.ok() ? "" : absl::StrCat(": ", opt.status().message())));
+        break;
+      }
+      if (!r.spec.has_table()) {
+        absl::MutexLock lock(&key->mu);
+        key->weights = std::move(r.state.weights);
+        key->slots = std::move(r.state.slots);
+        InitKey(key.get(), *opt);
+        key->version = r.state.version;
+        key->lr = r.state.learning_rate;
+        key->backup_of = r.backup_of >= 0 ? r.backup_of : r.owner;
+        key->serving = r.backup_of < 0;
+        std::fill(key->clock.begin(), key->clock.end(), step);
+      }
+      absl::MutexLock map_lock(&map_mu_);
+      keys_[name] = std::move(key);
+    }
+  }
+  absl::MutexLock lock(&restore_mu_);
+  restore_pending_ = false;
+  restore_status_ = restored.ok() ? absl::OkStatus()
+                                  : absl::FailedPreconditionError(absl::StrCat(
+                                        "this server could not restore its checkpoint: ",
+                                        restored.status().message()));
+  restored_from_ = from;
+}
+
+}  // namespace psrt
