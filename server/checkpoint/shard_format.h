@@ -36,7 +36,7 @@ struct KeyRecord {
 };
 
 // On-disk layout of one server's shard file (all integers little-endian):
-//   header : "PSRTSHRD" | u32 format version (1) | u32 flags (0)
+//   header : "PSRTSHRD" | u32 format version (kShardFormatVersion) | u32 flags (0)
 //   records: per key  u64 body length | body | u32 CRC32C(length and body)
 //     body : u32 len, variable | u32 partition | i64 offset |
 //            i64 num_elements | i64 version | f64 learning_rate |
