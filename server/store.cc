@@ -13,45 +13,61 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
-#include "common/logging.h"
 #include "absl/time/clock.h"
 #include "common/compression.h"
 #include "common/key_map.h"
+#include "common/logging.h"
 #include "common/optimizer_proto.h"
-#include "server/table.h"
 #include "server/store_internal.h"
+#include "server/table.h"
 
 namespace psrt {
 
 namespace {
 
-std::vector<double> TimeBuckets() {
-  return {1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, 100};
-}
+std::vector<double> TimeBuckets() { return {1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1, 10, 100}; }
 
 }  // namespace
 
 Store::Store(StoreOptions options, Metrics* metrics)
     : options_(options),
-      bytes_in_(metrics->GetCounter("bytes_in_total", "Payload bytes received in pushes and registrations")),
+      bytes_in_(metrics->GetCounter("bytes_in_total",
+                                    "Payload bytes received in pushes and registrations")),
       bytes_out_(metrics->GetCounter("bytes_out_total", "Payload bytes sent in pulls")),
       pushes_(metrics->GetCounter("push_requests_total", "Push requests accepted")),
       key_pushes_(metrics->GetCounter("key_pushes_total", "Key gradients received")),
-      duplicate_pushes_(metrics->GetCounter("duplicate_pushes_total", "Key pushes dropped as retries of applied ones")),
+      duplicate_pushes_(metrics->GetCounter("duplicate_pushes_total",
+                                            "Key pushes dropped as retries of applied ones")),
       pulls_(metrics->GetCounter("key_pulls_total", "Keys sent in pulls")),
       updates_(metrics->GetCounter("updates_total", "Optimizer updates applied")),
-      nonfinite_updates_(metrics->GetCounter("nonfinite_updates_total", "Updates whose gradient held NaN or Inf: skipped, or (nonfinite: fail) refused")),
-      evicted_rows_(metrics->GetCounter("evicted_rows_total", "Sparse table rows dropped by eviction")),
-      update_seconds_(metrics->GetHistogram("update_seconds", "Time to apply one optimizer update to a key", TimeBuckets())),
-      pull_wait_seconds_(metrics->GetHistogram("pull_wait_seconds", "Time a pulled key waited for its version", TimeBuckets())),
-      dropped_pushes_(metrics->GetCounter("dropped_pushes_total", "Sync pushes dropped because their step was applied without them (backup workers)")),
-      staleness_(metrics->GetHistogram("staleness", "Clocks by which a pulling worker was ahead of the slowest active worker (async, ssp)", {0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64})),
+      nonfinite_updates_(metrics->GetCounter(
+          "nonfinite_updates_total",
+          "Updates whose gradient held NaN or Inf: skipped, or (nonfinite: fail) refused")),
+      evicted_rows_(
+          metrics->GetCounter("evicted_rows_total", "Sparse table rows dropped by eviction")),
+      update_seconds_(metrics->GetHistogram(
+          "update_seconds", "Time to apply one optimizer update to a key", TimeBuckets())),
+      pull_wait_seconds_(metrics->GetHistogram(
+          "pull_wait_seconds", "Time a pulled key waited for its version", TimeBuckets())),
+      dropped_pushes_(metrics->GetCounter(
+          "dropped_pushes_total",
+          "Sync pushes dropped because their step was applied without them (backup workers)")),
+      staleness_(metrics->GetHistogram(
+          "staleness",
+          "Clocks by which a pulling worker was ahead of the slowest active worker (async, ssp)",
+          {0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64})),
       epoch_gauge_(metrics->GetGauge("membership_epoch", "Membership epoch this server works in")),
-      compressed_pushes_(metrics->GetCounter("compressed_pushes_total", "Key pushes in float16 or bfloat16")),
-      rescaled_pushes_(metrics->GetCounter("rescaled_pushes_total", "Compressed key pushes scaled to fit float16's range")),
-      nonfinite_pushes_(metrics->GetCounter("nonfinite_pushes_total", "Key pushes whose gradient held NaN or Inf")),
-      waiting_pulls_(metrics->GetGauge("waiting_pulls", "Pulls waiting for a version (none holds a thread)")),
-      snapshot_pause_seconds_(metrics->GetHistogram("checkpoint_pause_seconds", "Time a key was held to copy it for a checkpoint", TimeBuckets())) {
+      compressed_pushes_(
+          metrics->GetCounter("compressed_pushes_total", "Key pushes in float16 or bfloat16")),
+      rescaled_pushes_(metrics->GetCounter("rescaled_pushes_total",
+                                           "Compressed key pushes scaled to fit float16's range")),
+      nonfinite_pushes_(metrics->GetCounter("nonfinite_pushes_total",
+                                            "Key pushes whose gradient held NaN or Inf")),
+      waiting_pulls_(
+          metrics->GetGauge("waiting_pulls", "Pulls waiting for a version (none holds a thread)")),
+      snapshot_pause_seconds_(
+          metrics->GetHistogram("checkpoint_pause_seconds",
+                                "Time a key was held to copy it for a checkpoint", TimeBuckets())) {
   active_.assign(options_.num_workers, 1);
   restore_pending_ = options_.restore_pending;
   epoch_gauge_->Set(1);
@@ -80,21 +96,20 @@ int64_t Store::bytes_stored() const { return bytes_stored_.load(); }
 
 absl::Status Store::CheckWorker(int32_t rank) const {
   if (rank < 0 || rank >= options_.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker rank ", rank, " is out of range; this job has ", options_.num_workers,
-        " workers (ranks 0..", options_.num_workers - 1, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker rank ", rank, " is out of range; this job has ", options_.num_workers,
+                     " workers (ranks 0..", options_.num_workers - 1, ")"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<Store::Key*> Store::Find(const std::string& variable,
-                                        uint32_t partition) const {
+absl::StatusOr<Store::Key*> Store::Find(const std::string& variable, uint32_t partition) const {
   absl::ReaderMutexLock lock(&map_mu_);
   auto it = keys_.find(KeyName(variable, partition));
   if (it == keys_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "key '", KeyName(variable, partition),
-        "' is not registered on this server; register the variable first"));
+    return absl::NotFoundError(
+        absl::StrCat("key '", KeyName(variable, partition),
+                     "' is not registered on this server; register the variable first"));
   }
   return it->second.get();
 }
@@ -118,7 +133,8 @@ void Store::SetMembership(int64_t epoch, const std::vector<int>& active_workers)
     active_ = active;
   }
   epoch_gauge_->Set(epoch);
-  const int required = std::max<int>(1, std::count(active.begin(), active.end(), 1) - options_.backup_workers);
+  const int required =
+      std::max<int>(1, std::count(active.begin(), active.end(), 1) - options_.backup_workers);
   for (Key* k : AllKeys()) {
     Completed completed;
     {
@@ -153,7 +169,8 @@ int64_t Store::membership_epoch() const {
 
 void Store::Close() {
   closing_ = true;
-  for (const auto& p : TakePending()) Fail(p.get(), absl::UnavailableError("the server is stopping"));
+  for (const auto& p : TakePending())
+    Fail(p.get(), absl::UnavailableError("the server is stopping"));
 }
 
 bool Store::Ready(Key* k, int64_t min_version) const {
@@ -167,13 +184,15 @@ absl::StatusOr<int64_t> Store::SetLearningRate(const v1::SetLearningRateRequest&
   if (absl::Status s = CheckWorker(req.worker_rank()); !s.ok()) return s;
   if (!(req.lr() >= 0) || !std::isfinite(static_cast<float>(req.lr()))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "learning rate must be >= 0 and finite as float32, the precision updates run in; got ", req.lr()));
+        "learning rate must be >= 0 and finite as float32, the precision updates run in; got ",
+        req.lr()));
   }
   std::vector<Key*> keys;
   {
     absl::ReaderMutexLock lock(&map_mu_);
     for (auto& [name, key] : keys_) {
-      if (req.variable().empty() || key->spec.variable() == req.variable()) keys.push_back(key.get());
+      if (req.variable().empty() || key->spec.variable() == req.variable())
+        keys.push_back(key.get());
     }
   }
   if (keys.empty() && !req.variable().empty()) {
@@ -185,7 +204,8 @@ absl::StatusOr<int64_t> Store::SetLearningRate(const v1::SetLearningRateRequest&
     absl::MutexLock lock(&k->mu);
     if (!k->initialized) continue;
     if (absl::Status s = ValidateLearningRate(k->optimizer, req.lr()); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("learning rate for key '", k->name, "': ", s.message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("learning rate for key '", k->name, "': ", s.message()));
     }
   }
   for (Key* k : keys) {

@@ -24,9 +24,9 @@ inline constexpr absl::Duration kSweepInterval = absl::Milliseconds(20);
 
 struct Store::Key {
   absl::Mutex mu;
-  std::string name;  // "variable#partition"
-  v1::KeySpec spec;  // as first registered, without the initial value
-  bool is_table = false;  // spec.has_table()
+  std::string name;                               // "variable#partition"
+  v1::KeySpec spec;                               // as first registered, without the initial value
+  bool is_table = false;                          // spec.has_table()
   OptimizerConfig optimizer ABSL_GUARDED_BY(mu);  // rank 0's, once it registered
   int64_t n = 0;
   bool initialized ABSL_GUARDED_BY(mu) = false;
@@ -112,10 +112,14 @@ struct Store::PendingPull {
 
 inline const char* DTypeName(v1::DType d) {
   switch (d) {
-    case v1::DTYPE_FLOAT32: return "float32";
-    case v1::DTYPE_FLOAT16: return "float16";
-    case v1::DTYPE_BFLOAT16: return "bfloat16";
-    default: return "unspecified";
+    case v1::DTYPE_FLOAT32:
+      return "float32";
+    case v1::DTYPE_FLOAT16:
+      return "float16";
+    case v1::DTYPE_BFLOAT16:
+      return "bfloat16";
+    default:
+      return "unspecified";
   }
 }
 

@@ -1,6 +1,4 @@
 // Store: pulls, and the pulls that wait for a version (their sweeper).
-#include "server/store.h"
-
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -11,13 +9,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
-#include "common/logging.h"
 #include "absl/time/clock.h"
 #include "common/compression.h"
 #include "common/key_map.h"
+#include "common/logging.h"
 #include "common/optimizer_proto.h"
-#include "server/table.h"
+#include "server/store.h"
 #include "server/store_internal.h"
+#include "server/table.h"
 
 namespace psrt {
 
@@ -66,7 +65,8 @@ bool Store::Serve(Key* k, PendingPull* p, int i) {
     out.data = buf.data();
     out.owner = std::move(buf);
   }
-  if (!options_.sync) staleness_->Observe(std::max<int64_t>(0, p->min_version[i] - SlowestClock(k)));
+  if (!options_.sync)
+    staleness_->Observe(std::max<int64_t>(0, p->min_version[i] - SlowestClock(k)));
   pull_wait_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - p->start));
   absl::MutexLock lock(&p->mu);
   if (p->finished || p->served[i]) return false;
@@ -181,16 +181,18 @@ std::string Store::WhyWaiting(PendingPull* p) {
         behind.push_back(absl::StrCat("worker ", w, " at clock ", k->clock[w]));
       }
     }
-    why = absl::StrCat("staleness bound ", options_.staleness, " needs every worker at clock >= ",
-                       min_version - options_.staleness, "; behind: ", absl::StrJoin(behind, ", "));
+    why = absl::StrCat("staleness bound ", options_.staleness,
+                       " needs every worker at clock >= ", min_version - options_.staleness,
+                       "; behind: ", absl::StrJoin(behind, ", "));
   }
   const bool capped = p->until == p->start + options_.max_pull_wait;
-  return absl::StrCat("pull of key '", k->name, "' waited ",
-                      absl::FormatDuration(absl::Trunc(absl::Now() - p->start, absl::Milliseconds(1))),
-                      capped ? absl::StrCat(" (the longest this server lets a pull wait: limits.max_pull_wait_s, ",
-                                            absl::FormatDuration(options_.max_pull_wait), ")")
-                             : "",
-                      options_.sync ? " for version " : " at clock ", min_version, ": ", why);
+  return absl::StrCat(
+      "pull of key '", k->name, "' waited ",
+      absl::FormatDuration(absl::Trunc(absl::Now() - p->start, absl::Milliseconds(1))),
+      capped ? absl::StrCat(" (the longest this server lets a pull wait: limits.max_pull_wait_s, ",
+                            absl::FormatDuration(options_.max_pull_wait), ")")
+             : "",
+      options_.sync ? " for version " : " at clock ", min_version, ": ", why);
 }
 
 std::vector<std::shared_ptr<Store::PendingPull>> Store::TakePending() {
@@ -244,8 +246,9 @@ int64_t Store::pending_pulls() const {
 // The dtype a pull asks its weights in (unspecified: float32).
 static absl::Status CheckPullDtype(const std::string& key, v1::DType dtype) {
   if (dtype == v1::DTYPE_UNSPECIFIED || BytesPerValue(dtype) != 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("pull of key '", key, "' asks for dtype ", dtype,
-                                                 "; weights are sent as float32, float16 or bfloat16"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("pull of key '", key, "' asks for dtype ", dtype,
+                   "; weights are sent as float32, float16 or bfloat16"));
 }
 
 void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled cancelled,
@@ -257,20 +260,22 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
     absl::StatusOr<Key*> key = Find(kd.variable, kd.partition);
     if (!key.ok()) return done(key.status(), {});
     if (std::find(p->keys.begin(), p->keys.end(), *key) != p->keys.end()) {
-      return done(absl::InvalidArgumentError(
-                      absl::StrCat("key '", (*key)->name, "' appears twice in one pull; name each key once")),
+      return done(absl::InvalidArgumentError(absl::StrCat(
+                      "key '", (*key)->name, "' appears twice in one pull; name each key once")),
                   {});
     }
     if (!kd.data.empty()) {
-      return done(absl::InvalidArgumentError(absl::StrCat(
-                      "pull of key '", (*key)->name, "' carries data; a pull names keys and versions only")),
+      return done(absl::InvalidArgumentError(
+                      absl::StrCat("pull of key '", (*key)->name,
+                                   "' carries data; a pull names keys and versions only")),
                   {});
     }
     if (absl::Status s = CheckPullDtype((*key)->name, kd.dtype); !s.ok()) return done(s, {});
     if (!(*key)->is_table && !kd.ids.empty()) {
-      return done(absl::InvalidArgumentError(absl::StrCat("pull of key '", (*key)->name,
-                                                          "' names ids, but the variable is not a table")),
-                  {});
+      return done(
+          absl::InvalidArgumentError(absl::StrCat("pull of key '", (*key)->name,
+                                                  "' names ids, but the variable is not a table")),
+          {});
     }
     p->keys.push_back(*key);
     p->ids.push_back(kd.ids);
@@ -301,13 +306,14 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
       if (absl::Status s = CheckRowsLocked(k, p->ids[i]); !s.ok()) return s;
     }
     if (min_version < 0) {
-      return absl::OutOfRangeError(
-          absl::StrCat("pull of key '", k->name, "' asks for version ", min_version, "; versions start at 0"));
+      return absl::OutOfRangeError(absl::StrCat("pull of key '", k->name, "' asks for version ",
+                                                min_version, "; versions start at 0"));
     }
     if (options_.sync && k->initialized && min_version > k->version + 1) {
-      return absl::OutOfRangeError(absl::StrCat("pull of key '", k->name, "' asks for version ", min_version,
-                                                " but the key is at version ", k->version,
-                                                "; in sync mode a pull may ask at most one version ahead"));
+      return absl::OutOfRangeError(
+          absl::StrCat("pull of key '", k->name, "' asks for version ", min_version,
+                       " but the key is at version ", k->version,
+                       "; in sync mode a pull may ask at most one version ahead"));
     }
     return absl::OkStatus();
   };
@@ -342,7 +348,8 @@ void Store::PushPullAsync(const WireMessage& req, absl::Time deadline, Cancelled
                           PullDone done) {
   // The pull part is checked first: a refused push-pull pushes nothing.
   for (const WireKey& kd : req.keys) {
-    if (absl::Status s = CheckPullDtype(KeyName(kd.variable, kd.partition), kd.pull_dtype); !s.ok()) {
+    if (absl::Status s = CheckPullDtype(KeyName(kd.variable, kd.partition), kd.pull_dtype);
+        !s.ok()) {
       return done(s, {});
     }
   }

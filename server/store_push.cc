@@ -1,7 +1,5 @@
 // Store: the push path: checking a push, applying updates (sync steps, async
 // and ssp), non-finite gradients.
-#include "server/store.h"
-
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -12,13 +10,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
-#include "common/logging.h"
 #include "absl/time/clock.h"
 #include "common/compression.h"
 #include "common/key_map.h"
+#include "common/logging.h"
 #include "common/optimizer_proto.h"
-#include "server/table.h"
+#include "server/store.h"
 #include "server/store_internal.h"
+#include "server/table.h"
 
 namespace psrt {
 
@@ -78,7 +77,8 @@ void Store::ApplyRows(Key* key, absl::Span<const int64_t> ids, const float* grad
 
 void Store::Applied(Key* key, absl::Time start) {
   ++key->version;
-  if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->serving) CopyForSnapshot(key);
+  if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->serving)
+    CopyForSnapshot(key);
   updates_->Add();
   update_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
 }
@@ -88,17 +88,21 @@ bool Store::SkipNonfinite(Key* key, const float* grad, int64_t n) {
     // As AMP's GradScaler does, the step is skipped: the weights stay
     // finite. Or ("nonfinite": "fail") the key stops, and says why.
     nonfinite_updates_->Add();
-    const std::string what = absl::StrCat("key '", key->name, "' got a gradient with NaN or Inf at version ",
-                                          key->version, " (", ++key->nonfinite, " so far)");
+    const std::string what =
+        absl::StrCat("key '", key->name, "' got a gradient with NaN or Inf at version ",
+                     key->version, " (", ++key->nonfinite, " so far)");
     if (options_.fail_on_nonfinite) {
       key->stopped = absl::FailedPreconditionError(absl::StrCat(
-          what, "; the job's \"nonfinite\" setting is \"fail\": this key takes no more pushes or pulls"));
+          what,
+          "; the job's \"nonfinite\" setting is \"fail\": this key takes no more pushes or pulls"));
       LogError(key->stopped.message());
       return true;
     }
-    if (key->nonfinite == 1) LogWarning(what, ": skipped (\"nonfinite\": \"skip\"); later ones are counted only");
+    if (key->nonfinite == 1)
+      LogWarning(what, ": skipped (\"nonfinite\": \"skip\"); later ones are counted only");
     ++key->version;
-    if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->serving) CopyForSnapshot(key);
+    if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->serving)
+      CopyForSnapshot(key);
     return true;
   }
   return false;
@@ -121,46 +125,50 @@ absl::Status Store::Push(const WireMessage& req) {
     }
     const int bpv = BytesPerValue(kd.dtype);
     if (bpv == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "push to key '", k->name, "' has dtype ", DTypeName(kd.dtype),
-          "; gradients are float32, float16 or bfloat16"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("push to key '", k->name, "' has dtype ", DTypeName(kd.dtype),
+                       "; gradients are float32, float16 or bfloat16"));
     }
     if (k->is_table) {
       const int64_t dim = k->spec.table().dim();
       if (kd.data.size() != static_cast<int64_t>(kd.ids.size()) * dim * bpv) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "push to table '", k->spec.variable(), "' has ", kd.data.size(), " bytes for ", kd.ids.size(),
-            " ids; rows of dim ", dim, " in ", DTypeName(kd.dtype), " take ", kd.ids.size() * dim * bpv));
+        return absl::InvalidArgumentError(
+            absl::StrCat("push to table '", k->spec.variable(), "' has ", kd.data.size(),
+                         " bytes for ", kd.ids.size(), " ids; rows of dim ", dim, " in ",
+                         DTypeName(kd.dtype), " take ", kd.ids.size() * dim * bpv));
       }
     } else if (!kd.ids.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("push to key '", k->name, "' names ids, but the variable is not a table"));
     } else if (kd.data.size() != k->n * bpv) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "push to key '", k->name, "' has ", kd.data.size(), " bytes; the key holds ", k->n, " ",
-          DTypeName(kd.dtype), " (", k->n * bpv, " bytes)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("push to key '", k->name, "' has ", kd.data.size(), " bytes; the key holds ",
+                       k->n, " ", DTypeName(kd.dtype), " (", k->n * bpv, " bytes)"));
     }
     // Values are divided by the scale: its inverse must be finite too.
-    if (!std::isfinite(kd.scale) || kd.scale < 0 || (kd.scale != 0 && !std::isfinite(1.0f / kd.scale))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "push to key '", k->name, "' has scale ", kd.scale,
-          "; a scale is finite and positive, at least 3e-39 (0 stands for 1)"));
+    if (!std::isfinite(kd.scale) || kd.scale < 0 ||
+        (kd.scale != 0 && !std::isfinite(1.0f / kd.scale))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push to key '", k->name, "' has scale ", kd.scale,
+                       "; a scale is finite and positive, at least 3e-39 (0 stands for 1)"));
     }
     absl::MutexLock lock(&k->mu);
     if (!k->serving) return NotServing(k);
     if (!k->initialized) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "key '", k->name, "' has no value yet: rank 0 has not registered it"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("key '", k->name, "' has no value yet: rank 0 has not registered it"));
     }
     if (!k->stopped.ok()) return k->stopped;
     if (!k->active[w]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "worker ", w, " is not an active worker of this job (it was lost); it must rejoin first"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", w,
+                       " is not an active worker of this job (it was lost); it must rejoin first"));
     }
     if (kd.version < 0 || (options_.sync && kd.version > k->version)) {
       return absl::OutOfRangeError(absl::StrCat(
           "push to key '", k->name, "' is for version ", kd.version, " but the key is at version ",
-          k->version, options_.sync ? "; in sync mode a worker pushes for the version it pulled" : ""));
+          k->version,
+          options_.sync ? "; in sync mode a worker pushes for the version it pulled" : ""));
     }
     // Async and ssp: a worker's clock moves one push at a time; a push far
     // ahead would let it outrun the staleness bound (or be garbage).
@@ -277,9 +285,10 @@ absl::Status Store::CheckRowsLocked(Key* k, absl::Span<const int64_t> ids) {
   if (options_.max_bytes > 0) {
     const int64_t more = *missing * k->table->row_bytes();
     if (more > 0 && bytes_stored_.load() + more > options_.max_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "table '", k->spec.variable(), "': ", more / k->table->row_bytes(), " new rows would make this server hold ",
-          bytes_stored_.load() + more, " bytes, more than limits.max_server_bytes (", options_.max_bytes, ")"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("table '", k->spec.variable(), "': ", more / k->table->row_bytes(),
+                       " new rows would make this server hold ", bytes_stored_.load() + more,
+                       " bytes, more than limits.max_server_bytes (", options_.max_bytes, ")"));
     }
   }
   return absl::OkStatus();
@@ -295,7 +304,8 @@ void Store::RecordPush(Key* k, const Origin& origin) {
 void Store::MaybeFinishStep(Key* k) {
   if (k->contributions == 0 || k->contributions < k->required) return;
   if (k->table) {
-    const float scale = options_.average_gradients && k->contributions > 1 ? 1.0f / k->contributions : 1.0f;
+    const float scale =
+        options_.average_gradients && k->contributions > 1 ? 1.0f / k->contributions : 1.0f;
     ApplyRows(k, k->table->accumulated_ids(), k->table->accumulated(), scale);
     k->table->ClearAccumulated();
     std::fill(k->contributed.begin(), k->contributed.end(), 0);

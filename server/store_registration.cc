@@ -1,7 +1,5 @@
 // Store: registering keys (validation, room, initial values) and restoring
 // them from a checkpoint.
-#include "server/store.h"
-
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -12,13 +10,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
-#include "common/logging.h"
 #include "absl/time/clock.h"
 #include "common/compression.h"
 #include "common/key_map.h"
+#include "common/logging.h"
 #include "common/optimizer_proto.h"
-#include "server/table.h"
+#include "server/store.h"
 #include "server/store_internal.h"
+#include "server/table.h"
 
 namespace psrt {
 
@@ -32,15 +31,15 @@ std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& shape) {
 absl::Status CheckName(const std::string& name) {
   if (name.empty()) return absl::InvalidArgumentError("a key has an empty variable name");
   if (name.size() > kMaxNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("variable name '", name.substr(0, 40), "...' has ",
-                                                   name.size(), " bytes; names have at most ",
-                                                   kMaxNameBytes));
+    return absl::InvalidArgumentError(absl::StrCat("variable name '", name.substr(0, 40),
+                                                   "...' has ", name.size(),
+                                                   " bytes; names have at most ", kMaxNameBytes));
   }
   for (char c : name) {
     if (c < 0x20 || c > 0x7e) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "variable name '", absl::CHexEscape(name),
-          "' holds a byte that is not printable ASCII; names are printable text"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("variable name '", absl::CHexEscape(name),
+                       "' holds a byte that is not printable ASCII; names are printable text"));
     }
   }
   return absl::OkStatus();
@@ -56,9 +55,10 @@ absl::Status Store::CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t r
     from = restored_from_;
   }
   auto mismatch = [&](absl::string_view what, const std::string& a, const std::string& b) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "key '", key.name, "' ", from.empty() ? "was registered with " : "holds, in checkpoint " + from + ", ",
-        what, " ", a, " but worker ", rank, " registers it with ", b));
+    return absl::FailedPreconditionError(
+        absl::StrCat("key '", key.name, "' ",
+                     from.empty() ? "was registered with " : "holds, in checkpoint " + from + ", ",
+                     what, " ", a, " but worker ", rank, " registers it with ", b));
   };
   if (!std::equal(have.shape().begin(), have.shape().end(), spec.shape().begin(),
                   spec.shape().end())) {
@@ -68,15 +68,15 @@ absl::Status Store::CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t r
     return mismatch("dtype", DTypeName(have.dtype()), DTypeName(spec.dtype()));
   }
   if (have.offset() != spec.offset() || have.num_elements() != spec.num_elements()) {
-    return mismatch("slice",
-                    absl::StrCat("[", have.offset(), ", +", have.num_elements(), ")"),
+    return mismatch("slice", absl::StrCat("[", have.offset(), ", +", have.num_elements(), ")"),
                     absl::StrCat("[", spec.offset(), ", +", spec.num_elements(), ")"));
   }
   if (have.optimizer().name() != spec.optimizer().name()) {
     return mismatch("optimizer", have.optimizer().name(), spec.optimizer().name());
   }
   if (have.table().SerializeAsString() != spec.table().SerializeAsString()) {
-    return mismatch("table settings", have.table().ShortDebugString(), spec.table().ShortDebugString());
+    return mismatch("table settings", have.table().ShortDebugString(),
+                    spec.table().ShortDebugString());
   }
   return absl::OkStatus();
 }
@@ -90,21 +90,22 @@ absl::Status Store::CheckDenseSpec(const v1::KeySpec& spec, int32_t rank) const 
           "key '", name, "': shape ", ShapeText(spec.shape()), " has a negative dimension"));
     }
     if (d != 0 && total > INT64_MAX / d) {
-      return absl::InvalidArgumentError(absl::StrCat("key '", name, "': shape ", ShapeText(spec.shape()), " overflows 64 bits"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("key '", name, "': shape ", ShapeText(spec.shape()), " overflows 64 bits"));
     }
     total *= d;
   }
   if (spec.num_elements() > options_.max_key_bytes / 4) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "key '", name, "' has ", spec.num_elements(), " elements; a key holds at most ",
-        options_.max_key_bytes / 4, " float32 (the job's partition size, ", options_.max_key_bytes,
-        " bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("key '", name, "' has ", spec.num_elements(),
+                     " elements; a key holds at most ", options_.max_key_bytes / 4,
+                     " float32 (the job's partition size, ", options_.max_key_bytes, " bytes)"));
   }
   if (spec.num_elements() <= 0 || spec.offset() < 0 ||
       spec.offset() > total - spec.num_elements()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "key '", name, "': slice [", spec.offset(), ", +", spec.num_elements(),
-        ") does not fit shape ", ShapeText(spec.shape()), " of ", total, " elements"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("key '", name, "': slice [", spec.offset(), ", +", spec.num_elements(),
+                     ") does not fit shape ", ShapeText(spec.shape()), " of ", total, " elements"));
   }
   if (!spec.init().empty()) {
     if (rank != 0) {
@@ -117,8 +118,8 @@ absl::Status Store::CheckDenseSpec(const v1::KeySpec& spec, int32_t rank) const 
           spec.num_elements() * 4, " (", spec.num_elements(), " float32)"));
     }
   } else if (rank == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "key '", name, "': rank 0 must send the initial value"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("key '", name, "': rank 0 must send the initial value"));
   }
   return absl::OkStatus();
 }
@@ -145,19 +146,21 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time 
   for (const v1::KeySpec& spec : req.keys()) {
     const std::string name = KeyName(spec.variable(), spec.partition());
     if (!names.insert(name).second) {
-      return absl::InvalidArgumentError(absl::StrCat("key '", name, "' appears twice in one request"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("key '", name, "' appears twice in one request"));
     }
     if (absl::Status s = CheckName(spec.variable()); !s.ok()) return s;
     if (spec.dtype() != v1::DTYPE_FLOAT32) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "key '", name, "': variables of dtype ", DTypeName(spec.dtype()),
-          " are not supported; register float32 variables"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("key '", name, "': variables of dtype ", DTypeName(spec.dtype()),
+                       " are not supported; register float32 variables"));
     }
     if (spec.has_table()) {
       if (absl::Status s = ValidateTableSpec(spec); !s.ok()) return s;
       if (req.replica()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "table '", spec.variable(), "': tables are not replicated (\"replicas\" holds dense variables)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("table '", spec.variable(),
+                         "': tables are not replicated (\"replicas\" holds dense variables)"));
       }
     } else if (absl::Status s = CheckDenseSpec(spec, req.worker_rank()); !s.ok()) {
       return s;
@@ -167,10 +170,11 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time 
       return absl::InvalidArgumentError(absl::StrCat("key '", name, "': ", opt.status().message()));
     }
     optimizers.push_back(*opt);
-    if (options_.max_keys_per_variable > 0 && spec.partition() >= static_cast<uint32_t>(options_.max_keys_per_variable)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "key '", name, "': a variable has at most ", options_.max_keys_per_variable,
-          " keys (limits.max_keys_per_variable)"));
+    if (options_.max_keys_per_variable > 0 &&
+        spec.partition() >= static_cast<uint32_t>(options_.max_keys_per_variable)) {
+      return absl::ResourceExhaustedError(absl::StrCat("key '", name, "': a variable has at most ",
+                                                       options_.max_keys_per_variable,
+                                                       " keys (limits.max_keys_per_variable)"));
     }
     absl::ReaderMutexLock lock(&map_mu_);
     auto it = keys_.find(name);
@@ -228,7 +232,8 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time 
       if (key->initialized || (spec.init().empty() && !spec.has_table())) continue;
       InitKey(key, optimizers[i]);
       if (spec.has_table()) {
-        key->table = std::make_unique<Table>(key->name, spec.table(), key->optimizer, spec.partition());
+        key->table =
+            std::make_unique<Table>(key->name, spec.table(), key->optimizer, spec.partition());
       } else {
         std::memcpy(key->weights.data(), spec.init().data(), key->n * 4);
         InitSlots(key->optimizer, key->slot_ptrs.data(), key->n);
@@ -245,23 +250,24 @@ int64_t Store::KeyBytes(int64_t n, const OptimizerConfig& optimizer) const {
   return n * 4 * (1 + NumSlots(optimizer) + (options_.sync ? 1 : 0));
 }
 
-absl::Status Store::CheckRoomLocked(const v1::KeySpec& spec, const OptimizerConfig& optimizer, Room* room) {
+absl::Status Store::CheckRoomLocked(const v1::KeySpec& spec, const OptimizerConfig& optimizer,
+                                    Room* room) {
   const std::string name = KeyName(spec.variable(), spec.partition());
   if (options_.max_variables > 0 && room->variables.empty()) {
     for (const auto& [n, k] : keys_) room->variables.insert(k->spec.variable());
   }
   if (options_.max_variables > 0 && room->variables.insert(spec.variable()).second &&
       static_cast<int64_t>(room->variables.size()) > options_.max_variables) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "key '", name, "': this server holds ", options_.max_variables,
-        " variables already, its limit (limits.max_variables)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("key '", name, "': this server holds ", options_.max_variables,
+                     " variables already, its limit (limits.max_variables)"));
   }
   room->bytes += KeyBytes(spec.num_elements(), optimizer);
   if (options_.max_bytes > 0 && bytes_stored_.load() + room->bytes > options_.max_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "key '", name, "': this server would hold ", bytes_stored_.load() + room->bytes,
-        " bytes of weights and optimizer state, more than limits.max_server_bytes (", options_.max_bytes,
-        ")"));
+        " bytes of weights and optimizer state, more than limits.max_server_bytes (",
+        options_.max_bytes, ")"));
   }
   return absl::OkStatus();
 }
@@ -301,12 +307,13 @@ absl::Status Store::WaitForRestore(absl::Time deadline, const Cancelled& cancell
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(restore_mu_) { return !restore_pending_; };
   // A restore ends without a caller's wake-up: look every 100 ms whether
   // the caller went away.
-  while (!restore_mu_.AwaitWithDeadline(absl::Condition(&done),
-                                        std::min(deadline, absl::Now() + absl::Milliseconds(100)))) {
+  while (!restore_mu_.AwaitWithDeadline(
+      absl::Condition(&done), std::min(deadline, absl::Now() + absl::Milliseconds(100)))) {
     if (cancelled && cancelled()) return absl::CancelledError("the caller went away");
     if (absl::Now() >= deadline) {
-      return absl::UnavailableError(absl::StrCat("this server is still restoring its checkpoint after ",
-                                                 absl::FormatDuration(absl::Now() - start)));
+      return absl::UnavailableError(
+          absl::StrCat("this server is still restoring its checkpoint after ",
+                       absl::FormatDuration(absl::Now() - start)));
     }
   }
   return restore_status_;
@@ -336,11 +343,12 @@ void Store::FinishRestore(absl::StatusOr<std::vector<RestoredKey>> restored, int
         key->lr = r.state.learning_rate;
         std::fill(key->clock.begin(), key->clock.end(), step);
       } else if (!opt.ok() || NumSlots(*opt) != static_cast<int>(r.state.slots.size()) ||
-          static_cast<int64_t>(r.state.weights.size()) != key->n) {
-        restored = absl::DataLossError(absl::StrCat(
-            "checkpoint ", from, ": key '", name, "' does not fit its optimizer ",
-            r.spec.optimizer().name(), " (", r.state.slots.size(), " slots, ", r.state.weights.size(),
-            " weights for ", key->n, " elements)", opt.ok() ? "" : absl::StrCat(": ", opt.status().message())));
+                 static_cast<int64_t>(r.state.weights.size()) != key->n) {
+        restored = absl::DataLossError(
+            absl::StrCat("checkpoint ", from, ": key '", name, "' does not fit its optimizer ",
+                         r.spec.optimizer().name(), " (", r.state.slots.size(), " slots, ",
+                         r.state.weights.size(), " weights for ", key->n, " elements)",
+                         opt.ok() ? "" : absl::StrCat(": ", opt.status().message())));
         break;
       }
       if (!r.spec.has_table()) {
@@ -360,10 +368,11 @@ void Store::FinishRestore(absl::StatusOr<std::vector<RestoredKey>> restored, int
   }
   absl::MutexLock lock(&restore_mu_);
   restore_pending_ = false;
-  restore_status_ = restored.ok() ? absl::OkStatus()
-                                  : absl::FailedPreconditionError(absl::StrCat(
-                                        "this server could not restore its checkpoint: ",
-                                        restored.status().message()));
+  restore_status_ =
+      restored.ok()
+          ? absl::OkStatus()
+          : absl::FailedPreconditionError(absl::StrCat(
+                "this server could not restore its checkpoint: ", restored.status().message()));
   restored_from_ = from;
 }
 

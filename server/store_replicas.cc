@@ -1,7 +1,5 @@
 // Store: replicated keys (the backup's copies, failover) and keys handed
 // over to another server when servers join or leave.
-#include "server/store.h"
-
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -12,13 +10,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
-#include "common/logging.h"
 #include "absl/time/clock.h"
 #include "common/compression.h"
 #include "common/key_map.h"
+#include "common/logging.h"
 #include "common/optimizer_proto.h"
-#include "server/table.h"
+#include "server/store.h"
 #include "server/store_internal.h"
+#include "server/table.h"
 
 namespace psrt {
 
@@ -34,8 +33,9 @@ absl::Status Store::NotServing(const Key* k) const {
   if (on_copy_asked_) on_copy_asked_();
   // UNAVAILABLE: the client tries again, and this server serves the key as
   // soon as it hears that its primary is gone.
-  return absl::UnavailableError(absl::StrCat("key '", k->name, "' is held here as a replica of server ",
-                                             k->backup_of, "'s, not served yet"));
+  return absl::UnavailableError(absl::StrCat("key '", k->name,
+                                             "' is held here as a replica of server ", k->backup_of,
+                                             "'s, not served yet"));
 }
 
 void Store::SetForward(Forward forward) { forward_ = std::move(forward); }
@@ -48,27 +48,29 @@ absl::Status Store::Replicate(const v1::ReplicateRequest& req, absl::string_view
   {
     absl::MutexLock lock(&k->mu);
     if (k->backup_of < 0 || k->serving) {
-      return absl::FailedPreconditionError(absl::StrCat("key '", k->name, "' is not a replica on this server"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("key '", k->name, "' is not a replica on this server"));
     }
     if (static_cast<int64_t>(gradient.size()) != k->n * 4) {
       return absl::InvalidArgumentError(absl::StrCat("replica update of key '", k->name, "' has ",
-                                                     gradient.size(), " bytes; the key holds ", k->n,
-                                                     " float32"));
+                                                     gradient.size(), " bytes; the key holds ",
+                                                     k->n, " float32"));
     }
     if (!k->initialized) {
-      return absl::FailedPreconditionError(absl::StrCat("replica of key '", k->name, "' has no value yet"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("replica of key '", k->name, "' has no value yet"));
     }
     if (req.version() < k->version) return absl::OkStatus();  // a retry of an applied update
     if (req.version() > k->version) {
-      return absl::FailedPreconditionError(absl::StrCat("replica of key '", k->name, "' is at version ",
-                                                        k->version, "; an update for version ", req.version(),
-                                                        " would skip one"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("replica of key '", k->name, "' is at version ", k->version,
+                       "; an update for version ", req.version(), " would skip one"));
     }
     Origin origin;
     if (req.from_push()) {
       if (options_.sync || !CheckWorker(req.worker()).ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("replica update of key '", k->name,
-                                                       "' names a push, but not one of an async worker"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "replica update of key '", k->name, "' names a push, but not one of an async worker"));
       }
       origin = {req.worker(), req.push_id(), req.clock()};
       RecordPush(k, origin);
@@ -131,7 +133,8 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
         absl::StrCat("seed of key '", name, "' does not fit its spec"));
   }
   for (const std::string& slot : req.slots()) {
-    if (static_cast<int64_t>(slot.size()) != n * 4) return absl::InvalidArgumentError("seed slot of the wrong size");
+    if (static_cast<int64_t>(slot.size()) != n * 4)
+      return absl::InvalidArgumentError("seed slot of the wrong size");
   }
   for (int32_t next : req.recent_next()) {
     if (next < 0 || next >= kPushWindow)
@@ -150,9 +153,11 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
   }
   absl::MutexLock lock(&key->mu);
   if (key->serving && key->initialized) {
-    return absl::FailedPreconditionError(absl::StrCat("key '", name, "' is served here; it takes no copy"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("key '", name, "' is served here; it takes no copy"));
   }
-  if (key->n != n) return absl::FailedPreconditionError(absl::StrCat("key '", name, "' has another size here"));
+  if (key->n != n)
+    return absl::FailedPreconditionError(absl::StrCat("key '", name, "' has another size here"));
   if (!weights && (!key->initialized || key->version != req.version())) {
     // The hand-over then comes again with the weights.
     return absl::FailedPreconditionError(absl::StrCat("the copy of key '", name, "' is at version ",

@@ -1,6 +1,4 @@
 // Store: snapshots of the keys for checkpoints.
-#include "server/store.h"
-
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -11,13 +9,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
-#include "common/logging.h"
 #include "absl/time/clock.h"
 #include "common/compression.h"
 #include "common/key_map.h"
+#include "common/logging.h"
 #include "common/optimizer_proto.h"
-#include "server/table.h"
+#include "server/store.h"
 #include "server/store_internal.h"
+#include "server/table.h"
 
 namespace psrt {
 
@@ -36,7 +35,8 @@ void Store::CopyForSnapshot(Key* k) {
     r.num_elements = k->n;
     r.weights.assign(k->weights.begin(), k->weights.end());
     r.slots.resize(k->slots.size());
-    for (size_t i = 0; i < k->slots.size(); ++i) r.slots[i].assign(k->slots[i].begin(), k->slots[i].end());
+    for (size_t i = 0; i < k->slots.size(); ++i)
+      r.slots[i].assign(k->slots[i].begin(), k->slots[i].end());
   }
   k->snap_ready = true;
   const double pause = absl::ToDoubleSeconds(absl::Now() - start);
@@ -79,9 +79,11 @@ bool Store::Stray(Key* k, int64_t step) {
       if (k->registrants[i]) by.push_back(i);
       if (missing(i)) not_by.push_back(i);
     }
-    LogWarning("key '", k->name, "' was registered by worker", by.size() > 1 ? "s " : " ", absl::StrJoin(by, ", "),
-               " but not by worker", not_by.size() > 1 ? "s " : " ", absl::StrJoin(not_by, ", "), " in ",
-               absl::FormatDuration(options_.registration_wait), ", so it cannot take a step: checkpoints ",
+    LogWarning("key '", k->name, "' was registered by worker", by.size() > 1 ? "s " : " ",
+               absl::StrJoin(by, ", "), " but not by worker", not_by.size() > 1 ? "s " : " ",
+               absl::StrJoin(not_by, ", "), " in ",
+               absl::FormatDuration(options_.registration_wait),
+               ", so it cannot take a step: checkpoints ",
                k->initialized ? "take it as it is (version 0)" : "leave it out (it has no value)");
   }
   return true;
@@ -123,7 +125,8 @@ int64_t Store::WaitSnapshot(absl::Time deadline) {
       // the step like the others, and a shard without it is not whole. An
       // assign key is taken as it is once it has that value.
       const bool stray = !k->snap_ready && (k->snap_stray = Stray(k, snapshot_step_));
-      if ((k->FreeRunning() || stray) && k->initialized && !k->snap_ready && k->serving) CopyForSnapshot(k);
+      if ((k->FreeRunning() || stray) && k->initialized && !k->snap_ready && k->serving)
+        CopyForSnapshot(k);
       if (!k->snap_ready && k->serving && !stray) ++waiting;
     }
     if (waiting == 0 || closing_ || absl::Now() >= deadline) return waiting;

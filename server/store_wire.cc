@@ -1,7 +1,5 @@
 // Store: the protobuf forms of push and pull (the gRPC path) over the wire
 // forms the data path uses.
-#include "server/store.h"
-
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -12,13 +10,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
-#include "common/logging.h"
 #include "absl/time/clock.h"
 #include "common/compression.h"
 #include "common/key_map.h"
+#include "common/logging.h"
 #include "common/optimizer_proto.h"
-#include "server/table.h"
+#include "server/store.h"
 #include "server/store_internal.h"
+#include "server/table.h"
 
 namespace psrt {
 
@@ -68,9 +67,8 @@ absl::Status Store::Push(const v1::PushRequest& req) {
   return Push(m);
 }
 
-absl::Status Store::WaitPull(
-    const std::function<void(PullDone)>& start,
-    google::protobuf::RepeatedPtrField<v1::KeyData>* out) {
+absl::Status Store::WaitPull(const std::function<void(PullDone)>& start,
+                             google::protobuf::RepeatedPtrField<v1::KeyData>* out) {
   absl::Notification finished;
   absl::Status status;
   std::vector<OutKey> keys;
@@ -85,8 +83,8 @@ absl::Status Store::WaitPull(
   return status;
 }
 
-absl::Status Store::Pull(const v1::PullRequest& req, absl::Time deadline,
-                         v1::PullResponse* resp, const Cancelled& cancelled) {
+absl::Status Store::Pull(const v1::PullRequest& req, absl::Time deadline, v1::PullResponse* resp,
+                         const Cancelled& cancelled) {
   const WireMessage m = ToWire(req);
   return WaitPull([&](PullDone done) { PullAsync(m, deadline, cancelled, std::move(done)); },
                   resp->mutable_keys());
