@@ -233,9 +233,9 @@ absl::StatusOr<std::vector<v1::StatsResponse>> Checkpointer::AllStats(absl::Time
   const v1::StatsRequest req;
   absl::Duration backoff = absl::Milliseconds(100);
   for (;;) {
-    std::vector<grpc::Status> status =
-        CallEach(kRpcTimeout, [&](int i, v1::ParameterServer::Stub* server, grpc::ClientContext* ctx,
-                                  std::function<void(grpc::Status)> done) {
+    std::vector<grpc::Status> status = CallEach(
+        kRpcTimeout, [&](int i, v1::ParameterServer::Stub* server, grpc::ClientContext* ctx,
+                         std::function<void(grpc::Status)> done) {
           server->async()->Stats(ctx, &req, &out[i], std::move(done));
         });
     absl::Status failed;
@@ -284,8 +284,9 @@ v1::CheckpointResponse Checkpointer::Response(const std::string& name, int64_t s
   return r;
 }
 
-absl::Status Checkpointer::Round(const std::string& name, int64_t step, absl::Duration wait, bool final,
-                                 std::vector<v1::SaveShardResponse>* responses, bool* done) {
+absl::Status Checkpointer::Round(const std::string& name, int64_t step, absl::Duration wait,
+                                 bool final, std::vector<v1::SaveShardResponse>* responses,
+                                 bool* done) {
   const int n = static_cast<int>(addresses_.size());
   // Async and ssp copy every key at once: nothing to wait for.
   bool allow_empty = !sync();
@@ -419,8 +420,10 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Save(absl::Time deadline, b
     std::vector<v1::SaveShardResponse> responses;
     bool done = false;
     while (true) {
-      last = Round(name, *step, std::min(absl::Seconds(1), std::max(absl::ZeroDuration(), deadline - absl::Now())),
-                   final, &responses, &done);
+      last =
+          Round(name, *step,
+                std::min(absl::Seconds(1), std::max(absl::ZeroDuration(), deadline - absl::Now())),
+                final, &responses, &done);
       if (!last.ok() || done || absl::Now() >= deadline) break;
     }
     if (last.ok() && done) {
@@ -446,7 +449,8 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Save(absl::Time deadline, b
   return last.ok() ? absl::DeadlineExceededError("checkpoint: no attempt before the deadline") : last;
 }
 
-absl::StatusOr<v1::CheckpointResponse> Checkpointer::Finish(const std::vector<std::string>& server_addresses) {
+absl::StatusOr<v1::CheckpointResponse> Checkpointer::Finish(
+    const std::vector<std::string>& server_addresses) {
   // The triggers first: their loop takes save_mu_ turn after turn, which
   // would keep Retarget waiting.
   Stop();
@@ -495,7 +499,8 @@ void Checkpointer::Loop() {
 }
 
 absl::Duration Checkpointer::SyncTurn(int64_t* target, bool* target_checked, int64_t* warned,
-                                      std::vector<v1::SaveShardResponse>* responses, absl::Time* last) {
+                                      std::vector<v1::SaveShardResponse>* responses,
+                                      absl::Time* last) {
   // Sync: the servers are armed ahead for the step, and copy each key the
   // moment it gets there.
   const int64_t every = options_.config.every_steps();
@@ -512,10 +517,12 @@ absl::Duration Checkpointer::SyncTurn(int64_t* target, bool* target_checked, int
   }
   const absl::Time started = absl::Now();
   bool done = false;
-  absl::Status s = Round(name, *target, PollWait(addresses_.size()), /*final=*/false, responses, &done);
+  absl::Status s =
+      Round(name, *target, PollWait(addresses_.size()), /*final=*/false, responses, &done);
   if (s.ok() && done) s = Commit(name, *target, *responses, started).status();
   if (s.ok() && !done) return absl::ZeroDuration();
-  if (!s.ok() && stopping()) return absl::ZeroDuration();  // stopped or cancelled on purpose: not news
+  if (!s.ok() && stopping())
+    return absl::ZeroDuration();  // stopped or cancelled on purpose: not news
   if (!s.ok()) {
     failed_->Add();
     if (*target != *warned) LogWarning("checkpoint at step ", *target, " failed: ", s.message());

@@ -768,8 +768,9 @@ grpc::ServerUnaryReactor* CoordinatorService::Barrier(grpc::CallbackServerContex
     Process* p;
     if (grpc::Status s = Lookup(request.id(), &p); !s.ok()) return Answer(ctx, s);
     if (!p->registered) {
-      return Answer(ctx, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                      absl::StrCat(p->name, " entered the barrier before registering")));
+      return Answer(ctx,
+                    grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                 absl::StrCat(p->name, " entered the barrier before registering")));
     }
     reactor = ctx->DefaultReactor();
     barriers_.push_back({ctx, reactor, resp, absl::Now() + TimeLeft(ctx, timeout), timeout});

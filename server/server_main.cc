@@ -73,7 +73,8 @@ int main(int argc, char** argv) {
   store_options.fail_on_nonfinite = config->nonfinite() == "fail";
   // Short: such a key never took a step, so taking it as it is loses nothing
   // (docs/runtime.md, "Failures and job end").
-  store_options.registration_wait = std::min(absl::Seconds(5), absl::Seconds(config->barrier_timeout_s()));
+  store_options.registration_wait =
+      std::min(absl::Seconds(5), absl::Seconds(config->barrier_timeout_s()));
   const psrt::v1::Limits& limits = config->limits();
   // By default a server may fill 90% of its host's memory, not more.
   store_options.max_bytes = limits.max_server_bytes() > 0

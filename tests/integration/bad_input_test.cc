@@ -6,19 +6,18 @@
 // worker 0 and talks to the server through a raw ParameterServer stub.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
-
-#include <cmath>
-#include <cstdint>
 #include <signal.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <functional>
-#include <tuple>
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -946,9 +945,11 @@ class JobEndTest : public ::testing::Test {
     dir_ = MakeTempDir("partial");
     ASSERT_FALSE(dir_.empty());
     testing::ClusterOptions options;
-    options.distribution = absl::StrCat(R"({"parameter_server":{"enabled":true,"mode":"sync","workers_per_host":2,)",
-                                        R"("checkpoint":{"uri":"file://)", dir_, R"("}}})");
-    absl::StatusOr<std::unique_ptr<testing::TestCluster>> started = testing::TestCluster::Start(options);
+    options.distribution =
+        absl::StrCat(R"({"parameter_server":{"enabled":true,"mode":"sync","workers_per_host":2,)",
+                     R"("checkpoint":{"uri":"file://)", dir_, R"("}}})");
+    absl::StatusOr<std::unique_ptr<testing::TestCluster>> started =
+        testing::TestCluster::Start(options);
     ASSERT_TRUE(started.ok()) << started.status();
     cluster_ = *std::move(started);
     ASSERT_EQ(cluster_->config().num_workers(), 2);
@@ -974,8 +975,9 @@ class JobEndTest : public ::testing::Test {
     for (int step = 0; step < 3; ++step) {
       for (int rank = 0; rank < 2; ++rank) {
         v1::PushResponse pushed;
-        const grpc::Status s = call(&v1::ParameterServer::Stub::Push,
-                                    PushOf(Key("w", 0, step, v1::DTYPE_FLOAT32, Bytes(Grad())), rank), &pushed);
+        const grpc::Status s =
+            call(&v1::ParameterServer::Stub::Push,
+                 PushOf(Key("w", 0, step, v1::DTYPE_FLOAT32, Bytes(Grad())), rank), &pushed);
         ASSERT_TRUE(s.ok()) << "step " << step << ", rank " << rank << ": " << Describe(s);
       }
     }

@@ -184,8 +184,8 @@ Outcome KillOnce(const std::string& policy, Kind kind, int kill_step) {
   // Detection takes a heartbeat timeout (2 s) at most; a recovery restarts
   // every process and replays at most a checkpoint interval. A killed
   // launcher ends at once; then its processes must go by themselves.
-  const Ending e = WaitForTheEnd(run, absl::Seconds(90),
-                                 absl::StrCat("psrt-run after its ", KindName(kind), " was killed"));
+  const Ending e = WaitForTheEnd(
+      run, absl::Seconds(90), absl::StrCat("psrt-run after its ", KindName(kind), " was killed"));
   r.code = e.code;
   r.end = e.after_training;
   r.hung = r.code == -1;
@@ -309,9 +309,10 @@ TEST(ReplicaTest, KillingAnyServerAtAnyMomentLosesNoStep) {
     const std::string out = run.Output();
     const bool equal = ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights();
     same += code == 0 && equal;
-    std::printf("replica run %d: server %d killed at step %3d: exit %d, %s, ended %s after training\n", i,
-                server, kill_step, code, equal ? "weights as uninterrupted" : "WEIGHTS DIFFER",
-                absl::FormatDuration(end.after_training).c_str());
+    std::printf(
+        "replica run %d: server %d killed at step %3d: exit %d, %s, ended %s after training\n", i,
+        server, kill_step, code, equal ? "weights as uninterrupted" : "WEIGHTS DIFFER",
+        absl::FormatDuration(end.after_training).c_str());
     EXPECT_EQ(code, 0) << out;
     EXPECT_LT(end.after_training, kPromptEnd) << out;
     EXPECT_TRUE(std::regex_search(
@@ -394,8 +395,8 @@ TEST(ReplicaTest, AFailedOverJobWithCheckpointsEndsPromptly) {
     kill(victim, SIGKILL);
     const Ending end = WaitForTheEnd(run, absl::Seconds(90), "psrt-run after a server was killed");
     const std::string out = run.Output();
-    std::printf("run %d: server %d killed at step %3d: exit %d, ended %s after training\n", i, server,
-                kill_step, end.code, absl::FormatDuration(end.after_training).c_str());
+    std::printf("run %d: server %d killed at step %3d: exit %d, ended %s after training\n", i,
+                server, kill_step, end.code, absl::FormatDuration(end.after_training).c_str());
     EXPECT_EQ(end.code, 0) << out;
     EXPECT_LT(end.after_training, kPromptEnd) << out;
     EXPECT_NE(out.find("no step lost (failover)"), std::string::npos) << out;
@@ -526,7 +527,8 @@ TEST(ChaosTest, SigkillAnyProcessAtRandomNeverHangsNorLeavesProcesses) {
       if (x.lost >= 0) lost.push_back(x.lost);
     }
     std::printf(
-        "run %d: %-7s %-16s killed at step %3d: exit %d%s, %d left behind, %zu recoveries%s, ended %s "
+        "run %d: %-7s %-16s killed at step %3d: exit %d%s, %d left behind, %zu recoveries%s, ended "
+        "%s "
         "after training\n",
         i, policy.c_str(), KindName(kind), kill_step, r.code, r.hung ? " (hung)" : "", r.leftovers,
         r.recoveries.size(),
