@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
           psrt::LoadServerKeys(*from, backed_up, num_servers, config->partition_bytes());
       if (copies.ok()) {
         for (psrt::Store::RestoredKey& k : *copies) {
-          k.backup_of = backed_up;
+          k.copy_of = backed_up;
           keys->push_back(std::move(k));
         }
       } else {

@@ -141,7 +141,7 @@ void Store::SetMembership(int64_t epoch, const std::vector<int>& active_workers)
       absl::MutexLock lock(&k->mu);
       if (!k->initialized) continue;
       k->active = active;
-      k->required = required;
+      k->sync.required = required;
       if (options_.sync) MaybeFinishStep(k);
       NotifyWaiters(k, &completed);  // ssp: the slowest worker may have left
     }
@@ -156,7 +156,8 @@ std::vector<int64_t> Store::WorkerClocks() const {
     absl::MutexLock lock(&k->mu);
     if (!k->initialized) continue;
     any = true;
-    for (int w = 0; w < options_.num_workers; ++w) clocks[w] = std::min(clocks[w], k->clock[w]);
+    for (int w = 0; w < options_.num_workers; ++w)
+      clocks[w] = std::min(clocks[w], k->window.clock[w]);
   }
   if (!any) clocks.clear();  // no key here: nothing to say about clocks
   return clocks;

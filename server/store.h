@@ -27,7 +27,7 @@
 namespace psrt {
 
 struct StoreOptions {
-  bool sync = true;              // false: async, every push applied at once
+  bool sync = true;  // false: async, every push applied at once
   // Not sync: a pull at clock c waits until every active worker's clock is at
   // least c - staleness (SSP); < 0: never waits (async).
   int staleness = -1;
@@ -73,7 +73,8 @@ class Store {
   // Waits (while the server restores a checkpoint) until `deadline` at the
   // latest, or until `cancelled` says the caller went away.
   using Cancelled = std::function<bool()>;
-  absl::Status RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time deadline = absl::InfiniteFuture(),
+  absl::Status RegisterKeys(const v1::RegisterKeysRequest& req,
+                            absl::Time deadline = absl::InfiniteFuture(),
                             const Cancelled& cancelled = nullptr);
 
   // ---- Replicas ("replicas": 1) ----
@@ -92,9 +93,9 @@ class Store {
   // holds it (OK, or why it does not); null when there is nothing to wait
   // for. `grad` stays until the waiter has returned.
   using Forwarded = std::function<absl::Status()>;
-  using Forward = std::function<Forwarded(int owner, const std::string& variable, uint32_t partition,
-                                          int64_t version, const float* grad, int64_t n,
-                                          const Origin& origin)>;
+  using Forward =
+      std::function<Forwarded(int owner, const std::string& variable, uint32_t partition,
+                              int64_t version, const float* grad, int64_t n, const Origin& origin)>;
   void SetForward(Forward forward);
   // Called when a request finds a copy here that is not served yet: the
   // clients already know it serves it, so the shard map that says so is
@@ -150,8 +151,8 @@ class Store {
   // The same for a parsed protobuf request (tools and tests); the caller's
   // thread waits.
   absl::Status Push(const v1::PushRequest& req);
-  absl::Status Pull(const v1::PullRequest& req, absl::Time deadline,
-                    v1::PullResponse* resp, const Cancelled& cancelled = nullptr);
+  absl::Status Pull(const v1::PullRequest& req, absl::Time deadline, v1::PullResponse* resp,
+                    const Cancelled& cancelled = nullptr);
   absl::Status PushPull(const v1::PushPullRequest& req, absl::Time deadline,
                         v1::PushPullResponse* resp, const Cancelled& cancelled = nullptr);
   // Ends every wait, now and later, with UNAVAILABLE: the server is stopping.
@@ -193,8 +194,8 @@ class Store {
   struct RestoredKey {
     v1::KeySpec spec;
     KeyRecord state;
-    int backup_of = -1;  // a copy of that server's key ("replicas": 1)
-    int owner = -1;      // served here, but that server's key by the key map
+    int copy_of = -1;  // a copy of that server's key ("replicas": 1)
+    int owner = -1;    // served here, but that server's key by the key map
   };
   // Installs the keys of a checkpoint (or, with an error, refuses every
   // registration with it) and lets registrations in. Workers resume at
@@ -225,14 +226,15 @@ class Store {
     absl::flat_hash_set<std::string> variables;  // held, plus those registered
     int64_t bytes = 0;
   };
-  absl::Status CheckRoomLocked(const v1::KeySpec& spec, const OptimizerConfig& optimizer, Room* room)
-      ABSL_SHARED_LOCKS_REQUIRED(map_mu_);
+  absl::Status CheckRoomLocked(const v1::KeySpec& spec, const OptimizerConfig& optimizer,
+                               Room* room) ABSL_SHARED_LOCKS_REQUIRED(map_mu_);
   absl::Status CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t rank) const;
   // A dense key's shape, slice and initial value.
   absl::Status CheckDenseSpec(const v1::KeySpec& spec, int32_t rank) const;
   void Apply(Key* key, const float* grad, const Origin& origin);  // holds key->mu
   // A table's update: `scale` * grads to the rows of `ids`.
-  void ApplyRows(Key* key, absl::Span<const int64_t> ids, const float* grads, float scale);  // holds key->mu
+  void ApplyRows(Key* key, absl::Span<const int64_t> ids, const float* grads,
+                 float scale);  // holds key->mu
   // After an update: the version moves on (and a checkpoint may copy it).
   void Applied(Key* key, absl::Time start);  // holds key->mu
   // A gradient with NaN or Inf is not applied: true, and the key skips the
@@ -249,7 +251,7 @@ class Store {
   std::vector<Key*> AllKeys() const;
   // Sizes a key's state for `optimizer` (slots initialised, weights unset).
   void InitKey(Key* key, const OptimizerConfig& optimizer);  // holds key->mu
-  void CopyForSnapshot(Key* key);  // holds key->mu
+  void CopyForSnapshot(Key* key);                            // holds key->mu
   // Sync: a key some active worker has not registered registration_wait
   // after the first did, still at version 0 at a checkpoint of a later step
   // (or, once registrations ended, any key short of the step):
@@ -262,7 +264,7 @@ class Store {
 
   // ---- Waiting pulls ----
   bool Ready(Key* k, int64_t min_version) const;  // holds k->mu
-  int64_t SlowestClock(Key* k) const;  // holds k->mu
+  int64_t SlowestClock(Key* k) const;             // holds k->mu
   // Copies key `k` (index i of `p`) into `p`'s answer; true when that was
   // the last key the pull waited for.
   bool Serve(Key* k, PendingPull* p, int i);  // holds k->mu
@@ -301,7 +303,7 @@ class Store {
 
   BufferPool buffers_;  // pulled values on their way out
   std::unique_ptr<ThreadPool> apply_pool_;
-  Forward forward_;  // set before serving, then read only
+  Forward forward_;                      // set before serving, then read only
   std::function<void()> on_copy_asked_;  // the same
   mutable absl::Mutex pending_mu_;
   std::vector<std::shared_ptr<PendingPull>> pending_ ABSL_GUARDED_BY(pending_mu_);
@@ -329,7 +331,6 @@ class Store {
   Gauge* waiting_pulls_;
   Histogram* snapshot_pause_seconds_;
 };
-
 
 }  // namespace psrt
 

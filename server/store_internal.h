@@ -23,6 +23,51 @@ inline constexpr int64_t kParallelPushBytes = 256 << 10;
 inline constexpr absl::Duration kSweepInterval = absl::Milliseconds(20);
 
 struct Store::Key {
+  // A sync step being gathered.
+  struct SyncStep {
+    // The sum of this version's pushes so far, and who sent them.
+    std::vector<float> accum;
+    std::vector<char> contributed;
+    int contributions = 0;
+    // The last version each worker pushed for, to tell a retry of an
+    // applied step from a backup worker's late push.
+    std::vector<int64_t> last_step;
+    // How many pushes complete a step.
+    int required = 1;
+  };
+  // Async and ssp: what a worker's pushes have done so far.
+  struct PushWindow {
+    // A compressed gradient decoded, reused for every push.
+    std::vector<float> scratch;
+    // Each worker's clock (pushes made), for the staleness bound.
+    std::vector<int64_t> clock;
+    // The last kPushWindow push ids applied per worker, so a retried push is
+    // applied once even when a worker's pushes overtake each other.
+    std::vector<uint64_t> recent_push_ids;
+    std::vector<uint8_t> recent_next;
+  };
+  // "replicas" and servers joining or leaving: whose key this is here.
+  struct ReplicaRole {
+    // A copy of server copy_of's key (-1: this server's own), updated by its
+    // Replicate calls; served (pushed, pulled, checkpointed) here once that
+    // server is gone.
+    int copy_of = -1;
+    bool serving = true;
+    int moved_to = -1;  // Release: the server that serves it now
+  };
+  // The copy an armed checkpoint took (buffers kept for the next one).
+  struct SnapshotSlot {
+    bool ready = false;
+    KeyRecord copy;
+    bool stray = false;  // the copy is of a Stray key
+  };
+  // The workers that registered this key here (by rank), since when.
+  struct Registrants {
+    std::vector<char> by;
+    absl::Time first;
+    bool warned = false;  // the warning of a partial registration is logged
+  };
+
   absl::Mutex mu;
   std::string name;                               // "variable#partition"
   v1::KeySpec spec;                               // as first registered, without the initial value
@@ -36,39 +81,19 @@ struct Store::Key {
   std::vector<float> weights ABSL_GUARDED_BY(mu);
   std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
   std::vector<float*> slot_ptrs ABSL_GUARDED_BY(mu);
-  // Sync: the sum of this version's pushes so far, and who sent them.
-  std::vector<float> accum ABSL_GUARDED_BY(mu);
-  std::vector<char> contributed ABSL_GUARDED_BY(mu);
-  int contributions ABSL_GUARDED_BY(mu) = 0;
-  // Sync: the last version each worker pushed for, to tell a retry of an
-  // applied step from a backup worker's late push.
-  std::vector<int64_t> last_step ABSL_GUARDED_BY(mu);
-  // Who takes part, and (sync) how many pushes complete a step.
+  // Who takes part.
   std::vector<char> active ABSL_GUARDED_BY(mu);
-  int required ABSL_GUARDED_BY(mu) = 1;
-  // Async and ssp: a compressed gradient decoded, reused for every push.
-  std::vector<float> scratch ABSL_GUARDED_BY(mu);
-  // Async and ssp: each worker's clock (pushes made), for the staleness bound.
-  std::vector<int64_t> clock ABSL_GUARDED_BY(mu);
-  // Async: the last kPushWindow push ids applied per worker, so a retried
-  // push is applied once even when a worker's pushes overtake each other.
-  std::vector<uint64_t> recent_push_ids ABSL_GUARDED_BY(mu);
-  std::vector<uint8_t> recent_next ABSL_GUARDED_BY(mu);
-  // The copy an armed checkpoint took (buffers kept for the next one).
-  bool snap_ready ABSL_GUARDED_BY(mu) = false;
-  KeyRecord snap ABSL_GUARDED_BY(mu);
+  SyncStep sync ABSL_GUARDED_BY(mu);
+  PushWindow window ABSL_GUARDED_BY(mu);
+  ReplicaRole role ABSL_GUARDED_BY(mu);
+  SnapshotSlot snapshot ABSL_GUARDED_BY(mu);
+  Registrants registered ABSL_GUARDED_BY(mu);
   // Pulls waiting for this key: the pull and the key's index in it.
   std::vector<std::pair<std::shared_ptr<PendingPull>, int>> waiters ABSL_GUARDED_BY(mu);
   // Updates whose gradient held NaN or Inf; with "nonfinite": "fail" the
   // first one stops the key (every push and pull after it gets this error).
   int64_t nonfinite ABSL_GUARDED_BY(mu) = 0;
   absl::Status stopped ABSL_GUARDED_BY(mu);
-  // "replicas": 1. A copy of server backup_of's key (-1: this server's own),
-  // updated by its Replicate calls; served (pushed, pulled, checkpointed)
-  // here once that server is gone.
-  int backup_of ABSL_GUARDED_BY(mu) = -1;
-  bool serving ABSL_GUARDED_BY(mu) = true;
-  int moved_to ABSL_GUARDED_BY(mu) = -1;  // Release: the server that serves it now
   // A sparse table's part (spec.has_table()): its rows, in place of
   // weights, slots and accum.
   std::unique_ptr<Table> table ABSL_GUARDED_BY(mu);
@@ -80,11 +105,6 @@ struct Store::Key {
   bool FreeRunning() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return !is_table && optimizer.kind == OptimizerKind::kAssign;
   }
-  // The workers that registered this key here (by rank), since when.
-  std::vector<char> registrants ABSL_GUARDED_BY(mu);
-  absl::Time first_registered ABSL_GUARDED_BY(mu);
-  bool partial_told ABSL_GUARDED_BY(mu) = false;  // its warning is logged
-  bool snap_stray ABSL_GUARDED_BY(mu) = false;    // the copy is of a Stray key
 };
 
 // A pull whose keys are not all ready. It holds no thread: each key's

@@ -23,7 +23,7 @@ namespace psrt {
 int64_t Store::SlowestClock(Key* k) const {
   int64_t m = INT64_MAX;
   for (int w = 0; w < options_.num_workers; ++w) {
-    if (k->active[w]) m = std::min(m, k->clock[w]);
+    if (k->active[w]) m = std::min(m, k->window.clock[w]);
   }
   return m;
 }
@@ -170,15 +170,15 @@ std::string Store::WhyWaiting(PendingPull* p) {
   } else if (options_.sync) {
     std::vector<int> missing;
     for (int w = 0; w < options_.num_workers; ++w) {
-      if (k->active[w] && !k->contributed[w]) missing.push_back(w);
+      if (k->active[w] && !k->sync.contributed[w]) missing.push_back(w);
     }
     why = absl::StrCat("the key is at version ", k->version, "; waiting for pushes from workers ",
                        absl::StrJoin(missing, ", "));
   } else {
     std::vector<std::string> behind;
     for (int w = 0; w < options_.num_workers; ++w) {
-      if (k->active[w] && k->clock[w] < min_version - options_.staleness) {
-        behind.push_back(absl::StrCat("worker ", w, " at clock ", k->clock[w]));
+      if (k->active[w] && k->window.clock[w] < min_version - options_.staleness) {
+        behind.push_back(absl::StrCat("worker ", w, " at clock ", k->window.clock[w]));
       }
     }
     why = absl::StrCat("staleness bound ", options_.staleness,
@@ -301,7 +301,7 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
     Key* k = p->keys[i];
     const int64_t min_version = p->min_version[i];
     if (!k->stopped.ok()) return k->stopped;
-    if (!k->serving) return NotServing(k);
+    if (!k->role.serving) return NotServing(k);
     if (k->table) {
       if (absl::Status s = CheckRowsLocked(k, p->ids[i]); !s.ok()) return s;
     }

@@ -41,9 +41,9 @@ void Store::Apply(Key* key, const float* grad, const Origin& origin) {
   // The backup applies the same update while this server does; the new
   // version is published here only once the backup holds it too.
   Forwarded forwarded;
-  if (key->serving && forward_) {
-    forwarded = forward_(key->backup_of, key->spec.variable(), key->spec.partition(), key->version,
-                         grad, key->n, origin);
+  if (key->role.serving && forward_) {
+    forwarded = forward_(key->role.copy_of, key->spec.variable(), key->spec.partition(),
+                         key->version, grad, key->n, origin);
   }
   // An assign key's value is data, not an update: NaN and Inf in it are what
   // the workers must see (GradScaler finds the overflow in the mean gradient).
@@ -77,7 +77,7 @@ void Store::ApplyRows(Key* key, absl::Span<const int64_t> ids, const float* grad
 
 void Store::Applied(Key* key, absl::Time start) {
   ++key->version;
-  if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->serving)
+  if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->role.serving)
     CopyForSnapshot(key);
   updates_->Add();
   update_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
@@ -101,7 +101,7 @@ bool Store::SkipNonfinite(Key* key, const float* grad, int64_t n) {
     if (key->nonfinite == 1)
       LogWarning(what, ": skipped (\"nonfinite\": \"skip\"); later ones are counted only");
     ++key->version;
-    if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->serving)
+    if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->role.serving)
       CopyForSnapshot(key);
     return true;
   }
@@ -153,7 +153,7 @@ absl::Status Store::Push(const WireMessage& req) {
                        "; a scale is finite and positive, at least 3e-39 (0 stands for 1)"));
     }
     absl::MutexLock lock(&k->mu);
-    if (!k->serving) return NotServing(k);
+    if (!k->role.serving) return NotServing(k);
     if (!k->initialized) {
       return absl::FailedPreconditionError(
           absl::StrCat("key '", k->name, "' has no value yet: rank 0 has not registered it"));
@@ -172,10 +172,11 @@ absl::Status Store::Push(const WireMessage& req) {
     }
     // Async and ssp: a worker's clock moves one push at a time; a push far
     // ahead would let it outrun the staleness bound (or be garbage).
-    if (!options_.sync && kd.version > k->clock[w]) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "push to key '", k->name, "' is for clock ", kd.version, " but worker ", w,
-          "'s clock there is ", k->clock[w], "; a worker's clock advances one push at a time"));
+    if (!options_.sync && kd.version > k->window.clock[w]) {
+      return absl::OutOfRangeError(absl::StrCat("push to key '", k->name, "' is for clock ",
+                                                kd.version, " but worker ", w, "'s clock there is ",
+                                                k->window.clock[w],
+                                                "; a worker's clock advances one push at a time"));
     }
     if (k->table) {
       if (absl::Status s = CheckRowsLocked(k, kd.ids); !s.ok()) return s;
@@ -201,7 +202,7 @@ absl::Status Store::Push(const WireMessage& req) {
     Completed completed;
     {
       absl::MutexLock lock(&k->mu);
-      if (!k->serving) {
+      if (!k->role.serving) {
         absl::MutexLock mlock(&moved_mu);
         moved = NotServing(k);
         return;
@@ -224,7 +225,7 @@ absl::Status Store::Push(const WireMessage& req) {
 
 void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
   if (!options_.sync) {
-    uint64_t* recent = &k->recent_push_ids[w * kPushWindow];
+    uint64_t* recent = &k->window.recent_push_ids[w * kPushWindow];
     if (push_id != 0 && std::find(recent, recent + kPushWindow, push_id) != recent + kPushWindow) {
       duplicate_pushes_->Add();
       return;
@@ -244,15 +245,16 @@ void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
   // Sync: one push per worker and version; a retry finds its step applied
   // or its bit set, a backup worker's late push finds its step applied.
   if (kd.version < k->version) {
-    (k->last_step[w] == kd.version ? duplicate_pushes_ : dropped_pushes_)->Add();
+    (k->sync.last_step[w] == kd.version ? duplicate_pushes_ : dropped_pushes_)->Add();
     return;
   }
-  if (k->contributed[w]) {
+  if (k->sync.contributed[w]) {
     duplicate_pushes_->Add();
     return;
   }
-  k->last_step[w] = kd.version;
-  if (!k->table && k->contributions == 0 && k->required == 1 && (kd.scale == 0 || kd.scale == 1)) {
+  k->sync.last_step[w] = kd.version;
+  if (!k->table && k->sync.contributions == 0 && k->sync.required == 1 &&
+      (kd.scale == 0 || kd.scale == 1)) {
     // The step's one gradient (a single worker): applied from where it
     // lies, as an async push is, without the pass through the accumulator.
     Apply(k, Gradient(k, kd), Origin());
@@ -261,10 +263,10 @@ void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
   if (k->table) {
     k->table->Accumulate(kd.ids, Gradient(k, kd));
   } else {
-    DecodePayload(kd.data, kd.dtype, kd.scale, k->accum.data(), k->contributions > 0);
+    DecodePayload(kd.data, kd.dtype, kd.scale, k->sync.accum.data(), k->sync.contributions > 0);
   }
-  k->contributed[w] = 1;
-  ++k->contributions;
+  k->sync.contributed[w] = 1;
+  ++k->sync.contributions;
   MaybeFinishStep(k);
 }
 
@@ -274,9 +276,9 @@ const float* Store::Gradient(Key* k, const WireKey& kd) {
       reinterpret_cast<uintptr_t>(pieces[0].data()) % alignof(float) == 0) {
     return reinterpret_cast<const float*>(pieces[0].data());
   }
-  k->scratch.resize(kd.data.size() / BytesPerValue(kd.dtype));
-  DecodePayload(kd.data, kd.dtype, kd.scale, k->scratch.data(), false);
-  return k->scratch.data();
+  k->window.scratch.resize(kd.data.size() / BytesPerValue(kd.dtype));
+  DecodePayload(kd.data, kd.dtype, kd.scale, k->window.scratch.data(), false);
+  return k->window.scratch.data();
 }
 
 absl::Status Store::CheckRowsLocked(Key* k, absl::Span<const int64_t> ids) {
@@ -296,29 +298,30 @@ absl::Status Store::CheckRowsLocked(Key* k, absl::Span<const int64_t> ids) {
 
 void Store::RecordPush(Key* k, const Origin& origin) {
   const int w = origin.worker;
-  k->recent_push_ids[w * kPushWindow + k->recent_next[w]] = origin.push_id;
-  k->recent_next[w] = (k->recent_next[w] + 1) % kPushWindow;
-  k->clock[w] = std::max(k->clock[w], origin.clock);
+  k->window.recent_push_ids[w * kPushWindow + k->window.recent_next[w]] = origin.push_id;
+  k->window.recent_next[w] = (k->window.recent_next[w] + 1) % kPushWindow;
+  k->window.clock[w] = std::max(k->window.clock[w], origin.clock);
 }
 
 void Store::MaybeFinishStep(Key* k) {
-  if (k->contributions == 0 || k->contributions < k->required) return;
+  if (k->sync.contributions == 0 || k->sync.contributions < k->sync.required) return;
   if (k->table) {
-    const float scale =
-        options_.average_gradients && k->contributions > 1 ? 1.0f / k->contributions : 1.0f;
+    const float scale = options_.average_gradients && k->sync.contributions > 1
+                            ? 1.0f / k->sync.contributions
+                            : 1.0f;
     ApplyRows(k, k->table->accumulated_ids(), k->table->accumulated(), scale);
     k->table->ClearAccumulated();
-    std::fill(k->contributed.begin(), k->contributed.end(), 0);
-    k->contributions = 0;
+    std::fill(k->sync.contributed.begin(), k->sync.contributed.end(), 0);
+    k->sync.contributions = 0;
     return;
   }
-  if (options_.average_gradients && k->contributions > 1) {
-    const float scale = 1.0f / k->contributions;
-    for (float& v : k->accum) v *= scale;
+  if (options_.average_gradients && k->sync.contributions > 1) {
+    const float scale = 1.0f / k->sync.contributions;
+    for (float& v : k->sync.accum) v *= scale;
   }
-  Apply(k, k->accum.data(), Origin());
-  std::fill(k->contributed.begin(), k->contributed.end(), 0);
-  k->contributions = 0;
+  Apply(k, k->sync.accum.data(), Origin());
+  std::fill(k->sync.contributed.begin(), k->sync.contributed.end(), 0);
+  k->sync.contributions = 0;
 }
 
 }  // namespace psrt

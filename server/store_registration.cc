@@ -207,24 +207,24 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time 
       }
       if (req.replica()) {
         absl::MutexLock lock(&key->mu);
-        if (key->backup_of < 0 && !key->initialized) {
-          key->backup_of = req.primary();
-          key->serving = false;
+        if (key->role.copy_of < 0 && !key->initialized) {
+          key->role.copy_of = req.primary();
+          key->role.serving = false;
         }
       } else if (req.has_owner() && added) {
         // Another server's key by the key map, served here for now.
         absl::MutexLock lock(&key->mu);
-        key->backup_of = req.owner() == options_.self ? -1 : req.owner();
+        key->role.copy_of = req.owner() == options_.self ? -1 : req.owner();
       }
     }
     Completed completed;
     {
       absl::MutexLock lock(&key->mu);
-      if (key->registrants.empty()) {
-        key->registrants.assign(options_.num_workers, 0);
-        key->first_registered = absl::Now();
+      if (key->registered.by.empty()) {
+        key->registered.by.assign(options_.num_workers, 0);
+        key->registered.first = absl::Now();
       }
-      key->registrants[req.worker_rank()] = 1;
+      key->registered.by[req.worker_rank()] = 1;
       bytes_in_->Add(spec.init().size());
       // Rank 0's value and optimizer settings win, once; a restarted rank 0
       // keeps the trained weights.
@@ -282,19 +282,19 @@ void Store::InitKey(Key* key, const OptimizerConfig& optimizer) {
   }
   key->slot_ptrs.clear();
   for (auto& s : key->slots) key->slot_ptrs.push_back(s.data());
-  if (options_.sync) key->accum.assign(key->n, 0.f);
-  key->contributed.assign(options_.num_workers, 0);
-  key->last_step.assign(options_.num_workers, -1);
-  key->clock.assign(options_.num_workers, 0);
+  if (options_.sync) key->sync.accum.assign(key->n, 0.f);
+  key->sync.contributed.assign(options_.num_workers, 0);
+  key->sync.last_step.assign(options_.num_workers, -1);
+  key->window.clock.assign(options_.num_workers, 0);
   {
     absl::MutexLock members(&members_mu_);
     key->active = active_;
   }
-  key->required = std::max<int>(
+  key->sync.required = std::max<int>(
       1, std::count(key->active.begin(), key->active.end(), 1) - options_.backup_workers);
   if (!options_.sync) {
-    key->recent_push_ids.assign(options_.num_workers * kPushWindow, 0);
-    key->recent_next.assign(options_.num_workers, 0);
+    key->window.recent_push_ids.assign(options_.num_workers * kPushWindow, 0);
+    key->window.recent_next.assign(options_.num_workers, 0);
   }
   key->initialized = true;
   bytes_stored_ += KeyBytes(key->n, key->optimizer);
@@ -341,7 +341,7 @@ void Store::FinishRestore(absl::StatusOr<std::vector<RestoredKey>> restored, int
         bytes_stored_ += key->table->rows() * key->table->row_bytes();
         key->version = r.state.version;
         key->lr = r.state.learning_rate;
-        std::fill(key->clock.begin(), key->clock.end(), step);
+        std::fill(key->window.clock.begin(), key->window.clock.end(), step);
       } else if (!opt.ok() || NumSlots(*opt) != static_cast<int>(r.state.slots.size()) ||
                  static_cast<int64_t>(r.state.weights.size()) != key->n) {
         restored = absl::DataLossError(
@@ -358,9 +358,9 @@ void Store::FinishRestore(absl::StatusOr<std::vector<RestoredKey>> restored, int
         InitKey(key.get(), *opt);
         key->version = r.state.version;
         key->lr = r.state.learning_rate;
-        key->backup_of = r.backup_of >= 0 ? r.backup_of : r.owner;
-        key->serving = r.backup_of < 0;
-        std::fill(key->clock.begin(), key->clock.end(), step);
+        key->role.copy_of = r.copy_of >= 0 ? r.copy_of : r.owner;
+        key->role.serving = r.copy_of < 0;
+        std::fill(key->window.clock.begin(), key->window.clock.end(), step);
       }
       absl::MutexLock map_lock(&map_mu_);
       keys_[name] = std::move(key);

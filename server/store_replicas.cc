@@ -22,20 +22,21 @@
 namespace psrt {
 
 bool Store::Owns(const Key* k, int owner) const {
-  return k->backup_of == owner || (k->backup_of < 0 && owner >= 0 && owner == options_.self);
+  return k->role.copy_of == owner || (k->role.copy_of < 0 && owner >= 0 && owner == options_.self);
 }
 
 absl::Status Store::NotServing(const Key* k) const {
-  if (k->moved_to >= 0) {
-    return absl::UnavailableError(absl::StrCat("key '", k->name, "' moved to server ", k->moved_to,
+  if (k->role.moved_to >= 0) {
+    return absl::UnavailableError(absl::StrCat("key '", k->name, "' moved to server ",
+                                               k->role.moved_to,
                                                "; the shard map says so from its next epoch"));
   }
   if (on_copy_asked_) on_copy_asked_();
   // UNAVAILABLE: the client tries again, and this server serves the key as
   // soon as it hears that its primary is gone.
   return absl::UnavailableError(absl::StrCat("key '", k->name,
-                                             "' is held here as a replica of server ", k->backup_of,
-                                             "'s, not served yet"));
+                                             "' is held here as a replica of server ",
+                                             k->role.copy_of, "'s, not served yet"));
 }
 
 void Store::SetForward(Forward forward) { forward_ = std::move(forward); }
@@ -47,7 +48,7 @@ absl::Status Store::Replicate(const v1::ReplicateRequest& req, absl::string_view
   Completed completed;
   {
     absl::MutexLock lock(&k->mu);
-    if (k->backup_of < 0 || k->serving) {
+    if (k->role.copy_of < 0 || k->role.serving) {
       return absl::FailedPreconditionError(
           absl::StrCat("key '", k->name, "' is not a replica on this server"));
     }
@@ -77,9 +78,9 @@ absl::Status Store::Replicate(const v1::ReplicateRequest& req, absl::string_view
     }
     const float* grad = reinterpret_cast<const float*>(gradient.data());
     if (reinterpret_cast<uintptr_t>(grad) % alignof(float) != 0) {
-      k->scratch.resize(k->n);
-      std::memcpy(k->scratch.data(), gradient.data(), k->n * 4);
-      grad = k->scratch.data();
+      k->window.scratch.resize(k->n);
+      std::memcpy(k->window.scratch.data(), gradient.data(), k->n * 4);
+      grad = k->window.scratch.data();
     }
     Apply(k, grad, origin);
     NotifyWaiters(k, &completed);
@@ -92,8 +93,8 @@ void Store::Promote(int primary) {
   int64_t n = 0;
   for (Key* k : AllKeys()) {
     absl::MutexLock lock(&k->mu);
-    if (k->backup_of != primary || k->serving) continue;
-    k->serving = true;
+    if (k->role.copy_of != primary || k->role.serving) continue;
+    k->role.serving = true;
     ++n;
   }
   if (n > 0)
@@ -152,7 +153,7 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
     key = *found;
   }
   absl::MutexLock lock(&key->mu);
-  if (key->serving && key->initialized) {
+  if (key->role.serving && key->initialized) {
     return absl::FailedPreconditionError(
         absl::StrCat("key '", name, "' is served here; it takes no copy"));
   }
@@ -163,9 +164,9 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
     return absl::FailedPreconditionError(absl::StrCat("the copy of key '", name, "' is at version ",
                                                       key->version, ", not ", req.version()));
   }
-  key->backup_of = req.primary();
-  key->serving = false;
-  key->moved_to = -1;
+  key->role.copy_of = req.primary();
+  key->role.serving = false;
+  key->role.moved_to = -1;
   if (!key->initialized) InitKey(key, *opt);
   if (weights) {
     std::memcpy(key->weights.data(), req.weights().data(), n * 4);
@@ -174,21 +175,21 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
   }
   key->version = req.version();
   key->lr = req.lr();
-  for (int w = 0; w < req.worker_clocks_size(); ++w) key->clock[w] = req.worker_clocks(w);
+  for (int w = 0; w < req.worker_clocks_size(); ++w) key->window.clock[w] = req.worker_clocks(w);
   if (req.handover()) {
     if (options_.sync && !req.accum().empty())
-      std::memcpy(key->accum.data(), req.accum().data(), n * 4);
-    key->contributions = 0;
+      std::memcpy(key->sync.accum.data(), req.accum().data(), n * 4);
+    key->sync.contributions = 0;
     for (int w = 0; w < req.contributed_size(); ++w) {
-      key->contributed[w] = req.contributed(w);
-      key->contributions += req.contributed(w);
+      key->sync.contributed[w] = req.contributed(w);
+      key->sync.contributions += req.contributed(w);
     }
-    for (int w = 0; w < req.last_step_size(); ++w) key->last_step[w] = req.last_step(w);
+    for (int w = 0; w < req.last_step_size(); ++w) key->sync.last_step[w] = req.last_step(w);
     if (!options_.sync) {
       for (int i = 0; i < req.recent_push_ids_size(); ++i)
-        key->recent_push_ids[i] = req.recent_push_ids(i);
+        key->window.recent_push_ids[i] = req.recent_push_ids(i);
       for (int w = 0; w < req.recent_next_size(); ++w)
-        key->recent_next[w] = static_cast<uint8_t>(req.recent_next(w));
+        key->window.recent_next[w] = static_cast<uint8_t>(req.recent_next(w));
     }
   }
   return absl::OkStatus();
@@ -199,7 +200,7 @@ void Store::FillSeed(const Key* k, int primary, v1::SeedRequest* req) const {
   req->set_primary(primary);
   req->set_version(k->version);
   req->set_lr(k->lr);
-  for (int64_t c : k->clock) req->add_worker_clocks(c);
+  for (int64_t c : k->window.clock) req->add_worker_clocks(c);
 }
 
 void Store::FillWeights(const Key* k, v1::SeedRequest* req) const {
@@ -211,13 +212,13 @@ void Store::FillWeights(const Key* k, v1::SeedRequest* req) const {
 void Store::FillHandover(const Key* k, v1::SeedRequest* req) const {
   req->set_handover(true);
   if (options_.sync) {
-    if (k->contributions > 0)
-      req->set_accum(reinterpret_cast<const char*>(k->accum.data()), k->n * 4);
-    for (char c : k->contributed) req->add_contributed(c != 0);
-    for (int64_t step : k->last_step) req->add_last_step(step);
+    if (k->sync.contributions > 0)
+      req->set_accum(reinterpret_cast<const char*>(k->sync.accum.data()), k->n * 4);
+    for (char c : k->sync.contributed) req->add_contributed(c != 0);
+    for (int64_t step : k->sync.last_step) req->add_last_step(step);
   } else {
-    for (uint64_t id : k->recent_push_ids) req->add_recent_push_ids(id);
-    for (uint8_t next : k->recent_next) req->add_recent_next(next);
+    for (uint64_t id : k->window.recent_push_ids) req->add_recent_push_ids(id);
+    for (uint8_t next : k->window.recent_next) req->add_recent_next(next);
   }
 }
 
@@ -226,7 +227,7 @@ void Store::SeedCopies(int owner, const std::function<absl::Status(const v1::See
   const int primary = owner < 0 ? options_.self : owner;
   for (Key* k : AllKeys()) {
     absl::MutexLock lock(&k->mu);
-    if (!k->serving || !k->initialized || !Owns(k, owner)) continue;
+    if (!k->role.serving || !k->initialized || !Owns(k, owner)) continue;
     if (k->table != nullptr) {
       LogWarning("key '", k->name,
                  "' is a sparse table's part, which is not copied to other servers");
@@ -250,7 +251,7 @@ void Store::Release(int owner, int to, const SendSeed& send) {
   const int primary = owner < 0 ? options_.self : owner;
   for (Key* k : AllKeys()) {
     absl::MutexLock lock(&k->mu);
-    if (!k->serving || !Owns(k, owner)) continue;
+    if (!k->role.serving || !Owns(k, owner)) continue;
     if (send && k->initialized && k->table == nullptr) {
       // Under the key's lock: nothing changes it between the hand-over and
       // the moment it stops being served here. The copy there has every
@@ -272,9 +273,9 @@ void Store::Release(int owner, int to, const SendSeed& send) {
                    "); a step half done here is done there again from the pushes resent to it");
       }
     }
-    k->serving = false;
-    k->moved_to = to;
-    if (k->backup_of < 0) k->backup_of = options_.self;
+    k->role.serving = false;
+    k->role.moved_to = to;
+    if (k->role.copy_of < 0) k->role.copy_of = options_.self;
     const absl::Status moved = NotServing(k);
     for (auto& [p, i] : k->waiters) {
       absl::MutexLock plock(&p->mu);
@@ -288,10 +289,10 @@ void Store::Release(int owner, int to, const SendSeed& send) {
     }
     // Freed: a new copy (Seed) allocates again.
     std::vector<float>().swap(k->weights);
-    std::vector<float>().swap(k->accum);
+    std::vector<float>().swap(k->sync.accum);
     k->slots.clear();
     k->slot_ptrs.clear();
-    k->snap_ready = false;
+    k->snapshot.ready = false;
     ++n;
   }
   for (const auto& p : failed) Complete(p.get());

@@ -22,7 +22,7 @@ namespace psrt {
 
 void Store::CopyForSnapshot(Key* k) {
   const absl::Time start = absl::Now();
-  KeyRecord& r = k->snap;
+  KeyRecord& r = k->snapshot.copy;
   r.variable = k->spec.variable();
   r.partition = k->spec.partition();
   r.offset = k->spec.offset();
@@ -38,7 +38,7 @@ void Store::CopyForSnapshot(Key* k) {
     for (size_t i = 0; i < k->slots.size(); ++i)
       r.slots[i].assign(k->slots[i].begin(), k->slots[i].end());
   }
-  k->snap_ready = true;
+  k->snapshot.ready = true;
   const double pause = absl::ToDoubleSeconds(absl::Now() - start);
   snapshot_pause_seconds_->Observe(pause);
   double seen = max_pause_s_.load();
@@ -52,31 +52,31 @@ bool Store::Stray(Key* k, int64_t step) {
     // Every worker finished: nothing moves this key any more. An assign
     // key is taken as it is anyway, once it has its value.
     if (k->initialized && (k->version >= step || k->FreeRunning())) return false;
-    if (!k->partial_told) {
-      k->partial_told = true;
+    if (!k->registered.warned) {
+      k->registered.warned = true;
       LogWarning("key '", k->name, "' is at version ", k->version, ", short of step ", step,
                  ", and every worker finished: the final checkpoint ",
                  k->initialized ? "takes it as it is" : "leaves it out (it has no value)");
     }
     return true;
   }
-  if (k->version != 0 || k->registrants.empty() ||
-      absl::Now() - k->first_registered < options_.registration_wait) {
+  if (k->version != 0 || k->registered.by.empty() ||
+      absl::Now() - k->registered.first < options_.registration_wait) {
     return false;
   }
   // Asked on every poll of a waiting checkpoint: the lists are made only
   // for the one warning.
   auto missing = [&](int w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu) {
-    return !k->registrants[w] && (k->active.empty() || k->active[w]);
+    return !k->registered.by[w] && (k->active.empty() || k->active[w]);
   };
   int w = 0;
   while (w < options_.num_workers && !missing(w)) ++w;
   if (w == options_.num_workers) return false;
-  if (!k->partial_told) {
-    k->partial_told = true;
+  if (!k->registered.warned) {
+    k->registered.warned = true;
     std::vector<int> by, not_by;
     for (int i = 0; i < options_.num_workers; ++i) {
-      if (k->registrants[i]) by.push_back(i);
+      if (k->registered.by[i]) by.push_back(i);
       if (missing(i)) not_by.push_back(i);
     }
     LogWarning("key '", k->name, "' was registered by worker", by.size() > 1 ? "s " : " ",
@@ -95,16 +95,16 @@ absl::Status Store::ArmSnapshot(int64_t step) {
   // while the loop below runs keeps the copy it took.
   for (Key* k : keys) {
     absl::MutexLock lock(&k->mu);
-    k->snap_ready = false;
+    k->snapshot.ready = false;
   }
   max_pause_s_ = 0;
   snapshot_now_ = step < 0;
   snapshot_step_ = step >= 0 ? step : kNotArmed;
   for (Key* k : keys) {
     absl::MutexLock lock(&k->mu);
-    if (!k->initialized || k->snap_ready || !k->serving) continue;
-    k->snap_stray = Stray(k, step);
-    if (step < 0 || k->version == step || k->FreeRunning() || k->snap_stray) {
+    if (!k->initialized || k->snapshot.ready || !k->role.serving) continue;
+    k->snapshot.stray = Stray(k, step);
+    if (step < 0 || k->version == step || k->FreeRunning() || k->snapshot.stray) {
       CopyForSnapshot(k);
     } else if (k->version > step) {
       snapshot_step_ = kNotArmed;
@@ -124,10 +124,10 @@ int64_t Store::WaitSnapshot(absl::Time deadline) {
       // A key still waiting for rank 0's initial value counts: it reaches
       // the step like the others, and a shard without it is not whole. An
       // assign key is taken as it is once it has that value.
-      const bool stray = !k->snap_ready && (k->snap_stray = Stray(k, snapshot_step_));
-      if ((k->FreeRunning() || stray) && k->initialized && !k->snap_ready && k->serving)
+      const bool stray = !k->snapshot.ready && (k->snapshot.stray = Stray(k, snapshot_step_));
+      if ((k->FreeRunning() || stray) && k->initialized && !k->snapshot.ready && k->role.serving)
         CopyForSnapshot(k);
-      if (!k->snap_ready && k->serving && !stray) ++waiting;
+      if (!k->snapshot.ready && k->role.serving && !stray) ++waiting;
     }
     if (waiting == 0 || closing_ || absl::Now() >= deadline) return waiting;
     absl::SleepFor(absl::Milliseconds(2));
@@ -144,16 +144,16 @@ void Store::EncodeSnapshot(std::string* out, v1::SaveShardResponse* info) {
   absl::flat_hash_set<std::string> variables;
   for (Key* k : keys) {
     absl::MutexLock lock(&k->mu);
-    if (!k->snap_ready || !k->serving) continue;
-    records.push_back(&k->snap);
+    if (!k->snapshot.ready || !k->role.serving) continue;
+    records.push_back(&k->snapshot.copy);
     v1::ManifestKey* mk = info->add_keys();
-    mk->set_variable(k->snap.variable);
-    mk->set_partition(k->snap.partition);
-    mk->set_offset(k->snap.offset);
-    mk->set_num_elements(k->snap.num_elements);
-    mk->set_version(k->snap.version);
-    mk->set_rows(static_cast<int64_t>(k->snap.row_ids.size()));
-    if (k->snap_stray) info->add_stray_keys(k->name);
+    mk->set_variable(k->snapshot.copy.variable);
+    mk->set_partition(k->snapshot.copy.partition);
+    mk->set_offset(k->snapshot.copy.offset);
+    mk->set_num_elements(k->snapshot.copy.num_elements);
+    mk->set_version(k->snapshot.copy.version);
+    mk->set_rows(static_cast<int64_t>(k->snapshot.copy.row_ids.size()));
+    if (k->snapshot.stray) info->add_stray_keys(k->name);
     if (variables.insert(k->spec.variable()).second) {
       v1::ManifestVariable* v = info->add_variables();
       v->set_name(k->spec.variable());
