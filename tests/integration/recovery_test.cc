@@ -286,12 +286,23 @@ std::string ReplicaDistribution(const std::string& more = "") {
       R"("replicas":1)", more, "}}");
 }
 
+// The seed of the randomized runs: PSRT_CHAOS_SEED, default 1.
+unsigned ChaosSeed() {
+  const char* seed = std::getenv("PSRT_CHAOS_SEED");
+  return seed ? static_cast<unsigned>(std::atoi(seed)) : 1;
+}
+
+// How many randomized runs a test makes: the environment variable `name`,
+// else `runs`.
+int Runs(const char* name, int runs) {
+  const char* set = std::getenv(name);
+  return set ? std::atoi(set) : runs;
+}
+
 // Seeded (PSRT_CHAOS_SEED) and bounded (PSRT_REPLICA_RUNS, default 20).
 TEST(ReplicaTest, KillingAnyServerAtAnyMomentLosesNoStep) {
-  const char* seed_env = std::getenv("PSRT_CHAOS_SEED");
-  const char* runs_env = std::getenv("PSRT_REPLICA_RUNS");
-  std::mt19937 rng(seed_env ? static_cast<unsigned>(std::atoi(seed_env)) : 1);
-  const int runs = runs_env ? std::atoi(runs_env) : 20;
+  std::mt19937 rng(ChaosSeed());
+  const int runs = Runs("PSRT_REPLICA_RUNS", 20);
   ASSERT_GT(runs, 0) << "PSRT_REPLICA_RUNS must be > 0";
   int same = 0;
   for (int i = 0; i < runs; ++i) {
@@ -375,10 +386,8 @@ TEST(ReplicaTest, ALostServerComesBackAsTheNewBackupAndCanTakeOverInTurn) {
 // checkpoint at the last step. Seeded (PSRT_CHAOS_SEED), PSRT_END_RUNS runs
 // (default 4).
 TEST(ReplicaTest, AFailedOverJobWithCheckpointsEndsPromptly) {
-  const char* seed_env = std::getenv("PSRT_CHAOS_SEED");
-  const char* runs_env = std::getenv("PSRT_END_RUNS");
-  std::mt19937 rng(seed_env ? static_cast<unsigned>(std::atoi(seed_env)) : 1);
-  const int runs = runs_env ? std::atoi(runs_env) : 4;
+  std::mt19937 rng(ChaosSeed());
+  const int runs = Runs("PSRT_END_RUNS", 4);
   ASSERT_GT(runs, 0) << "PSRT_END_RUNS must be > 0";
   for (int i = 0; i < runs; ++i) {
     const int server = std::uniform_int_distribution<int>(0, 1)(rng);
@@ -415,10 +424,10 @@ TEST_P(ReplicaTransportTest, AsyncLosesNoPushAndAppliesNoneTwice) {
   // Every push of both workers is applied exactly once: each key's final
   // version, in the checkpoint written at the end, counts them.
   const std::string dir = TempDir(), token = RandomToken();
-  Proc run = StartJob(
-      ReplicaDistribution(absl::StrCat(R"(,"mode":"async","transport":")", GetParam(),
-                                       R"(","checkpoint":{"uri":")", dir, R"(/ckpt"})")),
-      token, dir);
+  Proc run =
+      StartJob(ReplicaDistribution(absl::StrCat(R"(,"mode":"async","transport":")", GetParam(),
+                                                R"(","checkpoint":{"uri":")", dir, R"(/ckpt"})")),
+               token, dir);
   ASSERT_TRUE(run.WaitForOutput("step 120 ", absl::Seconds(60))) << run.Output();
   kill(ServerProcess(token, 1), SIGKILL);
   ASSERT_EQ(run.Wait(absl::Seconds(90), "psrt-run"), 0) << run.Output();
@@ -426,9 +435,8 @@ TEST_P(ReplicaTransportTest, AsyncLosesNoPushAndAppliesNoneTwice) {
   EXPECT_NE(out.find("no step lost (failover)"), std::string::npos) << out;
   // Both servers forwarded their updates the way the transport says.
   for (int at : {0, 1}) {
-    const bool channel =
-        out.find(absl::StrCat("updates to the copies on server ", at, " go over its data channel")) !=
-        std::string::npos;
+    const bool channel = out.find(absl::StrCat("updates to the copies on server ", at,
+                                               " go over its data channel")) != std::string::npos;
     EXPECT_EQ(channel, GetParam() != "grpc") << at << "\n" << out;
   }
   absl::StatusOr<CheckpointRef> final = ResolveCheckpoint("latest", dir + "/ckpt");
@@ -507,10 +515,8 @@ TEST(ElasticTest, FewerThanMinWorkersEndsTheJobSayingSo) {
 // run SIGKILLs one process at a random step. Prints one line per run and the
 // totals.
 TEST(ChaosTest, SigkillAnyProcessAtRandomNeverHangsNorLeavesProcesses) {
-  const char* seed_env = std::getenv("PSRT_CHAOS_SEED");
-  const char* runs_env = std::getenv("PSRT_CHAOS_RUNS");
-  const unsigned seed = seed_env ? static_cast<unsigned>(std::atoi(seed_env)) : 1;
-  const int runs = runs_env ? std::atoi(runs_env) : 10;
+  const unsigned seed = ChaosSeed();
+  const int runs = Runs("PSRT_CHAOS_RUNS", 10);
   ASSERT_GT(runs, 0) << "PSRT_CHAOS_RUNS must be > 0";
   std::mt19937 rng(seed);
   int hangs = 0, leftovers = 0, recovered = 0, recover_runs = 0;
