@@ -90,6 +90,8 @@ void Checkpointer::Start(const std::vector<std::string>& server_addresses, int64
     absl::MutexLock lock(&mu_);
     stopping_ = false;
     cancelled_ = false;
+    finishing_ = false;
+    job_failed_ = false;
     looping_ = loop;
   }
   if (loop) {
@@ -110,12 +112,15 @@ void Checkpointer::Halt(absl::Duration grace) {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    if (cancel) {
+    if (cancel && !finishing_) {
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !looping_; };
       mu_.AwaitWithTimeout(absl::Condition(&idle), grace);
-      // Whatever is still being written (by the triggers or on demand) ends.
-      cancelled_ = true;
-      for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+      // Whatever is still being written (by the triggers or on demand)
+      // ends, unless the final checkpoint began meanwhile.
+      if (!finishing_) {
+        cancelled_ = true;
+        for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+      }
     }
   }
   {
@@ -136,6 +141,7 @@ void Checkpointer::Cancel() {
   absl::MutexLock lock(&mu_);
   stopping_ = true;
   cancelled_ = true;
+  job_failed_ = true;
   for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
 }
 
@@ -454,6 +460,13 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Finish(
   // The triggers first: their loop takes save_mu_ turn after turn, which
   // would keep Retarget waiting.
   Stop();
+  {
+    absl::MutexLock lock(&mu_);
+    finishing_ = true;
+    // A failover's Abort just before the end cancelled the old servers'
+    // checkpoint, not this one.
+    cancelled_ = job_failed_;
+  }
   Retarget(server_addresses);
   if (addresses_.empty())
     return absl::FailedPreconditionError("the job ended before its servers registered");

@@ -58,7 +58,8 @@ class Checkpointer {
   void Stop();
   // Stops the triggers; a checkpoint in progress gets `grace` to commit (its
   // shards may all be written already), then is cancelled: its servers are
-  // gone or about to be replaced. Returns once nothing is being written.
+  // gone or about to be replaced. The final checkpoint (Finish) is not
+  // cancelled. Returns once nothing is being written.
   void Abort(absl::Duration grace);
   // Stop the triggers without waiting (callable under a caller's lock): no
   // periodic checkpoint is armed after it. StopTriggers lets one being
@@ -131,6 +132,11 @@ class Checkpointer {
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  // Finish is writing the final checkpoint: an Abort (a failover or
+  // recovery that began just before the end) does not cancel it; Cancel
+  // (the job failed) does.
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool job_failed_ ABSL_GUARDED_BY(mu_) = false;  // Cancel was called
   bool looping_ ABSL_GUARDED_BY(mu_) = false;  // the triggers' thread runs
   std::vector<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);  // server calls in flight
   std::optional<v1::CheckpointResponse> last_committed_ ABSL_GUARDED_BY(mu_);
