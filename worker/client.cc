@@ -38,6 +38,7 @@
 #include "kernels/cuda_kernels.h"
 #endif
 #include "psrt/v1/ps.grpc.pb.h"
+#include "worker/request_codec.h"
 #include "worker/timeline.h"
 
 namespace psrt {
@@ -96,105 +97,16 @@ OptimizerConfig DefaultOptimizer(OptimizerKind kind, double lr) {
 
 namespace {
 
-// Encodes a gradient for the wire into `out`. One in GPU memory is
-// converted on the device, so only the compressed bytes cross to the host.
-absl::StatusOr<EncodeInfo> EncodeGradient(const float* grad, int64_t n, v1::DType dtype,
-                                          char* out) {
-#ifdef PSRT_HAVE_CUDA
-  if (IsDevicePointer(grad)) {
-    if (dtype == v1::DTYPE_FLOAT32) {
-      if (absl::Status s = CudaCopyToHost(grad, out, n * 4); !s.ok()) return s;
-      return EncodeInfo{};
-    }
-    absl::StatusOr<CudaEncoded> e = CudaEncodeToHost(grad, n, dtype == v1::DTYPE_FLOAT16, &Fp16Scale,
-                                                     reinterpret_cast<uint16_t*>(out));
-    if (!e.ok()) return e.status();
-    return EncodeInfo{e->scale, e->nonfinite};
-  }
-#endif
-  return EncodeValues(grad, n, dtype, out);
-}
 
-// Whether a float32 gradient can go out from where it lies (host memory).
-bool SendInPlace(const float* grad, v1::DType dtype) {
-#ifdef PSRT_HAVE_CUDA
-  if (IsDevicePointer(grad)) return false;
-#endif
-  return dtype == v1::DTYPE_FLOAT32;
-}
 
-// Decodes pulled weights into `out`, on the host or in GPU memory: one copy
-// from the received slices, converted on the way.
-absl::Status DecodeWeights(const WireKey& kd, float* out, int64_t n) {
-#ifdef PSRT_HAVE_CUDA
-  if (IsDevicePointer(out)) {
-    thread_local std::vector<float> host;  // reused: no allocation per pull
-    host.resize(n);
-    DecodePayload(kd.data, kd.dtype, kd.scale, host.data(), false);
-    return CudaCopyToDevice(host.data(), out, n * 4);
-  }
-#endif
-  (void)n;
-  DecodePayload(kd.data, kd.dtype, kd.scale, out, false);
-  return absl::OkStatus();
-}
 
-// The dtype values travel in: the variable's choice, or the job's.
-absl::Status WireDType(Compression c, const std::string& job_default, v1::DType* dtype) {
-  switch (c) {
-    case Compression::kNone: *dtype = v1::DTYPE_FLOAT32; return absl::OkStatus();
-    case Compression::kFp16: *dtype = v1::DTYPE_FLOAT16; return absl::OkStatus();
-    case Compression::kBf16: *dtype = v1::DTYPE_BFLOAT16; return absl::OkStatus();
-    default: return ParseCompression(job_default.empty() ? "none" : job_default, dtype);
-  }
-}
 
 const std::string kPushMethod = "/psrt.v1.ParameterServer/Push";
 const std::string kPullMethod = "/psrt.v1.ParameterServer/Pull";
 const std::string kPushPullMethod = "/psrt.v1.ParameterServer/PushPull";
 
-struct Variable {
-  int64_t num_elements = 0;
-  int64_t dim = 0;  // > 0: a sparse table with rows of dim
-  std::vector<Partition> parts;
-  std::vector<int64_t> pulled_versions;  // per partition, from the latest pull
-  v1::DType push_dtype = v1::DTYPE_FLOAT32;
-  v1::DType pull_dtype = v1::DTYPE_FLOAT32;
-};
 
-// One server's share of a table push or pull: its ids in the caller's
-// order, where they were in the caller's list, and (push) their gradients
-// gathered row after row.
-struct RowSet {
-  std::vector<int64_t> ids;
-  std::vector<int64_t> at;
-  std::vector<float> grads;
-};
 
-// A table's pulled rows come in its ids' order: each goes where the caller
-// listed its id. Float32 is copied once, from the received slices.
-void ScatterRows(const WireKey& kd, const RowSet& rows, int64_t dim, float* out) {
-  const int64_t row_bytes = dim * 4;
-  if (kd.dtype == v1::DTYPE_FLOAT32) {
-    int64_t at = 0;  // bytes placed so far
-    for (absl::string_view piece : kd.data.pieces()) {
-      while (!piece.empty()) {
-        const int64_t r = at / row_bytes, offset = at % row_bytes;
-        const int64_t take = std::min<int64_t>(static_cast<int64_t>(piece.size()), row_bytes - offset);
-        std::memcpy(reinterpret_cast<char*>(out + rows.at[r] * dim) + offset, piece.data(), take);
-        piece.remove_prefix(take);
-        at += take;
-      }
-    }
-    return;
-  }
-  thread_local std::vector<float> decoded;
-  decoded.resize(rows.at.size() * dim);
-  DecodePayload(kd.data, kd.dtype, kd.scale, decoded.data(), false);
-  for (size_t r = 0; r < rows.at.size(); ++r) {
-    std::memcpy(out + rows.at[r] * dim, decoded.data() + r * dim, row_bytes);
-  }
-}
 
 // Progress of one asynchronous operation fanned out over servers.
 struct Op {
@@ -342,25 +254,6 @@ class Client::Impl {
   };
   std::vector<std::unique_ptr<DataLink>> links;
 
-  // Part of one server's share of an operation: its keys and their buffers.
-  struct Shard {
-    int server = 0;
-    int64_t bytes = 0;
-    bool await_step = false;  // see Request::await_step
-    struct Item {
-      std::string variable;
-      Partition part;
-      const float* grad = nullptr;  // the whole variable's, pushed
-      float* out = nullptr;         // the whole variable's, filled
-      v1::DType push_dtype = v1::DTYPE_FLOAT32;
-      v1::DType pull_dtype = v1::DTYPE_FLOAT32;
-      // A table's rows: `part` spans them, `grad` points at rows->grads and
-      // `out` at the caller's rows, which the answer is scattered into.
-      std::shared_ptr<const RowSet> rows;
-      int64_t dim = 0;
-    };
-    std::vector<Item> items;
-  };
 
   int Route(int s) const { return routes[s].load(std::memory_order_acquire); }
   // One owner per server serving those `holds` names: a server serves
@@ -570,9 +463,6 @@ class Client::Impl {
                      st.error_code() == grpc::StatusCode::UNAVAILABLE && TlsEnabled() ? kTlsHint : ""));
   }
 
-  // Requests carry at most kRequestBytes (or one key), so big tensors go out
-  // as several calls in parallel and no message nears the size limit.
-  static constexpr int64_t kRequestBytes = 4 << 20;
   // Over a data channel a request carries at most this much (or one key):
   // the server applies one request while the next arrives and the one
   // before's answer leaves, where one big request would take its receipt,
@@ -587,21 +477,6 @@ class Client::Impl {
     return links[s]->why_not.empty() ? kChannelRequestBytes : kRequestBytes;
   }
 
-  // The batch of `batches` (each with .server and .bytes) to which `bytes`
-  // for `server` go, holding at most `limit` bytes (or one key); `open`
-  // tracks each server's batch being filled.
-  template <typename Batch>
-  static Batch& BatchFor(std::vector<Batch>* batches, std::map<int, size_t>* open, int server,
-                         int64_t bytes, int64_t limit = kRequestBytes) {
-    auto it = open->find(server);
-    if (it == open->end() || (*batches)[it->second].bytes + bytes > limit) {
-      (*open)[server] = batches->size();
-      batches->emplace_back().server = server;
-    }
-    Batch& b = (*batches)[(*open)[server]];
-    b.bytes += bytes;
-    return b;
-  }
 
   // A slot of a server's shared region, held by one request.
   struct Lease {
@@ -683,27 +558,6 @@ class Client::Impl {
     }
   }
 
-  // Splits tensors into per-server requests.
-  absl::StatusOr<std::vector<Shard>> Split(const std::vector<TensorRef>& tensors, bool with_grad,
-                                           bool with_out, bool exact) {
-    std::vector<Shard> shards;
-    std::map<int, size_t> open;  // server -> index of its request being filled
-    std::vector<int64_t> limits(num_servers);
-    for (int s = 0; s < num_servers; ++s) limits[s] = RequestBytes(s);
-    for (const TensorRef& t : tensors) {
-      absl::StatusOr<Variable> var = Find(t.name);
-      if (!var.ok()) return var.status();
-      if ((with_grad && t.grad == nullptr) || (with_out && t.out == nullptr)) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has no buffer"));
-      }
-      for (const Partition& p : var->parts) {
-        Shard& shard = BatchFor(&shards, &open, p.server, p.num_elements * 4, limits[p.server]);
-        shard.items.push_back({t.name, p, t.grad, t.out, var->push_dtype,
-                               exact ? v1::DTYPE_FLOAT32 : var->pull_dtype});
-      }
-    }
-    return shards;
-  }
 
   // The request for one shard. With a shared-memory slot, values are
   // written into it (converted on the way) and each key reserves room for
@@ -883,7 +737,12 @@ class Client::Impl {
   // `exact`: pull float32 whatever the variable's pull compression.
   Handle Start(std::vector<TensorRef> tensors, int64_t version, bool push, bool pull,
                bool exact = false) {
-    return Start(Split(tensors, push, pull, exact), version, push, pull);
+    std::vector<int64_t> limits(num_servers);
+    for (int s = 0; s < num_servers; ++s) limits[s] = RequestBytes(s);
+    return Start(SplitTensors(
+                     tensors, [this](const std::string& name) { return Find(name); }, limits, push,
+                     pull, exact),
+                 version, push, pull);
   }
 
   // A table's push or pull, split by the server each id's row lives on. A
@@ -1332,7 +1191,7 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
   std::map<int, size_t> open;
   const v1::OptimizerConfig opt = OptimizerToProto(optimizer);
   for (const Partition& p : *parts) {
-    Batch& b = Impl::BatchFor(&batches, &open, p.server, rank() == 0 ? p.num_elements * 4 : 0);
+    Batch& b = BatchFor(&batches, &open, p.server, rank() == 0 ? p.num_elements * 4 : 0);
     b.req->set_worker_rank(rank());
     // Keys may move between servers: each says whose it is by the key map.
     if (impl_->config.started_servers() > 0) b.req->set_owner(p.server);
