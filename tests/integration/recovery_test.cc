@@ -299,6 +299,22 @@ int Runs(const char* name, int runs) {
   return set ? std::atoi(set) : runs;
 }
 
+// Waits for rank 0 to log `step`, SIGKILLs server `index` and waits
+// (bounded) for the end; code -1 if the job never got to the step.
+Ending KillServerAt(Proc& run, const std::string& token, int index, int step) {
+  if (!run.WaitForOutput(absl::StrCat("step ", step, " "), absl::Seconds(60))) {
+    ADD_FAILURE() << "the job never reached step " << step << ":\n" << run.Output();
+    return {};
+  }
+  const pid_t victim = ServerProcess(token, index);
+  if (victim == 0) {
+    ADD_FAILURE() << "no server " << index << " to kill:\n" << run.Output();
+    return {};
+  }
+  kill(victim, SIGKILL);
+  return WaitForTheEnd(run, absl::Seconds(90), "psrt-run after a server was killed");
+}
+
 // Seeded (PSRT_CHAOS_SEED) and bounded (PSRT_REPLICA_RUNS, default 20).
 TEST(ReplicaTest, KillingAnyServerAtAnyMomentLosesNoStep) {
   std::mt19937 rng(ChaosSeed());
@@ -310,12 +326,7 @@ TEST(ReplicaTest, KillingAnyServerAtAnyMomentLosesNoStep) {
     const int kill_step = 10 * std::uniform_int_distribution<int>(1, 25)(rng);
     const std::string dir = TempDir(), token = RandomToken();
     Proc run = StartJob(ReplicaDistribution(), token, dir);
-    ASSERT_TRUE(run.WaitForOutput(absl::StrCat("step ", kill_step, " "), absl::Seconds(60)))
-        << run.Output();
-    const pid_t victim = ServerProcess(token, server);
-    ASSERT_NE(victim, 0) << run.Output();
-    kill(victim, SIGKILL);
-    const Ending end = WaitForTheEnd(run, absl::Seconds(90), "psrt-run after a server was killed");
+    const Ending end = KillServerAt(run, token, server, kill_step);
     const int code = end.code;
     const std::string out = run.Output();
     const bool equal = ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights();
@@ -397,12 +408,7 @@ TEST(ReplicaTest, AFailedOverJobWithCheckpointsEndsPromptly) {
         ReplicaDistribution(absl::StrCat(R"(,"on_failure":"recover","checkpoint":{"uri":")", dir,
                                          R"(/ckpt","every_steps":20})")),
         token, dir);
-    ASSERT_TRUE(run.WaitForOutput(absl::StrCat("step ", kill_step, " "), absl::Seconds(60)))
-        << run.Output();
-    const pid_t victim = ServerProcess(token, server);
-    ASSERT_NE(victim, 0) << run.Output();
-    kill(victim, SIGKILL);
-    const Ending end = WaitForTheEnd(run, absl::Seconds(90), "psrt-run after a server was killed");
+    const Ending end = KillServerAt(run, token, server, kill_step);
     const std::string out = run.Output();
     std::printf("run %d: server %d killed at step %3d: exit %d, ended %s after training\n", i,
                 server, kill_step, end.code, absl::FormatDuration(end.after_training).c_str());
