@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/backoff.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/net.h"
@@ -25,7 +26,7 @@ absl::Status RetryWhileUnreachable(const std::string& coordinator, absl::Time de
   if (absl::Status s = WaitForHostName(coordinator, deadline, "the coordinator"); !s.ok()) {
     return absl::UnavailableError(s.message());
   }
-  absl::Duration backoff = absl::Milliseconds(50);
+  Backoff backoff(deadline, absl::Milliseconds(50));
   const absl::Time start = absl::Now();
   while (true) {
     grpc::Status s = rpc(std::max(absl::Milliseconds(100), deadline - absl::Now()));
@@ -35,14 +36,12 @@ absl::Status RetryWhileUnreachable(const std::string& coordinator, absl::Time de
       return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                           absl::StrCat("coordinator at ", coordinator, " refused: ", s.error_message()));
     }
-    if (absl::Now() + backoff > deadline) {
+    if (!backoff.Wait()) {
       return absl::UnavailableError(absl::StrCat(
           "could not reach the coordinator at ", coordinator, " within ",
           absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(100))), ": ",
           s.error_message(), TlsEnabled() ? kTlsHint : ""));
     }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(1));
   }
 }
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/backoff.h"
 #include "common/logging.h"
 
 namespace psrt {
@@ -87,7 +88,7 @@ absl::Status WaitForHostName(absl::string_view address, absl::Time deadline,
                              absl::string_view what) {
   const std::string host = HostOf(address);
   const absl::Time start = absl::Now();
-  absl::Duration backoff = absl::Milliseconds(100);
+  Backoff backoff(deadline);
   bool logged = false;
   while (true) {
     const int rc = Resolve(host);
@@ -106,14 +107,12 @@ absl::Status WaitForHostName(absl::string_view address, absl::Time deadline,
               absl::FormatDuration(absl::Trunc(deadline - start, absl::Seconds(1))));
       logged = true;
     }
-    if (absl::Now() + backoff > deadline) {
+    if (!backoff.Wait()) {
       return absl::DeadlineExceededError(absl::StrCat(
           "host name '", host, "' of ", what, " did not resolve within ",
           absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(100))), ": ",
           gai_strerror(rc)));
     }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(1));
   }
 }
 

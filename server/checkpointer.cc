@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
+#include "common/backoff.h"
 #include "common/failpoint.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
@@ -237,7 +238,7 @@ std::vector<grpc::Status> Checkpointer::CallEach(absl::Duration timeout, const S
 absl::StatusOr<std::vector<v1::StatsResponse>> Checkpointer::AllStats(absl::Time retry_until) {
   std::vector<v1::StatsResponse> out(addresses_.size());
   const v1::StatsRequest req;
-  absl::Duration backoff = absl::Milliseconds(100);
+  Backoff backoff(retry_until);
   for (;;) {
     std::vector<grpc::Status> status = CallEach(
         kRpcTimeout, [&](int i, v1::ParameterServer::Stub* server, grpc::ClientContext* ctx,
@@ -258,9 +259,7 @@ absl::StatusOr<std::vector<v1::StatsResponse>> Checkpointer::AllStats(absl::Time
       }
     }
     if (failed.ok()) return out;
-    if (!unreachable || absl::Now() + backoff > retry_until) return failed;
-    absl::SleepFor(backoff);
-    backoff = std::min(2 * backoff, absl::Seconds(1));
+    if (!unreachable || !backoff.Wait()) return failed;
   }
 }
 
@@ -412,7 +411,7 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Save(absl::Time deadline, b
     return absl::UnavailableError("the job's servers have not all registered yet");
   absl::Status last;
   const absl::Time retry_until = std::min(deadline, absl::Now() + kUnreachableRetry);
-  absl::Duration backoff = absl::Milliseconds(100);
+  Backoff backoff(retry_until);
   // Sync: a key may pass the chosen step before it is armed; then try the
   // step it reached. A server that could not be reached: again, a while.
   for (int attempt = 0; attempt < 20 && absl::Now() < deadline; ++attempt) {
@@ -444,11 +443,7 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Save(absl::Time deadline, b
                                                       " keys had not reached step ", *step,
                                                       " by the deadline"));
     }
-    if (absl::IsUnavailable(last) && absl::Now() + backoff < retry_until) {
-      absl::SleepFor(backoff);
-      backoff = std::min(2 * backoff, absl::Seconds(1));
-      continue;
-    }
+    if (absl::IsUnavailable(last) && backoff.Wait()) continue;
     if (!absl::IsFailedPrecondition(last)) break;
   }
   failed_->Add();
@@ -476,16 +471,14 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Finish(
 void Checkpointer::Loop() {
   const v1::CheckpointConfig& c = options_.config;
   const int64_t every = c.every_steps();
-  int64_t target = every > 0 ? (start_step_ / every + 1) * every : -1;
-  bool target_checked = false;  // whether it is known not to be committed
-  int64_t warned = -1;          // the step whose failure was last logged
-  std::vector<v1::SaveShardResponse> responses;  // of the target's rounds
-  absl::Time last = absl::Now();
+  LoopState state;
+  state.target = every > 0 ? (start_step_ / every + 1) * every : -1;
+  state.last = absl::Now();
   while (!stopping()) {
-    if (c.every_seconds() > 0 && absl::Now() - last >= absl::Seconds(c.every_seconds())) {
+    if (c.every_seconds() > 0 && absl::Now() - state.last >= absl::Seconds(c.every_seconds())) {
       absl::StatusOr<v1::CheckpointResponse> r = SaveNow(absl::Now() + options_.save_timeout);
       if (!r.ok() && !stopping()) LogWarning("periodic checkpoint failed: ", r.status().message());
-      last = absl::Now();
+      state.last = absl::Now();
       continue;
     }
     if (every <= 0) {
@@ -496,59 +489,57 @@ void Checkpointer::Loop() {
       // Async and ssp have no step boundary: save when every worker is past
       // the next multiple.
       absl::StatusOr<int64_t> step = CurrentStep(absl::Now());
-      if (step.ok() && *step >= target) {
+      if (step.ok() && *step >= state.target) {
         absl::StatusOr<v1::CheckpointResponse> r = SaveNow(absl::Now() + options_.save_timeout);
         if (!r.ok() && !stopping())
           LogWarning("periodic checkpoint failed: ", r.status().message());
-        target = (*step / every + 1) * every;
-        last = absl::Now();
+        state.target = (*step / every + 1) * every;
+        state.last = absl::Now();
       } else {
         absl::SleepFor(absl::Milliseconds(50));
       }
       continue;
     }
-    absl::SleepFor(SyncTurn(&target, &target_checked, &warned, &responses, &last));
+    absl::SleepFor(SyncTurn(&state));
   }
 }
 
-absl::Duration Checkpointer::SyncTurn(int64_t* target, bool* target_checked, int64_t* warned,
-                                      std::vector<v1::SaveShardResponse>* responses,
-                                      absl::Time* last) {
+absl::Duration Checkpointer::SyncTurn(LoopState* state) {
   // Sync: the servers are armed ahead for the step, and copy each key the
   // moment it gets there.
   const int64_t every = options_.config.every_steps();
   absl::MutexLock lock(&save_mu_);
-  const std::string name = CheckpointName(*target);
-  if (!*target_checked) {
+  const std::string name = CheckpointName(state->target);
+  if (!state->target_checked) {
     absl::StatusOr<bool> committed = Committed(name);
     if (!committed.ok() || *committed) {
-      if (committed.ok()) *target += every;
+      if (committed.ok()) state->target += every;
       return absl::Milliseconds(50);
     }
-    *target_checked = true;
-    responses->clear();
+    state->target_checked = true;
+    state->responses.clear();
   }
   const absl::Time started = absl::Now();
   bool done = false;
   absl::Status s =
-      Round(name, *target, PollWait(addresses_.size()), /*final=*/false, responses, &done);
-  if (s.ok() && done) s = Commit(name, *target, *responses, started).status();
+      Round(name, state->target, PollWait(addresses_.size()), /*final=*/false, &state->responses, &done);
+  if (s.ok() && done) s = Commit(name, state->target, state->responses, started).status();
   if (s.ok() && !done) return absl::ZeroDuration();
   if (!s.ok() && stopping())
     return absl::ZeroDuration();  // stopped or cancelled on purpose: not news
   if (!s.ok()) {
     failed_->Add();
-    if (*target != *warned) LogWarning("checkpoint at step ", *target, " failed: ", s.message());
-    *warned = *target;
+    if (state->target != state->warned) LogWarning("checkpoint at step ", state->target, " failed: ", s.message());
+    state->warned = state->target;
   }
   // Done: the next multiple (the servers armed it already). Failed: the
   // next multiple after where training is; with a server out of reach,
   // the same step again a little later, never a step training did not
   // get to.
-  absl::StatusOr<int64_t> now = s.ok() ? *target : CurrentStep(absl::Now());
-  if (now.ok()) *target = std::max(*target + every, (*now / every + 1) * every);
-  *target_checked = false;
-  *last = absl::Now();
+  absl::StatusOr<int64_t> now = s.ok() ? state->target : CurrentStep(absl::Now());
+  if (now.ok()) state->target = std::max(state->target + every, (*now / every + 1) * every);
+  state->target_checked = false;
+  state->last = absl::Now();
   if (s.ok()) return absl::ZeroDuration();
   return now.ok() ? absl::Milliseconds(50) : absl::Milliseconds(500);
 }

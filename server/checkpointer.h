@@ -105,10 +105,17 @@ class Checkpointer {
   absl::StatusOr<int64_t> CurrentStep(absl::Time retry_until);
   // SaveNow; `final`: the job's last checkpoint (SaveShardRequest.final).
   absl::StatusOr<v1::CheckpointResponse> Save(absl::Time deadline, bool final);
+  // What the triggers' loop carries from one turn to the next.
+  struct LoopState {
+    int64_t target = -1;          // the step of the next periodic checkpoint
+    bool target_checked = false;  // whether it is known not to be committed
+    int64_t warned = -1;          // the step whose failure was last logged
+    std::vector<v1::SaveShardResponse> responses;  // of the target's rounds
+    absl::Time last;                               // the last checkpoint's end
+  };
   // One turn of the sync triggers' loop; returns how long to wait before
   // the next (without holding save_mu_, which on-demand saves need).
-  absl::Duration SyncTurn(int64_t* target, bool* target_checked, int64_t* warned,
-                          std::vector<v1::SaveShardResponse>* responses, absl::Time* last);
+  absl::Duration SyncTurn(LoopState* state);
   // One SaveShard to every server in parallel, each waiting up to `wait`
   // for its keys to reach `step`. OK with *done when every shard is written.
   // `responses` carries over between rounds of one checkpoint: once a
