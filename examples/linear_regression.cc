@@ -4,6 +4,10 @@
 // Every rank draws its own batches of x ~ N(0, 1) with y = x.w* + b*, where
 // w*_j = sin(j + 1) and b* = 0.5, and minimises the mean squared error. The
 // data has no noise, so the weights converge to (w*, b*) exactly.
+//
+// With --table-rows=N each sample also has an id in [0, N) whose offset
+// t*_id = cos(id) / 2 adds to y; the offsets are learned as the rows (of one
+// value) of a sparse table, pulled and pushed by id.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -28,7 +32,7 @@ int Fail(const absl::Status& s) {
 
 int main(int argc, char** argv) {
   int64_t dim = 64, batch = 32, steps = 200, log_every = 50, exit_at_step = -1, exit_rank = -1;
-  int64_t slow_rank = -1, reference_workers = 0, late_rank = -1;
+  int64_t slow_rank = -1, reference_workers = 0, late_rank = -1, table_rows = 0;
   double lr = 0.1, slowdown = 1, late_s = 0;
   std::string optimizer = "sgd", result, loss_log, aggregation = "mean";
   psrt::Flags flags("psrt-example-linreg", "[flags]  (run under psrt-run)");
@@ -50,13 +54,17 @@ int main(int argc, char** argv) {
   flags.Add("reference", &reference_workers,
             "Run without psrt as one process applying the aggregate gradient of this many workers' "
             "batches each step (sync's exact equivalent), and write RESULT.reference.*.");
+  flags.Add("table-rows", &table_rows,
+            "Learn per-id offsets of y in a sparse table of this many rows (0: none).");
   flags.Add("aggregation", &aggregation, "With --reference: mean or sum of the workers' gradients.");
   flags.ParseOrExit(argc, argv);
   if (dim <= 0 || batch <= 0 || steps < 0 || lr <= 0 || log_every <= 0 || slowdown < 1 ||
-      reference_workers < 0 || late_s < 0 || (aggregation != "mean" && aggregation != "sum")) {
+      reference_workers < 0 || late_s < 0 || (aggregation != "mean" && aggregation != "sum") ||
+      table_rows < 0 || (table_rows > 0 && reference_workers > 0)) {
     std::fprintf(stderr,
                  "linear_regression: --dim, --batch, --lr and --log-every must be > 0, --steps, "
-                 "--reference and --late-seconds >= 0, --slowdown >= 1, --aggregation mean or sum\n");
+                 "--reference, --table-rows and --late-seconds >= 0, --slowdown >= 1, "
+                 "--aggregation mean or sum; --reference runs without a table\n");
     return 2;
   }
   psrt::OptimizerConfig opt;
@@ -87,31 +95,53 @@ int main(int argc, char** argv) {
     std::mt19937_64 rng;
     std::normal_distribution<float> normal;
     std::vector<float> x, y;
+    std::mt19937_64 id_rng;
+    std::vector<int64_t> id;     // per sample (--table-rows)
+    std::vector<int64_t> ids;    // the batch's ids, each once, sorted
+    std::vector<int32_t> which;  // per sample: its id's place in ids
   };
   auto make_shard = [&](int rank) {
-    return Shard{std::mt19937_64(1000 + rank), {}, std::vector<float>(batch * dim), std::vector<float>(batch)};
+    return Shard{std::mt19937_64(1000 + rank), {}, std::vector<float>(batch * dim),
+                 std::vector<float>(batch), std::mt19937_64(2000 + rank), std::vector<int64_t>(batch)};
   };
+  auto t_star = [](int64_t id) { return 0.5 * std::cos(static_cast<double>(id)); };
   auto draw = [&](Shard& d) {
     for (int64_t i = 0; i < batch; ++i) {
       double yi = b_star;
+      if (table_rows > 0) {
+        d.id[i] = static_cast<int64_t>(d.id_rng() % static_cast<uint64_t>(table_rows));
+        yi += t_star(d.id[i]);
+      }
       for (int64_t j = 0; j < dim; ++j) {
         d.x[i * dim + j] = d.normal(d.rng);
         yi += d.x[i * dim + j] * w_star[j];
       }
       d.y[i] = static_cast<float>(yi);
     }
+    if (table_rows == 0) return;
+    d.ids = d.id;
+    std::sort(d.ids.begin(), d.ids.end());
+    d.ids.erase(std::unique(d.ids.begin(), d.ids.end()), d.ids.end());
+    d.which.resize(batch);
+    for (int64_t i = 0; i < batch; ++i) {
+      d.which[i] = static_cast<int32_t>(std::lower_bound(d.ids.begin(), d.ids.end(), d.id[i]) - d.ids.begin());
+    }
   };
   // Mean squared error / 2 on the shard's batch; fills the gradients if asked.
+  // `t`: the rows of the batch's ids (--table-rows), `gt` their gradients.
   auto loss_on = [&](const Shard& d, const std::vector<float>& w, const std::vector<float>& b,
-                     std::vector<float>* gw, std::vector<float>* gb) {
+                     std::vector<float>* gw, std::vector<float>* gb,
+                     const std::vector<float>* t = nullptr, std::vector<float>* gt = nullptr) {
     double loss = 0;
     if (gw != nullptr) {
       std::fill(gw->begin(), gw->end(), 0.f);
       (*gb)[0] = 0;
     }
+    if (gt != nullptr) gt->assign(d.ids.size(), 0.f);
     for (int64_t i = 0; i < batch; ++i) {
       const float* xi = &d.x[i * dim];
       double pred = b[0];
+      if (t != nullptr) pred += (*t)[d.which[i]];
       for (int64_t j = 0; j < dim; ++j) pred += xi[j] * w[j];
       const double err = pred - d.y[i];
       loss += 0.5 * err * err / batch;
@@ -119,6 +149,7 @@ int main(int argc, char** argv) {
         for (int64_t j = 0; j < dim; ++j) (*gw)[j] += static_cast<float>(err * xi[j] / batch);
         (*gb)[0] += static_cast<float>(err / batch);
       }
+      if (gt != nullptr) (*gt)[d.which[i]] += static_cast<float>(err / batch);
     }
     return loss;
   };
@@ -131,7 +162,7 @@ int main(int argc, char** argv) {
     return std::sqrt(err2 / norm2);
   };
   auto write_result = [&](const std::string& who, double loss, const std::vector<float>& w,
-                          const std::vector<float>& b) {
+                          const std::vector<float>& b, const std::vector<float>& t = {}) {
     if (result.empty()) return;
     std::ofstream out(absl::StrCat(result, ".", who, ".json"));
     out << "{\"who\": \"" << who << "\", \"steps\": " << steps << ", \"loss\": " << loss
@@ -139,6 +170,7 @@ int main(int argc, char** argv) {
     std::ofstream weights(absl::StrCat(result, ".", who, ".weights"), std::ios::binary);
     weights.write(reinterpret_cast<const char*>(w.data()), w.size() * sizeof(float));
     weights.write(reinterpret_cast<const char*>(b.data()), sizeof(float));
+    weights.write(reinterpret_cast<const char*>(t.data()), t.size() * sizeof(float));
   };
 
   if (reference_workers > 0) {
@@ -190,6 +222,16 @@ int main(int argc, char** argv) {
   std::vector<float> w(dim, rank == 0 ? 0.f : 1e3f), b(1, rank == 0 ? 0.f : -1e3f);
   if (absl::Status s = c.RegisterVariable("weight", {dim}, w.data(), opt); !s.ok()) return Fail(s);
   if (absl::Status s = c.RegisterVariable("bias", {1}, b.data(), opt); !s.ok()) return Fail(s);
+  if (table_rows > 0) {
+    psrt::TableOptions table;
+    table.dim = 1;
+    table.vocab = table_rows;
+    table.init_std = 0;
+    table.optimizer = opt;
+    if (absl::Status s = c.RegisterTable("offset", table); !s.ok()) return Fail(s);
+  }
+  std::vector<float> t, gt;  // the step's rows and their gradients
+  auto rows_of = [&](std::vector<float>& v) { return table_rows > 0 ? &v : nullptr; };
 
   Shard shard = make_shard(rank);
   std::vector<float> gw(dim), gb(1);
@@ -217,10 +259,24 @@ int main(int argc, char** argv) {
     }
     const absl::Time compute_start = absl::Now();
     draw(shard);
-    loss = loss_on(shard, w, b, &gw, &gb);
+    if (table_rows > 0) {
+      t.resize(shard.ids.size());
+      const int64_t n = static_cast<int64_t>(shard.ids.size());
+      if (absl::Status s = c.Wait(c.PullRows("offset", shard.ids.data(), n, t.data(), step)); !s.ok()) {
+        return Fail(s);
+      }
+    }
+    loss = loss_on(shard, w, b, &gw, &gb, rows_of(t), rows_of(gt));
     if (rank == slow_rank) absl::SleepFor((slowdown - 1) * (absl::Now() - compute_start));
+    psrt::Client::Handle rows = 0;
+    if (table_rows > 0) {
+      rows = c.PushRows("offset", shard.ids.data(), static_cast<int64_t>(shard.ids.size()), gt.data(), step);
+    }
     psrt::Client::Handle h = c.PushPull({{"weight", gw.data(), w.data()}, {"bias", gb.data(), b.data()}}, step);
     if (absl::Status s = c.Wait(h); !s.ok()) return Fail(s);
+    if (table_rows > 0) {
+      if (absl::Status s = c.Wait(rows); !s.ok()) return Fail(s);
+    }
     if (rank == 0 && (step % log_every == 0 || step == steps - 1)) {
       std::printf("step %ld loss %.6g\n", static_cast<long>(step), loss);
       std::fflush(stdout);
@@ -238,10 +294,22 @@ int main(int argc, char** argv) {
       !s.ok()) {
     return Fail(s);
   }
+  std::vector<float> t_all;  // every row of the table, by id
+  if (table_rows > 0) {
+    std::vector<int64_t> all(table_rows);
+    for (int64_t id = 0; id < table_rows; ++id) all[id] = id;
+    t_all.resize(table_rows);
+    if (absl::Status s = c.Wait(c.PullRows("offset", all.data(), table_rows, t_all.data(), c.sync() ? steps : 0));
+        !s.ok()) {
+      return Fail(s);
+    }
+  }
   draw(shard);
-  loss = loss_on(shard, w, b, nullptr, nullptr);
+  t.resize(shard.ids.size());
+  for (size_t i = 0; i < shard.ids.size(); ++i) t[i] = t_all[shard.ids[i]];
+  loss = loss_on(shard, w, b, nullptr, nullptr, rows_of(t));
   std::printf("rank %d final loss %.6g relative error %.6g\n", rank, loss, relative_error(w, b));
-  write_result(absl::StrCat("rank", rank), loss, w, b);
+  write_result(absl::StrCat("rank", rank), loss, w, b, t_all);
   if (!std::isfinite(loss) || !std::isfinite(relative_error(w, b))) {
     std::fprintf(stderr, "linear_regression: rank %d ended with a loss of %g: training diverged\n", rank, loss);
     return 4;

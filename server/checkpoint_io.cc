@@ -126,13 +126,7 @@ absl::Status TakeRows(const KeyRecord& rec, int index, int num_servers, KeyRecor
                                             rec.slots.size(), " slots"));
   }
   for (size_t r = 0; r < rows; ++r) {
-    if (RowShard(rec.row_ids[r], num_servers) != index) continue;
-    dst->row_ids.push_back(rec.row_ids[r]);
-    dst->row_stats.insert(dst->row_stats.end(), rec.row_stats.begin() + 3 * r, rec.row_stats.begin() + 3 * r + 3);
-    dst->weights.insert(dst->weights.end(), rec.weights.begin() + r * dim, rec.weights.begin() + (r + 1) * dim);
-    for (size_t s = 0; s < rec.slots.size(); ++s) {
-      dst->slots[s].insert(dst->slots[s].end(), rec.slots[s].begin() + r * dim, rec.slots[s].begin() + (r + 1) * dim);
-    }
+    if (RowShard(rec.row_ids[r], num_servers) == index) AppendRow(rec, r, dim, dst);
   }
   dst->num_elements = static_cast<int64_t>(dst->weights.size());
   return absl::OkStatus();

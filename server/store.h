@@ -219,6 +219,14 @@ class Store {
   void FillSeed(const Key* k, int primary, v1::SeedRequest* req) const;  // holds k->mu
   void FillWeights(const Key* k, v1::SeedRequest* req) const;            // holds k->mu
   void FillHandover(const Key* k, v1::SeedRequest* req) const;           // holds k->mu
+  // Seed's checks of what a hand-over adds; taking it (and the version,
+  // rate and clocks every seed has) into k.
+  absl::Status CheckHandover(const v1::SeedRequest& req, const std::string& name) const;
+  void TakeHandover(Key* k, const v1::SeedRequest& req);  // holds k->mu
+  // A table's part: no copy is kept of it, so it goes whole with the
+  // hand-over, in parts of rows (SeedRequest.rows).
+  absl::Status SeedTable(const v1::SeedRequest& req);
+  absl::Status HandOverTable(const Key* k, int primary, const SendSeed& send) const;  // holds k->mu
   // What a new key costs in weights, optimizer slots and (sync) accumulator.
   int64_t KeyBytes(int64_t n, const OptimizerConfig& optimizer) const;
   // New keys of one registration so far, against the limits.

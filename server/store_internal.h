@@ -54,6 +54,9 @@ struct Store::Key {
     int copy_of = -1;
     bool serving = true;
     int moved_to = -1;  // Release: the server that serves it now
+    // A table's part whose rows are still being handed over (Seed's
+    // more_rows): not served until they are all here.
+    bool rows_coming = false;
   };
   // The copy an armed checkpoint took (buffers kept for the next one).
   struct SnapshotSlot {

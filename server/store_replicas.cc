@@ -11,15 +11,26 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/backoff.h"
 #include "common/compression.h"
 #include "common/key_map.h"
 #include "common/logging.h"
 #include "common/optimizer_proto.h"
 #include "server/store.h"
+#include "server/checkpoint/shard_format.h"
 #include "server/store_internal.h"
 #include "server/table.h"
 
 namespace psrt {
+namespace {
+
+// A table's part goes in parts of about this many bytes (well under gRPC's
+// message limit), each tried again for up to kHandoverRetryFor while its
+// receiver is unreachable.
+constexpr size_t kHandoverPartBytes = 32 << 20;
+constexpr absl::Duration kHandoverRetryFor = absl::Seconds(30);
+
+}  // namespace
 
 bool Store::Owns(const Key* k, int owner) const {
   return k->role.copy_of == owner || (k->role.copy_of < 0 && owner >= 0 && owner == options_.self);
@@ -30,6 +41,12 @@ absl::Status Store::NotServing(const Key* k) const {
     return absl::UnavailableError(absl::StrCat("key '", k->name, "' moved to server ",
                                                k->role.moved_to,
                                                "; the shard map says so from its next epoch"));
+  }
+  if (k->role.rows_coming) {
+    return absl::DataLossError(absl::StrCat(
+        "table part '", k->name, "' was being handed over from server ", k->role.copy_of,
+        " and not all of its rows arrived; its rows are lost here (a job with "
+        "\"on_failure\": \"recover\" rolls back to its last checkpoint)"));
   }
   if (on_copy_asked_) on_copy_asked_();
   // UNAVAILABLE: the client tries again, and this server serves the key as
@@ -93,7 +110,7 @@ void Store::Promote(int primary) {
   int64_t n = 0;
   for (Key* k : AllKeys()) {
     absl::MutexLock lock(&k->mu);
-    if (k->role.copy_of != primary || k->role.serving) continue;
+    if (k->role.copy_of != primary || k->role.serving || k->role.rows_coming) continue;
     k->role.serving = true;
     ++n;
   }
@@ -116,30 +133,68 @@ Store::Key* Store::FindOrAddLocked(const v1::KeySpec& spec, bool* added) {
   return slot.get();
 }
 
+absl::Status Store::CheckHandover(const v1::SeedRequest& req, const std::string& name) const {
+  const size_t workers = static_cast<size_t>(options_.num_workers);
+  auto sized = [&](size_t size, size_t want) { return size == 0 || size == want; };
+  if (req.worker_clocks_size() > options_.num_workers || !sized(req.contributed_size(), workers) ||
+      !sized(req.last_step_size(), workers) ||
+      !sized(req.recent_push_ids_size(), workers * kPushWindow) ||
+      !sized(req.recent_next_size(), workers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("seed of key '", name, "' does not fit this job's workers"));
+  }
+  for (int32_t next : req.recent_next()) {
+    if (next < 0 || next >= kPushWindow)
+      return absl::InvalidArgumentError("seed push window out of range");
+  }
+  return absl::OkStatus();
+}
+
+void Store::TakeHandover(Key* k, const v1::SeedRequest& req) {
+  k->version = req.version();
+  k->lr = req.lr();
+  for (int w = 0; w < req.worker_clocks_size(); ++w) k->window.clock[w] = req.worker_clocks(w);
+  if (!req.handover()) return;
+  if (options_.sync && k->table != nullptr) {
+    k->table->SetAccumulated(
+        req.accum_ids(),
+        absl::MakeConstSpan(reinterpret_cast<const float*>(req.accum().data()),
+                            req.accum().size() / 4));
+  } else if (options_.sync && !req.accum().empty()) {
+    std::memcpy(k->sync.accum.data(), req.accum().data(), k->n * 4);
+  }
+  k->sync.contributions = 0;
+  for (int w = 0; w < req.contributed_size(); ++w) {
+    k->sync.contributed[w] = req.contributed(w);
+    k->sync.contributions += req.contributed(w);
+  }
+  for (int w = 0; w < req.last_step_size(); ++w) k->sync.last_step[w] = req.last_step(w);
+  if (!options_.sync) {
+    for (int i = 0; i < req.recent_push_ids_size(); ++i)
+      k->window.recent_push_ids[i] = req.recent_push_ids(i);
+    for (int w = 0; w < req.recent_next_size(); ++w)
+      k->window.recent_next[w] = static_cast<uint8_t>(req.recent_next(w));
+  }
+}
+
 absl::Status Store::Seed(const v1::SeedRequest& req) {
+  if (req.spec().has_table()) return SeedTable(req);
   absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(req.spec().optimizer());
   const int64_t n = req.spec().num_elements();
   const std::string name = KeyName(req.spec().variable(), req.spec().partition());
   const bool weights = !req.handover() || !req.weights().empty();
-  const size_t workers = static_cast<size_t>(options_.num_workers);
-  auto sized = [&](size_t size, size_t want) { return size == 0 || size == want; };
-  if (!opt.ok() || n <= 0 || req.worker_clocks_size() > options_.num_workers ||
+  if (absl::Status s = CheckHandover(req, name); !s.ok()) return s;
+  if (!opt.ok() || n <= 0 ||
       (weights && (static_cast<int64_t>(req.weights().size()) != n * 4 ||
                    req.slots_size() != NumSlots(*opt))) ||
-      !sized(req.accum().size(), n * 4) || !sized(req.contributed_size(), workers) ||
-      !sized(req.last_step_size(), workers) ||
-      !sized(req.recent_push_ids_size(), workers * kPushWindow) ||
-      !sized(req.recent_next_size(), workers)) {
+      (!req.accum().empty() && static_cast<int64_t>(req.accum().size()) != n * 4) ||
+      !req.rows().empty() || req.accum_ids_size() > 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("seed of key '", name, "' does not fit its spec"));
   }
   for (const std::string& slot : req.slots()) {
     if (static_cast<int64_t>(slot.size()) != n * 4)
       return absl::InvalidArgumentError("seed slot of the wrong size");
-  }
-  for (int32_t next : req.recent_next()) {
-    if (next < 0 || next >= kPushWindow)
-      return absl::InvalidArgumentError("seed push window out of range");
   }
   Key* key;
   if (weights) {
@@ -157,7 +212,7 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
     return absl::FailedPreconditionError(
         absl::StrCat("key '", name, "' is served here; it takes no copy"));
   }
-  if (key->n != n)
+  if (key->n != n || key->is_table)
     return absl::FailedPreconditionError(absl::StrCat("key '", name, "' has another size here"));
   if (!weights && (!key->initialized || key->version != req.version())) {
     // The hand-over then comes again with the weights.
@@ -173,25 +228,78 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
     for (int i = 0; i < req.slots_size(); ++i)
       std::memcpy(key->slots[i].data(), req.slots(i).data(), n * 4);
   }
-  key->version = req.version();
-  key->lr = req.lr();
-  for (int w = 0; w < req.worker_clocks_size(); ++w) key->window.clock[w] = req.worker_clocks(w);
-  if (req.handover()) {
-    if (options_.sync && !req.accum().empty())
-      std::memcpy(key->sync.accum.data(), req.accum().data(), n * 4);
-    key->sync.contributions = 0;
-    for (int w = 0; w < req.contributed_size(); ++w) {
-      key->sync.contributed[w] = req.contributed(w);
-      key->sync.contributions += req.contributed(w);
-    }
-    for (int w = 0; w < req.last_step_size(); ++w) key->sync.last_step[w] = req.last_step(w);
-    if (!options_.sync) {
-      for (int i = 0; i < req.recent_push_ids_size(); ++i)
-        key->window.recent_push_ids[i] = req.recent_push_ids(i);
-      for (int w = 0; w < req.recent_next_size(); ++w)
-        key->window.recent_next[w] = static_cast<uint8_t>(req.recent_next(w));
-    }
+  TakeHandover(key, req);
+  return absl::OkStatus();
+}
+
+absl::Status Store::SeedTable(const v1::SeedRequest& req) {
+  const v1::KeySpec& spec = req.spec();
+  const std::string name = KeyName(spec.variable(), spec.partition());
+  auto refused = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("hand-over of table part '", name, "': ", why));
+  };
+  absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(spec.optimizer());
+  if (!opt.ok()) return refused(opt.status().message());
+  if (absl::Status s = ValidateTableSpec(spec); !s.ok()) return refused(s.message());
+  if (!req.handover() || req.rows_before() < 0 || !req.weights().empty() || req.slots_size() > 0)
+    return refused("a table's part comes with a hand-over, its rows in `rows`");
+  if (absl::Status s = CheckHandover(req, name); !s.ok()) return s;
+  const int64_t dim = spec.table().dim();
+  if (static_cast<int64_t>(req.accum().size()) != req.accum_ids_size() * dim * 4)
+    return refused("the step's sums do not fit their rows");
+  absl::StatusOr<std::vector<KeyRecord>> records = DecodeShard(req.rows(), name);
+  if (!records.ok()) return refused(records.status().message());
+  if (records->size() != 1 || (*records)[0].variable != spec.variable() ||
+      (*records)[0].partition != spec.partition()) {
+    return refused("its rows are not one record of this part");
   }
+  const KeyRecord& rows = (*records)[0];
+  const int64_t n = static_cast<int64_t>(rows.row_ids.size());
+  Key* key;
+  {
+    absl::MutexLock lock(&map_mu_);
+    bool added = false;
+    key = FindOrAddLocked(spec, &added);
+  }
+  absl::MutexLock lock(&key->mu);
+  if (key->role.serving && key->initialized) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("key '", name, "' is served here; it takes no copy"));
+  }
+  if (!key->is_table)
+    return absl::FailedPreconditionError(absl::StrCat("key '", name, "' is not a table here"));
+  // Every check before the first change: a refused part changes nothing.
+  std::unique_ptr<Table> fresh;
+  if (req.rows_before() == 0) {
+    fresh = std::make_unique<Table>(name, spec.table(), *opt, spec.partition());
+    if (absl::Status s = fresh->CheckLoad(rows); !s.ok()) return refused(s.message());
+  } else {
+    if (!key->role.rows_coming || key->table == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("table part '", name, "': rows after ", req.rows_before(),
+                       " came without the rows before them"));
+    }
+    // A part sent again after it was taken (its answer was lost).
+    if (key->table->rows() == req.rows_before() + n) return absl::OkStatus();
+    if (key->table->rows() != req.rows_before()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("table part '", name, "' holds ", key->table->rows(),
+                       " rows here; a part after ", req.rows_before(), " rows does not follow"));
+    }
+    if (absl::Status s = key->table->CheckLoad(rows); !s.ok()) return refused(s.message());
+  }
+  if (fresh != nullptr) {
+    if (key->table != nullptr) bytes_stored_ -= key->table->rows() * key->table->row_bytes();
+    InitKey(key, *opt);
+    key->table = std::move(fresh);
+  }
+  (void)key->table->Load(rows);  // checked above
+  bytes_stored_ += n * key->table->row_bytes();
+  key->role.copy_of = req.primary();
+  key->role.serving = false;
+  key->role.moved_to = -1;
+  key->role.rows_coming = req.more_rows();
+  if (!req.more_rows()) TakeHandover(key, req);
   return absl::OkStatus();
 }
 
@@ -212,8 +320,14 @@ void Store::FillWeights(const Key* k, v1::SeedRequest* req) const {
 void Store::FillHandover(const Key* k, v1::SeedRequest* req) const {
   req->set_handover(true);
   if (options_.sync) {
-    if (k->sync.contributions > 0)
+    if (k->table != nullptr) {
+      absl::Span<const int64_t> ids = k->table->accumulated_ids();
+      req->mutable_accum_ids()->Add(ids.begin(), ids.end());
+      req->set_accum(reinterpret_cast<const char*>(k->table->accumulated()),
+                     ids.size() * k->table->dim() * 4);
+    } else if (k->sync.contributions > 0) {
       req->set_accum(reinterpret_cast<const char*>(k->sync.accum.data()), k->n * 4);
+    }
     for (char c : k->sync.contributed) req->add_contributed(c != 0);
     for (int64_t step : k->sync.last_step) req->add_last_step(step);
   } else {
@@ -228,11 +342,9 @@ void Store::SeedCopies(int owner, const std::function<absl::Status(const v1::See
   for (Key* k : AllKeys()) {
     absl::MutexLock lock(&k->mu);
     if (!k->role.serving || !k->initialized || !Owns(k, owner)) continue;
-    if (k->table != nullptr) {
-      LogWarning("key '", k->name,
-                 "' is a sparse table's part, which is not copied to other servers");
-      continue;
-    }
+    // A table's part has no copy kept up to date: it goes whole when its
+    // server lets it go (HandOverTable). ("replicas" refuses tables.)
+    if (k->table != nullptr) continue;
     v1::SeedRequest req;
     FillSeed(k, primary, &req);
     FillWeights(k, &req);
@@ -245,6 +357,40 @@ void Store::SeedCopies(int owner, const std::function<absl::Status(const v1::See
   LogInfo("copied ", sent, " keys to their new backup");
 }
 
+absl::Status Store::HandOverTable(const Key* k, int primary, const SendSeed& send) const {
+  KeyRecord all;
+  k->table->Save(&all);
+  const size_t dim = static_cast<size_t>(k->table->dim());
+  const size_t rows = all.row_ids.size();
+  const size_t per_part =
+      std::max<size_t>(1, kHandoverPartBytes / static_cast<size_t>(k->table->row_bytes()));
+  size_t first = 0;
+  do {
+    const size_t end = std::min(rows, first + per_part);
+    KeyRecord part;
+    part.variable = k->spec.variable();
+    part.partition = k->spec.partition();
+    part.version = k->version;
+    part.slots.resize(all.slots.size());
+    for (size_t r = first; r < end; ++r) AppendRow(all, r, dim, &part);
+    part.num_elements = static_cast<int64_t>(part.weights.size());
+    v1::SeedRequest req;
+    FillSeed(k, primary, &req);
+    req.set_handover(true);
+    req.set_rows(EncodeShard({part}));
+    req.set_rows_before(static_cast<int64_t>(first));
+    req.set_more_rows(end < rows);
+    if (end == rows) FillHandover(k, &req);
+    // Each part may be sent again: the receiver takes it once.
+    absl::Status s = send(req);
+    Backoff backoff(absl::Now() + kHandoverRetryFor);
+    while ((absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) && backoff.Wait()) s = send(req);
+    if (!s.ok()) return s;
+    first = end;
+  } while (first < rows);
+  return absl::OkStatus();
+}
+
 void Store::Release(int owner, int to, const SendSeed& send) {
   Completed failed;
   int64_t n = 0, handed = 0;
@@ -252,7 +398,15 @@ void Store::Release(int owner, int to, const SendSeed& send) {
   for (Key* k : AllKeys()) {
     absl::MutexLock lock(&k->mu);
     if (!k->role.serving || !Owns(k, owner)) continue;
-    if (send && k->initialized && k->table == nullptr) {
+    if (send && k->initialized && k->table != nullptr) {
+      if (absl::Status s = HandOverTable(k, primary, send); s.ok()) {
+        ++handed;
+      } else {
+        LogError("table part '", k->name, "' was not handed over to server ", to, " (",
+                 s.message(), "): its rows are lost there, and server ", to,
+                 " refuses its requests");
+      }
+    } else if (send && k->initialized) {
       // Under the key's lock: nothing changes it between the hand-over and
       // the moment it stops being served here. The copy there has every
       // version published here (an update is published once it holds it),
@@ -286,6 +440,10 @@ void Store::Release(int owner, int to, const SendSeed& send) {
     if (k->initialized) {
       bytes_stored_ -= KeyBytes(k->n, k->optimizer);
       k->initialized = false;
+    }
+    if (k->table != nullptr) {
+      bytes_stored_ -= k->table->rows() * k->table->row_bytes();
+      k->table.reset();
     }
     // Freed: a new copy (Seed) allocates again.
     std::vector<float>().swap(k->weights);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/key_map.h"
 #include "common/optimizer_proto.h"
@@ -148,6 +149,13 @@ void Table::Accumulate(absl::Span<const int64_t> ids, const float* grads) {
   }
 }
 
+void Table::SetAccumulated(absl::Span<const int64_t> ids, absl::Span<const float> sums) {
+  ClearAccumulated();
+  acc_ids_.assign(ids.begin(), ids.end());
+  acc_.assign(sums.begin(), sums.end());
+  for (size_t i = 0; i < acc_ids_.size(); ++i) acc_index_[acc_ids_[i]] = static_cast<int32_t>(i);
+}
+
 void Table::ClearAccumulated() {
   acc_index_.clear();
   acc_ids_.clear();
@@ -174,8 +182,7 @@ void Table::Apply(absl::Span<const int64_t> ids, const float* grads, float scale
 
 int64_t Table::MaybeEvict(int64_t step) {
   const int64_t after = spec_.evict_after_steps();
-  if (after <= 0 || step - last_sweep_ < std::max<int64_t>(1, after / 2)) return 0;
-  last_sweep_ = step;
+  if (after <= 0 || step % std::max<int64_t>(1, after / 2) != 0) return 0;
   std::vector<int64_t> gone;
   for (const auto& [id, r] : index_) {
     const bool unseen = step - last_seen_[r] >= after;
@@ -210,7 +217,7 @@ void Table::Save(KeyRecord* r) const {
   }
 }
 
-absl::Status Table::Load(const KeyRecord& r) {
+absl::Status Table::CheckLoad(const KeyRecord& r) const {
   const size_t n = r.row_ids.size();
   if (r.weights.size() != n * dim_ || r.row_stats.size() != 3 * n ||
       r.slots.size() != slots_.size()) {
@@ -223,12 +230,26 @@ absl::Status Table::Load(const KeyRecord& r) {
     if (s.size() != n * dim_)
       return absl::DataLossError(absl::StrCat("table '", name_, "': a slot has the wrong size"));
   }
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t id = r.row_ids[i];
-    if (index_.contains(id)) {
+  absl::flat_hash_set<int64_t> seen;
+  for (const int64_t id : r.row_ids) {
+    if (index_.contains(id) || !seen.insert(id).second) {
       return absl::DataLossError(
           absl::StrCat("table '", name_, "': row ", id, " is in the checkpoint twice"));
     }
+    if ((spec_.vocab() > 0 && (id < 0 || id >= spec_.vocab())) ||
+        RowShard(id, spec_.num_shards()) != shard_) {
+      return absl::DataLossError(absl::StrCat("table '", name_, "': row ", id,
+                                              " is not one of this part's (server ", shard_, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Table::Load(const KeyRecord& r) {
+  if (absl::Status s = CheckLoad(r); !s.ok()) return s;
+  const size_t n = r.row_ids.size();
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t id = r.row_ids[i];
     const int32_t row = FindOrMake(id, 0);
     last_seen_[row] = r.row_stats[3 * i];
     made_at_[row] = r.row_stats[3 * i + 1];

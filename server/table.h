@@ -54,12 +54,20 @@ class Table {
   void Apply(absl::Span<const int64_t> ids, const float* grads, float scale, double lr,
              int64_t step);
 
-  // Drops the rows the eviction settings name, every evict_after_steps / 2
-  // steps; returns how many went.
+  // Sync, a step's sums handed over from another server: they replace this
+  // table's (ids.size() * dim values in `sums`).
+  void SetAccumulated(absl::Span<const int64_t> ids, absl::Span<const float> sums);
+
+  // Drops the rows the eviction settings name, at the steps that are
+  // multiples of evict_after_steps / 2 (the same steps wherever the table
+  // was restored or moved); returns how many went.
   int64_t MaybeEvict(int64_t step);
 
-  // The rows as a checkpoint holds them (sorted by id), and back.
+  // The rows as a checkpoint holds them (sorted by id), and back. Load adds
+  // the record's rows to those held (a move sends them in parts); CheckLoad
+  // says whether it would, changing nothing.
   void Save(KeyRecord* r) const;
+  absl::Status CheckLoad(const KeyRecord& r) const;
   absl::Status Load(const KeyRecord& r);
 
  private:
@@ -79,7 +87,6 @@ class Table {
   // made at, and how many pushes touched it.
   std::vector<int64_t> last_seen_, made_at_, pushes_;
   std::vector<int32_t> free_;  // rows dropped, reused first
-  int64_t last_sweep_ = 0;
   // Sync: this step's gradient sums, row after row, in the order first seen.
   absl::flat_hash_map<int64_t, int32_t> acc_index_;
   std::vector<int64_t> acc_ids_;

@@ -1248,12 +1248,6 @@ absl::Status Client::RegisterTable(const std::string& name, const TableOptions& 
         absl::StrCat("table '", name, "': tables are not replicated; this job has \"replicas\": ",
                      impl_->config.replicas()));
   }
-  if (impl_->config.started_servers() > 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("table '", name,
-                     "': a table's rows do not move between servers; this job has "
-                     "\"max_servers\" (servers that join and leave)"));
-  }
   v1::KeySpec spec;
   spec.set_variable(name);
   spec.set_dtype(v1::DTYPE_FLOAT32);
@@ -1288,6 +1282,8 @@ absl::Status Client::RegisterTable(const std::string& name, const TableOptions& 
     v1::KeySpec* k = req->add_keys();
     *k = spec;
     k->set_partition(static_cast<uint32_t>(s));
+    // Part s is server s's ("max_servers": served elsewhere until it joins).
+    if (impl_->config.started_servers() > 0) req->set_owner(s);
     impl_->pool->Schedule([this, s, req, op = op] {
       v1::RegisterKeysResponse resp;
       Impl::Done(op.get(), impl_->Call(s, "register", [&](grpc::ClientContext* ctx) {

@@ -271,6 +271,18 @@ void EncodeShardTo(absl::Span<const KeyRecord* const> records, std::string* out)
   PutFixed(out, crc);
 }
 
+void AppendRow(const KeyRecord& src, size_t row, size_t dim, KeyRecord* dst) {
+  dst->row_ids.push_back(src.row_ids[row]);
+  dst->row_stats.insert(dst->row_stats.end(), src.row_stats.begin() + 3 * row,
+                        src.row_stats.begin() + 3 * row + 3);
+  dst->weights.insert(dst->weights.end(), src.weights.begin() + row * dim,
+                      src.weights.begin() + (row + 1) * dim);
+  for (size_t s = 0; s < src.slots.size(); ++s) {
+    dst->slots[s].insert(dst->slots[s].end(), src.slots[s].begin() + row * dim,
+                         src.slots[s].begin() + (row + 1) * dim);
+  }
+}
+
 std::string EncodeShard(const std::vector<KeyRecord>& records) {
   std::vector<const KeyRecord*> ptrs;
   ptrs.reserve(records.size());

@@ -60,6 +60,11 @@ std::string EncodeShard(const std::vector<KeyRecord>& records);
 // into one buffer).
 void EncodeShardTo(absl::Span<const KeyRecord* const> records, std::string* out);
 
+// Appends row `row` of a table's record `src` (rows of `dim` values) to
+// `dst`: its id, counters, values and slots (dst has src's slot count).
+// num_elements is left to the caller, once its rows are in.
+void AppendRow(const KeyRecord& src, size_t row, size_t dim, KeyRecord* dst);
+
 // Decodes and verifies a whole shard. `name_for_errors` (a file or URI)
 // starts every error message. DATA_LOSS for truncation or a checksum
 // mismatch, INVALID_ARGUMENT for bad magic or sizes that do not add up,

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <map>
 #include <regex>
 #include <string>
 
@@ -27,24 +28,28 @@ std::string Distribution(const std::string& more) {
       "}}");
 }
 
+// The trainer's flags beyond kTrainer: none, or a sparse table's.
+constexpr char kWithTable[] = " --table-rows=512";
+
 Proc StartJob(const std::string& dist, const std::string& token, const std::string& dir,
-              int steps = kSteps) {
+              int steps = kSteps, const std::string& trainer = "") {
   return Proc::Start(absl::StrCat(kBin, "/psrt-run --local=2 --token=", token, " --distribution='",
-                                  dist, "' -- ", kBin, "/psrt-example-linreg ", kTrainer,
+                                  dist, "' -- ", kBin, "/psrt-example-linreg ", kTrainer, trainer,
                                   " --steps=", steps, " --result=", dir, "/r"),
                      dir + "/log");
 }
 
-// Rank 0's final weights of the same training with the servers it starts
-// with, none joining or leaving.
-const std::string& UninterruptedWeights() {
-  static const std::string* weights = [] {
+// Rank 0's final weights (and table rows) of the same training with the
+// servers it starts with, none joining or leaving.
+const std::string& UninterruptedWeights(const std::string& trainer = "") {
+  static auto* weights = new std::map<std::string, std::string>;
+  if (weights->count(trainer) == 0) {
     const std::string dir = TempDir();
-    Proc run = StartJob(Distribution(""), RandomToken(), dir);
+    Proc run = StartJob(Distribution(""), RandomToken(), dir, kSteps, trainer);
     EXPECT_EQ(run.Wait(absl::Seconds(120), "the uninterrupted job"), 0) << run.Output();
-    return new std::string(ReadFile(dir + "/r.rank0.weights"));
-  }();
-  return *weights;
+    (*weights)[trainer] = ReadFile(dir + "/r.rank0.weights");
+  }
+  return weights->at(trainer);
 }
 
 std::string CoordinatorAddress(const Proc& run) {
@@ -146,6 +151,39 @@ TEST(ServerMovesTest, ASyncJobWithAServerJoiningAndOneLeavingEndsBitForBitAsUnin
       EXPECT_EQ(k.version(), e.manifest.step()) << e.name;
   }
   EXPECT_GE(committed, 5) << out;
+  EXPECT_EQ(Leftovers(token), 0);
+}
+
+TEST(ServerMovesTest, ASparseTablesRowsMoveWithTheirServersBitForBit) {
+  // The same join and removal with a table of 512 rows in three parts (one
+  // per server of max_servers): part 2 goes from server 0 to server 2 as it
+  // joins, part 0 from server 0 to another as it leaves, each whole with its
+  // rows' optimizer state and counters and a step half done.
+  const std::string dir = TempDir(), token = RandomToken();
+  Proc run = StartJob(Distribution(absl::StrCat(R"(,"max_servers":3,"checkpoint":{"uri":")", dir,
+                                                R"(/ckpt","every_steps":250})")),
+                      token, dir, kSteps, kWithTable);
+  std::string coordinator;
+  Proc joined;
+  ASSERT_NO_FATAL_FAILURE(JoinAtStep200(run, token, dir, &coordinator, &joined));
+  ASSERT_TRUE(run.WaitForOutput("step 700 ", absl::Seconds(60))) << run.Output();
+  std::string said;
+  ASSERT_EQ(RemoveServer(coordinator, token, 0, dir, &said), 0) << said << run.Output();
+  EXPECT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
+  EXPECT_EQ(joined.Wait(absl::Seconds(30), "the server that joined"), 0) << joined.Output();
+  const std::string out = run.Output() + joined.Output();
+  EXPECT_EQ(out.find("was not handed over"), std::string::npos) << out;
+  EXPECT_EQ(out.find("not all of its rows arrived"), std::string::npos) << out;
+  const std::string weights = ReadFile(dir + "/r.rank0.weights");
+  EXPECT_EQ(weights.size(), (8192 + 1 + 512) * sizeof(float));
+  EXPECT_TRUE(weights == UninterruptedWeights(kWithTable))
+      << "final weights or table rows differ from the uninterrupted run's\n"
+      << out;
+  // The last checkpoint holds every row the job made, from the servers that
+  // hold the parts at the end.
+  absl::StatusOr<CheckpointRef> final = ResolveCheckpoint("latest", dir + "/ckpt");
+  ASSERT_TRUE(final.ok()) << final.status();
+  EXPECT_EQ(final->manifest.step(), kSteps);
   EXPECT_EQ(Leftovers(token), 0);
 }
 

@@ -25,6 +25,7 @@
 #include "common/metrics.h"
 #include "gtest/gtest.h"
 #include "psrt/v1/ps.pb.h"
+#include "server/checkpoint/shard_format.h"
 
 namespace psrt {
 namespace {
@@ -673,6 +674,151 @@ TEST(StoreTest, AHandOverThatDoesNotFitChangesNothing) {
   reg.set_replica(true);
   EXPECT_EQ(b.RegisterKeys(reg).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(b.num_keys(), 0);
+}
+
+// A table's part: an open hash table of rows of 2, Adam (two slots), on
+// one server.
+v1::KeySpec TablePart() {
+  v1::KeySpec s = Spec("t", 0, {0, 2}, 0, 0, std::nullopt, "adam", 0.25);
+  v1::TableSpec* t = s.mutable_table();
+  t->set_dim(2);
+  t->set_seed(3);
+  t->set_init_std(1.0);
+  t->set_num_shards(1);
+  t->set_evict_after_steps(4);
+  return s;
+}
+
+v1::KeyData Rows(int64_t version, const std::vector<int64_t>& ids, const std::vector<float>& g) {
+  v1::KeyData kd = Grad("t", version, g);
+  for (int64_t id : ids) kd.add_ids(id);
+  return kd;
+}
+
+absl::StatusOr<std::vector<float>> PullRows(Store& store, int64_t version,
+                                            const std::vector<int64_t>& ids) {
+  v1::PullRequest r = PullReq(0, "t", version);
+  for (int64_t id : ids) r.mutable_keys(0)->add_ids(id);
+  v1::PullResponse resp;
+  if (absl::Status s = store.Pull(r, absl::Now() + absl::Seconds(10), &resp); !s.ok()) return s;
+  return Floats(resp.keys(0).data());
+}
+
+// Steps 0..steps-1 of two workers on a table; worker 1 skips its push of
+// the last step when `half` (the step is then half done).
+void TrainTable(Store& store, int steps, bool half) {
+  for (int step = 0; step < steps; ++step) {
+    const int64_t a = step % 5, b = 7 + step % 3;
+    const float g = 0.125f * (step + 1);
+    ASSERT_TRUE(PullRows(store, step, {a, b, 11}).ok());
+    ASSERT_TRUE(store.Push(PushReq(0, 100 + step, {Rows(step, {a, 11}, {g, -g, g, g})})).ok());
+    if (half && step == steps - 1) return;
+    ASSERT_TRUE(store.Push(PushReq(1, 200 + step, {Rows(step, {b, a}, {-g, g, 2 * g, 0})})).ok());
+  }
+}
+
+TEST(StoreTest, ATablesPartMovesWholeWithItsRowsSlotsCountersAndHalfDoneStep) {
+  Metrics ma("a"), mb("b"), mr("r");
+  Store a(SyncServer(0), &ma), b(SyncServer(1), &mb), ref(SyncServer(0), &mr);
+  for (Store* s : {&a, &ref}) {
+    ASSERT_TRUE(s->RegisterKeys(RegReq(0, {TablePart()})).ok());
+    ASSERT_TRUE(s->RegisterKeys(RegReq(1, {TablePart()})).ok());
+  }
+  // Five steps (rows made, updated, evicted at steps 2 and 4), then half of
+  // the sixth; `a` lets the part go to `b` there, `ref` keeps it.
+  TrainTable(a, 6, /*half=*/true);
+  TrainTable(ref, 6, /*half=*/true);
+  std::vector<v1::SeedRequest> sent;
+  a.Release(0, 1, [&](const v1::SeedRequest& req) {
+    sent.push_back(req);
+    return b.Seed(req);
+  });
+  ASSERT_EQ(sent.size(), 1u);  // one part: no copy to build, the rows go along
+  EXPECT_FALSE(sent[0].rows().empty());
+  EXPECT_EQ(sent[0].accum_ids_size(), 2);  // worker 0's rows of the sixth step
+  EXPECT_EQ(a.bytes_stored(), 0);
+  EXPECT_EQ(b.bytes_stored(), ref.bytes_stored());
+  EXPECT_EQ(PullRows(b, 5, {1}).status().code(), absl::StatusCode::kUnavailable);
+  b.Promote(0);
+  // Worker 0's push, sent again, is known; worker 1's finishes the step.
+  const int64_t last = 5, x = last % 5, y = 7 + last % 3;
+  const float g = 0.125f * (last + 1);
+  ASSERT_TRUE(b.Push(PushReq(0, 100 + last, {Rows(last, {x, 11}, {g, -g, g, g})})).ok());
+  EXPECT_EQ(Metric(mb, "b_duplicate_pushes_total"), 1);
+  for (Store* s : {&b, &ref}) {
+    ASSERT_TRUE(s->Push(PushReq(1, 200 + last, {Rows(last, {y, x}, {-g, g, 2 * g, 0})})).ok());
+  }
+  // Two more steps on both: the same rows, bit for bit, and the same
+  // eviction (rows 0..4 not seen for 4 steps go at step 8).
+  for (int step = 6; step < 8; ++step) {
+    for (Store* s : {&b, &ref}) {
+      ASSERT_TRUE(s->Push(PushReq(0, 100 + step, {Rows(step, {11}, {1, 1})})).ok());
+      ASSERT_TRUE(s->Push(PushReq(1, 200 + step, {Rows(step, {}, {})})).ok());
+    }
+  }
+  const std::vector<int64_t> ids = {0, 1, 2, 3, 4, 7, 8, 9, 11};
+  absl::StatusOr<std::vector<float>> moved = PullRows(b, 8, ids), kept = PullRows(ref, 8, ids);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(0, std::memcmp(moved->data(), kept->data(), kept->size() * 4));
+  EXPECT_EQ(Metric(mb, "b_evicted_rows_total") + Metric(ma, "a_evicted_rows_total"),
+            Metric(mr, "r_evicted_rows_total"));
+}
+
+TEST(StoreTest, ATablesPartInPartsIsTakenOnceEachAndNotServedUntilAllAreHere) {
+  Metrics ma("a"), mb("b");
+  Store a(SyncServer(0), &ma), b(SyncServer(1), &mb);
+  ASSERT_TRUE(a.RegisterKeys(RegReq(0, {TablePart()})).ok());
+  ASSERT_TRUE(a.RegisterKeys(RegReq(1, {TablePart()})).ok());
+  TrainTable(a, 2, /*half=*/false);
+  v1::SeedRequest whole;
+  a.Release(0, 1, [&](const v1::SeedRequest& req) {
+    whole = req;
+    return absl::OkStatus();
+  });
+  // The same rows as three parts of one row, two rows and the rest.
+  absl::StatusOr<std::vector<KeyRecord>> rec = DecodeShard(whole.rows(), "t");
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  const size_t rows = (*rec)[0].row_ids.size();
+  ASSERT_GE(rows, 4u);
+  std::vector<v1::SeedRequest> parts;
+  for (auto [first, end] : {std::pair<size_t, size_t>{0, 1}, {1, 3}, {3, rows}}) {
+    KeyRecord part = (*rec)[0];
+    part.row_ids.clear(), part.row_stats.clear(), part.weights.clear();
+    for (auto& slot : part.slots) slot.clear();
+    for (size_t r = first; r < end; ++r) AppendRow((*rec)[0], r, 2, &part);
+    part.num_elements = static_cast<int64_t>(part.weights.size());
+    v1::SeedRequest req = whole;
+    req.set_rows(EncodeShard({part}));
+    req.set_rows_before(static_cast<int64_t>(first));
+    req.set_more_rows(end < rows);
+    parts.push_back(req);
+  }
+  // A later part without the ones before, or one out of turn, changes
+  // nothing.
+  EXPECT_EQ(b.Seed(parts[1]).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(b.num_keys(), 1);  // the key, still without a value
+  ASSERT_TRUE(b.Seed(parts[0]).ok());
+  EXPECT_EQ(b.Seed(parts[2]).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(b.Seed(parts[1]).ok());
+  ASSERT_TRUE(b.Seed(parts[1]).ok());  // sent again: taken once
+  // Promoted before the last part: not served, and it says why.
+  b.Promote(0);
+  absl::StatusOr<std::vector<float>> early = PullRows(b, 2, {1});
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kDataLoss) << early.status();
+  EXPECT_HAS(early.status(), "not all of its rows arrived");
+  // Rows that are not this part's, or sums that do not fit, are refused.
+  v1::SeedRequest bad = parts[2];
+  bad.add_accum_ids(1);
+  EXPECT_EQ(b.Seed(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = parts[2];
+  bad.set_rows("garbage");
+  EXPECT_EQ(b.Seed(bad).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(b.Seed(parts[2]).ok());
+  b.Promote(0);
+  absl::StatusOr<std::vector<float>> all = PullRows(b, 2, (*rec)[0].row_ids);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(*all, (*rec)[0].weights);
 }
 
 TEST(StoreTest, SyncPushOrPullOutOfRange) {
