@@ -558,11 +558,6 @@ absl::Status ValidateCombination(const Json& ps, const PsOptions& o) {
         "'server_port_base' ", o.server_port_base, " with ", o.servers_per_host,
         " servers per host runs past port 65535; lower server_port_base"));
   }
-  if (o.max_servers > 0 && o.replicas > 0) {
-    return absl::InvalidArgumentError(
-        "'max_servers' (servers joining and leaving a running job) and "
-        "'replicas' do not go together yet; drop one of them");
-  }
   const CheckpointOptions& c = o.checkpoint;
   if ((c.every_steps > 0 || c.every_seconds > 0) && c.uri.empty()) {
     return absl::InvalidArgumentError(

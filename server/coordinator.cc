@@ -196,7 +196,10 @@ void CoordinatorService::LayOutLocked() {
   replica_since_.assign(replica_at_.size(), 0);
   for (int i = 0; i < config_.num_servers(); ++i) {
     served_by_[i] = InitialServer(i, config_.started_servers());
-    if (config_.replicas() > 0) replica_at_[i] = BackupServer(i, config_.num_servers(), options_.ps.servers_per_host);
+    // With "max_servers" the copy holders are named once the job runs
+    // (AssignCopiesLocked); the workers register each key once.
+    if (config_.replicas() > 0 && config_.started_servers() == 0)
+      replica_at_[i] = BackupServer(i, config_.num_servers(), options_.ps.servers_per_host);
   }
   ++shard_epoch_;
 }
@@ -225,7 +228,8 @@ void CoordinatorService::ServerLostLocked(Process* p, const std::string& reason)
     if (!can) break;
     const int at = replica_at_[s];
     const Process* q = at >= 0 && at != i ? ServerLocked(at) : nullptr;
-    can = can && q != nullptr && q->registered && !q->exited && !q->lost;
+    // A copy still being built is no copy to serve from.
+    can = can && q != nullptr && q->registered && !q->exited && !q->lost && CopyBuiltLocked(*p, s);
   }
   if (!can) {
     LostLocked(reason);
@@ -888,8 +892,23 @@ grpc::Status CoordinatorService::DoHeartbeat(grpc::ServerContextBase* ctx, const
   }
   if (p->id.role() == v1::ROLE_SERVER) {
     p->applied_epoch = req->membership_epoch();
+    // Copies of the keys it serves that it has built since it last said.
+    auto kept = [&] {
+      std::vector<int> owners;
+      for (int o = 0; o < static_cast<int>(replica_at_.size()) && config_.replicas() > 0; ++o) {
+        if (served_by_[o] == p->id.index() && replica_at_[o] >= 0 && CopyBuiltLocked(*p, o))
+          owners.push_back(o);
+      }
+      return owners;
+    };
+    const std::vector<int> before = kept();
     p->shard_epoch = req->shard_map_epoch();
     p->copies_building.assign(req->copies_building().begin(), req->copies_building().end());
+    for (int o : kept()) {
+      if (std::find(before.begin(), before.end(), o) != before.end()) continue;
+      LogInfo("server ", replica_at_[o], " holds a copy of server ", o, "'s keys (built by server ",
+              p->id.index(), "): a loss of server ", p->id.index(), " fails over to it");
+    }
     // A move's next step waits for what this server says: taken at once,
     // and its map goes back in this answer.
     if (!moves_.empty() && state_ == v1::JOB_RUNNING && !recovering_) AdvanceMovesLocked();
@@ -1146,6 +1165,7 @@ void CoordinatorService::Monitor() {
     }
     if (state_ != v1::JOB_RUNNING || recovering_) continue;
     AdvanceMovesLocked();
+    AssignCopiesLocked();
     MaybeStartCheckpointsLocked();
     if (!ReadyLocked() && now - start_ > barrier) {
       FailLocked(absl::StrCat("readiness barrier timed out after ", absl::FormatDuration(barrier),
@@ -1252,9 +1272,7 @@ void CoordinatorService::AdvanceMovesLocked() {
   }
   Process* from = ServerLocked(m.from);
   if (m.phase == Move::kCopying) {
-    const bool built = from->shard_epoch >= m.epoch &&
-                       std::find(from->copies_building.begin(), from->copies_building.end(),
-                                 m.owner) == from->copies_building.end();
+    const bool built = CopyBuiltLocked(*from, m.owner);
     if (!built && now - m.since > limit) {
       // Nothing has changed hands: the old server goes on serving them.
       ++shard_epoch_;
@@ -1306,6 +1324,47 @@ void CoordinatorService::EndMoveLocked(const std::string& error) {
   if (moves_.empty()) ResumeCheckpointsLocked();
 }
 
+bool CoordinatorService::CopyBuiltLocked(const Process& serving, int owner) const {
+  return serving.shard_epoch >= replica_since_[owner] &&
+         std::find(serving.copies_building.begin(), serving.copies_building.end(), owner) ==
+             serving.copies_building.end();
+}
+
+void CoordinatorService::AssignCopiesLocked() {
+  if (config_.replicas() == 0 || config_.started_servers() == 0 || !moves_.empty() ||
+      finishing_ || stopping_job_ || !ReadyLocked()) {
+    return;
+  }
+  std::vector<std::string> named;
+  for (int s = 0; s < static_cast<int>(served_by_.size()); ++s) {
+    const int by = served_by_[s];
+    if (by < 0 || replica_at_[s] >= 0) continue;
+    const Process* serving = ServerLocked(by);
+    // A live server other than the one serving them, on another host where
+    // there is one, keeping the fewest copies.
+    int best = -1, best_count = 0;
+    bool best_apart = false;
+    for (const Process& q : processes_) {
+      const int i = q.id.index();
+      if (q.id.role() != v1::ROLE_SERVER || i == by || q.leaving || !LiveServerLocked(i)) continue;
+      const bool apart = serving == nullptr || q.host != serving->host;
+      const int count = static_cast<int>(std::count(replica_at_.begin(), replica_at_.end(), i));
+      if (best < 0 || (apart && !best_apart) || (apart == best_apart && count < best_count)) {
+        best = i, best_count = count, best_apart = apart;
+      }
+    }
+    if (best < 0) continue;
+    if (named.empty()) ++shard_epoch_;
+    replica_at_[s] = best;
+    replica_since_[s] = shard_epoch_;
+    named.push_back(absl::StrCat("server ", s, "'s on server ", best));
+  }
+  if (!named.empty()) {
+    LogInfo("copies of keys kept (built by the servers serving them): ", absl::StrJoin(named, ", "),
+            " (shard map epoch ", shard_epoch_, ")");
+  }
+}
+
 void CoordinatorService::ParkLeaversLocked() {
   for (Process& q : processes_) {
     if (q.id.role() != v1::ROLE_SERVER || !q.leaving) continue;
@@ -1314,6 +1373,9 @@ void CoordinatorService::ParkLeaversLocked() {
     q.parked = true;
     q.registered = false;
     q.address.clear();
+    for (int& at : replica_at_) {
+      if (at == q.id.index()) at = -1;  // the copies it kept go with it
+    }
     ++shard_epoch_;
     LogInfo(q.name, " left the job: its keys are on the other servers");
   }

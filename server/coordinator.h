@@ -192,6 +192,12 @@ class CoordinatorService final : public CoordinatorBase {
   // leaving that serve nothing now leave.
   void EndMoveLocked(const std::string& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ParkLeaversLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `serving` said it built the copy of `owner`'s keys that the
+  // shard map names (replica_at, since replica_since).
+  bool CopyBuiltLocked(const Process& serving, int owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "replicas" with "max_servers": names a copy holder for every owner's
+  // keys that have none (at the start, after a move or a failover).
+  void AssignCopiesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The checkpoints stop while keys move (a checkpoint must find every key
   // on one server) and start again after, with the servers there are then.
   void PauseCheckpointsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -139,7 +139,7 @@ static WireMessage& Scratch() {
 void PsService::ServeData(FrameKind method, absl::string_view text, const grpc::ByteBuffer& req,
                           absl::Time deadline, std::function<bool()> cancelled, DataDone done) {
   if (method == FrameKind::kReplicate) {
-    return done(Refused(ReplicateFrame(text, req)), grpc::ByteBuffer(nullptr, 0));
+    return done(ReplicateRefused(ReplicateFrame(text, req)), grpc::ByteBuffer(nullptr, 0));
   }
   WireMessage& msg = Scratch();
   absl::Status s = method == FrameKind::kPush       ? ParsePushRequest(req, &msg)
@@ -240,7 +240,13 @@ grpc::Status PsService::Stats(grpc::ServerContext* ctx, const v1::StatsRequest*,
 grpc::Status PsService::Replicate(grpc::ServerContext* ctx, const v1::ReplicateRequest* req,
                                   v1::ReplicateResponse*) {
   if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
-  return Finish(store_->Replicate(*req, req->gradient()));
+  return ToGrpc(ReplicateRefused(store_->Replicate(*req, req->gradient())));
+}
+
+absl::Status PsService::ReplicateRefused(const absl::Status& s) {
+  // No copy here yet: expected while the sender builds it (it sends the
+  // copy after), and the sender says so where it is not.
+  return absl::IsNotFound(s) ? s : Refused(s);
 }
 
 absl::Status PsService::ReplicateFrame(absl::string_view text, const grpc::ByteBuffer& gradient) {

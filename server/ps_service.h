@@ -75,6 +75,7 @@ class PsService final : public PsServiceBase {
   // Counts and logs `s` if it refuses the caller's request; returns it.
   absl::Status Refused(const absl::Status& s);
   grpc::Status Finish(const absl::Status& s) { return ToGrpc(Refused(s)); }
+  absl::Status ReplicateRefused(const absl::Status& s);  // Refused, quiet for NOT_FOUND
   // A data method over gRPC: the token, then ServeData.
   grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* ctx, FrameKind method,
                                   const grpc::ByteBuffer* req, grpc::ByteBuffer* resp);

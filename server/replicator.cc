@@ -15,11 +15,12 @@ constexpr absl::Duration kCallTimeout = absl::Seconds(5);
 }  // namespace
 
 Replicator::Replicator(int self, std::string token, absl::Duration give_up, bool data_channels,
-                       Store* store)
+                       bool registered_copies, Store* store)
     : self_(self),
       token_(std::move(token)),
       give_up_(give_up),
       data_channels_(data_channels),
+      registered_copies_(registered_copies),
       store_(store) {}
 
 Replicator::~Replicator() {
@@ -38,6 +39,7 @@ void Replicator::Update(const v1::ShardMap& map) {
   std::vector<int> promote;
   std::vector<std::pair<int, int>> release;  // owner, its new server
   std::vector<std::pair<int, int>> seed;     // owner, new copy holder
+  std::vector<int> drop;                     // owners whose copies here go
   {
     absl::MutexLock lock(&mu_);
     const int n = map.server_addresses_size();
@@ -63,9 +65,11 @@ void Replicator::Update(const v1::ShardMap& map) {
       // (Not where the copy was here: it is what this server serves now.)
       if (mine && at < 0 && !first && replica_at_[i] != self_)
         LogWarning("the keys of server ", i, " served here have no copy any more");
-      // A copy holder named anew for keys served here (not the start, where
+      // A copy holder named anew for keys served here (not the start where
       // every worker registers its keys with both): copy them there first.
-      if (mine && at >= 0 && !first) seed.emplace_back(i, at);
+      if (mine && at >= 0 && !(first && registered_copies_)) seed.emplace_back(i, at);
+      // Copies kept here that another server keeps now.
+      if (!mine && !first && replica_at_[i] == self_ && at != self_) drop.push_back(i);
       replica_at_[i] = at;
       replica_since_[i] = since;
     }
@@ -86,14 +90,29 @@ void Replicator::Update(const v1::ShardMap& map) {
                     [&, to = to](const v1::SeedRequest& req) { return SeedTo(to, req); });
   }
   for (int i : promote) store_->Promote(i);
+  for (int i : drop) store_->DropCopies(i);
   for (const auto& [owner, at] : seed) {
     LogInfo("building the copy of server ", owner, "'s keys on server ", at);
     seeders_.emplace_back([this, owner = owner, at = at] {
       store_->SeedCopies(owner, [&](const v1::SeedRequest& req) { return SeedTo(at, req); });
-      absl::MutexLock lock(&mu_);
-      seeding_.erase(owner);
+      {
+        absl::MutexLock lock(&mu_);
+        seeding_.erase(owner);
+      }
+      if (on_built_) on_built_();
     });
   }
+}
+
+absl::Status Replicator::SeedNew(int owner, const v1::SeedRequest& req) {
+  if (registered_copies_) return absl::OkStatus();
+  int at;
+  {
+    absl::MutexLock lock(&mu_);
+    at = owner < static_cast<int>(replica_at_.size()) ? replica_at_[owner] : -1;
+  }
+  if (at < 0 || at == self_) return absl::OkStatus();
+  return SeedTo(at, req);
 }
 
 absl::Status Replicator::SeedTo(int at, const v1::SeedRequest& req) {

@@ -1,6 +1,7 @@
 #ifndef PSRT_SERVER_REPLICATOR_H_
 #define PSRT_SERVER_REPLICATOR_H_
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -32,8 +33,12 @@ class Replicator {
   // within its heartbeat timeout).
   // `data_channels`: updates go over the copy holders' data channels where
   // they have one (false: the job's "transport" is "grpc").
+  // `registered_copies`: the workers register each key with its copy holder
+  // too ("replicas" on fixed servers); otherwise ("max_servers") every copy
+  // is built here, from the first shard map on, and a key that comes after
+  // its copy holder was named is copied there as it is registered (SeedNew).
   Replicator(int self, std::string token, absl::Duration give_up, bool data_channels,
-             Store* store);
+             bool registered_copies, Store* store);
   ~Replicator();
 
   // Store::Forward: sends the update to the copy holder, over its data
@@ -45,8 +50,14 @@ class Replicator {
                            int64_t version, const float* grad, int64_t n,
                            const Store::Origin& origin);
   void Update(const v1::ShardMap& map);
+  // Store::SeedNew: a key of `owner` registered here just now, to the copy
+  // holder of owner's keys if one is named (and the workers do not register
+  // it there themselves).
+  absl::Status SeedNew(int owner, const v1::SeedRequest& req);
   // The owners whose keys are being copied to a new holder now.
   std::vector<int> CopiesBuilding();
+  // Called once the copies of an owner's keys are built. Set before Update.
+  void SetOnCopiesBuilt(std::function<void()> hook) { on_built_ = std::move(hook); }
   // Whether keys served here have a copy elsewhere, or copies are kept here
   // (with "max_servers" and no replicas: a move is under way).
   bool HasCopies();
@@ -82,6 +93,8 @@ class Replicator {
   const std::string token_;
   const absl::Duration give_up_;
   const bool data_channels_;
+  const bool registered_copies_;
+  std::function<void()> on_built_;
   Store* const store_;
   absl::Mutex mu_;
   std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);

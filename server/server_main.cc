@@ -89,13 +89,12 @@ int main(int argc, char** argv) {
   // one, until it goes). Before the store: outlives its last call.
   absl::Mutex wake_mu;
   psrt::CoordinatorLink* wake ABSL_GUARDED_BY(wake_mu) = nullptr;
+  auto wake_link = [&] {
+    absl::MutexLock lock(&wake_mu);
+    if (wake != nullptr) wake->Wake();
+  };
   psrt::Store store(store_options, &metrics);
-  if (config->started_servers() > 0) {
-    store.SetOnCopyAsked([&] {
-      absl::MutexLock lock(&wake_mu);
-      if (wake != nullptr) wake->Wake();
-    });
-  }
+  if (config->started_servers() > 0) store.SetOnCopyAsked(wake_link);
   psrt::PsService service(&store, &metrics, token, limits.max_calls_per_worker());
   // "replicas": 1: this server's updates go to their copies on another
   // server first, and it keeps the copies of the server it backs up.
@@ -107,13 +106,20 @@ int main(int argc, char** argv) {
   const int started = config->started_servers();
   std::unique_ptr<psrt::Replicator> replicator;
   if (config->replicas() > 0 || started > 0) {
-    replicator = std::make_unique<psrt::Replicator>(index, token, absl::Seconds(2 * config->heartbeat_timeout_s() + 5),
-                                                    config->transport() != "grpc", &store);
+    replicator = std::make_unique<psrt::Replicator>(
+        index, token, absl::Seconds(2 * config->heartbeat_timeout_s() + 5), config->transport() != "grpc",
+        /*registered_copies=*/config->replicas() > 0 && started == 0, &store);
     store.SetForward([r = replicator.get()](int owner, const std::string& variable, uint32_t partition,
                                             int64_t version, const float* grad, int64_t n,
                                             const psrt::Store::Origin& origin) {
       return r->Forward(owner, variable, partition, version, grad, n, origin);
     });
+    store.SetSeedNew([r = replicator.get()](int owner, const psrt::v1::SeedRequest& req) {
+      return r->SeedNew(owner, req);
+    });
+    // The coordinator hears at once that copies are built: until it does, a
+    // loss of this server is not failed over to them.
+    replicator->SetOnCopiesBuilt(wake_link);
   }
 
   if (!config->checkpoint().uri().empty()) {
@@ -213,7 +219,9 @@ int main(int argc, char** argv) {
         keys->push_back(std::move(k));
       }
     }
-    if (keys.ok() && replicator != nullptr) {
+    // "replicas" on fixed servers: the copies this server keeps (with
+    // "max_servers" they are built once the job runs).
+    if (keys.ok() && config->replicas() > 0 && started == 0) {
       absl::StatusOr<std::vector<psrt::Store::RestoredKey>> copies =
           psrt::LoadServerKeys(*from, backed_up, num_servers, config->partition_bytes());
       if (copies.ok()) {

@@ -97,6 +97,11 @@ class Store {
       std::function<Forwarded(int owner, const std::string& variable, uint32_t partition,
                               int64_t version, const float* grad, int64_t n, const Origin& origin)>;
   void SetForward(Forward forward);
+  // A key registered here just now (its first value), for its copy holder
+  // where its server builds the copies ("max_servers"): called under the
+  // key's lock, so no update comes before the copy. Set before serving.
+  using SeedNew = std::function<absl::Status(int owner, const v1::SeedRequest& req)>;
+  void SetSeedNew(SeedNew seed) { seed_new_ = std::move(seed); }
   // Called when a request finds a copy here that is not served yet: the
   // clients already know it serves it, so the shard map that says so is
   // asked for now. Set before serving.
@@ -122,6 +127,9 @@ class Store {
   // under the key's lock; null: nothing is handed over.
   using SendSeed = std::function<absl::Status(const v1::SeedRequest&)>;
   void Release(int owner, int to, const SendSeed& send);
+  // This server no longer keeps the copies of server `owner`'s keys (their
+  // copy holder is another now): frees them.
+  void DropCopies(int owner);
   // INVALID_ARGUMENT unless `rank` is a worker of this job.
   absl::Status CheckWorker(int32_t rank) const;
   int num_workers() const { return options_.num_workers; }
@@ -219,6 +227,8 @@ class Store {
   void FillSeed(const Key* k, int primary, v1::SeedRequest* req) const;  // holds k->mu
   void FillWeights(const Key* k, v1::SeedRequest* req) const;            // holds k->mu
   void FillHandover(const Key* k, v1::SeedRequest* req) const;           // holds k->mu
+  // Frees k's values (a key moved away, or a copy no longer kept).
+  void Free(Key* k);  // holds k->mu
   // Seed's checks of what a hand-over adds; taking it (and the version,
   // rate and clocks every seed has) into k.
   absl::Status CheckHandover(const v1::SeedRequest& req, const std::string& name) const;
@@ -312,6 +322,7 @@ class Store {
   BufferPool buffers_;  // pulled values on their way out
   std::unique_ptr<ThreadPool> apply_pool_;
   Forward forward_;                      // set before serving, then read only
+  SeedNew seed_new_;                     // set before serving, then read only
   std::function<void()> on_copy_asked_;  // the same
   mutable absl::Mutex pending_mu_;
   std::vector<std::shared_ptr<PendingPull>> pending_ ABSL_GUARDED_BY(pending_mu_);

@@ -75,8 +75,7 @@ absl::Status Store::Replicate(const v1::ReplicateRequest& req, absl::string_view
                                                      k->n, " float32"));
     }
     if (!k->initialized) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("replica of key '", k->name, "' has no value yet"));
+      return absl::NotFoundError(absl::StrCat("replica of key '", k->name, "' has no value yet"));
     }
     if (req.version() < k->version) return absl::OkStatus();  // a retry of an applied update
     if (req.version() > k->version) {
@@ -391,6 +390,34 @@ absl::Status Store::HandOverTable(const Key* k, int primary, const SendSeed& sen
   return absl::OkStatus();
 }
 
+void Store::Free(Key* k) {
+  if (k->initialized) {
+    bytes_stored_ -= KeyBytes(k->n, k->optimizer);
+    k->initialized = false;
+  }
+  if (k->table != nullptr) {
+    bytes_stored_ -= k->table->rows() * k->table->row_bytes();
+    k->table.reset();
+  }
+  // A new copy (Seed) allocates again.
+  std::vector<float>().swap(k->weights);
+  std::vector<float>().swap(k->sync.accum);
+  k->slots.clear();
+  k->slot_ptrs.clear();
+  k->snapshot.ready = false;
+}
+
+void Store::DropCopies(int owner) {
+  int64_t n = 0;
+  for (Key* k : AllKeys()) {
+    absl::MutexLock lock(&k->mu);
+    if (k->role.serving || k->role.copy_of != owner || !k->initialized) continue;
+    Free(k);
+    ++n;
+  }
+  if (n > 0) LogInfo("dropped the ", n, " copies of server ", owner, "'s keys kept here");
+}
+
 void Store::Release(int owner, int to, const SendSeed& send) {
   Completed failed;
   int64_t n = 0, handed = 0;
@@ -437,20 +464,7 @@ void Store::Release(int owner, int to, const SendSeed& send) {
       failed.push_back(p);
     }
     k->waiters.clear();
-    if (k->initialized) {
-      bytes_stored_ -= KeyBytes(k->n, k->optimizer);
-      k->initialized = false;
-    }
-    if (k->table != nullptr) {
-      bytes_stored_ -= k->table->rows() * k->table->row_bytes();
-      k->table.reset();
-    }
-    // Freed: a new copy (Seed) allocates again.
-    std::vector<float>().swap(k->weights);
-    std::vector<float>().swap(k->sync.accum);
-    k->slots.clear();
-    k->slot_ptrs.clear();
-    k->snapshot.ready = false;
+    Free(k);
     ++n;
   }
   for (const auto& p : failed) Complete(p.get());

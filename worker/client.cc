@@ -1205,8 +1205,9 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
     *spec->mutable_optimizer() = opt;
     if (rank() == 0) spec->set_init(reinterpret_cast<const char*>(data + p.offset), p.num_elements * 4);
   }
-  // "replicas": 1: the backup of each server keeps copies of its keys.
-  const int copies = impl_->config.replicas() > 0 ? 2 : 1;
+  // "replicas": 1: the backup of each server keeps copies of its keys
+  // (with "max_servers", copies its server builds once the job runs).
+  const int copies = impl_->config.replicas() > 0 && impl_->config.started_servers() == 0 ? 2 : 1;
   auto [handle, op] = impl_->NewOp(static_cast<int>(batches.size()) * copies, absl::OkStatus(), "REGISTER");
   if (impl_->timeline != nullptr) {
     op->tensors = JsonNames({name});

@@ -373,6 +373,9 @@ TEST(ReplicaTest, ALostServerComesBackAsTheNewBackupAndCanTakeOverInTurn) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   ASSERT_EQ(copies(), 2) << run.Output();
+  // A failover takes copies the coordinator heard are built.
+  ASSERT_TRUE(run.WaitForOutput("server 1 holds a copy of server 0's keys", absl::Seconds(10)));
+  ASSERT_TRUE(run.WaitForOutput("server 1 holds a copy of server 1's keys", absl::Seconds(10)));
   kill(ServerProcess(token, 0), SIGKILL);
   ASSERT_EQ(run.Wait(absl::Seconds(90), "psrt-run"), 0) << run.Output();
   const std::string out = run.Output();

@@ -187,6 +187,57 @@ TEST(ServerMovesTest, ASparseTablesRowsMoveWithTheirServersBitForBit) {
   EXPECT_EQ(Leftovers(token), 0);
 }
 
+TEST(ServerMovesTest, WithReplicasAJoinedServersKeysGetACopyAndFailOverWithNoStepLost) {
+  // "replicas": 1 with "max_servers": the copy holders are named once the
+  // job runs. Server 2 joins, its keys move to it, and a copy of them is
+  // built on another server; then server 2 is killed (no agent supervises
+  // a server started by hand): its keys fail over to that copy, no step is
+  // lost, and the job ends as the uninterrupted one does.
+  const std::string dir = TempDir(), token = RandomToken();
+  Proc run = StartJob(Distribution(R"(,"max_servers":3,"replicas":1)"), token, dir);
+  std::string coordinator;
+  Proc joined;
+  ASSERT_NO_FATAL_FAILURE(JoinAtStep200(run, token, dir, &coordinator, &joined));
+  ASSERT_TRUE(run.WaitForOutput("a loss of server 2 fails over to it", absl::Seconds(60)))
+      << run.Output();
+  kill(joined.pid, SIGKILL);
+  EXPECT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
+  const std::string out = run.Output();
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("server [01] serves server 2's keys from their replicas, no step lost")))
+      << out;
+  EXPECT_EQ(out.find("rolled back"), std::string::npos) << out;
+  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights())
+      << "final weights differ from the uninterrupted run's\n"
+      << out;
+  EXPECT_EQ(Leftovers(token), 0);
+}
+
+TEST(ServerMovesTest, AJoinedServersLossIsRecoveredLikeAnyServers) {
+  // "on_failure": "recover": server 2 joins, a checkpoint finds its keys on
+  // it, and it is killed. The job rolls back to that checkpoint on the
+  // servers it started with (server 0 serves server 2's keys again, from
+  // the checkpoint) and ends as the uninterrupted job does.
+  const std::string dir = TempDir(), token = RandomToken();
+  Proc run = StartJob(
+      Distribution(absl::StrCat(R"(,"max_servers":3,"on_failure":"recover",)",
+                                R"("checkpoint":{"uri":")", dir, R"(/ckpt","every_steps":100})")),
+      token, dir);
+  std::string coordinator;
+  Proc joined;
+  ASSERT_NO_FATAL_FAILURE(JoinAtStep200(run, token, dir, &coordinator, &joined));
+  ASSERT_TRUE(run.WaitForOutput("step-000000000400 committed", absl::Seconds(60))) << run.Output();
+  kill(joined.pid, SIGKILL);
+  ASSERT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
+  const std::string out = run.Output();
+  EXPECT_NE(out.find("server 2 on 127.0.0.1 was lost"), std::string::npos) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("rolled back to step [4-9]00")) ) << out;
+  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights())
+      << "final weights differ from the uninterrupted run's\n"
+      << out;
+  EXPECT_EQ(Leftovers(token), 0);
+}
+
 TEST(ServerMovesTest, AnAsyncJobLosesNoPushAndAppliesNoneTwiceWhileServersJoinAndLeave) {
   // Every push of both workers is applied exactly once: each key's final
   // version, in the checkpoint written at the end, counts them.

@@ -206,9 +206,10 @@ TEST(ParseDistributionTest, RecoverNeedsCheckpointsAndSaysWhatIsAccepted) {
   EXPECT_EQ(ParseOk(Ps("")).max_servers, 0);
   EXPECT_THAT(ParseError(Ps(R"("max_servers": -1)")), HasSubstr("'max_servers'"));
   EXPECT_THAT(ParseError(Ps(R"("max_servers": 5000)")), HasSubstr("'max_servers'"));
-  EXPECT_THAT(
-      ParseError(Ps(R"("max_servers": 4, "replicas": 1)")),
-      AllOf(HasSubstr("'max_servers'"), HasSubstr("'replicas'"), HasSubstr("do not go together")));
+  // Servers joining and leaving keep their keys' copies (docs/runtime.md).
+  const PsOptions both = ParseOk(Ps(R"("max_servers": 4, "replicas": 1)"));
+  EXPECT_EQ(both.max_servers, 4);
+  EXPECT_EQ(both.replicas, 1);
   EXPECT_THAT(ParseError(Ps(R"("on_failure": "restart")")),
               AllOf(HasSubstr("'on_failure'"), HasSubstr("fail, recover")));
   EXPECT_THAT(
