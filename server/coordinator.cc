@@ -1331,8 +1331,8 @@ bool CoordinatorService::CopyBuiltLocked(const Process& serving, int owner) cons
 }
 
 void CoordinatorService::AssignCopiesLocked() {
-  if (config_.replicas() == 0 || config_.started_servers() == 0 || !moves_.empty() ||
-      finishing_ || stopping_job_ || !ReadyLocked()) {
+  if (config_.replicas() == 0 || config_.started_servers() == 0 || !moves_.empty() || finishing_ ||
+      stopping_job_ || !ReadyLocked()) {
     return;
   }
   std::vector<std::string> named;

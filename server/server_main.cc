@@ -107,7 +107,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<psrt::Replicator> replicator;
   if (config->replicas() > 0 || started > 0) {
     replicator = std::make_unique<psrt::Replicator>(
-        index, token, absl::Seconds(2 * config->heartbeat_timeout_s() + 5), config->transport() != "grpc",
+        index, token, absl::Seconds(2 * config->heartbeat_timeout_s() + 5),
+        config->transport() != "grpc",
         /*registered_copies=*/config->replicas() > 0 && started == 0, &store);
     store.SetForward([r = replicator.get()](int owner, const std::string& variable, uint32_t partition,
                                             int64_t version, const float* grad, int64_t n,

@@ -231,7 +231,7 @@ TEST(ServerMovesTest, AJoinedServersLossIsRecoveredLikeAnyServers) {
   ASSERT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
   const std::string out = run.Output();
   EXPECT_NE(out.find("server 2 on 127.0.0.1 was lost"), std::string::npos) << out;
-  EXPECT_TRUE(std::regex_search(out, std::regex("rolled back to step [4-9]00")) ) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("rolled back to step [4-9]00"))) << out;
   EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights())
       << "final weights differ from the uninterrupted run's\n"
       << out;
