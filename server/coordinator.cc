@@ -1,16 +1,12 @@
 #include "server/coordinator.h"
 
 #include <algorithm>
-#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
-#include "common/key_map.h"
 #include "common/logging.h"
-#include "psrt/v1/ps.grpc.pb.h"
 
 namespace psrt {
 namespace {
@@ -20,15 +16,6 @@ const char* RoleName(v1::Role r) {
     case v1::ROLE_SERVER: return "server";
     case v1::ROLE_WORKER: return "worker";
     case v1::ROLE_AGENT: return "agent";
-    default: return "unknown";
-  }
-}
-
-std::string StateName(v1::JobState s) {
-  switch (s) {
-    case v1::JOB_RUNNING: return "running";
-    case v1::JOB_SUCCEEDED: return "succeeded";
-    case v1::JOB_FAILED: return "failed";
     default: return "unknown";
   }
 }
@@ -65,6 +52,19 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const grpc::By
 }
 
 }  // namespace
+
+std::string CoordinatorService::StateName(v1::JobState s) {
+  switch (s) {
+    case v1::JOB_RUNNING:
+      return "running";
+    case v1::JOB_SUCCEEDED:
+      return "succeeded";
+    case v1::JOB_FAILED:
+      return "failed";
+    default:
+      return "unknown";
+  }
+}
 
 CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metrics)
     : options_(std::move(options)),
@@ -155,7 +155,6 @@ void CoordinatorService::LayOutLocked() {
   const int started = num_hosts * ps.servers_per_host;
   config_.set_num_servers(std::max(started, ps.max_servers));
   config_.set_started_servers(ps.max_servers > 0 ? started : 0);
-  moves_.clear();
   const int slots = num_hosts * ps.workers_per_host;
   config_.set_num_workers(ps.elastic_max_workers > 0 ? std::min(slots, ps.elastic_max_workers) : slots);
   started_ = false;
@@ -190,82 +189,15 @@ void CoordinatorService::LayOutLocked() {
     add(v1::ROLE_WORKER, rank, hosts_[rank / ps.workers_per_host]);
   }
   active_workers_->Set(config_.num_workers());
-  served_by_.resize(config_.num_servers());
-  const bool copies = config_.replicas() > 0 || config_.started_servers() > 0;
-  replica_at_.assign(copies ? config_.num_servers() : 0, -1);
-  replica_since_.assign(replica_at_.size(), 0);
-  for (int i = 0; i < config_.num_servers(); ++i) {
-    served_by_[i] = InitialServer(i, config_.started_servers());
-    // With "max_servers" the copy holders are named once the job runs
-    // (AssignCopiesLocked); the workers register each key once.
-    if (config_.replicas() > 0 && config_.started_servers() == 0)
-      replica_at_[i] = BackupServer(i, config_.num_servers(), options_.ps.servers_per_host);
-  }
-  ++shard_epoch_;
+  placement_.LayOut(config_.num_servers(), config_.started_servers(), config_.replicas(),
+                    ps.servers_per_host);
 }
 
 v1::ShardMap CoordinatorService::ShardMapLocked() const {
   v1::ShardMap m;
   for (const std::string& a : ServerAddressesLocked()) m.add_server_addresses(a);
-  m.set_epoch(shard_epoch_);
-  for (int s : served_by_) m.add_served_by(s);
-  for (int s : replica_at_) m.add_replica_at(s);
-  for (int64_t e : replica_since_) m.add_replica_since(e);
+  placement_.Fill(&m);
   return m;
-}
-
-void CoordinatorService::ServerLostLocked(Process* p, const std::string& reason) {
-  if (state_ != v1::JOB_RUNNING || p->lost) return;
-  const int i = p->id.index();
-  // The keys it served (its own, and those it took over), each to the
-  // server with their copy, when every one has a live copy.
-  std::vector<int> owners;
-  for (int s = 0; s < static_cast<int>(served_by_.size()); ++s) {
-    if (served_by_[s] == i) owners.push_back(s);
-  }
-  bool can = config_.replicas() > 0 && !recovering_;
-  for (int s : owners) {
-    if (!can) break;
-    const int at = replica_at_[s];
-    const Process* q = at >= 0 && at != i ? ServerLocked(at) : nullptr;
-    // A copy still being built is no copy to serve from.
-    can = can && q != nullptr && q->registered && !q->exited && !q->lost && CopyBuiltLocked(*p, s);
-  }
-  if (!can) {
-    LostLocked(reason);
-    return;
-  }
-  p->lost = true;
-  std::vector<std::string> moved;
-  for (int s : owners) {
-    served_by_[s] = replica_at_[s];
-    replica_at_[s] = -1;  // until a new copy is built
-    moved.push_back(absl::StrCat("server ", served_by_[s], " serves server ", s, "'s keys"));
-  }
-  for (int& at : replica_at_) {
-    if (at == i) at = -1;  // the copies it kept
-  }
-  ++shard_epoch_;
-  failovers_->Add();
-  LogWarning(reason, moved.empty() ? "; it served no keys, only copies" : absl::StrCat("; ", absl::StrJoin(moved, ", "),
-                                                                                       " from their replicas"),
-             ", no step lost (failover)");
-  // The checkpoints go on with the servers left.
-  std::vector<std::string> live = LiveServerAddressesLocked();
-  if (options_.checkpointer != nullptr && checkpoints_started_ && !finishing_) {
-    const int64_t restored = config_.restored_step();
-    // After the last failover's thread (joined there, not under mu_, which
-    // it takes at its end).
-    failover_ = std::thread([this, live, restored, previous = std::move(failover_)]() mutable {
-      if (previous.joinable()) previous.join();
-      options_.checkpointer->Abort(absl::Seconds(2));
-      std::optional<v1::CheckpointResponse> last = options_.checkpointer->LastCommitted();
-      absl::MutexLock lock(&mu_);
-      // Nothing is armed once the job ended or its final checkpoint began.
-      if (state_ != v1::JOB_RUNNING || stopping_job_ || finishing_) return;
-      options_.checkpointer->Start(live, last ? last->step() : restored);
-    });
-  }
 }
 
 CoordinatorService::Process* CoordinatorService::ServerLocked(int index) {
@@ -342,88 +274,6 @@ grpc::Status CoordinatorService::Lookup(const v1::ProcessId& id, Process** out) 
                                                              count - 1, ")")));
 }
 
-void CoordinatorService::FailLocked(const std::string& reason) {
-  if (state_ != v1::JOB_RUNNING) return;
-  state_ = v1::JOB_FAILED;
-  reason_ = reason;
-  ended_at_ = absl::Now();
-  LogError("job failed: ", reason);
-  // Its servers are going: a checkpoint armed now would only fail, step
-  // after step, until the coordinator exits.
-  if (options_.checkpointer != nullptr) options_.checkpointer->Cancel();
-}
-
-void CoordinatorService::Fail(const std::string& reason) {
-  absl::MutexLock lock(&mu_);
-  FailLocked(reason);
-}
-
-std::string CoordinatorService::NewestCheckpointText() const {
-  std::optional<v1::CheckpointResponse> last;
-  if (options_.checkpointer != nullptr) last = options_.checkpointer->LastCommitted();
-  if (last) return absl::StrCat("; the newest is ", last->uri(), " (step ", last->step(), ")");
-  if (!options_.restore_uri.empty()) {
-    return absl::StrCat("; the newest is ", options_.restore_uri, " (step ", options_.restored_step,
-                        ")");
-  }
-  return "";
-}
-
-void CoordinatorService::StopJob(const std::string& why, absl::Duration grace) {
-  absl::MutexLock lock(&mu_);
-  if (state_ != v1::JOB_RUNNING) return;
-  if (stopping_job_) {
-    FailLocked(absl::StrCat(why, " again, before the final checkpoint was written",
-                            NewestCheckpointText()));
-    return;
-  }
-  if (finishing_) return;  // every worker finished: the final checkpoint is on its way
-  const char* none = nullptr;
-  if (options_.checkpointer == nullptr) {
-    none = "the job has no checkpoint.uri";
-  } else if (recovering_) {
-    none = "the job was recovering from a failure";
-  } else if (!checkpoints_started_) {
-    none = "not every server and training process of the job had registered";
-  }
-  if (none != nullptr) {
-    FailLocked(absl::StrCat(why, "; no final checkpoint: ", none, NewestCheckpointText()));
-    return;
-  }
-  stopping_job_ = true;
-  LogWarning(why, "; writing a final checkpoint (within ", absl::FormatDuration(grace),
-             "), then ending the job");
-  stopper_ = std::thread([this, why, grace] { WriteFinalCheckpoint(why, grace); });
-}
-
-void CoordinatorService::WriteFinalCheckpoint(const std::string& why, absl::Duration grace) {
-  // Training goes on meanwhile (sync: the servers copy each key as it
-  // reaches the step); at the deadline whatever is being written is
-  // cancelled, so the grace bounds it even with a server that hangs.
-  options_.checkpointer->StopTriggers();
-  const absl::Time deadline = absl::Now() + grace;
-  absl::Notification saved;
-  absl::StatusOr<v1::CheckpointResponse> r;
-  std::thread save([&] {
-    r = options_.checkpointer->SaveNow(deadline);
-    saved.Notify();
-  });
-  const bool in_time = saved.WaitForNotificationWithDeadline(deadline);
-  if (!in_time) options_.checkpointer->Cancel();
-  save.join();
-  absl::MutexLock lock(&mu_);
-  if (r.ok()) {
-    LogInfo("final checkpoint: ", r->uri(), r->already_saved() ? " (already saved)" : "");
-    FailLocked(absl::StrCat(why, "; final checkpoint ", r->uri(), " (step ", r->step(), ")"));
-    return;
-  }
-  FailLocked(absl::StrCat(why, "; no final checkpoint: ",
-                          in_time
-                              ? r.status().message()
-                              : absl::StrCat("not written within ", absl::FormatDuration(grace)),
-                          NewestCheckpointText()));
-}
-
 v1::Membership CoordinatorService::MembershipLocked() const {
   v1::Membership m;
   m.set_epoch(epoch_);
@@ -434,187 +284,6 @@ v1::Membership CoordinatorService::MembershipLocked() const {
     }
   }
   return m;
-}
-
-void CoordinatorService::LostLocked(const std::string& reason) {
-  if (state_ != v1::JOB_RUNNING) return;
-  if (config_.on_failure() != "recover" || finishing_ || stopping_job_) {
-    FailLocked(reason);
-    return;
-  }
-  if (recovering_) {
-    LogWarning(reason, " (while recovering)");
-    return;
-  }
-  if (generation_ - 1 >= config_.max_recoveries()) {
-    FailLocked(absl::StrCat(reason, "; no recovery left (max_recoveries is ", config_.max_recoveries(), ")"));
-    return;
-  }
-  recovering_ = true;
-  LogWarning(reason, "; recovering");
-  // After the last recovery's thread, which may still be writing the job
-  // record: joined there, not under mu_.
-  recoverer_ = std::thread([this, reason, previous = std::move(recoverer_)]() mutable {
-    if (previous.joinable()) previous.join();
-    Recover(reason);
-  });
-}
-
-int64_t CoordinatorService::ReachedStep(const std::vector<std::string>& servers) const {
-  int64_t reached = 0;
-  for (const std::string& address : servers) {
-    if (address.empty()) continue;
-    auto stub = v1::ParameterServer::NewStub(MakeControlChannel(address));
-    grpc::ClientContext ctx;
-    PrepareContext(&ctx, options_.token, absl::Seconds(1));
-    v1::StatsResponse stats;
-    if (!stub->Stats(&ctx, v1::StatsRequest(), &stats).ok()) continue;  // the lost one
-    // In sync mode a key's version is the step; otherwise it counts every
-    // worker's pushes, while steps (and checkpoints) count one worker's.
-    if (config_.mode() == "sync") reached = std::max(reached, stats.max_version());
-    for (int64_t c : stats.worker_clocks()) reached = std::max(reached, c);
-  }
-  return reached;
-}
-
-void CoordinatorService::Recover(std::string reason) {
-  std::vector<std::string> servers;
-  {
-    absl::MutexLock lock(&mu_);
-    servers = ServerAddressesLocked();
-  }
-  // From here on no checkpoint of the failed generation commits: the one to
-  // return to is known. One whose shards are all written commits first.
-  if (options_.checkpointer != nullptr) options_.checkpointer->Abort(absl::Seconds(2));
-  const int64_t reached = ReachedStep(servers);
-  std::string uri = options_.restore_uri;
-  int64_t step = options_.restored_step;
-  if (options_.checkpointer != nullptr) {
-    if (std::optional<v1::CheckpointResponse> last = options_.checkpointer->LastCommitted()) {
-      uri = last->uri();
-      step = last->step();
-    }
-  }
-  absl::ReleasableMutexLock lock(&mu_);
-  recovering_ = false;
-  if (state_ != v1::JOB_RUNNING || stop_) return;
-  ++generation_;
-  config_.set_generation(generation_);
-  config_.set_restore_uri(uri);
-  config_.set_restored_step(step);
-  std::string moved;
-  for (int h : drop_hosts_) {
-    hosts_.erase(std::remove(hosts_.begin(), hosts_.end(), h), hosts_.end());
-    absl::StrAppend(&moved, "; ", options_.hosts[h], " leaves the job");
-  }
-  drop_hosts_.clear();
-  if (!moved.empty()) {
-    absl::StrAppend(&moved, ": its keys move to the servers of the ", hosts_.size(), " hosts left, and ",
-                    hosts_.size() * options_.ps.workers_per_host, " training processes go on");
-  }
-  LayOutLocked();  // every server and worker of the new generation yet to register
-  ++epoch_;
-  epoch_gauge_->Set(epoch_);
-  active_workers_->Set(MembershipLocked().active_workers_size());
-  checkpoints_started_ = false;
-  start_ = absl::Now();
-  const int64_t lost = std::max<int64_t>(0, std::max(reached, progress_step_) - step);
-  progress_step_ = step;
-  step_gauge_->Set(static_cast<double>(step));
-  recoveries_->Add();
-  steps_lost_->Add(static_cast<double>(lost));
-  LogWarning("recovery ", generation_ - 1, " of at most ", config_.max_recoveries(), ": ", reason,
-             "; rolled back to step ", step,
-             uri.empty() ? " (the start: nothing was checkpointed yet)" : absl::StrCat(" (", uri, ")"),
-             "; ", lost, " steps lost", moved, "; restarting every server and training process (generation ",
-             generation_, ")");
-  const int64_t generation = generation_;
-  const std::vector<int> hosts = hosts_;
-  lock.Release();  // the record is written to storage (S3 too): not under the lock heartbeats need
-  Record(generation, uri, step, hosts);
-}
-
-void CoordinatorService::AgentBackLocked(Process* p) {
-  p->lost = false;
-  LogInfo(p->name, " came back after ",
-          absl::FormatDuration(absl::Trunc(absl::Now() - p->lost_at, absl::Milliseconds(100))));
-}
-
-void CoordinatorService::Record(int64_t generation, const std::string& uri, int64_t step,
-                                const std::vector<int>& hosts) {
-  if (options_.checkpointer == nullptr) return;
-  // A restarted coordinator goes on from here: the next generation, this
-  // checkpoint (until a newer one commits).
-  absl::Status s = options_.checkpointer->WriteRecord(generation, uri, step, hosts);
-  if (!s.ok()) LogWarning("could not write the job record next to the checkpoints: ", s.message());
-}
-
-void CoordinatorService::WorkerLostLocked(Process* p, const std::string& reason) {
-  if (state_ != v1::JOB_RUNNING || p->lost) return;
-  if (config_.on_worker_failure() != "continue" && !elastic()) {
-    LostLocked(reason);
-    return;
-  }
-  p->lost = true;
-  p->restarting = false;
-  ++epoch_;
-  const v1::Membership m = MembershipLocked();
-  epoch_gauge_->Set(epoch_);
-  active_workers_->Set(m.active_workers_size());
-  LogWarning(reason, "; continuing with ", m.active_workers_size(), " workers (epoch ", epoch_, ")");
-  if (m.active_workers_size() == 0) {
-    FailLocked(absl::StrCat("every worker was lost; the last: ", reason));
-    return;
-  }
-  if (elastic() && m.active_workers_size() < config_.min_workers()) {
-    FailLocked(absl::StrCat(reason, "; ", m.active_workers_size(), " workers are left, fewer than elastic.min_workers (",
-                            config_.min_workers(), ")"));
-    return;
-  }
-  CheckSuccessLocked();
-}
-
-void CoordinatorService::MaybeStartCheckpointsLocked() {
-  if (options_.checkpointer == nullptr || checkpoints_started_ || stopping_job_ || !ReadyLocked())
-    return;
-  checkpoints_started_ = true;
-  options_.checkpointer->Start(LiveServerAddressesLocked(), config_.restored_step());
-}
-
-void CoordinatorService::CheckSuccessLocked() {
-  if (state_ != v1::JOB_RUNNING || recovering_) return;
-  bool any = false;
-  for (const Process& q : processes_) {
-    if (q.id.role() != v1::ROLE_WORKER || q.lost || (elastic() && !q.registered)) continue;
-    if (!q.exited || q.exit_code != 0) return;
-    any = true;
-  }
-  if (!any) return;
-  if (options_.checkpointer != nullptr && !final_saved_) {
-    if (finishing_) return;
-    finishing_ = true;
-    // A job may end before the monitor's next round has started them.
-    MaybeStartCheckpointsLocked();
-    // The servers still hold the trained model: save it before anyone hears
-    // that the job is over. From the servers there are now: one that joined
-    // while the checkpoints were stopped for its keys' move is among them.
-    finisher_ = std::thread([this, live = LiveServerAddressesLocked()] {
-      absl::StatusOr<v1::CheckpointResponse> r = options_.checkpointer->Finish(live);
-      absl::MutexLock lock(&mu_);
-      final_saved_ = true;
-      if (!r.ok()) {
-        FailLocked(absl::StrCat("the final checkpoint failed: ", r.status().message()));
-        return;
-      }
-      LogInfo("final checkpoint: ", r->uri(), r->already_saved() ? " (already saved)" : "");
-      CheckSuccessLocked();
-    });
-    return;
-  }
-  state_ = v1::JOB_SUCCEEDED;
-  reason_ = "every worker finished";
-  ended_at_ = absl::Now();
-  LogInfo("job succeeded: every worker finished");
 }
 
 std::vector<std::string> CoordinatorService::MissingLocked() const {
@@ -690,13 +359,10 @@ grpc::Status CoordinatorService::DoRegister(grpc::ServerContextBase* ctx, const 
     p->lost = false;
     p->shard_epoch = 0;
     p->copies_building.clear();
-    Move m;
-    m.owner = p->id.index();
-    m.to = p->id.index();
-    moves_.push_back(m);
+    placement_.Join(p->id.index());
     p->name = absl::StrCat("server ", p->id.index(), " on ", req->host());
     LogInfo(p->name, " joins the job at ", req->address(), ": its keys move to it from server ",
-            served_by_[p->id.index()]);
+            placement_.ServedBy(p->id.index()));
   }
   // A server back after its keys moved ("replicas": 1) is a spare.
   const bool spare = p->id.role() == v1::ROLE_SERVER && p->lost && config_.replicas() > 0;
@@ -719,15 +385,7 @@ grpc::Status CoordinatorService::DoRegister(grpc::ServerContextBase* ctx, const 
     // It keeps the copies that are missing now, which the servers serving
     // them build in the background.
     p->lost = false;
-    std::vector<int> copies;
-    ++shard_epoch_;
-    for (int s = 0; s < static_cast<int>(replica_at_.size()); ++s) {
-      if (replica_at_[s] < 0 && served_by_[s] != p->id.index()) {
-        replica_at_[s] = p->id.index();
-        replica_since_[s] = shard_epoch_;
-        copies.push_back(s);
-      }
-    }
+    const std::vector<int> copies = placement_.KeepMissingCopies(p->id.index());
     LogInfo(p->name, " is back at ", req->address(), ": it keeps the copies of the keys of servers ",
             absl::StrJoin(copies, ", "), " from now on");
   }
@@ -893,27 +551,21 @@ grpc::Status CoordinatorService::DoHeartbeat(grpc::ServerContextBase* ctx, const
   if (p->id.role() == v1::ROLE_SERVER) {
     p->applied_epoch = req->membership_epoch();
     // Copies of the keys it serves that it has built since it last said.
-    auto kept = [&] {
-      std::vector<int> owners;
-      for (int o = 0; o < static_cast<int>(replica_at_.size()) && config_.replicas() > 0; ++o) {
-        if (served_by_[o] == p->id.index() && replica_at_[o] >= 0 && CopyBuiltLocked(*p, o))
-          owners.push_back(o);
-      }
-      return owners;
-    };
-    const std::vector<int> before = kept();
+    const std::vector<int> before = placement_.CopiesBuilt(p->id.index(), ServerFactsLocked(*p));
     p->shard_epoch = req->shard_map_epoch();
     p->copies_building.assign(req->copies_building().begin(), req->copies_building().end());
-    for (int o : kept()) {
-      if (std::find(before.begin(), before.end(), o) != before.end()) continue;
-      LogInfo("server ", replica_at_[o], " holds a copy of server ", o, "'s keys (built by server ",
-              p->id.index(), "): a loss of server ", p->id.index(), " fails over to it");
+    for (int o : placement_.CopiesBuilt(p->id.index(), ServerFactsLocked(*p))) {
+      if (config_.replicas() == 0 || std::find(before.begin(), before.end(), o) != before.end())
+        continue;
+      LogInfo("server ", placement_.CopyAt(o), " holds a copy of server ", o,
+              "'s keys (built by server ", p->id.index(), "): a loss of server ", p->id.index(),
+              " fails over to it");
     }
     // A move's next step waits for what this server says: taken at once,
     // and its map goes back in this answer.
-    if (!moves_.empty() && state_ == v1::JOB_RUNNING && !recovering_) AdvanceMovesLocked();
+    if (placement_.moving() && state_ == v1::JOB_RUNNING && !recovering_) AdvanceMovesLocked();
   }
-  if (p->id.role() != v1::ROLE_AGENT && req->shard_map_epoch() != shard_epoch_ &&
+  if (p->id.role() != v1::ROLE_AGENT && req->shard_map_epoch() != placement_.epoch() &&
       AllServersRegisteredLocked()) {
     *resp->mutable_shard_map() = ShardMapLocked();
   }
@@ -995,7 +647,7 @@ grpc::Status CoordinatorService::DoGetJobStatus(grpc::ServerContextBase* ctx,
   }
   const absl::Time now = absl::Now();
   resp->set_seconds(absl::ToDoubleSeconds(now - born_));
-  for (int s : served_by_) resp->add_served_by(s);
+  for (int s : placement_.served_by()) resp->add_served_by(s);
   resp->set_moves(static_cast<int>(moves_total_->value()));
   for (const Process& p : processes_) {
     v1::ProcessStatus* s = resp->add_processes();
@@ -1064,7 +716,7 @@ grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext* ctx, const v1::
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "the job is ending; its final checkpoint is written (or it failed)");
     }
-    if (!moves_.empty()) {
+    if (placement_.moving()) {
       return grpc::Status(
           grpc::StatusCode::UNAVAILABLE,
           "keys are moving between servers (a server joins or leaves); ask again once they are");
@@ -1081,393 +733,6 @@ grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext* ctx, const v1::
   if (!r.ok()) return ToGrpc(r.status());
   *resp = *r;
   return grpc::Status::OK;
-}
-
-CoordinatorService::Process* CoordinatorService::SilentAgentLocked(const Process& p, absl::Time now) {
-  if (p.id.role() == v1::ROLE_AGENT || p.restarting) return nullptr;
-  // A live agent is never more than one interval (plus scheduling) late.
-  const absl::Duration late = 2 * absl::Seconds(config_.heartbeat_interval_s());
-  for (Process& a : processes_) {
-    if (a.id.role() == v1::ROLE_AGENT && a.slot >= 0 && a.registered && !a.lost && a.host_index == p.host_index &&
-        now - a.last_heartbeat > late) {
-      return &a;
-    }
-  }
-  return nullptr;
-}
-
-void CoordinatorService::Monitor() {
-  const absl::Duration timeout = absl::Seconds(config_.heartbeat_timeout_s());
-  const absl::Duration barrier = absl::Seconds(config_.barrier_timeout_s());
-  absl::MutexLock lock(&mu_);
-  while (!stop_) {
-    mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(50));
-    ReleaseBarriersLocked();
-    if (!released_.empty()) {
-      mu_.Unlock();
-      FinishReleased();
-      mu_.Lock();
-    }
-    if (stop_ || state_ != v1::JOB_RUNNING || recovering_) continue;
-    const absl::Time now = absl::Now();
-    const absl::Duration host_wait = absl::Seconds(config_.host_wait_s());
-    // Agents first: every silent host is lost as a whole (and waited for, with
-    // "recover", for host_wait_s), whichever of its processes is noticed first.
-    for (Process& p : processes_) {
-      if (p.id.role() != v1::ROLE_AGENT || p.slot < 0 || !p.registered || p.lost) continue;
-      const absl::Duration silent = now - p.last_heartbeat;
-      if (silent <= timeout) continue;
-      p.lost = true;
-      p.lost_at = now;
-      LostLocked(absl::StrCat(p.name, " was lost: no heartbeat for ",
-                              absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100)))));
-    }
-    if (state_ != v1::JOB_RUNNING || recovering_) continue;
-    for (Process& p : processes_) {
-      if (p.id.role() == v1::ROLE_AGENT && p.slot < 0) continue;  // left the job
-      if (p.id.role() == v1::ROLE_AGENT && p.lost && now - p.lost_at > host_wait) {
-        const std::string reason = absl::StrCat(p.name, " did not come back within ",
-                                                absl::FormatDuration(host_wait), " (host_wait_s) of being lost");
-        if (hosts_.size() == 1) {
-          FailLocked(reason);
-          break;
-        }
-        // The job goes on without the host.
-        drop_hosts_.push_back(p.id.index());
-        LostLocked(reason);
-        break;
-      }
-      if (!p.registered || p.exited || p.lost) continue;
-      const absl::Duration silent = now - p.last_heartbeat;
-      if (silent <= (p.restarting ? barrier : timeout)) continue;
-      if (Process* agent = SilentAgentLocked(p, now); agent != nullptr) {
-        // Its host went silent as a whole, and the agent's heartbeat was just
-        // not due yet: one loss, the host's.
-        agent->lost = true;
-        agent->lost_at = now;
-        LostLocked(absl::StrCat(agent->name, " was lost: no heartbeat for ",
-                                absl::FormatDuration(absl::Trunc(now - agent->last_heartbeat, absl::Milliseconds(100))),
-                                " (nor from ", p.name, ")"));
-        break;
-      }
-      const std::string reason =
-          p.restarting
-              ? absl::StrCat(p.name, " did not come back within ", absl::FormatDuration(barrier),
-                             " of its restart")
-              : absl::StrCat(p.name, " was lost: no heartbeat for ",
-                             absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))));
-      if (p.id.role() == v1::ROLE_WORKER) {
-        WorkerLostLocked(&p, reason);
-      } else {
-        ServerLostLocked(&p, reason);
-      }
-      if (state_ != v1::JOB_RUNNING || recovering_) break;
-    }
-    if (state_ != v1::JOB_RUNNING || recovering_) continue;
-    AdvanceMovesLocked();
-    AssignCopiesLocked();
-    MaybeStartCheckpointsLocked();
-    if (!ReadyLocked() && now - start_ > barrier) {
-      FailLocked(absl::StrCat("readiness barrier timed out after ", absl::FormatDuration(barrier),
-                              "; not arrived: ", absl::StrJoin(MissingLocked(), ", ")));
-    }
-  }
-  // Answered by the destructor, outside mu_.
-  for (WaitingBarrier& b : barriers_) {
-    released_.push_back(
-        {b, grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is stopping"), nullptr});
-  }
-  barriers_.clear();
-}
-
-v1::JobState CoordinatorService::WaitForEnd() {
-  absl::MutexLock lock(&mu_);
-  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return state_ != v1::JOB_RUNNING; };
-  mu_.Await(absl::Condition(&ended));
-  // Let live servers and agents hear the outcome through their heartbeats, so
-  // they exit with the right code, but never wait for a dead one.
-  auto heard = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (status_watched_ && !status_heard_end_) return false;
-    return std::all_of(processes_.begin(), processes_.end(), [](const Process& p) {
-      // Training processes too: they end with the job's reason, not with
-      // "lost the coordinator", when they heard it first.
-      return (p.id.role() == v1::ROLE_AGENT && p.slot < 0) || !p.registered || p.exited || p.saw_end || p.lost ||
-             p.restarting;
-    });
-  };
-  const absl::Duration grace =
-      absl::Seconds(std::min(config_.heartbeat_timeout_s(), 4 * config_.heartbeat_interval_s() + 1));
-  mu_.AwaitWithDeadline(absl::Condition(&heard), ended_at_ + grace);
-  return state_;
-}
-
-}  // namespace psrt
-
-namespace psrt {
-
-void CoordinatorService::PauseCheckpointsLocked() {
-  if (checkpoints_paused_ || pausing_) return;
-  if (options_.checkpointer == nullptr || !checkpoints_started_) {
-    checkpoints_paused_ = true;
-    return;
-  }
-  pausing_ = true;
-  checkpoint_turns_.emplace_back([this] {
-    options_.checkpointer->Abort(absl::Seconds(2));
-    absl::MutexLock lock(&mu_);
-    pausing_ = false;
-    checkpoints_paused_ = true;
-  });
-}
-
-void CoordinatorService::ResumeCheckpointsLocked() {
-  checkpoints_paused_ = false;
-  if (options_.checkpointer == nullptr || !checkpoints_started_ || stopping_job_) return;
-  std::vector<std::string> live = LiveServerAddressesLocked();
-  const int64_t restored = config_.restored_step();
-  checkpoint_turns_.emplace_back([this, live, restored] {
-    // From a step no key has reached: a snapshot armed before the keys
-    // moved is not on the server that holds them now.
-    std::optional<v1::CheckpointResponse> last = options_.checkpointer->LastCommitted();
-    const int64_t from = std::max(last ? last->step() : restored, ReachedStep(live));
-    absl::MutexLock lock(&mu_);
-    if (state_ != v1::JOB_RUNNING || stopping_job_ || finishing_ || !moves_.empty()) return;
-    options_.checkpointer->Start(live, from);
-  });
-}
-
-void CoordinatorService::AdvanceMovesLocked() {
-  if (moves_.empty() || finishing_ || stopping_job_) return;
-  PauseCheckpointsLocked();
-  if (!checkpoints_paused_) return;
-  Move& m = moves_.front();
-  const absl::Time now = absl::Now();
-  const absl::Duration limit = absl::Seconds(std::max(60.0, config_.barrier_timeout_s()));
-  if (m.phase == Move::kWaiting) {
-    m.from = served_by_[m.owner];
-    if (m.to < 0) {
-      // The live server serving the fewest owners, not leaving.
-      int best = -1, best_count = 0;
-      for (const Process& q : processes_) {
-        const int i = q.id.index();
-        if (q.id.role() != v1::ROLE_SERVER || q.leaving || !LiveServerLocked(i)) continue;
-        const int count = static_cast<int>(std::count(served_by_.begin(), served_by_.end(), i));
-        if (best < 0 || count < best_count) best = i, best_count = count;
-      }
-      m.to = best;
-    }
-    if (m.to < 0 || m.from == m.to || !LiveServerLocked(m.from) || !LiveServerLocked(m.to)) {
-      return EndMoveLocked(absl::StrCat("server ", m.owner, "'s keys cannot move from server ",
-                                        m.from, " to server ", m.to, ": one of them is not there"));
-    }
-    ++shard_epoch_;
-    replica_at_[m.owner] = m.to;
-    replica_since_[m.owner] = shard_epoch_;
-    m.epoch = shard_epoch_;
-    m.phase = Move::kCopying;
-    m.since = now;
-    LogInfo("moving server ", m.owner, "'s keys from server ", m.from, " to server ", m.to,
-            ": copying them (shard map epoch ", shard_epoch_, ")");
-    return;
-  }
-  Process* from = ServerLocked(m.from);
-  if (m.phase == Move::kCopying) {
-    const bool built = CopyBuiltLocked(*from, m.owner);
-    if (!built && now - m.since > limit) {
-      // Nothing has changed hands: the old server goes on serving them.
-      ++shard_epoch_;
-      replica_at_[m.owner] = -1;
-      replica_since_[m.owner] = shard_epoch_;
-      return EndMoveLocked(absl::StrCat("server ", m.owner, "'s keys were not copied to server ",
-                                        m.to, " within ", absl::FormatDuration(limit),
-                                        "; they stay on server ", m.from));
-    }
-    if (!built) return;
-    ++shard_epoch_;
-    served_by_[m.owner] = -1;
-    m.epoch = shard_epoch_;
-    m.phase = Move::kLetGo;
-    return;
-  }
-  if (m.phase == Move::kLetGo) {
-    // Once the old server has let them go, the new one serves them.
-    if (from->shard_epoch < m.epoch) return;
-    ++shard_epoch_;
-    served_by_[m.owner] = m.to;
-    replica_at_[m.owner] = -1;
-    replica_since_[m.owner] = shard_epoch_;
-    m.epoch = shard_epoch_;
-    m.phase = Move::kTakeOver;
-    return;
-  }
-  // kTakeOver: the new server serves them (so a checkpoint finds them there).
-  if (ServerLocked(m.to)->shard_epoch < m.epoch) return;
-  moves_total_->Add();
-  LogInfo("server ", m.to, " serves server ", m.owner, "'s keys (moved from server ", m.from,
-          " in ", absl::FormatDuration(absl::Trunc(now - m.since, absl::Milliseconds(1))),
-          ", shard map epoch ", shard_epoch_, ")");
-  EndMoveLocked("");
-}
-
-void CoordinatorService::EndMoveLocked(const std::string& error) {
-  moves_.pop_front();
-  if (!error.empty()) {
-    // The removals under way stop (RemoveServer says why); joins go on.
-    move_error_ = error;
-    LogWarning(error);
-    for (Process& q : processes_) q.leaving = false;
-    moves_.erase(
-        std::remove_if(moves_.begin(), moves_.end(), [](const Move& m) { return m.to < 0; }),
-        moves_.end());
-  }
-  ParkLeaversLocked();
-  if (moves_.empty()) ResumeCheckpointsLocked();
-}
-
-bool CoordinatorService::CopyBuiltLocked(const Process& serving, int owner) const {
-  return serving.shard_epoch >= replica_since_[owner] &&
-         std::find(serving.copies_building.begin(), serving.copies_building.end(), owner) ==
-             serving.copies_building.end();
-}
-
-void CoordinatorService::AssignCopiesLocked() {
-  if (config_.replicas() == 0 || config_.started_servers() == 0 || !moves_.empty() || finishing_ ||
-      stopping_job_ || !ReadyLocked()) {
-    return;
-  }
-  std::vector<std::string> named;
-  for (int s = 0; s < static_cast<int>(served_by_.size()); ++s) {
-    const int by = served_by_[s];
-    if (by < 0 || replica_at_[s] >= 0) continue;
-    const Process* serving = ServerLocked(by);
-    // A live server other than the one serving them, on another host where
-    // there is one, keeping the fewest copies.
-    int best = -1, best_count = 0;
-    bool best_apart = false;
-    for (const Process& q : processes_) {
-      const int i = q.id.index();
-      if (q.id.role() != v1::ROLE_SERVER || i == by || q.leaving || !LiveServerLocked(i)) continue;
-      const bool apart = serving == nullptr || q.host != serving->host;
-      const int count = static_cast<int>(std::count(replica_at_.begin(), replica_at_.end(), i));
-      if (best < 0 || (apart && !best_apart) || (apart == best_apart && count < best_count)) {
-        best = i, best_count = count, best_apart = apart;
-      }
-    }
-    if (best < 0) continue;
-    if (named.empty()) ++shard_epoch_;
-    replica_at_[s] = best;
-    replica_since_[s] = shard_epoch_;
-    named.push_back(absl::StrCat("server ", s, "'s on server ", best));
-  }
-  if (!named.empty()) {
-    LogInfo("copies of keys kept (built by the servers serving them): ", absl::StrJoin(named, ", "),
-            " (shard map epoch ", shard_epoch_, ")");
-  }
-}
-
-void CoordinatorService::ParkLeaversLocked() {
-  for (Process& q : processes_) {
-    if (q.id.role() != v1::ROLE_SERVER || !q.leaving) continue;
-    if (std::count(served_by_.begin(), served_by_.end(), q.id.index()) > 0) continue;
-    q.leaving = false;
-    q.parked = true;
-    q.registered = false;
-    q.address.clear();
-    for (int& at : replica_at_) {
-      if (at == q.id.index()) at = -1;  // the copies it kept go with it
-    }
-    ++shard_epoch_;
-    LogInfo(q.name, " left the job: its keys are on the other servers");
-  }
-}
-
-grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx,
-                                              const v1::RemoveServerRequest* req,
-                                              v1::RemoveServerResponse* resp) {
-  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  if (config_.started_servers() == 0) {
-    return grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        "this job's servers are fixed: set \"max_servers\" in the parameter_server option for "
-        "servers to join and leave a running job");
-  }
-  const int index = req->index();
-  if (index < 0 || index >= config_.num_servers()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("no server ", index, " in this job: its servers are 0..",
-                                     config_.num_servers() - 1));
-  }
-  Process* p = ServerLocked(index);
-  if (state_ != v1::JOB_RUNNING || recovering_ || !ReadyLocked()) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("the job is not running with all its processes (",
-                                     StateName(state_), recovering_ ? ", recovering" : "", ")"));
-  }
-  if (!LiveServerLocked(index) || p->leaving) {
-    return grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("server ", index,
-                     p->leaving ? " is already leaving" : " is not in the job now"));
-  }
-  int others = 0;
-  for (const Process& q : processes_) {
-    others += q.id.role() == v1::ROLE_SERVER && q.id.index() != index && !q.leaving &&
-              LiveServerLocked(q.id.index());
-  }
-  if (others == 0) {
-    return grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("server ", index, " is the job's last server; its keys have nowhere to go"));
-  }
-  p->leaving = true;
-  move_error_.clear();
-  std::vector<int> owners;
-  for (int o = 0; o < static_cast<int>(served_by_.size()); ++o) {
-    if (served_by_[o] != index) continue;
-    Move m;
-    m.owner = o;
-    moves_.push_back(m);
-    owners.push_back(o);
-  }
-  LogInfo("removing ", p->name, ": the keys of servers ", absl::StrJoin(owners, ", "),
-          " move to the other servers");
-  ParkLeaversLocked();  // it serves none: it leaves at once
-  const absl::Time deadline = absl::Now() + TimeLeft(ctx, absl::Minutes(10));
-  // Looked up anew each time: a recovery lays the processes out again.
-  const int64_t generation = generation_;
-  auto gone = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const Process* q = ServerLocked(index);
-    return q == nullptr || q->parked || !q->leaving;
-  };
-  auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return gone() || state_ != v1::JOB_RUNNING || generation_ != generation || recovering_ ||
-           ctx->IsCancelled();
-  };
-  while (!over() && absl::Now() < deadline) {
-    mu_.AwaitWithTimeout(absl::Condition(&over), absl::Milliseconds(100));
-  }
-  if (state_ != v1::JOB_RUNNING) {
-    return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("the job ended: ", reason_));
-  }
-  if (generation_ != generation || recovering_) {
-    return grpc::Status(grpc::StatusCode::ABORTED,
-                        "the job recovered from a failure meanwhile: it goes on with the servers it "
-                        "started with");
-  }
-  if (const Process* q = ServerLocked(index); q != nullptr && q->parked) {
-    for (int o : owners) resp->add_moved_to(served_by_[o]);
-    return grpc::Status::OK;
-  }
-  if (gone()) {
-    return grpc::Status(grpc::StatusCode::ABORTED,
-                        absl::StrCat("server ", index, " did not leave: ", move_error_));
-  }
-  if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
-  return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                      absl::StrCat("server ", index,
-                                   "'s keys are still moving; it leaves once they are on "
-                                   "the other servers (see the coordinator's log)"));
 }
 
 }  // namespace psrt

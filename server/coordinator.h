@@ -1,7 +1,6 @@
 #ifndef PSRT_SERVER_COORDINATOR_H_
 #define PSRT_SERVER_COORDINATOR_H_
 
-#include <deque>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,6 +11,7 @@
 #include "common/metrics.h"
 #include "psrt/v1/coordinator.grpc.pb.h"
 #include "server/checkpointer.h"
+#include "server/placement.h"
 
 namespace psrt {
 
@@ -108,6 +108,7 @@ class CoordinatorService final : public CoordinatorBase {
     v1::WorkerStats stats;      // training processes: as of their last heartbeat
   };
 
+  static std::string StateName(v1::JobState s);  // "running", ...
   Process* FindLocked(const v1::ProcessId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   grpc::Status Lookup(const v1::ProcessId& id, Process** out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -173,28 +174,14 @@ class CoordinatorService final : public CoordinatorBase {
   // The addresses of the servers that hold keys now (not lost, not parked).
   std::vector<std::string> LiveServerAddressesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool LiveServerLocked(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves of one owner's keys to another server ("max_servers"), one at a
-  // time: the checkpoints pause; the new server gets a copy (the shard map
-  // names it replica_at) built by the old one, which forwards updates to it
-  // from then on; once the copy is built the old server lets the keys go
-  // (served_by -1) and says so; then the new one serves them, and the move
-  // ends once it says it does.
-  struct Move {
-    int owner = 0;
-    int from = -1;
-    int to = -1;  // -1: the live server serving the fewest owners, at the start
-    enum Phase { kWaiting, kCopying, kLetGo, kTakeOver } phase = kWaiting;
-    int64_t epoch = 0;  // of the shard map that started the phase
-    absl::Time since;
-  };
+  // Moves of keys between servers ("max_servers", Placement::Move), one at
+  // a time, with the checkpoints paused; once one ends (or is given up),
+  // the servers leaving that serve nothing now leave.
   void AdvanceMovesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The move in front is over (`error`: it was given up); the servers
-  // leaving that serve nothing now leave.
-  void EndMoveLocked(const std::string& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ParkLeaversLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `serving` said it built the copy of `owner`'s keys that the
-  // shard map names (replica_at, since replica_since).
-  bool CopyBuiltLocked(const Process& serving, int owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What placement_ is told of the servers.
+  Placement::Server ServerFactsLocked(const Process& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Placement::Servers ServersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "replicas" with "max_servers": names a copy holder for every owner's
   // keys that have none (at the start, after a move or a failover).
   void AssignCopiesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -222,11 +209,7 @@ class CoordinatorService final : public CoordinatorBase {
   std::vector<int> hosts_ ABSL_GUARDED_BY(mu_);       // in the job, by index into options_.hosts
   std::vector<int> drop_hosts_ ABSL_GUARDED_BY(mu_);  // leave at the next recovery
   bool started_ ABSL_GUARDED_BY(mu_) = false;         // elastic: min_workers were there
-  std::vector<int> served_by_ ABSL_GUARDED_BY(mu_);   // per server: who serves its keys
-  std::vector<int> replica_at_ ABSL_GUARDED_BY(mu_);  // per server: who keeps copies (-1: none)
-  std::vector<int64_t> replica_since_ ABSL_GUARDED_BY(mu_);  // the epoch it was named in
-  int64_t shard_epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<Move> moves_ ABSL_GUARDED_BY(mu_);
+  Placement placement_ ABSL_GUARDED_BY(mu_);          // the shard map and the moves
   // The checkpoints are stopped for the moves (set by failover_'s thread
   // once a checkpoint being written has ended).
   bool checkpoints_paused_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,0 +1,176 @@
+// CoordinatorService: the checkpoint schedule (started, paused around
+// moves) and the end of the job (its final checkpoint, StopJob).
+#include <algorithm>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "server/coordinator.h"
+
+namespace psrt {
+
+std::string CoordinatorService::NewestCheckpointText() const {
+  std::optional<v1::CheckpointResponse> last;
+  if (options_.checkpointer != nullptr) last = options_.checkpointer->LastCommitted();
+  if (last) return absl::StrCat("; the newest is ", last->uri(), " (step ", last->step(), ")");
+  if (!options_.restore_uri.empty()) {
+    return absl::StrCat("; the newest is ", options_.restore_uri, " (step ", options_.restored_step,
+                        ")");
+  }
+  return "";
+}
+
+void CoordinatorService::StopJob(const std::string& why, absl::Duration grace) {
+  absl::MutexLock lock(&mu_);
+  if (state_ != v1::JOB_RUNNING) return;
+  if (stopping_job_) {
+    FailLocked(absl::StrCat(why, " again, before the final checkpoint was written",
+                            NewestCheckpointText()));
+    return;
+  }
+  if (finishing_) return;  // every worker finished: the final checkpoint is on its way
+  const char* none = nullptr;
+  if (options_.checkpointer == nullptr) {
+    none = "the job has no checkpoint.uri";
+  } else if (recovering_) {
+    none = "the job was recovering from a failure";
+  } else if (!checkpoints_started_) {
+    none = "not every server and training process of the job had registered";
+  }
+  if (none != nullptr) {
+    FailLocked(absl::StrCat(why, "; no final checkpoint: ", none, NewestCheckpointText()));
+    return;
+  }
+  stopping_job_ = true;
+  LogWarning(why, "; writing a final checkpoint (within ", absl::FormatDuration(grace),
+             "), then ending the job");
+  stopper_ = std::thread([this, why, grace] { WriteFinalCheckpoint(why, grace); });
+}
+
+void CoordinatorService::WriteFinalCheckpoint(const std::string& why, absl::Duration grace) {
+  // Training goes on meanwhile (sync: the servers copy each key as it
+  // reaches the step); at the deadline whatever is being written is
+  // cancelled, so the grace bounds it even with a server that hangs.
+  options_.checkpointer->StopTriggers();
+  const absl::Time deadline = absl::Now() + grace;
+  absl::Notification saved;
+  absl::StatusOr<v1::CheckpointResponse> r;
+  std::thread save([&] {
+    r = options_.checkpointer->SaveNow(deadline);
+    saved.Notify();
+  });
+  const bool in_time = saved.WaitForNotificationWithDeadline(deadline);
+  if (!in_time) options_.checkpointer->Cancel();
+  save.join();
+  absl::MutexLock lock(&mu_);
+  if (r.ok()) {
+    LogInfo("final checkpoint: ", r->uri(), r->already_saved() ? " (already saved)" : "");
+    FailLocked(absl::StrCat(why, "; final checkpoint ", r->uri(), " (step ", r->step(), ")"));
+    return;
+  }
+  FailLocked(absl::StrCat(why, "; no final checkpoint: ",
+                          in_time
+                              ? r.status().message()
+                              : absl::StrCat("not written within ", absl::FormatDuration(grace)),
+                          NewestCheckpointText()));
+}
+
+void CoordinatorService::MaybeStartCheckpointsLocked() {
+  if (options_.checkpointer == nullptr || checkpoints_started_ || stopping_job_ || !ReadyLocked())
+    return;
+  checkpoints_started_ = true;
+  options_.checkpointer->Start(LiveServerAddressesLocked(), config_.restored_step());
+}
+
+void CoordinatorService::CheckSuccessLocked() {
+  if (state_ != v1::JOB_RUNNING || recovering_) return;
+  bool any = false;
+  for (const Process& q : processes_) {
+    if (q.id.role() != v1::ROLE_WORKER || q.lost || (elastic() && !q.registered)) continue;
+    if (!q.exited || q.exit_code != 0) return;
+    any = true;
+  }
+  if (!any) return;
+  if (options_.checkpointer != nullptr && !final_saved_) {
+    if (finishing_) return;
+    finishing_ = true;
+    // A job may end before the monitor's next round has started them.
+    MaybeStartCheckpointsLocked();
+    // The servers still hold the trained model: save it before anyone hears
+    // that the job is over. From the servers there are now: one that joined
+    // while the checkpoints were stopped for its keys' move is among them.
+    finisher_ = std::thread([this, live = LiveServerAddressesLocked()] {
+      absl::StatusOr<v1::CheckpointResponse> r = options_.checkpointer->Finish(live);
+      absl::MutexLock lock(&mu_);
+      final_saved_ = true;
+      if (!r.ok()) {
+        FailLocked(absl::StrCat("the final checkpoint failed: ", r.status().message()));
+        return;
+      }
+      LogInfo("final checkpoint: ", r->uri(), r->already_saved() ? " (already saved)" : "");
+      CheckSuccessLocked();
+    });
+    return;
+  }
+  state_ = v1::JOB_SUCCEEDED;
+  reason_ = "every worker finished";
+  ended_at_ = absl::Now();
+  LogInfo("job succeeded: every worker finished");
+}
+
+v1::JobState CoordinatorService::WaitForEnd() {
+  absl::MutexLock lock(&mu_);
+  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return state_ != v1::JOB_RUNNING; };
+  mu_.Await(absl::Condition(&ended));
+  // Let live servers and agents hear the outcome through their heartbeats, so
+  // they exit with the right code, but never wait for a dead one.
+  auto heard = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (status_watched_ && !status_heard_end_) return false;
+    return std::all_of(processes_.begin(), processes_.end(), [](const Process& p) {
+      // Training processes too: they end with the job's reason, not with
+      // "lost the coordinator", when they heard it first.
+      return (p.id.role() == v1::ROLE_AGENT && p.slot < 0) || !p.registered || p.exited ||
+             p.saw_end || p.lost || p.restarting;
+    });
+  };
+  const absl::Duration grace = absl::Seconds(
+      std::min(config_.heartbeat_timeout_s(), 4 * config_.heartbeat_interval_s() + 1));
+  mu_.AwaitWithDeadline(absl::Condition(&heard), ended_at_ + grace);
+  return state_;
+}
+
+void CoordinatorService::PauseCheckpointsLocked() {
+  if (checkpoints_paused_ || pausing_) return;
+  if (options_.checkpointer == nullptr || !checkpoints_started_) {
+    checkpoints_paused_ = true;
+    return;
+  }
+  pausing_ = true;
+  checkpoint_turns_.emplace_back([this] {
+    options_.checkpointer->Abort(absl::Seconds(2));
+    absl::MutexLock lock(&mu_);
+    pausing_ = false;
+    checkpoints_paused_ = true;
+  });
+}
+
+void CoordinatorService::ResumeCheckpointsLocked() {
+  checkpoints_paused_ = false;
+  if (options_.checkpointer == nullptr || !checkpoints_started_ || stopping_job_) return;
+  std::vector<std::string> live = LiveServerAddressesLocked();
+  const int64_t restored = config_.restored_step();
+  checkpoint_turns_.emplace_back([this, live, restored] {
+    // From a step no key has reached: a snapshot armed before the keys
+    // moved is not on the server that holds them now.
+    std::optional<v1::CheckpointResponse> last = options_.checkpointer->LastCommitted();
+    const int64_t from = std::max(last ? last->step() : restored, ReachedStep(live));
+    absl::MutexLock lock(&mu_);
+    if (state_ != v1::JOB_RUNNING || stopping_job_ || finishing_ || placement_.moving()) return;
+    options_.checkpointer->Start(live, from);
+  });
+}
+
+}  // namespace psrt

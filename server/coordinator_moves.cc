@@ -1,0 +1,175 @@
+// CoordinatorService: servers joining and leaving ("max_servers") and
+// the copies of their keys, through its Placement.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/grpc_util.h"
+#include "common/logging.h"
+#include "server/coordinator.h"
+
+namespace psrt {
+
+void CoordinatorService::AdvanceMovesLocked() {
+  if (!placement_.moving() || finishing_ || stopping_job_) return;
+  PauseCheckpointsLocked();
+  if (!checkpoints_paused_) return;
+  const absl::Time now = absl::Now();
+  const absl::Duration limit = absl::Seconds(std::max(60.0, config_.barrier_timeout_s()));
+  const Placement::Progress p = placement_.Advance(ServersLocked(), now, limit);
+  const Placement::Move& m = p.move;
+  switch (p.kind) {
+    case Placement::Progress::kNone:
+      return;
+    case Placement::Progress::kStarted:
+      LogInfo("moving server ", m.owner, "'s keys from server ", m.from, " to server ", m.to,
+              ": copying them (shard map epoch ", placement_.epoch(), ")");
+      return;
+    case Placement::Progress::kEnded:
+      moves_total_->Add();
+      LogInfo("server ", m.to, " serves server ", m.owner, "'s keys (moved from server ", m.from,
+              " in ", absl::FormatDuration(absl::Trunc(now - m.since, absl::Milliseconds(1))),
+              ", shard map epoch ", placement_.epoch(), ")");
+      break;
+    case Placement::Progress::kGivenUp:
+      // The removals under way stop (RemoveServer says why); joins go on.
+      move_error_ = p.error;
+      LogWarning(p.error);
+      for (Process& q : processes_) q.leaving = false;
+      break;
+  }
+  ParkLeaversLocked();
+  if (!placement_.moving()) ResumeCheckpointsLocked();
+}
+
+Placement::Server CoordinatorService::ServerFactsLocked(const Process& p) {
+  Placement::Server s;
+  s.live = LiveServerLocked(p.id.index());
+  s.leaving = p.leaving;
+  s.host = p.host;
+  s.shard_epoch = p.shard_epoch;
+  s.copies_building = p.copies_building;
+  return s;
+}
+
+Placement::Servers CoordinatorService::ServersLocked() {
+  Placement::Servers servers(config_.num_servers());
+  for (const Process& p : processes_) {
+    if (p.id.role() == v1::ROLE_SERVER) servers[p.id.index()] = ServerFactsLocked(p);
+  }
+  return servers;
+}
+
+void CoordinatorService::AssignCopiesLocked() {
+  if (config_.replicas() == 0 || config_.started_servers() == 0 || placement_.moving() ||
+      finishing_ || stopping_job_ || !ReadyLocked()) {
+    return;
+  }
+  std::vector<std::string> named;
+  for (const auto& [owner, at] : placement_.AssignCopies(ServersLocked()))
+    named.push_back(absl::StrCat("server ", owner, "'s on server ", at));
+  if (!named.empty()) {
+    LogInfo("copies of keys kept (built by the servers serving them): ", absl::StrJoin(named, ", "),
+            " (shard map epoch ", placement_.epoch(), ")");
+  }
+}
+
+void CoordinatorService::ParkLeaversLocked() {
+  for (Process& q : processes_) {
+    if (q.id.role() != v1::ROLE_SERVER || !q.leaving) continue;
+    if (!placement_.OwnersServedBy(q.id.index()).empty()) continue;
+    q.leaving = false;
+    q.parked = true;
+    q.registered = false;
+    q.address.clear();
+    placement_.DropCopiesAt(q.id.index());  // the copies it kept go with it
+    placement_.Changed();
+    LogInfo(q.name, " left the job: its keys are on the other servers");
+  }
+}
+
+grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx,
+                                              const v1::RemoveServerRequest* req,
+                                              v1::RemoveServerResponse* resp) {
+  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (config_.started_servers() == 0) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        "this job's servers are fixed: set \"max_servers\" in the parameter_server option for "
+        "servers to join and leave a running job");
+  }
+  const int index = req->index();
+  if (index < 0 || index >= config_.num_servers()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("no server ", index, " in this job: its servers are 0..",
+                                     config_.num_servers() - 1));
+  }
+  Process* p = ServerLocked(index);
+  if (state_ != v1::JOB_RUNNING || recovering_ || !ReadyLocked()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("the job is not running with all its processes (",
+                                     StateName(state_), recovering_ ? ", recovering" : "", ")"));
+  }
+  if (!LiveServerLocked(index) || p->leaving) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("server ", index,
+                     p->leaving ? " is already leaving" : " is not in the job now"));
+  }
+  int others = 0;
+  for (const Process& q : processes_) {
+    others += q.id.role() == v1::ROLE_SERVER && q.id.index() != index && !q.leaving &&
+              LiveServerLocked(q.id.index());
+  }
+  if (others == 0) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("server ", index, " is the job's last server; its keys have nowhere to go"));
+  }
+  p->leaving = true;
+  move_error_.clear();
+  const std::vector<int> owners = placement_.Remove(index);
+  LogInfo("removing ", p->name, ": the keys of servers ", absl::StrJoin(owners, ", "),
+          " move to the other servers");
+  ParkLeaversLocked();  // it serves none: it leaves at once
+  const absl::Time deadline = absl::Now() + TimeLeft(ctx, absl::Minutes(10));
+  // Looked up anew each time: a recovery lays the processes out again.
+  const int64_t generation = generation_;
+  auto gone = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Process* q = ServerLocked(index);
+    return q == nullptr || q->parked || !q->leaving;
+  };
+  auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return gone() || state_ != v1::JOB_RUNNING || generation_ != generation || recovering_ ||
+           ctx->IsCancelled();
+  };
+  while (!over() && absl::Now() < deadline) {
+    mu_.AwaitWithTimeout(absl::Condition(&over), absl::Milliseconds(100));
+  }
+  if (state_ != v1::JOB_RUNNING) {
+    return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("the job ended: ", reason_));
+  }
+  if (generation_ != generation || recovering_) {
+    return grpc::Status(
+        grpc::StatusCode::ABORTED,
+        "the job recovered from a failure meanwhile: it goes on with the servers it "
+        "started with");
+  }
+  if (const Process* q = ServerLocked(index); q != nullptr && q->parked) {
+    for (int o : owners) resp->add_moved_to(placement_.ServedBy(o));
+    return grpc::Status::OK;
+  }
+  if (gone()) {
+    return grpc::Status(grpc::StatusCode::ABORTED,
+                        absl::StrCat("server ", index, " did not leave: ", move_error_));
+  }
+  if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
+  return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                      absl::StrCat("server ", index,
+                                   "'s keys are still moving; it leaves once they are on "
+                                   "the other servers (see the coordinator's log)"));
+}
+
+}  // namespace psrt
