@@ -38,7 +38,9 @@
 #include "kernels/cuda_kernels.h"
 #endif
 #include "psrt/v1/ps.grpc.pb.h"
+#include "worker/op_tracker.h"
 #include "worker/request_codec.h"
+#include "worker/server_links.h"
 #include "worker/timeline.h"
 
 namespace psrt {
@@ -108,19 +110,6 @@ const std::string kPushPullMethod = "/psrt.v1.ParameterServer/PushPull";
 
 
 
-// Progress of one asynchronous operation fanned out over servers.
-struct Op {
-  absl::Mutex mu;
-  int pending ABSL_GUARDED_BY(mu) = 0;
-  absl::Status status ABSL_GUARDED_BY(mu);
-  // What the timeline says of it: its kind ("PUSH_PULL", "REGISTER", ...)
-  // and handle, and, only with a timeline, its tensors and their bytes.
-  const char* kind = "";
-  uint64_t handle = 0;
-  std::string tensors;  // a JSON array
-  int64_t bytes = 0;
-};
-
 // Timeline tracks: a worker's requests in flight to server s take turns on
 // the server's kWindow streams, each its own track; waits go on the track of
 // the thread that waits (its Linux thread id, far below this).
@@ -156,11 +145,7 @@ class Client::Impl {
     // will touch this object again (cancelled, they end at once).
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu) { return requests == 0; };
     // Data channels end their calls on their own threads (CANCELLED).
-    for (const std::unique_ptr<DataLink>& l : links) {
-      absl::MutexLock link_lock(&l->mu);
-      for (const std::shared_ptr<DataChannel>& c : l->channels)
-        if (c != nullptr) c->Close();
-    }
+    if (servers != nullptr) servers->Close();
     calls_mu.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
     calls_mu.Unlock();
     pool.reset();  // joins its threads while everything they use still exists
@@ -178,25 +163,10 @@ class Client::Impl {
   v1::JobConfig config;
   // Before `link`, whose heartbeat thread sets them until the link is gone.
   std::atomic<int> active_workers{0};
-  // "replicas": 1: the server that serves server s's keys now (s, or its
-  // backup once s was lost), from the coordinator's shard map.
-  std::unique_ptr<std::atomic<int>[]> routes;
-  std::atomic<bool> routes_ready{false};
+  // `servers` once made: the shard maps the link's heartbeats bring go there.
+  std::atomic<ServerLinks*> servers_ready{nullptr};
   std::unique_ptr<CoordinatorLink> link;
-  // Control calls (registration, learning rate, stats) on the first
-  // connection; pushes and pulls spread over `connections_per_server`.
-  // Replaced when a server comes back at another address ("replicas": 1);
-  // a call holds the stub it started with.
-  mutable absl::Mutex channels_mu;
-  std::vector<std::string> addresses ABSL_GUARDED_BY(channels_mu);
-  std::vector<std::shared_ptr<v1::ParameterServer::Stub>> stubs ABSL_GUARDED_BY(channels_mu);
-  std::vector<std::vector<std::shared_ptr<grpc::GenericStub>>> data_stubs ABSL_GUARDED_BY(channels_mu);
   int num_servers = 0;
-  // Per server, how often it came back at a new address: a request encoded
-  // for one process (its shared-memory spans) is encoded again for the next.
-  // No shared memory with a server that moved.
-  std::unique_ptr<std::atomic<int>[]> moved;
-  std::unique_ptr<std::atomic<uint64_t>[]> next_connection;
   BufferPool buffers;  // compressed gradients on their way out
   // Requests in flight to one server at most; more wait their turn, so a
   // huge tensor does not put hundreds of requests on the wire at once (and
@@ -225,8 +195,7 @@ class Client::Impl {
   std::unique_ptr<ThreadPool> pool;
   absl::Mutex mu;
   absl::flat_hash_map<std::string, Variable> variables ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<Handle, std::shared_ptr<Op>> ops ABSL_GUARDED_BY(mu);
-  Handle next_handle ABSL_GUARDED_BY(mu) = 1;
+  OpTracker ops;
   // Push ids grow across restarts of this rank: they start at the clock.
   // What the job's summary says of this process (Stats, asked for by the link).
   std::atomic<int64_t> bytes_pushed{0}, bytes_pulled{0}, pull_wait_us{0};
@@ -240,155 +209,19 @@ class Client::Impl {
     return stats;
   }
   std::atomic<uint64_t> next_push_id{static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())) << 20};
-  // The data channels to each server (common/data_channel.h), one per
-  // connection; empty with "transport": "grpc" and under mutual TLS. Last:
-  // destroyed first, so their threads' last callbacks find everything else.
-  // Lock order: channels_mu, then a link's mu.
-  struct DataLink {
-    absl::Mutex mu;
-    std::string address ABSL_GUARDED_BY(mu);
-    std::shared_ptr<v1::ParameterServer::Stub> control ABSL_GUARDED_BY(mu);
-    int port ABSL_GUARDED_BY(mu) = -1;  // -1: not asked yet; 0: none
-    std::string why_not ABSL_GUARDED_BY(mu);  // set: gRPC only, for this reason
-    std::vector<std::shared_ptr<DataChannel>> channels ABSL_GUARDED_BY(mu);
-  };
-  std::vector<std::unique_ptr<DataLink>> links;
+  // The servers' links, their data channels among them. Last: destroyed
+  // first, so the channels' threads' last callbacks find everything else.
+  std::unique_ptr<ServerLinks> servers;
 
 
-  int Route(int s) const { return routes[s].load(std::memory_order_acquire); }
-  // One owner per server serving those `holds` names: a server serves
-  // other servers' keys too ("replicas", "max_servers") and is asked once.
+  int Route(int s) const { return servers->Route(s); }
   std::vector<int> OnePerServer(const std::vector<char>& holds) const {
-    std::vector<int> owners;
-    std::vector<char> asked(num_servers, 0);
-    for (int s = 0; s < num_servers; ++s) {
-      if (holds[s] && !asked[Route(s)]++) owners.push_back(s);
-    }
-    return owners;
+    return servers->OnePerServer(holds);
   }
-  std::shared_ptr<v1::ParameterServer::Stub> Stub(int s) const {
-    absl::MutexLock lock(&channels_mu);
-    return stubs[Route(s)];
-  }
-  std::string Address(int s) const {
-    absl::MutexLock lock(&channels_mu);
-    return addresses[s];
-  }
-
-  // Channels to `address` for server `s`: one for control calls, and
-  // connections_per_server for the data path, each its own TCP connection.
-  void Connect(int s, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(channels_mu) {
-    addresses[s] = address;
-    data_stubs[s].clear();
-    for (int c = 0; c < options.connections_per_server; ++c) {
-      std::shared_ptr<grpc::Channel> channel = MakeChannel(address);
-      if (c == 0) stubs[s] = v1::ParameterServer::NewStub(channel);
-      data_stubs[s].push_back(std::make_shared<grpc::GenericStub>(channel));
-    }
-    if (!links.empty()) {
-      // A new process: its data port is asked again.
-      DataLink& l = *links[s];
-      absl::MutexLock lock(&l.mu);
-      l.address = address;
-      l.control = stubs[s];
-      l.port = -1;
-      l.why_not.clear();
-      for (std::shared_ptr<DataChannel>& c : l.channels) {
-        if (c != nullptr) c->Close();
-        c.reset();
-      }
-    }
-  }
-
+  std::shared_ptr<v1::ParameterServer::Stub> Stub(int s) const { return servers->Stub(s); }
+  std::string Address(int s) const { return servers->Address(s); }
   void FollowShardMap(const v1::ShardMap& map) {
-    if (!routes_ready.load(std::memory_order_acquire)) return;
-    // Routes first: nothing goes to a server's new process (which serves
-    // none of its old keys) by its old route.
-    for (int s = 0; s < map.served_by_size() && s < num_servers; ++s) {
-      const int to = map.served_by(s);
-      if (to < 0 || to >= num_servers || to == Route(s)) continue;
-      LogInfo("server ", s, "'s keys are served by server ", to, " at ", Address(to), " now");
-      routes[s].store(to, std::memory_order_release);
-    }
-    // A server started again after its loss listens elsewhere.
-    absl::MutexLock lock(&channels_mu);
-    for (int s = 0; s < map.server_addresses_size() && s < num_servers; ++s) {
-      if (map.server_addresses(s).empty() || map.server_addresses(s) == addresses[s]) continue;
-      moved[s].fetch_add(1);
-      Connect(s, map.server_addresses(s));
-    }
-  }
-
-  // The data path's connections to server `s`, taken in turn: a gRPC
-  // stub, and the data channel to use instead where there is one. A null
-  // stub when the server moved to a new process since `moves` was read (a
-  // request encoded for the old one is encoded again).
-  std::shared_ptr<grpc::GenericStub> DataStub(int s, int moves, std::shared_ptr<DataChannel>* channel) {
-    size_t c;
-    std::shared_ptr<grpc::GenericStub> stub;
-    {
-      absl::MutexLock lock(&channels_mu);
-      if (moved[s].load() != moves) return nullptr;
-      const std::vector<std::shared_ptr<grpc::GenericStub>>& pool = data_stubs[s];
-      c = next_connection[s].fetch_add(1, std::memory_order_relaxed) % pool.size();
-      stub = pool[c];
-    }
-    *channel = Channel(s, c);
-    return stub;
-  }
-
-  // Server s's data channel number `c`, connected on first use and again
-  // after it broke; null where the server has none or it cannot be reached
-  // (then gRPC carries the call: same messages, same answers).
-  std::shared_ptr<DataChannel> Channel(int s, size_t c) {
-    if (links.empty()) return nullptr;
-    DataLink& l = *links[s];
-    absl::MutexLock lock(&l.mu);
-    std::shared_ptr<DataChannel>& ch = l.channels[c];
-    if (ch != nullptr && !ch->broken()) return ch;
-    ch.reset();
-    if (!l.why_not.empty()) return nullptr;
-    v1::DataChannelRequest req;
-    req.set_worker_rank(options.rank);
-    absl::StatusOr<std::shared_ptr<DataChannel>> opened =
-        OpenDataChannel(l.control.get(), l.address, req, options.token,
-                        std::min(options.rpc_timeout, absl::Seconds(10)), &l.port);
-    if (opened.status().code() == absl::StatusCode::kUnavailable) {
-      return nullptr;  // this call goes by gRPC, and fails or not there
-    }
-    if (!opened.ok()) {
-      l.why_not = std::string(opened.status().message());
-      // Mutual TLS is no surprise: said once for all servers at start.
-      if (l.port > 0) {
-        LogWarning("worker ", options.rank, ": server ", s, "'s pushes and pulls go by gRPC: ",
-                   l.why_not);
-      }
-      return nullptr;
-    }
-    ch = *std::move(opened);
-    return ch;
-  }
-
-  // Opens every server's data channels at start, and says in one line
-  // which servers they reach.
-  void OpenDataChannels() {
-    std::vector<int> grpc_only;
-    std::string why_not;
-    for (int s = 0; s < num_servers; ++s) {
-      if (Address(s).empty()) continue;  // joins later
-      for (int c = 0; c < options.connections_per_server; ++c) Channel(s, c);
-      absl::MutexLock lock(&links[s]->mu);
-      if (links[s]->channels[0] == nullptr) {
-        grpc_only.push_back(s);
-        if (why_not.empty()) why_not = links[s]->why_not;
-      }
-    }
-    if (grpc_only.empty()) {
-      LogInfo("worker ", options.rank, ": pushes and pulls go over data channels to every server");
-    } else {
-      LogInfo("worker ", options.rank, ": gRPC carries pushes and pulls to servers ",
-              absl::StrJoin(grpc_only, ", "), why_not.empty() ? "" : absl::StrCat(" (", why_not, ")"));
-    }
+    if (ServerLinks* l = servers_ready.load(std::memory_order_acquire)) l->FollowShardMap(map);
   }
 
   absl::StatusOr<Variable> Find(const std::string& name) {
@@ -471,10 +304,8 @@ class Client::Impl {
 
   // The most a request to server `s` carries.
   int64_t RequestBytes(int s) {
-    if (!shared.empty() && shared[s] != nullptr && moved[s].load() == 0) return kRequestBytes;
-    if (links.empty()) return kRequestBytes;
-    absl::MutexLock lock(&links[s]->mu);
-    return links[s]->why_not.empty() ? kChannelRequestBytes : kRequestBytes;
+    if (!shared.empty() && shared[s] != nullptr && servers->Moves(s) == 0) return kRequestBytes;
+    return servers->HasDataChannel(s) ? kChannelRequestBytes : kRequestBytes;
   }
 
 
@@ -489,7 +320,7 @@ class Client::Impl {
   // A free slot for a request to `server`, if it shares memory with it.
   Lease Take(int server) {
     Lease l;
-    if (moved[server].load() > 0) return l;  // not the process the region was given to
+    if (servers->Moves(server) > 0) return l;  // not the process the region was given to
     SharedLink* link = shared.empty() ? nullptr : shared[server].get();
     if (link == nullptr) return l;
     absl::MutexLock lock(&link->mu);
@@ -676,29 +507,6 @@ class Client::Impl {
     return s;
   }
 
-  // Registers an operation of `n` parts and returns its handle.
-  std::pair<Handle, std::shared_ptr<Op>> NewOp(int n, absl::Status initial = absl::OkStatus(),
-                                               const char* kind = "") {
-    auto op = std::make_shared<Op>();
-    op->kind = kind;
-    {
-      absl::MutexLock lock(&op->mu);
-      op->pending = n;
-      op->status = initial;
-    }
-    absl::MutexLock lock(&mu);
-    Handle h = next_handle++;
-    op->handle = h;
-    ops[h] = op;
-    return {h, op};
-  }
-
-  static void Done(Op* op, const absl::Status& s) {
-    absl::MutexLock lock(&op->mu);
-    if (op->status.ok() && !s.ok()) op->status = s;
-    --op->pending;
-  }
-
   // One shard of an operation on its way: a request to one server.
   struct Request {
     Shard shard;
@@ -718,7 +526,7 @@ class Client::Impl {
     absl::Duration backoff = absl::Milliseconds(50);
     int attempts = 0;
     int target = 0;  // the server it goes to: Route(shard.server) when encoded
-    int target_moves = 0;  // moved[target] then
+    int target_moves = 0;  // servers->Moves(target) then
     std::shared_ptr<grpc::GenericStub> stub;  // of the attempt in flight
     std::shared_ptr<DataChannel> channel;      // its data channel (null: gRPC)
     // With a timeline: when it was made and got a place in the window, and
@@ -755,12 +563,12 @@ class Client::Impl {
   Handle StartRows(const std::string& table, const int64_t* ids, int64_t n, const float* grads,
                    float* out, int64_t version, bool push) {
     absl::StatusOr<Variable> var = Find(table);
-    if (!var.ok()) return NewOp(0, var.status()).first;
+    if (!var.ok()) return ops.New(0, var.status()).first;
     if (var->dim == 0) {
-      return NewOp(0, absl::InvalidArgumentError(absl::StrCat("variable '", table, "' is not a table"))).first;
+      return ops.New(0, absl::InvalidArgumentError(absl::StrCat("variable '", table, "' is not a table"))).first;
     }
     if (n < 0 || (n > 0 && (ids == nullptr || (push ? grads == nullptr : out == nullptr)))) {
-      return NewOp(0, absl::InvalidArgumentError(absl::StrCat("table '", table, "': ", n,
+      return ops.New(0, absl::InvalidArgumentError(absl::StrCat("table '", table, "': ", n,
                                                                " ids without their buffers")))
           .first;
     }
@@ -808,8 +616,8 @@ class Client::Impl {
 
   Handle Start(absl::StatusOr<std::vector<Shard>> shards, int64_t version, bool push, bool pull) {
     const char* kind = push && pull ? "PUSH_PULL" : push ? "PUSH" : "PULL";
-    if (!shards.ok()) return NewOp(0, shards.status(), kind).first;
-    auto [handle, op] = NewOp(static_cast<int>(shards->size()), absl::OkStatus(), kind);
+    if (!shards.ok()) return ops.New(0, shards.status(), kind).first;
+    auto [handle, op] = ops.New(static_cast<int>(shards->size()), absl::OkStatus(), kind);
     if (timeline != nullptr) DescribeOp(*shards, op.get());
     for (const Shard& shard : *shards) {
       for (const Shard::Item& it : shard.items) {
@@ -856,7 +664,7 @@ class Client::Impl {
   // Encodes the request and makes its first attempt.
   void Send(const std::shared_ptr<Request>& r) {
     r->target = Route(r->shard.server);
-    r->target_moves = moved[r->target].load();
+    r->target_moves = servers->Moves(r->target);
     if (r->await_step) {
       const Shard::Item& it = r->shard.items.front();
       OutKey k;
@@ -896,7 +704,7 @@ class Client::Impl {
                                                 : FrameKind::kPull;
     r->resp.Clear();
     r->ctx.reset();
-    r->stub = DataStub(r->target, r->target_moves, &r->channel);
+    r->stub = servers->DataStub(r->target, r->target_moves, &r->channel);
     if (r->stub == nullptr) {
       Give(&r->lease, false);
       return Send(r);
@@ -962,7 +770,7 @@ class Client::Impl {
   void Finish(const std::shared_ptr<Request>& r, const absl::Status& s) {
     Give(&r->lease, s.ok());
     if (timeline != nullptr) TraceRequest(*r, s);
-    Done(r->op.get(), s);
+    OpTracker::Done(r->op.get(), s);
     std::function<void()> next;
     {
       Queue& q = queues[r->shard.server];
@@ -1032,32 +840,13 @@ class Client::Impl {
   }
 
   // Waits for the operation `handle` (its Op in *found, when there is one).
+  // Each part ends within its RPC deadline and retry budget; the extra
+  // margin only guards against a lost wake-up. A job that failed elsewhere
+  // ends the wait at once, with the coordinator's reason.
   absl::Status Wait(Handle handle, std::shared_ptr<Op>* found) {
-    std::shared_ptr<Op>& op = *found;
-    {
-      absl::MutexLock lock(&mu);
-      auto it = ops.find(handle);
-      if (it == ops.end()) {
-        return absl::NotFoundError(absl::StrCat("no pending operation with handle ", handle));
-      }
-      op = it->second;
-      ops.erase(it);
-    }
-    // Each part ends within its RPC deadline and retry budget; the extra
-    // margin only guards against a lost wake-up. A job that failed elsewhere
-    // ends the wait at once, with the coordinator's reason.
-    const absl::Time deadline = absl::Now() + options.rpc_timeout + options.retry_budget + absl::Seconds(5);
-    absl::MutexLock lock(&op->mu);
-    auto done = [&op]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(op->mu) { return op->pending == 0; };
-    while (!op->mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(50))) {
-      if (absl::Status s = JobStatus(); !s.ok()) return s;
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("operation ", handle, " did not finish within ",
-                         absl::FormatDuration(options.rpc_timeout + options.retry_budget)));
-      }
-    }
-    return op->status;
+    const absl::Duration expected = options.rpc_timeout + options.retry_budget;
+    return ops.Wait(handle, absl::Now() + expected + absl::Seconds(5), expected,
+                    [this] { return JobStatus(); }, found);
   }
 };
 
@@ -1106,31 +895,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   impl->active_workers.store(barrier->membership().active_workers_size(), std::memory_order_relaxed);
   const int n = barrier->shard_map().server_addresses_size();
   if (n == 0) return absl::FailedPreconditionError("the shard map lists no servers");
-  {
-    absl::MutexLock lock(&impl->channels_mu);
-    impl->num_servers = n;
-    impl->addresses.resize(n);
-    impl->stubs.resize(n);
-    impl->data_stubs.resize(n);
-    if (impl->config.transport() != "grpc" && !TlsEnabled()) {
-      for (int s = 0; s < n; ++s) {
-        impl->links.push_back(std::make_unique<Impl::DataLink>());
-        absl::MutexLock lock(&impl->links.back()->mu);
-        impl->links.back()->channels.resize(options.connections_per_server);
-      }
-    }
-    // A server that joins later ("max_servers") has no address yet.
-    for (int s = 0; s < n; ++s) {
-      if (!barrier->shard_map().server_addresses(s).empty())
-        impl->Connect(s, barrier->shard_map().server_addresses(s));
-    }
-  }
-  impl->moved = std::make_unique<std::atomic<int>[]>(n);
-  impl->routes = std::make_unique<std::atomic<int>[]>(n);
-  for (int s = 0; s < n; ++s) impl->routes[s].store(s);
-  impl->routes_ready.store(true, std::memory_order_release);
-  impl->FollowShardMap(barrier->shard_map());
-  impl->next_connection = std::make_unique<std::atomic<uint64_t>[]>(n);
+  ServerLinks::Options links;
+  links.rank = options.rank;
+  links.token = options.token;
+  links.connections = options.connections_per_server;
+  links.rpc_timeout = options.rpc_timeout;
+  links.data_channels = impl->config.transport() != "grpc" && !TlsEnabled();
+  impl->servers = std::make_unique<ServerLinks>(links, barrier->shard_map());
+  impl->servers_ready.store(impl->servers.get(), std::memory_order_release);
+  impl->num_servers = n;
   impl->queues = std::make_unique<Impl::Queue[]>(n);
   if (impl->timeline != nullptr) {
     for (int s = 0; s < n; ++s) {
@@ -1139,7 +912,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     }
   }
   if (impl->config.transport() == "auto") impl->ShareMemory();
-  if (!impl->links.empty()) impl->OpenDataChannels();
+  impl->servers->OpenDataChannels();
   // Enough threads for a request in flight on every connection.
   impl->pool = std::make_unique<ThreadPool>(
       std::max<int>(4, 2 * options.connections_per_server * n));
@@ -1208,7 +981,7 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
   // "replicas": 1: the backup of each server keeps copies of its keys
   // (with "max_servers", copies its server builds once the job runs).
   const int copies = impl_->config.replicas() > 0 && impl_->config.started_servers() == 0 ? 2 : 1;
-  auto [handle, op] = impl_->NewOp(static_cast<int>(batches.size()) * copies, absl::OkStatus(), "REGISTER");
+  auto [handle, op] = impl_->ops.New(static_cast<int>(batches.size()) * copies, absl::OkStatus(), "REGISTER");
   if (impl_->timeline != nullptr) {
     op->tensors = JsonNames({name});
     op->bytes = n * 4;
@@ -1226,7 +999,7 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
       }
       impl_->pool->Schedule([this, server, req, op = op] {
         v1::RegisterKeysResponse resp;
-        Impl::Done(op.get(), impl_->Call(server, "register", [&](grpc::ClientContext* ctx) {
+        OpTracker::Done(op.get(), impl_->Call(server, "register", [&](grpc::ClientContext* ctx) {
           return impl_->Stub(server)->RegisterKeys(ctx, *req, &resp);
         }));
       });
@@ -1275,7 +1048,7 @@ absl::Status Client::RegisterTable(const std::string& name, const TableOptions& 
     it->second.push_dtype = push_dtype;
     it->second.pull_dtype = pull_dtype;
   }
-  auto [handle, op] = impl_->NewOp(num_servers(), absl::OkStatus(), "REGISTER");
+  auto [handle, op] = impl_->ops.New(num_servers(), absl::OkStatus(), "REGISTER");
   if (impl_->timeline != nullptr) op->tensors = JsonNames({name});
   for (int s = 0; s < num_servers(); ++s) {
     auto req = std::make_shared<v1::RegisterKeysRequest>();
@@ -1287,7 +1060,7 @@ absl::Status Client::RegisterTable(const std::string& name, const TableOptions& 
     if (impl_->config.started_servers() > 0) req->set_owner(s);
     impl_->pool->Schedule([this, s, req, op = op] {
       v1::RegisterKeysResponse resp;
-      Impl::Done(op.get(), impl_->Call(s, "register", [&](grpc::ClientContext* ctx) {
+      OpTracker::Done(op.get(), impl_->Call(s, "register", [&](grpc::ClientContext* ctx) {
         return impl_->Stub(s)->RegisterKeys(ctx, *req, &resp);
       }));
     });

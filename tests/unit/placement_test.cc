@@ -159,7 +159,7 @@ TEST(PlacementTest, AFailoverTakesOnlyCopiesBuiltOnALiveServer) {
 
 TEST(PlacementTest, CopiesGoToAnotherHostThenToTheServerKeepingFewest) {
   Placement p;
-  p.LayOut(4, /*started=*/3, /*replicas=*/1, 1);  // owner 3 served by server 0
+  p.LayOut(4, /*started=*/3, /*replicas=*/1, 1);       // owner 3 served by server 0
   Placement::Servers servers = Live(4, 2, p.epoch());  // hosts: h0 = {0, 1}, h1 = {2, 3}
   servers[3].live = false;
   const std::vector<std::pair<int, int>> named = p.AssignCopies(servers);
