@@ -31,6 +31,13 @@ std::string Distribution(const std::string& more) {
 // The trainer's flags beyond kTrainer: none, or a sparse table's.
 constexpr char kWithTable[] = " --table-rows=512";
 
+// "max_servers": 3 and "on_failure": "recover", with checkpoints every 100
+// steps under `dir`.
+std::string RecoveringJob(const std::string& dir) {
+  return Distribution(absl::StrCat(R"(,"max_servers":3,"on_failure":"recover",)",
+                                   R"("checkpoint":{"uri":")", dir, R"(/ckpt","every_steps":100})"));
+}
+
 Proc StartJob(const std::string& dist, const std::string& token, const std::string& dir,
               int steps = kSteps, const std::string& trainer = "") {
   return Proc::Start(absl::StrCat(kBin, "/psrt-run --local=2 --token=", token, " --distribution='",
@@ -50,6 +57,14 @@ const std::string& UninterruptedWeights(const std::string& trainer = "") {
     (*weights)[trainer] = ReadFile(dir + "/r.rank0.weights");
   }
   return weights->at(trainer);
+}
+
+// Rank 0's final weights in `dir` are the uninterrupted run's; `out`: the
+// job's output, said otherwise.
+void ExpectUninterrupted(const std::string& dir, const std::string& out) {
+  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights())
+      << "final weights differ from the uninterrupted run's\n"
+      << out;
 }
 
 std::string CoordinatorAddress(const Proc& run) {
@@ -96,6 +111,29 @@ void JoinAtStep200(const Proc& run, const std::string& token, const std::string&
   ASSERT_TRUE(WaitMoved(run, 2, 2)) << run.Output() << joined->Output();
 }
 
+// Server 2 joins at step 200 of `run` (started by hand as *joined), and
+// server 0 is removed at step 700 (psrt-ckpt's output in *said).
+void JoinAndRemove(const Proc& run, const std::string& token, const std::string& dir, Proc* joined,
+                   std::string* said) {
+  std::string coordinator;
+  ASSERT_NO_FATAL_FAILURE(JoinAtStep200(run, token, dir, &coordinator, joined));
+  ASSERT_TRUE(run.WaitForOutput("step 700 ", absl::Seconds(60))) << run.Output();
+  ASSERT_EQ(RemoveServer(coordinator, token, 0, dir, said), 0) << *said << run.Output();
+}
+
+// Server 2 joins at step 200 of `run` and is killed once `when` is in the
+// job's log; *out: the job's output once it ended, with code 0.
+void KillTheJoinedServer(Proc& run, const std::string& token, const std::string& dir,
+                         const std::string& when, std::string* out) {
+  std::string coordinator;
+  Proc joined;
+  ASSERT_NO_FATAL_FAILURE(JoinAtStep200(run, token, dir, &coordinator, &joined));
+  ASSERT_TRUE(run.WaitForOutput(when, absl::Seconds(60))) << run.Output();
+  kill(joined.pid, SIGKILL);
+  ASSERT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
+  *out = run.Output();
+}
+
 TEST(ServerMovesTest, ASyncJobWithAServerJoiningAndOneLeavingEndsBitForBitAsUninterrupted) {
   // Server 2 joins (server 0 served its keys until then), then server 0
   // leaves: its keys go to another server. Sync steps go on throughout; a
@@ -105,12 +143,9 @@ TEST(ServerMovesTest, ASyncJobWithAServerJoiningAndOneLeavingEndsBitForBitAsUnin
   Proc run = StartJob(Distribution(absl::StrCat(R"(,"max_servers":3,"checkpoint":{"uri":")", dir,
                                                 R"(/ckpt","every_steps":100})")),
                       token, dir);
-  std::string coordinator;
   Proc joined;
-  ASSERT_NO_FATAL_FAILURE(JoinAtStep200(run, token, dir, &coordinator, &joined));
-  ASSERT_TRUE(run.WaitForOutput("step 700 ", absl::Seconds(60))) << run.Output();
   std::string said;
-  ASSERT_EQ(RemoveServer(coordinator, token, 0, dir, &said), 0) << said << run.Output();
+  ASSERT_NO_FATAL_FAILURE(JoinAndRemove(run, token, dir, &joined, &said));
   EXPECT_TRUE(
       std::regex_search(said, std::regex("server 0 left the job; its keys are on server [12]")))
       << said;
@@ -129,9 +164,7 @@ TEST(ServerMovesTest, ASyncJobWithAServerJoiningAndOneLeavingEndsBitForBitAsUnin
   // fail for a step training raced past under load: not this test's).
   EXPECT_EQ(out.find("do not tile"), std::string::npos) << out;
   EXPECT_EQ(out.find("checkpoint at step 1000 failed"), std::string::npos) << out;
-  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights())
-      << "final weights differ from the uninterrupted run's\n"
-      << out;
+  ExpectUninterrupted(dir, out);
   absl::StatusOr<CheckpointRef> final = ResolveCheckpoint("latest", dir + "/ckpt");
   ASSERT_TRUE(final.ok()) << final.status();
   EXPECT_EQ(final->manifest.step(), kSteps);
@@ -163,12 +196,9 @@ TEST(ServerMovesTest, ASparseTablesRowsMoveWithTheirServersBitForBit) {
   Proc run = StartJob(Distribution(absl::StrCat(R"(,"max_servers":3,"checkpoint":{"uri":")", dir,
                                                 R"(/ckpt","every_steps":250})")),
                       token, dir, kSteps, kWithTable);
-  std::string coordinator;
   Proc joined;
-  ASSERT_NO_FATAL_FAILURE(JoinAtStep200(run, token, dir, &coordinator, &joined));
-  ASSERT_TRUE(run.WaitForOutput("step 700 ", absl::Seconds(60))) << run.Output();
   std::string said;
-  ASSERT_EQ(RemoveServer(coordinator, token, 0, dir, &said), 0) << said << run.Output();
+  ASSERT_NO_FATAL_FAILURE(JoinAndRemove(run, token, dir, &joined, &said));
   EXPECT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
   EXPECT_EQ(joined.Wait(absl::Seconds(30), "the server that joined"), 0) << joined.Output();
   const std::string out = run.Output() + joined.Output();
@@ -195,21 +225,14 @@ TEST(ServerMovesTest, WithReplicasAJoinedServersKeysGetACopyAndFailOverWithNoSte
   // lost, and the job ends as the uninterrupted one does.
   const std::string dir = TempDir(), token = RandomToken();
   Proc run = StartJob(Distribution(R"(,"max_servers":3,"replicas":1)"), token, dir);
-  std::string coordinator;
-  Proc joined;
-  ASSERT_NO_FATAL_FAILURE(JoinAtStep200(run, token, dir, &coordinator, &joined));
-  ASSERT_TRUE(run.WaitForOutput("a loss of server 2 fails over to it", absl::Seconds(60)))
-      << run.Output();
-  kill(joined.pid, SIGKILL);
-  EXPECT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
-  const std::string out = run.Output();
+  std::string out;
+  ASSERT_NO_FATAL_FAILURE(
+      KillTheJoinedServer(run, token, dir, "a loss of server 2 fails over to it", &out));
   EXPECT_TRUE(std::regex_search(
       out, std::regex("server [01] serves server 2's keys from their replicas, no step lost")))
       << out;
   EXPECT_EQ(out.find("rolled back"), std::string::npos) << out;
-  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights())
-      << "final weights differ from the uninterrupted run's\n"
-      << out;
+  ExpectUninterrupted(dir, out);
   EXPECT_EQ(Leftovers(token), 0);
 }
 
@@ -219,22 +242,12 @@ TEST(ServerMovesTest, AJoinedServersLossIsRecoveredLikeAnyServers) {
   // servers it started with (server 0 serves server 2's keys again, from
   // the checkpoint) and ends as the uninterrupted job does.
   const std::string dir = TempDir(), token = RandomToken();
-  Proc run = StartJob(
-      Distribution(absl::StrCat(R"(,"max_servers":3,"on_failure":"recover",)",
-                                R"("checkpoint":{"uri":")", dir, R"(/ckpt","every_steps":100})")),
-      token, dir);
-  std::string coordinator;
-  Proc joined;
-  ASSERT_NO_FATAL_FAILURE(JoinAtStep200(run, token, dir, &coordinator, &joined));
-  ASSERT_TRUE(run.WaitForOutput("step-000000000400 committed", absl::Seconds(60))) << run.Output();
-  kill(joined.pid, SIGKILL);
-  ASSERT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
-  const std::string out = run.Output();
+  Proc run = StartJob(RecoveringJob(dir), token, dir);
+  std::string out;
+  ASSERT_NO_FATAL_FAILURE(KillTheJoinedServer(run, token, dir, "step-000000000400 committed", &out));
   EXPECT_NE(out.find("server 2 on 127.0.0.1 was lost"), std::string::npos) << out;
   EXPECT_TRUE(std::regex_search(out, std::regex("rolled back to step [4-9]00"))) << out;
-  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights())
-      << "final weights differ from the uninterrupted run's\n"
-      << out;
+  ExpectUninterrupted(dir, out);
   EXPECT_EQ(Leftovers(token), 0);
 }
 
@@ -296,9 +309,7 @@ TEST(ServerMovesTest, RemovalsThatCannotBeAreRefusedSayingWhyAndChangeNothing) {
   EXPECT_EQ(RemoveServer(coordinator, token2, 1, dir2, &said), 1) << said;
   EXPECT_NE(said.find("server 1 is the job's last server"), std::string::npos) << said;
   EXPECT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
-  EXPECT_TRUE(ReadFile(dir2 + "/r.rank0.weights") == UninterruptedWeights())
-      << "final weights differ from the uninterrupted run's\n"
-      << run.Output();
+  ExpectUninterrupted(dir2, run.Output());
   EXPECT_EQ(Leftovers(token2), 0);
 }
 
@@ -307,18 +318,13 @@ TEST(ServerMovesTest, ARecoveryRestoresTheKeysOfServersThatJoinLater) {
   // checkpoints and restores them when server 1 is killed and the job rolls
   // back.
   const std::string dir = TempDir(), token = RandomToken();
-  Proc run = StartJob(
-      Distribution(absl::StrCat(R"(,"max_servers":3,"on_failure":"recover",)",
-                                R"("checkpoint":{"uri":")", dir, R"(/ckpt","every_steps":100})")),
-      token, dir);
+  Proc run = StartJob(RecoveringJob(dir), token, dir);
   ASSERT_TRUE(run.WaitForOutput("step 350 ", absl::Seconds(60))) << run.Output();
   kill(ServerProcess(token, 1), SIGKILL);
   ASSERT_EQ(run.Wait(absl::Seconds(120), "psrt-run"), 0) << run.Output();
   const std::string out = run.Output();
   EXPECT_NE(out.find("rolled back to step"), std::string::npos) << out;
-  EXPECT_TRUE(ReadFile(dir + "/r.rank0.weights") == UninterruptedWeights())
-      << "final weights differ from the uninterrupted run's\n"
-      << out;
+  ExpectUninterrupted(dir, out);
   EXPECT_EQ(Leftovers(token), 0);
 }
 
