@@ -1,0 +1,649 @@
+#include "worker/dispatcher.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/buffer_pool.h"
+#include "common/compression.h"
+#include "common/coordinator_link.h"
+#include "common/data_channel.h"
+#include "common/failpoint.h"
+#include "common/grpc_util.h"
+#include "common/key_map.h"
+#include "common/logging.h"
+#include "common/shared_memory.h"
+#include "common/tensor_coding.h"
+#include "common/thread_pool.h"
+#include "kernels/row_optimizer.h"
+#ifdef PSRT_HAVE_CUDA
+#include "kernels/cuda_kernels.h"
+#endif
+#include "psrt/v1/ps.grpc.pb.h"
+#include "worker/op_tracker.h"
+#include "worker/request_codec.h"
+#include "worker/server_links.h"
+#include "worker/timeline.h"
+
+namespace psrt {
+namespace {
+
+const std::string kPushMethod = "/psrt.v1.ParameterServer/Push";
+const std::string kPullMethod = "/psrt.v1.ParameterServer/Pull";
+const std::string kPushPullMethod = "/psrt.v1.ParameterServer/PushPull";
+
+// Timeline tracks: a worker's requests in flight to server s take turns on
+// the server's kWindow streams, each its own track; waits go on the track of
+// the thread that waits (its Linux thread id, far below this).
+constexpr int64_t kStreamTrackBase = int64_t{1} << 30;
+
+int64_t ThisThreadId() {
+  thread_local const int64_t tid = static_cast<int64_t>(syscall(SYS_gettid));
+  return tid;
+}
+
+}  // namespace
+
+// Up to `limit` names as a JSON array, and how many more there were.
+std::string JsonNames(const std::vector<std::string>& names, size_t limit) {
+  std::string out = "[";
+  for (size_t i = 0; i < names.size() && i < limit; ++i) {
+    absl::StrAppend(&out, i == 0 ? "" : ",", JsonString(names[i]));
+  }
+  if (names.size() > limit)
+    absl::StrAppend(&out, ",", JsonString(absl::StrCat("... ", names.size() - limit, " more")));
+  return out + "]";
+}
+
+Dispatcher::~Dispatcher() {
+  absl::MutexLock lock(&calls_mu);
+  closing = true;
+  for (grpc::ClientContext* ctx : live_calls) ctx->TryCancel();
+  // Data calls end asynchronously, on gRPC's threads: wait until none
+  // will touch this object again (cancelled, they end at once).
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu) { return requests == 0; };
+  // Data channels end their calls on their own threads (CANCELLED).
+  if (servers != nullptr) servers->Close();
+  calls_mu.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
+  calls_mu.Unlock();
+  pool.reset();  // joins its threads while everything they use still exists
+  link.reset();  // its heartbeat thread follows the shard map into the members below
+  calls_mu.Lock();
+}
+
+v1::WorkerStats Dispatcher::Stats() const {
+  v1::WorkerStats stats;
+  stats.set_bytes_pushed(bytes_pushed.load());
+  stats.set_bytes_pulled(bytes_pulled.load());
+  stats.set_wait_seconds(pull_wait_us.load() / 1e6);
+  stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - connected));
+  return stats;
+}
+
+std::vector<int> Dispatcher::OnePerServer(const std::vector<char>& holds) const {
+  return servers->OnePerServer(holds);
+}
+
+void Dispatcher::FollowShardMap(const v1::ShardMap& map) {
+  if (ServerLinks* l = servers_ready.load(std::memory_order_acquire)) l->FollowShardMap(map);
+}
+
+absl::StatusOr<Variable> Dispatcher::Find(const std::string& name) {
+  absl::MutexLock lock(&mu);
+  auto it = variables.find(name);
+  if (it == variables.end()) {
+    return absl::NotFoundError(absl::StrCat("variable '", name, "' is not registered"));
+  }
+  return it->second;
+}
+
+absl::Status Dispatcher::JobStatus() const {
+  CoordinatorLink::JobEnd end = link->state();
+  if (end.state != v1::JOB_FAILED) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat("the job failed: ", end.reason));
+}
+
+absl::Status Dispatcher::Call(int s, const char* what,
+                              const std::function<grpc::Status(grpc::ClientContext*)>& rpc) {
+  const absl::Time start = absl::Now();
+  absl::Duration backoff = absl::Milliseconds(50);
+  int attempts = 0;
+  while (true) {
+    ++attempts;
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, options.token, options.rpc_timeout);
+    {
+      absl::MutexLock lock(&calls_mu);
+      if (closing) return absl::CancelledError("the client is closing");
+      live_calls.insert(&ctx);
+    }
+    grpc::Status st = rpc(&ctx);
+    {
+      absl::MutexLock lock(&calls_mu);
+      live_calls.erase(&ctx);
+    }
+    if (st.ok()) return absl::OkStatus();
+    if (!Retry(st, start, backoff)) return CallError(s, what, st, attempts, start);
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
+
+bool Dispatcher::Retry(const grpc::Status& st, absl::Time start, absl::Duration backoff) const {
+  // With replicas a lost server's keys move to its backup once the
+  // coordinator notices (within its heartbeat timeout): wait that long.
+  // So too where keys move between servers ("max_servers"); the shard map
+  // that says where is asked for at once.
+  const bool moves = config.replicas() > 0 || config.started_servers() > 0;
+  if (moves && st.error_code() == grpc::StatusCode::UNAVAILABLE) link->Wake();
+  const absl::Duration budget =
+      moves ? std::max(options.retry_budget,
+                       absl::Seconds(config.heartbeat_timeout_s()) + absl::Seconds(5))
+            : options.retry_budget;
+  return st.error_code() == grpc::StatusCode::UNAVAILABLE &&
+         absl::Now() - start + backoff < budget && JobStatus().ok();
+}
+
+absl::Status Dispatcher::CallError(int s, const char* what, const grpc::Status& st, int attempts,
+                                   absl::Time start) const {
+  return absl::Status(
+      static_cast<absl::StatusCode>(st.error_code()),
+      absl::StrCat(
+          what, " to server ", Route(s), " at ", Address(Route(s)), " failed after ", attempts,
+          attempts == 1 ? " attempt" : " attempts", " in ",
+          absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))), ": ",
+          st.error_message(),
+          st.error_code() == grpc::StatusCode::UNAVAILABLE && TlsEnabled() ? kTlsHint : ""));
+}
+
+int64_t Dispatcher::RequestBytes(int s) {
+  if (!shared.empty() && shared[s] != nullptr && servers->Moves(s) == 0) return kRequestBytes;
+  return servers->HasDataChannel(s) ? kChannelRequestBytes : kRequestBytes;
+}
+
+Dispatcher::Lease Dispatcher::Take(int server) {
+  Lease l;
+  if (servers->Moves(server) > 0) return l;  // not the process the region was given to
+  SharedLink* link = shared.empty() ? nullptr : shared[server].get();
+  if (link == nullptr) return l;
+  absl::MutexLock lock(&link->mu);
+  if (link->free_slots.empty()) return l;  // all busy: this one goes by TCP
+  l.link = link;
+  l.slot = link->free_slots.back();
+  link->free_slots.pop_back();
+  return l;
+}
+
+void Dispatcher::Give(Lease* l, bool ok) {
+  if (l->link == nullptr) return;
+  if (ok) {
+    absl::MutexLock lock(&l->link->mu);
+    l->link->free_slots.push_back(l->slot);
+  }
+  l->link = nullptr;
+}
+
+void Dispatcher::ShareMemory() {
+  shared.resize(num_servers);
+  std::vector<int> with;
+  std::string why_not;
+  for (int s = 0; s < num_servers; ++s) {
+    if (Address(s).empty()) continue;  // joins later
+    absl::StatusOr<std::unique_ptr<SharedRegion>> region =
+        SharedRegion::Create(kSharedSlots * kRequestBytes);
+    absl::Status st = region.status();
+    v1::AttachSharedMemoryResponse resp;
+    if (st.ok()) {
+      v1::AttachSharedMemoryRequest req;
+      req.set_worker_rank(options.rank);
+      req.set_name((*region)->name());
+      req.set_size(static_cast<int64_t>((*region)->size()));
+      st = Call(static_cast<int>(s), "attach-shared-memory", [&](grpc::ClientContext* ctx) {
+        return Stub(s)->AttachSharedMemory(ctx, req, &resp);
+      });
+      Failpoint("shared_memory.offered");  // drills: the name left in /dev/shm
+      (*region)->Unlink();                 // attached or not, nobody else may open it now
+      // Its pages only now: a server on another host cost nothing above.
+      if (st.ok()) st = (*region)->Reserve();
+    }
+    if (!st.ok()) {
+      if (why_not.empty()) why_not = std::string(st.message());
+      continue;
+    }
+    auto link = std::make_unique<SharedLink>();
+    link->region = *std::move(region);
+    link->id = resp.region();
+    for (int i = kSharedSlots - 1; i >= 0; --i) link->free_slots.push_back(i);
+    shared[s] = std::move(link);
+    with.push_back(static_cast<int>(s));
+  }
+  if (static_cast<int>(with.size()) == num_servers) {
+    LogInfo("worker ", options.rank, ": tensors travel through shared memory with every server");
+  } else {
+    LogInfo("worker ", options.rank, ": ",
+            with.empty() ? "TCP with every server"
+                         : absl::StrCat("shared memory with servers ", absl::StrJoin(with, ", "),
+                                        ", TCP with the others"),
+            " (", why_not, ")");
+  }
+}
+
+absl::StatusOr<std::vector<OutKey>> Dispatcher::Encode(const Shard& shard, int64_t version,
+                                                       bool push, bool pull, Lease* lease) {
+  if (lease->link != nullptr) {
+    int64_t room = 0;
+    for (const Shard::Item& it : shard.items) room += Room(it, push, pull);
+    if (room > kRequestBytes) Give(lease, true);  // one key larger than a slot: TCP
+  }
+  std::vector<OutKey> keys(shard.items.size());
+  int64_t at = 0;  // within the slot
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const Shard::Item& it = shard.items[i];
+    OutKey& k = keys[i];
+    k.variable = it.variable;
+    k.partition = it.part.index;
+    k.version = version;
+    if (it.rows != nullptr) {
+      k.ids = it.rows->ids.data();
+      k.num_ids = static_cast<int64_t>(it.rows->ids.size());
+    }
+    if (lease->link != nullptr) {
+      k.has_shared = true;
+      k.shared.region = lease->link->id;
+      k.shared.offset = lease->offset() + at;
+      k.shared.capacity = pull ? Room(it, push, pull) : 0;
+    }
+    if (!push) {
+      k.dtype = it.pull_dtype;
+      at += Room(it, push, pull);
+      continue;
+    }
+    k.dtype = it.push_dtype;
+    k.pull_dtype = it.pull_dtype;
+    const float* grad = it.grad + it.part.offset;
+    const int64_t n = it.part.num_elements;
+    k.size = n * BytesPerValue(it.push_dtype);
+    char* out;
+    if (lease->link != nullptr) {
+      out = lease->base() + at;
+      k.shared.size = k.size;
+      at += Room(it, push, pull);
+    } else if (SendInPlace(grad, it.push_dtype)) {
+      k.data = reinterpret_cast<const char*>(grad);
+      continue;
+    } else {
+      k.owner = buffers.Get(k.size);
+      k.data = out = k.owner.data();
+    }
+    absl::StatusOr<EncodeInfo> info = EncodeGradient(grad, n, it.push_dtype, out);
+    if (!info.ok()) return info.status();
+    if (info->scale != 1) k.scale = info->scale;
+    k.nonfinite = info->nonfinite;
+  }
+  return keys;
+}
+
+int64_t Dispatcher::Room(const Shard::Item& it, bool push, bool pull) {
+  const int64_t n = it.part.num_elements;
+  return std::max(push ? n * BytesPerValue(it.push_dtype) : 0,
+                  pull ? n * BytesPerValue(it.pull_dtype) : 0);
+}
+
+absl::Status Dispatcher::Store(const grpc::ByteBuffer& resp, const Shard& shard,
+                               const Lease& lease) {
+  thread_local WireMessage got;  // reused: parsing allocates nothing once warm
+  absl::Status s = ParseKeysResponse(resp, &got);
+  if (s.ok() && got.keys.size() != shard.items.size()) {
+    s = absl::InternalError(absl::StrCat("server answered ", got.keys.size(), " keys for ",
+                                         shard.items.size(), " asked"));
+  }
+  // Answers in shared memory must lie in this request's slot.
+  for (size_t i = 0; s.ok() && i < got.keys.size(); ++i) {
+    WireKey& kd = got.keys[i];
+    if (!kd.has_shared) continue;
+    if (lease.link == nullptr || kd.shared.region != lease.link->id ||
+        kd.shared.offset < lease.offset() || kd.shared.size < 0 ||
+        kd.shared.size > lease.offset() + kRequestBytes - kd.shared.offset) {
+      s = absl::InternalError(absl::StrCat("server answered key '",
+                                           KeyName(kd.variable, kd.partition),
+                                           "' in shared memory outside the request's slot"));
+      break;
+    }
+    kd.data.Add(absl::string_view(lease.link->region->data() + kd.shared.offset, kd.shared.size));
+  }
+  for (size_t i = 0; s.ok() && i < got.keys.size(); ++i) {
+    const WireKey& kd = got.keys[i];
+    const Shard::Item& it = shard.items[i];
+    const int64_t expected = it.part.num_elements * BytesPerValue(kd.dtype);
+    if (expected == 0 || kd.data.size() != expected) {
+      s = absl::InternalError(
+          absl::StrCat("server sent ", kd.data.size(), " bytes of dtype ", kd.dtype, " for key '",
+                       KeyName(kd.variable, kd.partition), "'; expected ", expected));
+      break;
+    }
+    if (it.rows == nullptr) {
+      s = DecodeWeights(kd, it.out + it.part.offset, it.part.num_elements);
+      continue;
+    }
+    ScatterRows(kd, *it.rows, it.dim, it.out);
+  }
+  if (s.ok()) {
+    absl::MutexLock lock(&mu);
+    for (const WireKey& kd : got.keys) {
+      auto it = variables.find(kd.variable);
+      if (it != variables.end() && kd.partition < it->second.pulled_versions.size()) {
+        it->second.pulled_versions[kd.partition] = kd.version;
+      }
+    }
+  }
+  got.slices.clear();  // the received buffers go back now
+  return s;
+}
+
+Dispatcher::Handle Dispatcher::Start(std::vector<TensorRef> tensors, int64_t version, bool push,
+                                     bool pull, bool exact) {
+  std::vector<int64_t> limits(num_servers);
+  for (int s = 0; s < num_servers; ++s) limits[s] = RequestBytes(s);
+  return Start(SplitTensors(
+                   tensors, [this](const std::string& name) { return Find(name); }, limits, push,
+                   pull, exact),
+               version, push, pull);
+}
+
+Dispatcher::Handle Dispatcher::StartRows(const std::string& table, const int64_t* ids, int64_t n,
+                                         const float* grads, float* out, int64_t version,
+                                         bool push) {
+  absl::StatusOr<Variable> var = Find(table);
+  if (!var.ok()) return ops.New(0, var.status()).first;
+  if (var->dim == 0) {
+    return ops
+        .New(0, absl::InvalidArgumentError(absl::StrCat("variable '", table, "' is not a table")))
+        .first;
+  }
+  if (n < 0 || (n > 0 && (ids == nullptr || (push ? grads == nullptr : out == nullptr)))) {
+    return ops
+        .New(0, absl::InvalidArgumentError(
+                    absl::StrCat("table '", table, "': ", n, " ids without their buffers")))
+        .first;
+  }
+  const int64_t dim = var->dim;
+  std::vector<std::shared_ptr<RowSet>> sets(num_servers);
+  for (auto& set : sets) set = std::make_shared<RowSet>();
+  for (int64_t i = 0; i < n; ++i) {
+    RowSet& set = *sets[RowShard(ids[i], num_servers)];
+    set.ids.push_back(ids[i]);
+    set.at.push_back(i);
+    if (push) set.grads.insert(set.grads.end(), grads + i * dim, grads + (i + 1) * dim);
+  }
+  std::vector<bool> await(num_servers, false);
+  if (push && config.mode() == "sync") {
+    absl::MutexLock lock(&mu);
+    auto found = variables.find(table);
+    for (int s = 0; s < num_servers; ++s) {
+      await[s] = found == variables.end() ||
+                 s >= static_cast<int>(found->second.pulled_versions.size()) ||
+                 found->second.pulled_versions[s] < version;
+    }
+  }
+  std::vector<Shard> shards;
+  for (int s = 0; s < num_servers; ++s) {
+    const RowSet& set = *sets[s];
+    if (!push && set.ids.empty()) continue;  // nothing to get there
+    Shard& shard = shards.emplace_back();
+    shard.server = s;
+    Shard::Item& it = shard.items.emplace_back();
+    it.variable = table;
+    it.part.index = static_cast<uint32_t>(s);
+    it.part.server = s;
+    it.part.num_elements = static_cast<int64_t>(set.ids.size()) * dim;
+    shard.bytes = it.part.num_elements * 4;
+    it.grad = set.grads.data();
+    it.out = out;
+    it.push_dtype = var->push_dtype;
+    it.pull_dtype = var->pull_dtype;
+    it.rows = sets[s];
+    it.dim = dim;
+    shard.await_step = await[s];
+  }
+  return Start(std::move(shards), version, push, !push);
+}
+
+Dispatcher::Handle Dispatcher::Start(absl::StatusOr<std::vector<Shard>> shards, int64_t version,
+                                     bool push, bool pull) {
+  const char* kind = push && pull ? "PUSH_PULL" : push ? "PUSH" : "PULL";
+  if (!shards.ok()) return ops.New(0, shards.status(), kind).first;
+  auto [handle, op] = ops.New(static_cast<int>(shards->size()), absl::OkStatus(), kind);
+  if (timeline != nullptr) DescribeOp(*shards, op.get());
+  for (const Shard& shard : *shards) {
+    for (const Shard::Item& it : shard.items) {
+      if (push) bytes_pushed += it.part.num_elements * BytesPerValue(it.push_dtype);
+      if (pull) bytes_pulled += it.part.num_elements * BytesPerValue(it.pull_dtype);
+    }
+  }
+  const uint64_t push_id = push ? next_push_id.fetch_add(1) : 0;
+  for (Shard& shard : *shards) {
+    auto r = std::make_shared<Request>();
+    r->shard = std::move(shard);
+    r->op = op;
+    r->push = push;
+    r->pull = pull;
+    r->push_id = push_id;
+    r->version = version;
+    r->await_step = r->shard.await_step;
+    {
+      absl::MutexLock lock(&calls_mu);
+      ++requests;
+    }
+    std::function<void()> send = [this, r] { Send(r); };
+    if (push && r->shard.bytes >= kPoolBytes)
+      send = [this, r] { pool->Schedule([this, r] { Send(r); }); };
+    Queue& q = queues[r->shard.server];
+    if (timeline != nullptr) r->queued_us = timeline->NowMicros();
+    {
+      absl::MutexLock lock(&q.mu);
+      if (q.in_flight == kWindow) {
+        q.waiting.emplace_back(r, std::move(send));
+        continue;
+      }
+      ++q.in_flight;
+      if (timeline != nullptr) {
+        r->stream = q.free_streams.back();
+        q.free_streams.pop_back();
+        r->started_us = timeline->NowMicros();
+      }
+    }
+    send();
+  }
+  return handle;
+}
+
+void Dispatcher::Send(const std::shared_ptr<Request>& r) {
+  r->target = Route(r->shard.server);
+  r->target_moves = servers->Moves(r->target);
+  if (r->await_step) {
+    const Shard::Item& it = r->shard.items.front();
+    OutKey k;
+    k.variable = it.variable;
+    k.partition = it.part.index;
+    k.version = r->version;
+    k.dtype = it.pull_dtype;
+    r->req = EncodePullRequest(options.rank, {k});
+    if (r->attempts == 0) r->start = absl::Now();
+    return Attempt(r);
+  }
+  r->lease = Take(r->target);
+  absl::StatusOr<std::vector<OutKey>> keys =
+      Encode(r->shard, r->version, r->push, r->pull, &r->lease);
+  if (!keys.ok()) {
+    Give(&r->lease, true);  // nothing was sent
+    return Finish(r, keys.status());
+  }
+  const int rank = options.rank;
+  r->req = r->push && r->pull ? EncodePushPullRequest(rank, r->push_id, *keys)
+           : r->push          ? EncodePushRequest(rank, r->push_id, *keys)
+                              : EncodePullRequest(rank, *keys);
+  if (r->attempts == 0) r->start = absl::Now();
+  Attempt(r);
+}
+
+void Dispatcher::Attempt(const std::shared_ptr<Request>& r) {
+  ++r->attempts;
+  {
+    absl::MutexLock lock(&calls_mu);
+    if (closing) return Finish(r, absl::CancelledError("the client is closing"));
+  }
+  const FrameKind kind = r->await_step        ? FrameKind::kPull
+                         : r->push && r->pull ? FrameKind::kPushPull
+                         : r->push            ? FrameKind::kPush
+                                              : FrameKind::kPull;
+  r->resp.Clear();
+  r->ctx.reset();
+  r->stub = servers->DataStub(r->target, r->target_moves, &r->channel);
+  if (r->stub == nullptr) {
+    Give(&r->lease, false);
+    return Send(r);
+  }
+  if (r->channel != nullptr) {
+    return r->channel->Call(kind, r->req, options.rpc_timeout, &r->resp,
+                            [this, r](grpc::Status st) { Answered(r, std::move(st)); });
+  }
+  r->ctx = std::make_unique<grpc::ClientContext>();
+  PrepareContext(r->ctx.get(), options.token, options.rpc_timeout);
+  {
+    absl::MutexLock lock(&calls_mu);
+    if (closing) return Finish(r, absl::CancelledError("the client is closing"));
+    live_calls.insert(r->ctx.get());
+  }
+  const std::string& method = kind == FrameKind::kPushPull ? kPushPullMethod
+                              : kind == FrameKind::kPush   ? kPushMethod
+                                                           : kPullMethod;
+  r->stub->UnaryCall(r->ctx.get(), method, grpc::StubOptions(), &r->req, &r->resp,
+                     [this, r](grpc::Status st) { Answered(r, std::move(st)); });
+}
+
+void Dispatcher::Answered(const std::shared_ptr<Request>& r, grpc::Status st) {
+  if (r->ctx != nullptr) {
+    absl::MutexLock lock(&calls_mu);
+    live_calls.erase(r->ctx.get());
+  }
+  if (st.ok()) {
+    if (r->await_step) {
+      // The server has applied the step before: now the push itself.
+      r->await_step = false;
+      r->attempts = 0;
+      r->backoff = absl::Milliseconds(50);
+      if (r->shard.bytes >= kPoolBytes) return pool->Schedule([this, r] { Send(r); });
+      return Send(r);
+    }
+    if (!r->pull) return Finish(r, absl::OkStatus());
+    if (r->shard.bytes >= kPoolBytes) {
+      return pool->Schedule([this, r] { Finish(r, Store(r->resp, r->shard, r->lease)); });
+    }
+    return Finish(r, Store(r->resp, r->shard, r->lease));
+  }
+  if (!Retry(st, r->start, r->backoff)) {
+    return Finish(r, CallError(r->shard.server, r->what(), st, r->attempts, r->start));
+  }
+  pool->Schedule([this, r] {
+    // Sooner when its keys move meanwhile (a failover, or a server that
+    // joins or leaves): the new route is tried at once.
+    const absl::Time until = absl::Now() + r->backoff;
+    while (absl::Now() < until && Route(r->shard.server) == r->target) {
+      absl::SleepFor(std::min(absl::Milliseconds(10), until - absl::Now()));
+    }
+    r->backoff = std::min(r->backoff * 2, absl::Seconds(1));
+    // The same request again (a push keeps its id), unless its keys moved
+    // to the backup: then encoded again for it (Attempt does the same when
+    // the server moved to a new process).
+    if (Route(r->shard.server) == r->target) return Attempt(r);
+    Give(&r->lease, false);
+    Send(r);
+  });
+}
+
+void Dispatcher::Finish(const std::shared_ptr<Request>& r, const absl::Status& s) {
+  Give(&r->lease, s.ok());
+  if (timeline != nullptr) TraceRequest(*r, s);
+  OpTracker::Done(r->op.get(), s);
+  std::function<void()> next;
+  {
+    Queue& q = queues[r->shard.server];
+    absl::MutexLock lock(&q.mu);
+    if (q.waiting.empty()) {
+      --q.in_flight;
+      if (timeline != nullptr) q.free_streams.push_back(r->stream);
+    } else {
+      auto& [waiting, send] = q.waiting.front();
+      if (timeline != nullptr) {
+        waiting->stream = r->stream;
+        waiting->started_us = timeline->NowMicros();
+      }
+      next = std::move(send);
+      q.waiting.pop_front();
+    }
+  }
+  if (next) next();  // its turn: this one's place in the window
+  absl::MutexLock lock(&calls_mu);
+  --requests;
+}
+
+void Dispatcher::DescribeOp(const std::vector<Shard>& shards, Op* op) {
+  std::vector<std::string> names;
+  for (const Shard& shard : shards) {
+    op->bytes += shard.bytes;
+    for (const Shard::Item& it : shard.items) {
+      if (names.empty() || names.back() != it.variable) names.push_back(it.variable);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  op->tensors = JsonNames(names);
+}
+
+void Dispatcher::TraceRequest(const Request& r, const absl::Status& s) {
+  const int64_t end = timeline->NowMicros();
+  const int64_t track = kStreamTrackBase + int64_t{r.shard.server} * kWindow + r.stream;
+  timeline->NameTrack(track, absl::StrCat("server ", r.shard.server, " stream ", r.stream));
+  std::vector<std::string> keys;
+  keys.reserve(r.shard.items.size());
+  for (const Shard::Item& it : r.shard.items) keys.push_back(KeyName(it.variable, it.part.index));
+  timeline->Complete(
+      r.kind(), track, r.started_us, end,
+      absl::StrCat("\"handle\":", r.op->handle, ",\"server\":", r.target,
+                   ",\"keys\":", JsonNames(keys), ",\"bytes\":", r.shard.bytes,
+                   ",\"request_bytes\":", r.req.Length(), ",\"response_bytes\":", r.resp.Length(),
+                   ",\"version\":", r.version, ",\"attempts\":", r.attempts,
+                   ",\"queued_us\":", r.started_us - r.queued_us,
+                   ",\"status\":", JsonString(s.ok() ? "OK" : s.ToString())));
+}
+
+void Dispatcher::TraceWait(Handle handle, const Op* op, int64_t start, const absl::Status& s) {
+  const int64_t end = timeline->NowMicros();
+  const int64_t track = ThisThreadId();
+  timeline->NameTrack(track, absl::StrCat("waits (thread ", track, ")"));
+  std::string args = absl::StrCat("\"handle\":", handle);
+  if (op != nullptr) {
+    absl::StrAppend(&args, ",\"op\":", JsonString(op->kind));
+    if (!op->tensors.empty())
+      absl::StrAppend(&args, ",\"tensors\":", op->tensors, ",\"bytes\":", op->bytes);
+  }
+  absl::StrAppend(&args, ",\"status\":", JsonString(s.ok() ? "OK" : s.ToString()));
+  timeline->Complete("WAIT", track, start, end, args);
+}
+
+absl::Status Dispatcher::Wait(Handle handle, std::shared_ptr<Op>* found) {
+  const absl::Duration expected = options.rpc_timeout + options.retry_budget;
+  return ops.Wait(
+      handle, absl::Now() + expected + absl::Seconds(5), expected, [this] { return JobStatus(); },
+      found);
+}
+
+}  // namespace psrt

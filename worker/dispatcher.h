@@ -1,0 +1,257 @@
+#ifndef PSRT_WORKER_DISPATCHER_H_
+#define PSRT_WORKER_DISPATCHER_H_
+
+// The client's dispatcher (Client::Impl): an operation's tensors split into
+// one request per server (request_codec), each through its stages: queued
+// in its server's window of kWindow requests in flight (Start), encoded
+// into a shared-memory slot or a buffer (Send), sent over shared memory, a
+// data channel or gRPC (Attempt), answered (Answered: decoded into the
+// output tensors, or tried again where the server could not be reached,
+// encoded anew where its keys moved) and finished (Finish: its slot and its
+// place in the window given back, its operation told). Internal to the
+// client library; its members are the client's state.
+
+#include <grpcpp/generic/generic_stub.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/buffer_pool.h"
+#include "common/coordinator_link.h"
+#include "common/data_channel.h"
+#include "common/shared_memory.h"
+#include "common/tensor_coding.h"
+#include "common/thread_pool.h"
+#include "psrt/v1/ps.grpc.pb.h"
+#include "worker/client.h"
+#include "worker/op_tracker.h"
+#include "worker/request_codec.h"
+#include "worker/server_links.h"
+#include "worker/timeline.h"
+
+namespace psrt {
+
+// Up to `limit` names as a JSON array, and how many more there were.
+std::string JsonNames(const std::vector<std::string>& names, size_t limit = 8);
+
+class Dispatcher {
+ public:
+  using Handle = Client::Handle;
+
+  // Cancels calls in flight, so a process that gives up (the job failed, a
+  // server is gone) exits at once instead of waiting out their deadlines.
+  ~Dispatcher();
+
+  // First member: destroyed last, once no request can write to it.
+  std::unique_ptr<Timeline> timeline;
+  absl::Mutex calls_mu;
+  bool closing ABSL_GUARDED_BY(calls_mu) = false;
+  absl::flat_hash_set<grpc::ClientContext*> live_calls ABSL_GUARDED_BY(calls_mu);
+  int requests ABSL_GUARDED_BY(calls_mu) = 0;  // data requests not yet finished
+  ClientOptions options;
+  v1::JobConfig config;
+  // Before `link`, whose heartbeat thread sets them until the link is gone.
+  std::atomic<int> active_workers{0};
+  // `servers` once made: the shard maps the link's heartbeats bring go there.
+  std::atomic<ServerLinks*> servers_ready{nullptr};
+  std::unique_ptr<CoordinatorLink> link;
+  int num_servers = 0;
+  BufferPool buffers;  // compressed gradients on their way out
+  // Requests in flight to one server at most; more wait their turn, so a
+  // huge tensor does not put hundreds of requests on the wire at once (and
+  // every request in flight finds a shared slot).
+  static constexpr int kWindow = 8;
+  struct Request;
+  struct Queue {
+    absl::Mutex mu;
+    int in_flight ABSL_GUARDED_BY(mu) = 0;
+    // Each waiting request and what sends it.
+    std::deque<std::pair<std::shared_ptr<Request>, std::function<void()>>> waiting
+        ABSL_GUARDED_BY(mu);
+    // With a timeline: the streams (tracks) no request in flight holds.
+    std::vector<int> free_streams ABSL_GUARDED_BY(mu);
+  };
+  std::unique_ptr<Queue[]> queues;  // per server
+  // Shared memory with each server on this host (null: TCP): a region of
+  // kSharedSlots slots of kRequestBytes, one per request in flight.
+  struct SharedLink {
+    std::unique_ptr<SharedRegion> region;
+    uint64_t id = 0;
+    absl::Mutex mu;
+    std::vector<int> free_slots ABSL_GUARDED_BY(mu);
+  };
+  static constexpr int kSharedSlots = kWindow;
+  std::vector<std::unique_ptr<SharedLink>> shared;
+  std::unique_ptr<ThreadPool> pool;
+  absl::Mutex mu;
+  absl::flat_hash_map<std::string, Variable> variables ABSL_GUARDED_BY(mu);
+  OpTracker ops;
+  // Push ids grow across restarts of this rank: they start at the clock.
+  // What the job's summary says of this process (Stats, asked for by the link).
+  std::atomic<int64_t> bytes_pushed{0}, bytes_pulled{0}, pull_wait_us{0};
+  const absl::Time connected = absl::Now();
+  v1::WorkerStats Stats() const;
+  std::atomic<uint64_t> next_push_id{static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())) << 20};
+  // The servers' links, their data channels among them. Last: destroyed
+  // first, so the channels' threads' last callbacks find everything else.
+  std::unique_ptr<ServerLinks> servers;
+
+  int Route(int s) const { return servers->Route(s); }
+  std::vector<int> OnePerServer(const std::vector<char>& holds) const;
+  std::shared_ptr<v1::ParameterServer::Stub> Stub(int s) const { return servers->Stub(s); }
+  std::string Address(int s) const { return servers->Address(s); }
+  void FollowShardMap(const v1::ShardMap& map);
+
+  absl::StatusOr<Variable> Find(const std::string& name);
+
+  // ABORTED with the coordinator's reason once the job has failed.
+  absl::Status JobStatus() const;
+
+  // Runs `rpc` against server `s`, retrying while the server is unreachable
+  // (the request is resent unchanged, so a push keeps its id).
+  absl::Status Call(int s, const char* what,
+                    const std::function<grpc::Status(grpc::ClientContext*)>& rpc);
+
+  // Whether a failed call is tried again after `backoff`: only a server that
+  // could not be reached, within the retry budget, while the job runs.
+  bool Retry(const grpc::Status& st, absl::Time start, absl::Duration backoff) const;
+
+  absl::Status CallError(int s, const char* what, const grpc::Status& st, int attempts,
+                         absl::Time start) const;
+
+  // Over a data channel a request carries at most this much (or one key):
+  // the server applies one request while the next arrives and the one
+  // before's answer leaves, where one big request would take its receipt,
+  // update and answer in turn.
+  static constexpr int64_t kChannelRequestBytes = 256 << 10;
+
+  // The most a request to server `s` carries.
+  int64_t RequestBytes(int s);
+
+  // A slot of a server's shared region, held by one request.
+  struct Lease {
+    SharedLink* link = nullptr;
+    int slot = -1;
+    char* base() const { return link->region->data() + offset(); }
+    int64_t offset() const { return static_cast<int64_t>(slot) * kRequestBytes; }
+  };
+
+  // A free slot for a request to `server`, if it shares memory with it.
+  Lease Take(int server);
+
+  // Gives a slot back after its call ended well. After a failed call the
+  // server might still write into it, so it is never used again.
+  static void Give(Lease* l, bool ok);
+
+  // Offers each server on this host a shared region (servers elsewhere
+  // cannot open it) and says in one line which servers it is used with.
+  void ShareMemory();
+
+  // The request for one shard. With a shared-memory slot, values are
+  // written into it (converted on the way) and each key reserves room for
+  // its answer; otherwise float32 gradients in host memory go out from
+  // where they lie and compressed (or GPU) ones through a pooled buffer.
+  absl::StatusOr<std::vector<OutKey>> Encode(const Shard& shard, int64_t version, bool push,
+                                             bool pull, Lease* lease);
+
+  // Bytes a key takes in a shared slot: its values, and room for the answer
+  // (which goes where the values were).
+  static int64_t Room(const Shard::Item& it, bool push, bool pull);
+
+  // Writes a pull's answer into the shard's output tensors.
+  absl::Status Store(const grpc::ByteBuffer& resp, const Shard& shard, const Lease& lease);
+
+  // One shard of an operation on its way: a request to one server.
+  struct Request {
+    Shard shard;
+    std::shared_ptr<Op> op;
+    bool push = false, pull = false;
+    // A sync table push to a server whose part this worker has not pulled
+    // at `version`: first a pull of no rows at `version`, which the server
+    // answers once the step before is applied there; then the push (sent
+    // earlier, it would be refused as ahead of its key).
+    bool await_step = false;
+    uint64_t push_id = 0;
+    int64_t version = 0;
+    Lease lease;
+    grpc::ByteBuffer req, resp;
+    std::unique_ptr<grpc::ClientContext> ctx;
+    absl::Time start;
+    absl::Duration backoff = absl::Milliseconds(50);
+    int attempts = 0;
+    int target = 0;        // the server it goes to: Route(shard.server) when encoded
+    int target_moves = 0;  // servers->Moves(target) then
+    std::shared_ptr<grpc::GenericStub> stub;  // of the attempt in flight
+    std::shared_ptr<DataChannel> channel;     // its data channel (null: gRPC)
+    // With a timeline: when it was made and got a place in the window, and
+    // the stream (track) it holds meanwhile.
+    int64_t queued_us = 0, started_us = 0;
+    int stream = -1;
+    const char* what() const { return push && pull ? "push-pull" : push ? "push" : "pull"; }
+    const char* kind() const { return push && pull ? "PUSH_PULL" : push ? "PUSH" : "PULL"; }
+  };
+
+  // Shards at least this big are encoded and decoded on the pool (in
+  // parallel, and off gRPC's threads); smaller ones where they are, which
+  // saves a thread hand-off each way.
+  static constexpr int64_t kPoolBytes = 256 << 10;
+
+  // `exact`: pull float32 whatever the variable's pull compression.
+  Handle Start(std::vector<TensorRef> tensors, int64_t version, bool push, bool pull,
+               bool exact = false);
+
+  // A table's push or pull, split by the server each id's row lives on. A
+  // sync push goes to every server, with no rows for some: each counts
+  // every worker's push for the step. A pull skips the servers with none of
+  // its ids, so a worker may not have seen a server reach the step it
+  // pushes for (another worker's push of the step before may still be on
+  // its way there): that part of the push waits for the step first
+  // (Request::await_step).
+  Handle StartRows(const std::string& table, const int64_t* ids, int64_t n, const float* grads,
+                   float* out, int64_t version, bool push);
+
+  Handle Start(absl::StatusOr<std::vector<Shard>> shards, int64_t version, bool push, bool pull);
+
+  // Encodes the request and makes its first attempt.
+  void Send(const std::shared_ptr<Request>& r);
+
+  // One attempt, over the data channel or on gRPC's callback API: no thread
+  // waits for the answer.
+  void Attempt(const std::shared_ptr<Request>& r);
+
+  void Answered(const std::shared_ptr<Request>& r, grpc::Status st);
+
+  void Finish(const std::shared_ptr<Request>& r, const absl::Status& s);
+
+  // The timeline's description of an operation, for its WAIT event.
+  static void DescribeOp(const std::vector<Shard>& shards, Op* op);
+
+  // A request's event, from its place in the window to its end, on the
+  // track of the stream it held.
+  void TraceRequest(const Request& r, const absl::Status& s);
+
+  // A Wait call's event, on the waiting thread's track.
+  void TraceWait(Handle handle, const Op* op, int64_t start, const absl::Status& s);
+
+  // Waits for the operation `handle` (its Op in *found, when there is one).
+  // Each part ends within its RPC deadline and retry budget; the extra
+  // margin only guards against a lost wake-up. A job that failed elsewhere
+  // ends the wait at once, with the coordinator's reason.
+  absl::Status Wait(Handle handle, std::shared_ptr<Op>* found);
+};
+
+}  // namespace psrt
+
+#endif  // PSRT_WORKER_DISPATCHER_H_
