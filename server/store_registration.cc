@@ -291,7 +291,10 @@ void Store::InitKey(Key* key, const OptimizerConfig& optimizer) {
   key->slot_ptrs.clear();
   for (auto& s : key->slots) key->slot_ptrs.push_back(s.data());
   if (options_.sync) key->sync.accum.assign(key->n, 0.f);
+  // A key this server served before (moved away, back as a copy) starts
+  // with no step half done.
   key->sync.contributed.assign(options_.num_workers, 0);
+  key->sync.contributions = 0;
   key->sync.last_step.assign(options_.num_workers, -1);
   key->window.clock.assign(options_.num_workers, 0);
   {

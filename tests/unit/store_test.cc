@@ -633,6 +633,37 @@ TEST(StoreTest, AReleasedKeyGoesWithItsHalfDoneStepAndItsWaitingPullsAskAgain) {
   EXPECT_EQ(Metric(mb, "b_updates_total"), 1);
 }
 
+TEST(StoreTest, AKeyBackAsACopyWhereItWasReleasedMidStepKeepsNoneOfThatStep) {
+  // Server a lets key w go with worker 0's push of step 0 counted; b
+  // finishes the step, then copies the key back to a (a is its copy holder
+  // now), and a takes over: its next step waits for both workers again.
+  Metrics ma("a"), mb("b");
+  Store a(SyncServer(0), &ma), b(SyncServer(1), &mb);
+  ASSERT_TRUE(a.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  ASSERT_TRUE(a.RegisterKeys(RegReq(1, {Simple("w", std::nullopt)})).ok());
+  auto to_b = [&](const v1::SeedRequest& req) { return b.Seed(req); };
+  a.SeedCopies(0, to_b);
+  ASSERT_TRUE(a.Push(PushReq(0, 1, {Grad("w", 0, kG0)})).ok());
+  a.Release(0, 1, to_b);
+  b.Promote(0);
+  ASSERT_TRUE(b.Push(PushReq(1, 1, {Grad("w", 0, kG1)})).ok());
+  EXPECT_KEY(b, "w", 1, kW1Mean);
+  // (Sent once b's lock is let go: in one process a's and b's key locks
+  // taken both ways round would look like a deadlock.)
+  std::vector<v1::SeedRequest> copies;
+  b.SeedCopies(0, [&](const v1::SeedRequest& req) {
+    copies.push_back(req);
+    return absl::OkStatus();
+  });
+  ASSERT_EQ(copies.size(), 1u);
+  ASSERT_TRUE(a.Seed(copies[0]).ok());
+  a.Promote(0);  // b is gone
+  ASSERT_TRUE(a.Push(PushReq(0, 2, {Grad("w", 1, {2, 2, 2})})).ok());
+  EXPECT_KEY(a, "w", 1, kW1Mean);  // worker 1's push of step 1 is still to come
+  ASSERT_TRUE(a.Push(PushReq(1, 2, {Grad("w", 1, {-2, 2, 6})})).ok());
+  EXPECT_KEY(a, "w", 2, {0.5f, -2.5f, 1.0f});
+}
+
 TEST(StoreTest, AHandOverToAServerWithoutACurrentCopyBringsTheWeights) {
   Metrics ma("a"), mb("b");
   Store a(SyncServer(0), &ma), b(SyncServer(1), &mb);
