@@ -127,7 +127,7 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
   epoch_gauge_->Set(1);
   absl::MutexLock lock(&mu_);
   generation_ = options_.generation;
-  start_ = absl::Now();
+  start_ = Now();
   for (int h = 0; h < static_cast<int>(options_.hosts.size()); ++h) {
     if (options_.hosts_in_job.empty() ||
         std::find(options_.hosts_in_job.begin(), options_.hosts_in_job.end(), h) != options_.hosts_in_job.end()) {
@@ -143,7 +143,7 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metr
   }
   LayOutLocked();
   Record(generation_, config_.restore_uri(), config_.restored_step(), hosts_);  // nothing runs yet
-  monitor_ = std::thread([this] { Monitor(); });
+  if (options_.monitor) monitor_ = std::thread([this] { Monitor(); });
 }
 
 void CoordinatorService::LayOutLocked() {
@@ -212,7 +212,7 @@ CoordinatorService::~CoordinatorService() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  monitor_.join();
+  if (monitor_.joinable()) monitor_.join();
   FinishReleased();
   std::vector<std::thread> turns;
   {
@@ -395,7 +395,7 @@ grpc::Status CoordinatorService::DoRegister(grpc::ServerContextBase* ctx, const 
   p->restarting = false;
   p->host = req->host();
   p->address = req->address();
-  p->last_heartbeat = absl::Now();
+  p->last_heartbeat = Now();
   LogInfo(again ? "re-registered " : "registered ", p->name,
           p->address.empty() ? "" : absl::StrCat(" at ", p->address), " (pid ", req->pid(), ")");
   registered_->Set(std::count_if(processes_.begin(), processes_.end(),
@@ -569,7 +569,7 @@ grpc::Status CoordinatorService::DoHeartbeat(grpc::ServerContextBase* ctx, const
       AllServersRegisteredLocked()) {
     *resp->mutable_shard_map() = ShardMapLocked();
   }
-  p->last_heartbeat = absl::Now();
+  p->last_heartbeat = Now();
   if (state_ != v1::JOB_RUNNING) p->saw_end = true;
   resp->set_state(state_);
   resp->set_reason(reason_);
@@ -594,7 +594,7 @@ grpc::Status CoordinatorService::DoReportExit(grpc::ServerContextBase* ctx,
     // named first, before the servers and training processes it took along.
     if (state_ != v1::JOB_RUNNING || p->slot < 0 || p->lost) return grpc::Status::OK;
     p->lost = true;
-    p->lost_at = absl::Now();
+    p->lost_at = Now();
     LostLocked(req->exit_code() != 0 ? what
                                      : absl::StrCat(p->name, " stopped while the job was running"));
     return grpc::Status::OK;
@@ -603,7 +603,7 @@ grpc::Status CoordinatorService::DoReportExit(grpc::ServerContextBase* ctx,
     // Its heartbeats stop until the new process registers; the barrier
     // timeout bounds how long that may take.
     p->restarting = true;
-    p->last_heartbeat = absl::Now();
+    p->last_heartbeat = Now();
     LogWarning(what, "; its agent restarts it");
     return grpc::Status::OK;
   }
@@ -645,8 +645,8 @@ grpc::Status CoordinatorService::DoGetJobStatus(grpc::ServerContextBase* ctx,
     resp->set_checkpoints(static_cast<int>(options_.checkpointer->saved()));
     resp->set_checkpoint_seconds(options_.checkpointer->saved_seconds());
   }
-  const absl::Time now = absl::Now();
-  resp->set_seconds(absl::ToDoubleSeconds(now - born_));
+  resp->set_seconds(absl::ToDoubleSeconds(absl::Now() - born_));
+  const absl::Time now = Now();
   for (int s : placement_.served_by()) resp->add_served_by(s);
   resp->set_moves(static_cast<int>(moves_total_->value()));
   for (const Process& p : processes_) {

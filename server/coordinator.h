@@ -1,6 +1,7 @@
 #ifndef PSRT_SERVER_COORDINATOR_H_
 #define PSRT_SERVER_COORDINATOR_H_
 
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +30,10 @@ struct CoordinatorOptions {
   int64_t generation = 1;
   // The hosts (indices into `hosts`) still in the job; empty: all.
   std::vector<int> hosts_in_job;
+  // The time heartbeats are stamped and judged by (null: absl::Now).
+  std::function<absl::Time()> clock;
+  // Whether a thread calls Tick every 50 ms (false: the caller does; tests).
+  bool monitor = true;
 };
 
 // Membership, readiness, heartbeats and the end of the job. The first failure
@@ -79,6 +84,21 @@ class CoordinatorService final : public CoordinatorBase {
   void StopJob(const std::string& why, absl::Duration grace);
 
   const v1::JobConfig& config() const { return config_; }
+
+  // Advances the job to `now`: processes silent past their timeout are
+  // lost (the job fails, fails over, recovers or goes on without them),
+  // keys move, copies are named, checkpoints start, and a readiness barrier
+  // past its time fails the job. The monitor thread calls it every 50 ms.
+  void Tick(absl::Time now);
+
+  // The RPCs' work, without gRPC's reactors (the callback methods answer
+  // with these; a test calls them directly). `ctx` carries the job token.
+  grpc::Status DoRegister(grpc::ServerContextBase* ctx, const v1::RegisterRequest* req,
+                          v1::RegisterResponse* resp);
+  grpc::Status DoHeartbeat(grpc::ServerContextBase* ctx, const v1::HeartbeatRequest* req,
+                           v1::HeartbeatResponse* resp);
+  grpc::Status DoReportExit(grpc::ServerContextBase* ctx, const v1::ReportExitRequest* req);
+  grpc::Status DoGetJobStatus(grpc::ServerContextBase* ctx, v1::JobStatusResponse* resp);
 
  private:
   struct Process {
@@ -158,13 +178,8 @@ class CoordinatorService final : public CoordinatorBase {
   bool ServersApplyLocked(int64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool elastic() const { return options_.ps.elastic_min_workers > 0; }
   void Monitor();
-  // The callback methods' work.
-  grpc::Status DoRegister(grpc::ServerContextBase* ctx, const v1::RegisterRequest* req,
-                          v1::RegisterResponse* resp);
-  grpc::Status DoHeartbeat(grpc::ServerContextBase* ctx, const v1::HeartbeatRequest* req,
-                           v1::HeartbeatResponse* resp);
-  grpc::Status DoReportExit(grpc::ServerContextBase* ctx, const v1::ReportExitRequest* req);
-  grpc::Status DoGetJobStatus(grpc::ServerContextBase* ctx, v1::JobStatusResponse* resp);
+  void TickLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
   // Takes the barriers that may end (passed, the job ended, their caller
   // went or their time is up) into released_; FinishReleased answers them
   // outside mu_.

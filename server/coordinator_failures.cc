@@ -153,7 +153,7 @@ void CoordinatorService::Recover(std::string reason) {
   epoch_gauge_->Set(epoch_);
   active_workers_->Set(MembershipLocked().active_workers_size());
   checkpoints_started_ = false;
-  start_ = absl::Now();
+  start_ = Now();
   const int64_t lost = std::max<int64_t>(0, std::max(reached, progress_step_) - step);
   progress_step_ = step;
   step_gauge_->Set(static_cast<double>(step));
@@ -174,7 +174,7 @@ void CoordinatorService::Recover(std::string reason) {
 void CoordinatorService::AgentBackLocked(Process* p) {
   p->lost = false;
   LogInfo(p->name, " came back after ",
-          absl::FormatDuration(absl::Trunc(absl::Now() - p->lost_at, absl::Milliseconds(100))));
+          absl::FormatDuration(absl::Trunc(Now() - p->lost_at, absl::Milliseconds(100))));
 }
 
 void CoordinatorService::Record(int64_t generation, const std::string& uri, int64_t step,
@@ -228,8 +228,6 @@ CoordinatorService::Process* CoordinatorService::SilentAgentLocked(const Process
 }
 
 void CoordinatorService::Monitor() {
-  const absl::Duration timeout = absl::Seconds(config_.heartbeat_timeout_s());
-  const absl::Duration barrier = absl::Seconds(config_.barrier_timeout_s());
   absl::MutexLock lock(&mu_);
   while (!stop_) {
     mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(50));
@@ -239,71 +237,7 @@ void CoordinatorService::Monitor() {
       FinishReleased();
       mu_.Lock();
     }
-    if (stop_ || state_ != v1::JOB_RUNNING || recovering_) continue;
-    const absl::Time now = absl::Now();
-    const absl::Duration host_wait = absl::Seconds(config_.host_wait_s());
-    // Agents first: every silent host is lost as a whole (and waited for, with
-    // "recover", for host_wait_s), whichever of its processes is noticed first.
-    for (Process& p : processes_) {
-      if (p.id.role() != v1::ROLE_AGENT || p.slot < 0 || !p.registered || p.lost) continue;
-      const absl::Duration silent = now - p.last_heartbeat;
-      if (silent <= timeout) continue;
-      p.lost = true;
-      p.lost_at = now;
-      LostLocked(absl::StrCat(p.name, " was lost: no heartbeat for ",
-                              absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100)))));
-    }
-    if (state_ != v1::JOB_RUNNING || recovering_) continue;
-    for (Process& p : processes_) {
-      if (p.id.role() == v1::ROLE_AGENT && p.slot < 0) continue;  // left the job
-      if (p.id.role() == v1::ROLE_AGENT && p.lost && now - p.lost_at > host_wait) {
-        const std::string reason =
-            absl::StrCat(p.name, " did not come back within ", absl::FormatDuration(host_wait),
-                         " (host_wait_s) of being lost");
-        if (hosts_.size() == 1) {
-          FailLocked(reason);
-          break;
-        }
-        // The job goes on without the host.
-        drop_hosts_.push_back(p.id.index());
-        LostLocked(reason);
-        break;
-      }
-      if (!p.registered || p.exited || p.lost) continue;
-      const absl::Duration silent = now - p.last_heartbeat;
-      if (silent <= (p.restarting ? barrier : timeout)) continue;
-      if (Process* agent = SilentAgentLocked(p, now); agent != nullptr) {
-        // Its host went silent as a whole, and the agent's heartbeat was just
-        // not due yet: one loss, the host's.
-        agent->lost = true;
-        agent->lost_at = now;
-        LostLocked(absl::StrCat(
-            agent->name, " was lost: no heartbeat for ",
-            absl::FormatDuration(absl::Trunc(now - agent->last_heartbeat, absl::Milliseconds(100))),
-            " (nor from ", p.name, ")"));
-        break;
-      }
-      const std::string reason =
-          p.restarting
-              ? absl::StrCat(p.name, " did not come back within ", absl::FormatDuration(barrier),
-                             " of its restart")
-              : absl::StrCat(p.name, " was lost: no heartbeat for ",
-                             absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))));
-      if (p.id.role() == v1::ROLE_WORKER) {
-        WorkerLostLocked(&p, reason);
-      } else {
-        ServerLostLocked(&p, reason);
-      }
-      if (state_ != v1::JOB_RUNNING || recovering_) break;
-    }
-    if (state_ != v1::JOB_RUNNING || recovering_) continue;
-    AdvanceMovesLocked();
-    AssignCopiesLocked();
-    MaybeStartCheckpointsLocked();
-    if (!ReadyLocked() && now - start_ > barrier) {
-      FailLocked(absl::StrCat("readiness barrier timed out after ", absl::FormatDuration(barrier),
-                              "; not arrived: ", absl::StrJoin(MissingLocked(), ", ")));
-    }
+    if (!stop_) TickLocked(Now());
   }
   // Answered by the destructor, outside mu_.
   for (WaitingBarrier& b : barriers_) {
@@ -311,6 +245,80 @@ void CoordinatorService::Monitor() {
         {b, grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is stopping"), nullptr});
   }
   barriers_.clear();
+}
+
+void CoordinatorService::Tick(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  TickLocked(now);
+}
+
+void CoordinatorService::TickLocked(absl::Time now) {
+  if (state_ != v1::JOB_RUNNING || recovering_) return;
+  const absl::Duration timeout = absl::Seconds(config_.heartbeat_timeout_s());
+  const absl::Duration barrier = absl::Seconds(config_.barrier_timeout_s());
+  const absl::Duration host_wait = absl::Seconds(config_.host_wait_s());
+  // Agents first: every silent host is lost as a whole (and waited for, with
+  // "recover", for host_wait_s), whichever of its processes is noticed first.
+  for (Process& p : processes_) {
+    if (p.id.role() != v1::ROLE_AGENT || p.slot < 0 || !p.registered || p.lost) continue;
+    const absl::Duration silent = now - p.last_heartbeat;
+    if (silent <= timeout) continue;
+    p.lost = true;
+    p.lost_at = now;
+    LostLocked(absl::StrCat(p.name, " was lost: no heartbeat for ",
+                            absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100)))));
+  }
+  if (state_ != v1::JOB_RUNNING || recovering_) return;
+  for (Process& p : processes_) {
+    if (p.id.role() == v1::ROLE_AGENT && p.slot < 0) continue;  // left the job
+    if (p.id.role() == v1::ROLE_AGENT && p.lost && now - p.lost_at > host_wait) {
+      const std::string reason =
+          absl::StrCat(p.name, " did not come back within ", absl::FormatDuration(host_wait),
+                       " (host_wait_s) of being lost");
+      if (hosts_.size() == 1) {
+        FailLocked(reason);
+        break;
+      }
+      // The job goes on without the host.
+      drop_hosts_.push_back(p.id.index());
+      LostLocked(reason);
+      break;
+    }
+    if (!p.registered || p.exited || p.lost) continue;
+    const absl::Duration silent = now - p.last_heartbeat;
+    if (silent <= (p.restarting ? barrier : timeout)) continue;
+    if (Process* agent = SilentAgentLocked(p, now); agent != nullptr) {
+      // Its host went silent as a whole, and the agent's heartbeat was just
+      // not due yet: one loss, the host's.
+      agent->lost = true;
+      agent->lost_at = now;
+      LostLocked(absl::StrCat(
+          agent->name, " was lost: no heartbeat for ",
+          absl::FormatDuration(absl::Trunc(now - agent->last_heartbeat, absl::Milliseconds(100))),
+          " (nor from ", p.name, ")"));
+      break;
+    }
+    const std::string reason =
+        p.restarting
+            ? absl::StrCat(p.name, " did not come back within ", absl::FormatDuration(barrier),
+                           " of its restart")
+            : absl::StrCat(p.name, " was lost: no heartbeat for ",
+                           absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))));
+    if (p.id.role() == v1::ROLE_WORKER) {
+      WorkerLostLocked(&p, reason);
+    } else {
+      ServerLostLocked(&p, reason);
+    }
+    if (state_ != v1::JOB_RUNNING || recovering_) break;
+  }
+  if (state_ != v1::JOB_RUNNING || recovering_) return;
+  AdvanceMovesLocked();
+  AssignCopiesLocked();
+  MaybeStartCheckpointsLocked();
+  if (!ReadyLocked() && now - start_ > barrier) {
+    FailLocked(absl::StrCat("readiness barrier timed out after ", absl::FormatDuration(barrier),
+                            "; not arrived: ", absl::StrJoin(MissingLocked(), ", ")));
+  }
 }
 
 }  // namespace psrt

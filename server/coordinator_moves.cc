@@ -15,7 +15,7 @@ void CoordinatorService::AdvanceMovesLocked() {
   if (!placement_.moving() || finishing_ || stopping_job_) return;
   PauseCheckpointsLocked();
   if (!checkpoints_paused_) return;
-  const absl::Time now = absl::Now();
+  const absl::Time now = Now();
   const absl::Duration limit = absl::Seconds(std::max(60.0, config_.barrier_timeout_s()));
   const Placement::Progress p = placement_.Advance(ServersLocked(), now, limit);
   const Placement::Move& m = p.move;
