@@ -104,7 +104,7 @@ void Replicator::Update(const v1::ShardMap& map) {
   }
 }
 
-absl::Status Replicator::SeedNew(int owner, const v1::SeedRequest& req) {
+absl::Status Replicator::SeedNew(int owner, const std::function<void(v1::SeedRequest*)>& fill) {
   if (registered_copies_) return absl::OkStatus();
   int at;
   {
@@ -112,6 +112,8 @@ absl::Status Replicator::SeedNew(int owner, const v1::SeedRequest& req) {
     at = owner < static_cast<int>(replica_at_.size()) ? replica_at_[owner] : -1;
   }
   if (at < 0 || at == self_) return absl::OkStatus();
+  v1::SeedRequest req;
+  fill(&req);
   return SeedTo(at, req);
 }
 

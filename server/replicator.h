@@ -53,7 +53,7 @@ class Replicator {
   // Store::SeedNew: a key of `owner` registered here just now, to the copy
   // holder of owner's keys if one is named (and the workers do not register
   // it there themselves).
-  absl::Status SeedNew(int owner, const v1::SeedRequest& req);
+  absl::Status SeedNew(int owner, const std::function<void(v1::SeedRequest*)>& fill);
   // The owners whose keys are being copied to a new holder now.
   std::vector<int> CopiesBuilding();
   // Called once the copies of an owner's keys are built. Set before Update.

@@ -115,9 +115,10 @@ int main(int argc, char** argv) {
                                             const psrt::Store::Origin& origin) {
       return r->Forward(owner, variable, partition, version, grad, n, origin);
     });
-    store.SetSeedNew([r = replicator.get()](int owner, const psrt::v1::SeedRequest& req) {
-      return r->SeedNew(owner, req);
-    });
+    store.SetSeedNew(
+        [r = replicator.get()](int owner, const std::function<void(psrt::v1::SeedRequest*)>& fill) {
+          return r->SeedNew(owner, fill);
+        });
     // The coordinator hears at once that copies are built: until it does, a
     // loss of this server is not failed over to them.
     replicator->SetOnCopiesBuilt(wake_link);

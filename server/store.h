@@ -97,10 +97,12 @@ class Store {
       std::function<Forwarded(int owner, const std::string& variable, uint32_t partition,
                               int64_t version, const float* grad, int64_t n, const Origin& origin)>;
   void SetForward(Forward forward);
-  // A key registered here just now (its first value), for its copy holder
-  // where its server builds the copies ("max_servers"): called under the
-  // key's lock, so no update comes before the copy. Set before serving.
-  using SeedNew = std::function<absl::Status(int owner, const v1::SeedRequest& req)>;
+  // A key of `owner` registered here just now (its first value), for its
+  // copy holder where its server builds the copies ("max_servers"): `fill`
+  // writes the copy, only if there is a holder to send it to. Called under
+  // the key's lock, so no update comes before the copy. Set before serving.
+  using SeedNew = std::function<absl::Status(
+      int owner, const std::function<void(v1::SeedRequest*)>& fill)>;
   void SetSeedNew(SeedNew seed) { seed_new_ = std::move(seed); }
   // Called when a request finds a copy here that is not served yet: the
   // clients already know it serves it, so the shard map that says so is

@@ -241,10 +241,11 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time 
       if (!key->lr_set) key->lr = key->optimizer.lr;
       if (seed_new_ && key->role.serving && key->table == nullptr) {
         const int owner = key->role.copy_of < 0 ? options_.self : key->role.copy_of;
-        v1::SeedRequest copy;
-        FillSeed(key, owner, &copy);
-        FillWeights(key, &copy);
-        if (absl::Status s = seed_new_(owner, copy); !s.ok())
+        const absl::Status s = seed_new_(owner, [&](v1::SeedRequest* copy) {
+          FillSeed(key, owner, copy);
+          FillWeights(key, copy);
+        });
+        if (!s.ok())
           LogWarning("key '", key->name, "' was not copied to its copy holder: ", s.message());
       }
       NotifyWaiters(key, &completed);  // pulls that waited for rank 0
