@@ -107,10 +107,8 @@ void Replicator::Update(const v1::ShardMap& map) {
 absl::Status Replicator::SeedNew(int owner, const std::function<void(v1::SeedRequest*)>& fill) {
   if (registered_copies_) return absl::OkStatus();
   int at;
-  {
-    absl::MutexLock lock(&mu_);
-    at = owner < static_cast<int>(replica_at_.size()) ? replica_at_[owner] : -1;
-  }
+  bool seeding;
+  CopyHolder(owner, &at, &seeding);
   if (at < 0 || at == self_) return absl::OkStatus();
   v1::SeedRequest req;
   fill(&req);

@@ -72,6 +72,13 @@ class CoordinatorTest : public ::testing::Test {
     EXPECT_TRUE(job_->DoGetJobStatus(&ctx_, &resp).ok());
     return resp;
   }
+  // Ticks at now_; the job has failed, its reason saying `why`.
+  void ExpectFailsAtTick(const std::string& why) {
+    job_->Tick(now_);
+    const v1::JobStatusResponse s = Status();
+    EXPECT_EQ(s.state(), v1::JOB_FAILED);
+    EXPECT_TRUE(absl::StrContains(s.reason(), why)) << s.reason();
+  }
 
   absl::Time now_ = absl::FromUnixSeconds(1'000'000);
   Metrics metrics_{"t"};
@@ -101,11 +108,7 @@ TEST_F(CoordinatorTest, AWorkerSilentPastItsTimeoutFailsTheJobNamingIt) {
   now_ += absl::Seconds(2);  // the worker: 6 s without a heartbeat
   ASSERT_TRUE(Heartbeat(v1::ROLE_AGENT, 0).ok());
   ASSERT_TRUE(Heartbeat(v1::ROLE_SERVER, 0).ok());
-  job_->Tick(now_);
-  const v1::JobStatusResponse s = Status();
-  EXPECT_EQ(s.state(), v1::JOB_FAILED);
-  EXPECT_TRUE(absl::StrContains(s.reason(), "worker 0 on h0 was lost: no heartbeat for 6s"))
-      << s.reason();
+  ExpectFailsAtTick("worker 0 on h0 was lost: no heartbeat for 6s");
   // The job's fate is decided: later calls are told so, and change nothing.
   const grpc::Status late = Heartbeat(v1::ROLE_SERVER, 0);
   EXPECT_TRUE(late.ok()) << late.error_message();
@@ -119,10 +122,7 @@ TEST_F(CoordinatorTest, AHostSilentAsAWholeIsOneLossTheHosts) {
   now_ += absl::Seconds(6);  // host 1: nothing at all
   for (v1::Role r : {v1::ROLE_AGENT, v1::ROLE_SERVER, v1::ROLE_WORKER})
     ASSERT_TRUE(Heartbeat(r, 0).ok());
-  job_->Tick(now_);
-  const v1::JobStatusResponse s = Status();
-  EXPECT_EQ(s.state(), v1::JOB_FAILED);
-  EXPECT_TRUE(absl::StrContains(s.reason(), "agent on h1 was lost")) << s.reason();
+  ExpectFailsAtTick("agent on h1 was lost");
 }
 
 TEST_F(CoordinatorTest, TheReadinessBarrierFailsTheJobNamingWhoNeverCame) {
@@ -170,10 +170,7 @@ TEST_F(CoordinatorTest, WithReplicasASilentServersKeysFailOverAndTheJobGoesOn) {
     ASSERT_TRUE(Heartbeat(v1::ROLE_AGENT, i).ok());
     ASSERT_TRUE(Heartbeat(v1::ROLE_WORKER, i).ok());
   }
-  job_->Tick(now_);
-  const v1::JobStatusResponse end = Status();
-  EXPECT_EQ(end.state(), v1::JOB_FAILED);
-  EXPECT_TRUE(absl::StrContains(end.reason(), "server 0 on h0 was lost")) << end.reason();
+  ExpectFailsAtTick("server 0 on h0 was lost");
 }
 
 TEST_F(CoordinatorTest, AProcessOfAnotherGenerationOrJobIsRefusedAndChangesNothing) {
