@@ -9,6 +9,19 @@
 
 namespace psrt {
 
+const char* DTypeName(v1::DType d) {
+  switch (d) {
+    case v1::DTYPE_FLOAT32:
+      return "float32";
+    case v1::DTYPE_FLOAT16:
+      return "float16";
+    case v1::DTYPE_BFLOAT16:
+      return "bfloat16";
+    default:
+      return "unspecified";
+  }
+}
+
 int BytesPerValue(v1::DType dtype) {
   switch (dtype) {
     case v1::DTYPE_FLOAT32: return 4;

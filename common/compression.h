@@ -19,6 +19,8 @@ namespace psrt {
 
 // Bytes per value of `dtype` (0 for an unknown one).
 int BytesPerValue(v1::DType dtype);
+// "float32", "float16", "bfloat16" or "unspecified".
+const char* DTypeName(v1::DType dtype);
 
 // What encoding a block of values did.
 struct EncodeInfo {

@@ -26,6 +26,8 @@
 
 namespace psrt {
 
+struct Update;  // server/key_value.h
+
 struct StoreOptions {
   bool sync = true;  // false: async, every push applied at once
   // Not sync: a pull at clock c waits until every active worker's clock is at
@@ -251,18 +253,16 @@ class Store {
   absl::Status CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t rank) const;
   // A dense key's shape, slice and initial value.
   absl::Status CheckDenseSpec(const v1::KeySpec& spec, int32_t rank) const;
-  void Apply(Key* key, const float* grad, const Origin& origin);  // holds key->mu
-  // A table's update: `scale` * grads to the rows of `ids`.
-  void ApplyRows(Key* key, absl::Span<const int64_t> ids, const float* grads,
-                 float scale);  // holds key->mu
+  // One update of key's value (forwarded to its copy, where it has one).
+  void Apply(Key* key, const Update& update, const Origin& origin);  // holds key->mu
   // After an update: the version moves on (and a checkpoint may copy it).
   void Applied(Key* key, absl::Time start);  // holds key->mu
   // A gradient with NaN or Inf is not applied: true, and the key skips the
   // version or stops ("nonfinite").
   bool SkipNonfinite(Key* key, const float* grad, int64_t n);  // holds key->mu
   // A push's gradient as float32: where it lies, or decoded into scratch.
-  const float* Gradient(Key* k, const WireKey& kd);  // holds k->mu
-  // A table request's ids, and room for its new rows.
+  Update Gradient(Key* k, const WireKey& kd);  // holds k->mu
+  // A request's ids (a table's), and room for the rows it would make.
   absl::Status CheckRowsLocked(Key* k, absl::Span<const int64_t> ids);  // holds k->mu
   // Async: remembers a push as applied (its id, the worker's clock after it).
   void RecordPush(Key* k, const Origin& origin);  // holds k->mu
@@ -288,8 +288,6 @@ class Store {
   // Copies key `k` (index i of `p`) into `p`'s answer; true when that was
   // the last key the pull waited for.
   bool Serve(Key* k, PendingPull* p, int i);  // holds k->mu
-  // A table's rows of `ids` into `out` (made, if new, and counted).
-  void GatherRows(Key* k, absl::Span<const int64_t> ids, float* out);  // holds k->mu
   // Serves the waiters `k` can now answer; pulls that became whole go to
   // `completed`, to be completed once `k` is unlocked.
   void NotifyWaiters(Key* k, Completed* completed);  // holds k->mu

@@ -3,13 +3,15 @@
 #ifndef PSRT_SERVER_STORE_INTERNAL_H_
 #define PSRT_SERVER_STORE_INTERNAL_H_
 
+#include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/key_value.h"
 #include "server/store.h"
-#include "server/table.h"
 
 namespace psrt {
 
@@ -25,8 +27,7 @@ inline constexpr absl::Duration kSweepInterval = absl::Milliseconds(20);
 struct Store::Key {
   // A sync step being gathered.
   struct SyncStep {
-    // The sum of this version's pushes so far, and who sent them.
-    std::vector<float> accum;
+    // Who sent this version's pushes so far (their sum is the value's).
     std::vector<char> contributed;
     int contributions = 0;
     // The last version each worker pushed for, to tell a retry of an
@@ -72,18 +73,17 @@ struct Store::Key {
   };
 
   absl::Mutex mu;
-  std::string name;                               // "variable#partition"
-  v1::KeySpec spec;                               // as first registered, without the initial value
-  bool is_table = false;                          // spec.has_table()
+  std::string name;  // "variable#partition"
+  v1::KeySpec spec;  // as first registered, without the initial value
+  // Its kind (dense or a table's part), made with the key; what it holds is
+  // guarded by mu.
+  std::unique_ptr<KeyValue> value;
   OptimizerConfig optimizer ABSL_GUARDED_BY(mu);  // rank 0's, once it registered
   int64_t n = 0;
   bool initialized ABSL_GUARDED_BY(mu) = false;
   int64_t version ABSL_GUARDED_BY(mu) = 0;
   double lr ABSL_GUARDED_BY(mu) = 0;
   bool lr_set ABSL_GUARDED_BY(mu) = false;  // changed by a worker before init
-  std::vector<float> weights ABSL_GUARDED_BY(mu);
-  std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
-  std::vector<float*> slot_ptrs ABSL_GUARDED_BY(mu);
   // Who takes part.
   std::vector<char> active ABSL_GUARDED_BY(mu);
   SyncStep sync ABSL_GUARDED_BY(mu);
@@ -97,17 +97,30 @@ struct Store::Key {
   // first one stops the key (every push and pull after it gets this error).
   int64_t nonfinite ABSL_GUARDED_BY(mu) = 0;
   absl::Status stopped ABSL_GUARDED_BY(mu);
-  // A sparse table's part (spec.has_table()): its rows, in place of
-  // weights, slots and accum.
-  std::unique_ptr<Table> table ABSL_GUARDED_BY(mu);
 
   // An assign key (kernels/optimizer.h) holds data that workers replace (the
   // mean gradient, BatchNorm's statistics, frozen weights): its version does
   // not follow the training step, so checkpoints take it as it is and the
   // step is read from the other keys.
   bool FreeRunning() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return !is_table && optimizer.kind == OptimizerKind::kAssign;
+    return optimizer.kind == OptimizerKind::kAssign;  // never a table's
   }
+};
+
+// Keeps the store's count of the bytes it holds in step with one change to
+// a key's value: what the value holds after it, less what it held before.
+class BytesHeld {
+ public:
+  BytesHeld(std::atomic<int64_t>* total, const KeyValue& value)
+      : total_(total), value_(value), before_(value.bytes()) {}
+  ~BytesHeld() { *total_ += value_.bytes() - before_; }
+  BytesHeld(const BytesHeld&) = delete;
+  BytesHeld& operator=(const BytesHeld&) = delete;
+
+ private:
+  std::atomic<int64_t>* const total_;
+  const KeyValue& value_;
+  const int64_t before_;
 };
 
 // A pull whose keys are not all ready. It holds no thread: each key's
@@ -132,19 +145,6 @@ struct Store::PendingPull {
   bool finished ABSL_GUARDED_BY(mu) = false;  // done was called, or is being
   absl::Status error ABSL_GUARDED_BY(mu);     // a key it waits for stopped
 };
-
-inline const char* DTypeName(v1::DType d) {
-  switch (d) {
-    case v1::DTYPE_FLOAT32:
-      return "float32";
-    case v1::DTYPE_FLOAT16:
-      return "float16";
-    case v1::DTYPE_BFLOAT16:
-      return "bfloat16";
-    default:
-      return "unspecified";
-  }
-}
 
 }  // namespace psrt
 

@@ -14,9 +14,9 @@
 #include "common/key_map.h"
 #include "common/logging.h"
 #include "common/optimizer_proto.h"
+#include "server/key_value.h"
 #include "server/store.h"
 #include "server/store_internal.h"
-#include "server/table.h"
 
 namespace psrt {
 
@@ -30,25 +30,10 @@ int64_t Store::SlowestClock(Key* k) const {
 
 bool Store::Serve(Key* k, PendingPull* p, int i) {
   const v1::DType dtype = p->dtypes[i];
-  int64_t n = k->n;
-  const float* values = k->weights.data();
-  // A table's rows asked for, in the request's order (made, if new): float32
-  // straight into the answer, else gathered first and converted from there.
-  const bool rows_in_place = k->table != nullptr && dtype == v1::DTYPE_FLOAT32;
-  if (k->table) {
-    n = static_cast<int64_t>(p->ids[i].size()) * k->table->dim();
-    if (!rows_in_place) {
-      thread_local std::vector<float> rows;
-      rows.resize(n);
-      GatherRows(k, p->ids[i], rows.data());
-      values = rows.data();
-    }
-  }
-  // The one copy of the weights on the way out, fused with the conversion.
+  const int64_t n = k->value->Size(p->ids[i]);
   auto write = [&](char* to) {
-    if (!rows_in_place) return EncodeValues(values, n, dtype, to).scale;
-    GatherRows(k, p->ids[i], reinterpret_cast<float*>(to));
-    return 0.0f;
+    BytesHeld held(&bytes_stored_, *k->value);  // a table makes the rows it lacks
+    return k->value->Write(p->ids[i], k->version, dtype, to);
   };
   const int64_t bytes = n * BytesPerValue(dtype);
   OutKey out;
@@ -84,12 +69,6 @@ bool Store::Serve(Key* k, PendingPull* p, int i) {
   p->out[i] = std::move(out);
   p->served[i] = 1;
   return --p->remaining == 0;
-}
-
-void Store::GatherRows(Key* k, absl::Span<const int64_t> ids, float* out) {
-  const int64_t before = k->table->rows();
-  k->table->Gather(ids, k->version, out);
-  bytes_stored_ += (k->table->rows() - before) * k->table->row_bytes();
 }
 
 void Store::NotifyWaiters(Key* k, Completed* completed) {
@@ -271,12 +250,7 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
                   {});
     }
     if (absl::Status s = CheckPullDtype((*key)->name, kd.dtype); !s.ok()) return done(s, {});
-    if (!(*key)->is_table && !kd.ids.empty()) {
-      return done(
-          absl::InvalidArgumentError(absl::StrCat("pull of key '", (*key)->name,
-                                                  "' names ids, but the variable is not a table")),
-          {});
-    }
+    if (absl::Status s = (*key)->value->CheckPull(kd.ids); !s.ok()) return done(s, {});
     p->keys.push_back(*key);
     p->ids.push_back(kd.ids);
     p->min_version.push_back(kd.version);
@@ -302,9 +276,7 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
     const int64_t min_version = p->min_version[i];
     if (!k->stopped.ok()) return k->stopped;
     if (!k->role.serving) return NotServing(k);
-    if (k->table) {
-      if (absl::Status s = CheckRowsLocked(k, p->ids[i]); !s.ok()) return s;
-    }
+    if (absl::Status s = CheckRowsLocked(k, p->ids[i]); !s.ok()) return s;
     if (min_version < 0) {
       return absl::OutOfRangeError(absl::StrCat("pull of key '", k->name, "' asks for version ",
                                                 min_version, "; versions start at 0"));

@@ -17,7 +17,6 @@
 #include "common/optimizer_proto.h"
 #include "server/store.h"
 #include "server/store_internal.h"
-#include "server/table.h"
 
 namespace psrt {
 
@@ -37,41 +36,31 @@ bool AllFinite(const float* v, int64_t n) {
 
 }  // namespace
 
-void Store::Apply(Key* key, const float* grad, const Origin& origin) {
+void Store::Apply(Key* key, const Update& update, const Origin& origin) {
   // The backup applies the same update while this server does; the new
   // version is published here only once the backup holds it too.
   Forwarded forwarded;
-  if (key->role.serving && forward_) {
+  if (key->role.serving && forward_ && key->value->kept_as_copy()) {
     forwarded = forward_(key->role.copy_of, key->spec.variable(), key->spec.partition(),
-                         key->version, grad, key->n, origin);
+                         key->version, update.values, update.n, origin);
   }
   // An assign key's value is data, not an update: NaN and Inf in it are what
   // the workers must see (GradScaler finds the overflow in the mean gradient).
-  const bool skip = !key->FreeRunning() && !AllFinite(grad, key->n);
+  const bool skip = !key->FreeRunning() && !AllFinite(update.values, update.n);
   const absl::Time start = absl::Now();
   if (!skip) {
-    ApplyUpdate(key->optimizer, key->lr, key->version + 1, key->weights.data(), grad,
-                key->slot_ptrs.data(), key->n);
+    BytesHeld held(&bytes_stored_, *key->value);
+    const int64_t evicted = key->value->Apply(update, key->lr, key->version + 1);
+    if (evicted > 0) evicted_rows_->Add(static_cast<double>(evicted));
   }
   if (forwarded) {
     if (absl::Status s = forwarded(); !s.ok())
       LogWarning("key '", key->name, "': its replica was not updated: ", s.message());
   }
   if (skip) {
-    SkipNonfinite(key, grad, key->n);
+    SkipNonfinite(key, update.values, update.n);
     return;
   }
-  Applied(key, start);
-}
-
-void Store::ApplyRows(Key* key, absl::Span<const int64_t> ids, const float* grads, float scale) {
-  if (SkipNonfinite(key, grads, static_cast<int64_t>(ids.size()) * key->table->dim())) return;
-  const absl::Time start = absl::Now();
-  const int64_t rows = key->table->rows();
-  key->table->Apply(ids, grads, scale, key->lr, key->version + 1);
-  const int64_t evicted = key->table->MaybeEvict(key->version + 1);
-  evicted_rows_->Add(static_cast<double>(evicted));
-  bytes_stored_ += (key->table->rows() - rows) * key->table->row_bytes();
   Applied(key, start);
 }
 
@@ -129,22 +118,8 @@ absl::Status Store::Push(const WireMessage& req) {
           absl::StrCat("push to key '", k->name, "' has dtype ", DTypeName(kd.dtype),
                        "; gradients are float32, float16 or bfloat16"));
     }
-    if (k->is_table) {
-      const int64_t dim = k->spec.table().dim();
-      if (kd.data.size() != static_cast<int64_t>(kd.ids.size()) * dim * bpv) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("push to table '", k->spec.variable(), "' has ", kd.data.size(),
-                         " bytes for ", kd.ids.size(), " ids; rows of dim ", dim, " in ",
-                         DTypeName(kd.dtype), " take ", kd.ids.size() * dim * bpv));
-      }
-    } else if (!kd.ids.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push to key '", k->name, "' names ids, but the variable is not a table"));
-    } else if (kd.data.size() != k->n * bpv) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push to key '", k->name, "' has ", kd.data.size(), " bytes; the key holds ",
-                       k->n, " ", DTypeName(kd.dtype), " (", k->n * bpv, " bytes)"));
-    }
+    if (absl::Status s = k->value->CheckPush(kd.ids, kd.data.size(), bpv, kd.dtype); !s.ok())
+      return s;
     // Values are divided by the scale: its inverse must be finite too.
     if (!std::isfinite(kd.scale) || kd.scale < 0 ||
         (kd.scale != 0 && !std::isfinite(1.0f / kd.scale))) {
@@ -178,9 +153,7 @@ absl::Status Store::Push(const WireMessage& req) {
                                                 k->window.clock[w],
                                                 "; a worker's clock advances one push at a time"));
     }
-    if (k->table) {
-      if (absl::Status s = CheckRowsLocked(k, kd.ids); !s.ok()) return s;
-    }
+    if (absl::Status s = CheckRowsLocked(k, kd.ids); !s.ok()) return s;
     keys.push_back(k);
     bytes += kd.data.size();
   }
@@ -234,12 +207,7 @@ void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
     RecordPush(k, origin);
     // A float32 gradient in one aligned piece is applied where it lies;
     // anything else is decoded once into the key's scratch buffer.
-    const float* grad = Gradient(k, kd);
-    if (k->table) {
-      ApplyRows(k, kd.ids, grad, 1);
-    } else {
-      Apply(k, grad, origin);
-    }
+    Apply(k, Gradient(k, kd), origin);
     return;
   }
   // Sync: one push per worker and version; a retry finds its step applied
@@ -253,45 +221,32 @@ void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
     return;
   }
   k->sync.last_step[w] = kd.version;
-  if (!k->table && k->sync.contributions == 0 && k->sync.required == 1 &&
-      (kd.scale == 0 || kd.scale == 1)) {
+  if (k->sync.contributions == 0 && k->sync.required == 1 && (kd.scale == 0 || kd.scale == 1)) {
     // The step's one gradient (a single worker): applied from where it
-    // lies, as an async push is, without the pass through the accumulator.
+    // lies, as an async push is, without the pass through the step's sum.
     Apply(k, Gradient(k, kd), Origin());
     return;
   }
-  if (k->table) {
-    k->table->Accumulate(kd.ids, Gradient(k, kd));
-  } else {
-    DecodePayload(kd.data, kd.dtype, kd.scale, k->sync.accum.data(), k->sync.contributions > 0);
-  }
+  k->value->Accumulate(kd.ids, kd.data, kd.dtype, kd.scale, k->sync.contributions == 0,
+                       &k->window.scratch);
   k->sync.contributed[w] = 1;
   ++k->sync.contributions;
   MaybeFinishStep(k);
 }
 
-const float* Store::Gradient(Key* k, const WireKey& kd) {
-  const std::vector<absl::string_view>& pieces = kd.data.pieces();
-  if (kd.dtype == v1::DTYPE_FLOAT32 && pieces.size() == 1 &&
-      reinterpret_cast<uintptr_t>(pieces[0].data()) % alignof(float) == 0) {
-    return reinterpret_cast<const float*>(pieces[0].data());
-  }
-  k->window.scratch.resize(kd.data.size() / BytesPerValue(kd.dtype));
-  DecodePayload(kd.data, kd.dtype, kd.scale, k->window.scratch.data(), false);
-  return k->window.scratch.data();
+Update Store::Gradient(Key* k, const WireKey& kd) {
+  const float* values = PayloadValues(kd.data, kd.dtype, kd.scale, &k->window.scratch);
+  return {kd.ids, values, k->value->Size(kd.ids), 1};
 }
 
 absl::Status Store::CheckRowsLocked(Key* k, absl::Span<const int64_t> ids) {
-  absl::StatusOr<int64_t> missing = k->table->CheckIds(ids);
-  if (!missing.ok()) return missing.status();
-  if (options_.max_bytes > 0) {
-    const int64_t more = *missing * k->table->row_bytes();
-    if (more > 0 && bytes_stored_.load() + more > options_.max_bytes) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("table '", k->spec.variable(), "': ", more / k->table->row_bytes(),
-                       " new rows would make this server hold ", bytes_stored_.load() + more,
-                       " bytes, more than limits.max_server_bytes (", options_.max_bytes, ")"));
-    }
+  absl::StatusOr<int64_t> more = k->value->CheckIds(ids);
+  if (!more.ok()) return more.status();
+  if (options_.max_bytes > 0 && *more > 0 && bytes_stored_.load() + *more > options_.max_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("key '", k->name, "': its new rows (", *more,
+                     " bytes) would make this server hold ", bytes_stored_.load() + *more,
+                     " bytes, more than limits.max_server_bytes (", options_.max_bytes, ")"));
   }
   return absl::OkStatus();
 }
@@ -305,21 +260,10 @@ void Store::RecordPush(Key* k, const Origin& origin) {
 
 void Store::MaybeFinishStep(Key* k) {
   if (k->sync.contributions == 0 || k->sync.contributions < k->sync.required) return;
-  if (k->table) {
-    const float scale = options_.average_gradients && k->sync.contributions > 1
-                            ? 1.0f / k->sync.contributions
-                            : 1.0f;
-    ApplyRows(k, k->table->accumulated_ids(), k->table->accumulated(), scale);
-    k->table->ClearAccumulated();
-    std::fill(k->sync.contributed.begin(), k->sync.contributed.end(), 0);
-    k->sync.contributions = 0;
-    return;
-  }
-  if (options_.average_gradients && k->sync.contributions > 1) {
-    const float scale = 1.0f / k->sync.contributions;
-    for (float& v : k->sync.accum) v *= scale;
-  }
-  Apply(k, k->sync.accum.data(), Origin());
+  const float scale =
+      options_.average_gradients && k->sync.contributions > 1 ? 1.0f / k->sync.contributions : 1.0f;
+  Apply(k, k->value->StepSum(scale), Origin());
+  k->value->ClearStepSum();
   std::fill(k->sync.contributed.begin(), k->sync.contributed.end(), 0);
   k->sync.contributions = 0;
 }

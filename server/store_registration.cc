@@ -231,15 +231,9 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time 
       // A table needs no initial value: its rows start from its seed.
       if (key->initialized || (spec.init().empty() && !spec.has_table())) continue;
       InitKey(key, optimizers[i]);
-      if (spec.has_table()) {
-        key->table =
-            std::make_unique<Table>(key->name, spec.table(), key->optimizer, spec.partition());
-      } else {
-        std::memcpy(key->weights.data(), spec.init().data(), key->n * 4);
-        InitSlots(key->optimizer, key->slot_ptrs.data(), key->n);
-      }
+      key->value->Start(spec.init());
       if (!key->lr_set) key->lr = key->optimizer.lr;
-      if (seed_new_ && key->role.serving && key->table == nullptr) {
+      if (seed_new_ && key->role.serving && key->value->kept_as_copy()) {
         const int owner = key->role.copy_of < 0 ? options_.self : key->role.copy_of;
         const absl::Status s = seed_new_(owner, [&](v1::SeedRequest* copy) {
           FillSeed(key, owner, copy);
@@ -283,15 +277,10 @@ absl::Status Store::CheckRoomLocked(const v1::KeySpec& spec, const OptimizerConf
 
 void Store::InitKey(Key* key, const OptimizerConfig& optimizer) {
   key->optimizer = optimizer;
-  // Restored weights and slots are moved in before: kept as they are.
-  key->weights.resize(key->n);
-  const int num_slots = NumSlots(key->optimizer);
-  if (key->slots.size() != static_cast<size_t>(num_slots)) {
-    key->slots.assign(num_slots, std::vector<float>(key->n));
+  {
+    BytesHeld held(&bytes_stored_, *key->value);
+    key->value->Init(optimizer);
   }
-  key->slot_ptrs.clear();
-  for (auto& s : key->slots) key->slot_ptrs.push_back(s.data());
-  if (options_.sync) key->sync.accum.assign(key->n, 0.f);
   // A key this server served before (moved away, back as a copy) starts
   // with no step half done.
   key->sync.contributed.assign(options_.num_workers, 0);
@@ -309,7 +298,6 @@ void Store::InitKey(Key* key, const OptimizerConfig& optimizer) {
     key->window.recent_next.assign(options_.num_workers, 0);
   }
   key->initialized = true;
-  bytes_stored_ += KeyBytes(key->n, key->optimizer);
 }
 
 absl::Status Store::WaitForRestore(absl::Time deadline, const Cancelled& cancelled) {
@@ -339,40 +327,28 @@ void Store::FinishRestore(absl::StatusOr<std::vector<RestoredKey>> restored, int
       auto key = std::make_unique<Key>();
       key->name = name;
       key->spec = r.spec;
-      key->is_table = r.spec.has_table();
       key->n = r.spec.num_elements();
+      key->value = KeyValue::New(name, r.spec, options_.sync);
       absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(r.spec.optimizer());
-      if (opt.ok() && r.spec.has_table()) {
+      absl::Status s = opt.status();
+      if (s.ok()) {
         absl::MutexLock lock(&key->mu);
-        InitKey(key.get(), *opt);
-        key->table = std::make_unique<Table>(name, r.spec.table(), *opt, r.spec.partition());
-        if (absl::Status s = key->table->Load(r.state); !s.ok()) {
-          restored = absl::DataLossError(absl::StrCat("checkpoint ", from, ": ", s.message()));
-          break;
+        {
+          BytesHeld held(&bytes_stored_, *key->value);
+          s = key->value->Restore(*opt, &r.state);
         }
-        bytes_stored_ += key->table->rows() * key->table->row_bytes();
-        key->version = r.state.version;
-        key->lr = r.state.learning_rate;
-        std::fill(key->window.clock.begin(), key->window.clock.end(), step);
-      } else if (!opt.ok() || NumSlots(*opt) != static_cast<int>(r.state.slots.size()) ||
-                 static_cast<int64_t>(r.state.weights.size()) != key->n) {
-        restored = absl::DataLossError(
-            absl::StrCat("checkpoint ", from, ": key '", name, "' does not fit its optimizer ",
-                         r.spec.optimizer().name(), " (", r.state.slots.size(), " slots, ",
-                         r.state.weights.size(), " weights for ", key->n, " elements)",
-                         opt.ok() ? "" : absl::StrCat(": ", opt.status().message())));
-        break;
+        if (s.ok()) {
+          InitKey(key.get(), *opt);
+          key->version = r.state.version;
+          key->lr = r.state.learning_rate;
+          key->role.copy_of = r.copy_of >= 0 ? r.copy_of : r.owner;
+          key->role.serving = r.copy_of < 0;
+          std::fill(key->window.clock.begin(), key->window.clock.end(), step);
+        }
       }
-      if (!r.spec.has_table()) {
-        absl::MutexLock lock(&key->mu);
-        key->weights = std::move(r.state.weights);
-        key->slots = std::move(r.state.slots);
-        InitKey(key.get(), *opt);
-        key->version = r.state.version;
-        key->lr = r.state.learning_rate;
-        key->role.copy_of = r.copy_of >= 0 ? r.copy_of : r.owner;
-        key->role.serving = r.copy_of < 0;
-        std::fill(key->window.clock.begin(), key->window.clock.end(), step);
+      if (!s.ok()) {
+        restored = absl::DataLossError(absl::StrCat("checkpoint ", from, ": ", s.message()));
+        break;
       }
       absl::MutexLock map_lock(&map_mu_);
       keys_[name] = std::move(key);

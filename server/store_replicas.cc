@@ -16,8 +16,9 @@
 #include "common/key_map.h"
 #include "common/logging.h"
 #include "common/optimizer_proto.h"
-#include "server/store.h"
 #include "server/checkpoint/shard_format.h"
+#include "server/key_value.h"
+#include "server/store.h"
 #include "server/store_internal.h"
 #include "server/table.h"
 
@@ -98,7 +99,7 @@ absl::Status Store::Replicate(const v1::ReplicateRequest& req, absl::string_view
       std::memcpy(k->window.scratch.data(), gradient.data(), k->n * 4);
       grad = k->window.scratch.data();
     }
-    Apply(k, grad, origin);
+    Apply(k, {{}, grad, k->n, 1}, origin);
     NotifyWaiters(k, &completed);
   }
   for (const auto& p : completed) Complete(p.get());
@@ -126,8 +127,8 @@ Store::Key* Store::FindOrAddLocked(const v1::KeySpec& spec, bool* added) {
     slot->name = name;
     slot->spec = spec;
     slot->spec.clear_init();
-    slot->is_table = spec.has_table();
     slot->n = spec.num_elements();
+    slot->value = KeyValue::New(name, spec, options_.sync);
   }
   return slot.get();
 }
@@ -154,14 +155,7 @@ void Store::TakeHandover(Key* k, const v1::SeedRequest& req) {
   k->lr = req.lr();
   for (int w = 0; w < req.worker_clocks_size(); ++w) k->window.clock[w] = req.worker_clocks(w);
   if (!req.handover()) return;
-  if (options_.sync && k->table != nullptr) {
-    k->table->SetAccumulated(
-        req.accum_ids(),
-        absl::MakeConstSpan(reinterpret_cast<const float*>(req.accum().data()),
-                            req.accum().size() / 4));
-  } else if (options_.sync && !req.accum().empty()) {
-    std::memcpy(k->sync.accum.data(), req.accum().data(), k->n * 4);
-  }
+  if (options_.sync) k->value->TakeStepSum(req);
   k->sync.contributions = 0;
   for (int w = 0; w < req.contributed_size(); ++w) {
     k->sync.contributed[w] = req.contributed(w);
@@ -211,7 +205,7 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
     return absl::FailedPreconditionError(
         absl::StrCat("key '", name, "' is served here; it takes no copy"));
   }
-  if (key->n != n || key->is_table)
+  if (key->n != n || !key->value->kept_as_copy())
     return absl::FailedPreconditionError(absl::StrCat("key '", name, "' has another size here"));
   if (!weights && (!key->initialized || key->version != req.version())) {
     // The hand-over then comes again with the weights.
@@ -222,11 +216,7 @@ absl::Status Store::Seed(const v1::SeedRequest& req) {
   key->role.serving = false;
   key->role.moved_to = -1;
   if (!key->initialized) InitKey(key, *opt);
-  if (weights) {
-    std::memcpy(key->weights.data(), req.weights().data(), n * 4);
-    for (int i = 0; i < req.slots_size(); ++i)
-      std::memcpy(key->slots[i].data(), req.slots(i).data(), n * 4);
-  }
+  if (weights) key->value->TakeCopy(req);
   TakeHandover(key, req);
   return absl::OkStatus();
 }
@@ -253,7 +243,6 @@ absl::Status Store::SeedTable(const v1::SeedRequest& req) {
     return refused("its rows are not one record of this part");
   }
   const KeyRecord& rows = (*records)[0];
-  const int64_t n = static_cast<int64_t>(rows.row_ids.size());
   Key* key;
   {
     absl::MutexLock lock(&map_mu_);
@@ -265,35 +254,20 @@ absl::Status Store::SeedTable(const v1::SeedRequest& req) {
     return absl::FailedPreconditionError(
         absl::StrCat("key '", name, "' is served here; it takes no copy"));
   }
-  if (!key->is_table)
-    return absl::FailedPreconditionError(absl::StrCat("key '", name, "' is not a table here"));
   // Every check before the first change: a refused part changes nothing.
-  std::unique_ptr<Table> fresh;
+  if (req.rows_before() > 0 && (!key->role.rows_coming || !key->initialized)) {
+    return absl::FailedPreconditionError(absl::StrCat("table part '", name, "': rows after ",
+                                                      req.rows_before(),
+                                                      " came without the rows before them"));
+  }
+  if (absl::Status s = key->value->CheckPart(*opt, req.rows_before(), rows); !s.ok())
+    return absl::IsInvalidArgument(s) ? refused(s.message()) : s;
+  BytesHeld held(&bytes_stored_, *key->value);
   if (req.rows_before() == 0) {
-    fresh = std::make_unique<Table>(name, spec.table(), *opt, spec.partition());
-    if (absl::Status s = fresh->CheckLoad(rows); !s.ok()) return refused(s.message());
-  } else {
-    if (!key->role.rows_coming || key->table == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("table part '", name, "': rows after ", req.rows_before(),
-                       " came without the rows before them"));
-    }
-    // A part sent again after it was taken (its answer was lost).
-    if (key->table->rows() == req.rows_before() + n) return absl::OkStatus();
-    if (key->table->rows() != req.rows_before()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("table part '", name, "' holds ", key->table->rows(),
-                       " rows here; a part after ", req.rows_before(), " rows does not follow"));
-    }
-    if (absl::Status s = key->table->CheckLoad(rows); !s.ok()) return refused(s.message());
-  }
-  if (fresh != nullptr) {
-    if (key->table != nullptr) bytes_stored_ -= key->table->rows() * key->table->row_bytes();
+    key->value->Free();  // a hand-over starts again
     InitKey(key, *opt);
-    key->table = std::move(fresh);
   }
-  (void)key->table->Load(rows);  // checked above
-  bytes_stored_ += n * key->table->row_bytes();
+  if (!key->value->TakePart(req.rows_before(), rows)) return absl::OkStatus();  // taken before
   key->role.copy_of = req.primary();
   key->role.serving = false;
   key->role.moved_to = -1;
@@ -310,23 +284,12 @@ void Store::FillSeed(const Key* k, int primary, v1::SeedRequest* req) const {
   for (int64_t c : k->window.clock) req->add_worker_clocks(c);
 }
 
-void Store::FillWeights(const Key* k, v1::SeedRequest* req) const {
-  req->set_weights(reinterpret_cast<const char*>(k->weights.data()), k->n * 4);
-  for (const auto& slot : k->slots)
-    req->add_slots(reinterpret_cast<const char*>(slot.data()), k->n * 4);
-}
+void Store::FillWeights(const Key* k, v1::SeedRequest* req) const { k->value->WriteCopy(req); }
 
 void Store::FillHandover(const Key* k, v1::SeedRequest* req) const {
   req->set_handover(true);
   if (options_.sync) {
-    if (k->table != nullptr) {
-      absl::Span<const int64_t> ids = k->table->accumulated_ids();
-      req->mutable_accum_ids()->Add(ids.begin(), ids.end());
-      req->set_accum(reinterpret_cast<const char*>(k->table->accumulated()),
-                     ids.size() * k->table->dim() * 4);
-    } else if (k->sync.contributions > 0) {
-      req->set_accum(reinterpret_cast<const char*>(k->sync.accum.data()), k->n * 4);
-    }
+    if (k->sync.contributions > 0) k->value->WriteStepSum(req);
     for (char c : k->sync.contributed) req->add_contributed(c != 0);
     for (int64_t step : k->sync.last_step) req->add_last_step(step);
   } else {
@@ -343,7 +306,7 @@ void Store::SeedCopies(int owner, const std::function<absl::Status(const v1::See
     if (!k->role.serving || !k->initialized || !Owns(k, owner)) continue;
     // A table's part has no copy kept up to date: it goes whole when its
     // server lets it go (HandOverTable). ("replicas" refuses tables.)
-    if (k->table != nullptr) continue;
+    if (!k->value->kept_as_copy()) continue;
     v1::SeedRequest req;
     FillSeed(k, primary, &req);
     FillWeights(k, &req);
@@ -357,53 +320,36 @@ void Store::SeedCopies(int owner, const std::function<absl::Status(const v1::See
 }
 
 absl::Status Store::HandOverTable(const Key* k, int primary, const SendSeed& send) const {
-  KeyRecord all;
-  k->table->Save(&all);
-  const size_t dim = static_cast<size_t>(k->table->dim());
-  const size_t rows = all.row_ids.size();
-  const size_t per_part =
-      std::max<size_t>(1, kHandoverPartBytes / static_cast<size_t>(k->table->row_bytes()));
-  size_t first = 0;
-  do {
-    const size_t end = std::min(rows, first + per_part);
-    KeyRecord part;
-    part.variable = k->spec.variable();
-    part.partition = k->spec.partition();
+  std::vector<KeyRecord> parts = k->value->Parts(kHandoverPartBytes);
+  int64_t first = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    KeyRecord& part = parts[i];
     part.version = k->version;
-    part.slots.resize(all.slots.size());
-    for (size_t r = first; r < end; ++r) AppendRow(all, r, dim, &part);
-    part.num_elements = static_cast<int64_t>(part.weights.size());
+    const bool last = i + 1 == parts.size();
     v1::SeedRequest req;
     FillSeed(k, primary, &req);
     req.set_handover(true);
     req.set_rows(EncodeShard({part}));
-    req.set_rows_before(static_cast<int64_t>(first));
-    req.set_more_rows(end < rows);
-    if (end == rows) FillHandover(k, &req);
+    req.set_rows_before(first);
+    req.set_more_rows(!last);
+    if (last) FillHandover(k, &req);
     // Each part may be sent again: the receiver takes it once.
     absl::Status s = send(req);
     Backoff backoff(absl::Now() + kHandoverRetryFor);
     while ((absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) && backoff.Wait()) s = send(req);
     if (!s.ok()) return s;
-    first = end;
-  } while (first < rows);
+    first += static_cast<int64_t>(part.row_ids.size());
+  }
   return absl::OkStatus();
 }
 
 void Store::Free(Key* k) {
-  if (k->initialized) {
-    bytes_stored_ -= KeyBytes(k->n, k->optimizer);
-    k->initialized = false;
+  {
+    // A new copy (Seed) allocates again.
+    BytesHeld held(&bytes_stored_, *k->value);
+    k->value->Free();
   }
-  if (k->table != nullptr) {
-    bytes_stored_ -= k->table->rows() * k->table->row_bytes();
-    k->table.reset();
-  }
-  // A new copy (Seed) allocates again.
-  std::vector<float>().swap(k->weights);
-  std::vector<float>().swap(k->sync.accum);
-  k->slots.clear();
-  k->slot_ptrs.clear();
+  k->initialized = false;
   k->snapshot.ready = false;
 }
 
@@ -425,7 +371,7 @@ void Store::Release(int owner, int to, const SendSeed& send) {
   for (Key* k : AllKeys()) {
     absl::MutexLock lock(&k->mu);
     if (!k->role.serving || !Owns(k, owner)) continue;
-    if (send && k->initialized && k->table != nullptr) {
+    if (send && k->initialized && !k->value->kept_as_copy()) {
       if (absl::Status s = HandOverTable(k, primary, send); s.ok()) {
         ++handed;
       } else {

@@ -14,9 +14,9 @@
 #include "common/key_map.h"
 #include "common/logging.h"
 #include "common/optimizer_proto.h"
+#include "server/key_value.h"
 #include "server/store.h"
 #include "server/store_internal.h"
-#include "server/table.h"
 
 namespace psrt {
 
@@ -29,15 +29,7 @@ void Store::CopyForSnapshot(Key* k) {
   r.version = k->version;
   r.learning_rate = k->lr;
   r.optimizer = OptimizerToProto(k->optimizer).name();
-  if (k->table) {
-    k->table->Save(&r);
-  } else {
-    r.num_elements = k->n;
-    r.weights.assign(k->weights.begin(), k->weights.end());
-    r.slots.resize(k->slots.size());
-    for (size_t i = 0; i < k->slots.size(); ++i)
-      r.slots[i].assign(k->slots[i].begin(), k->slots[i].end());
-  }
+  k->value->Save(&r);
   k->snapshot.ready = true;
   const double pause = absl::ToDoubleSeconds(absl::Now() - start);
   snapshot_pause_seconds_->Observe(pause);
