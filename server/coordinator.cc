@@ -1,24 +1,10 @@
 #include "server/coordinator.h"
 
-#include <algorithm>
-
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
-#include "common/logging.h"
 
 namespace psrt {
 namespace {
-
-const char* RoleName(v1::Role r) {
-  switch (r) {
-    case v1::ROLE_SERVER: return "server";
-    case v1::ROLE_WORKER: return "worker";
-    case v1::ROLE_AGENT: return "agent";
-    default: return "unknown";
-  }
-}
 
 // A callback method's answer, now.
 grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const grpc::Status& s) {
@@ -39,650 +25,64 @@ grpc::Status Encode(const grpc::protobuf::MessageLite& msg, grpc::ByteBuffer* by
   return grpc::SerializationTraits<grpc::protobuf::MessageLite>::Serialize(msg, bytes, &own);
 }
 
-// A raw unary method: parses its Request, runs `serve`, sends its Response.
+// A raw unary method: checks the token, parses its Request, runs `serve`,
+// sends its Response.
 template <typename Request, typename Response, typename Serve>
-grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
-                                grpc::ByteBuffer* out, Serve serve) {
+grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const std::string& token,
+                                const grpc::ByteBuffer* in, grpc::ByteBuffer* out, Serve serve) {
   Request req;
   Response resp;
-  grpc::Status s = Decode(*in, &req);
-  if (s.ok()) s = serve(req, &resp);
+  grpc::Status s = CheckToken(ctx, token);
+  if (s.ok()) s = Decode(*in, &req);
+  if (s.ok()) s = ToGrpc(serve(req, &resp));
   if (s.ok()) s = Encode(resp, out);
   return Answer(ctx, s);
 }
 
+// The caller's deadline, at most `cap` away.
+absl::Time Deadline(const grpc::ServerContextBase* ctx, absl::Duration cap) {
+  return absl::Now() + TimeLeft(ctx, cap);
+}
+
+// The longest a blocking call waits, whatever its caller's deadline.
+constexpr absl::Duration kLongestWait = absl::Minutes(10);
+
 }  // namespace
-
-std::string CoordinatorService::StateName(v1::JobState s) {
-  switch (s) {
-    case v1::JOB_RUNNING:
-      return "running";
-    case v1::JOB_SUCCEEDED:
-      return "succeeded";
-    case v1::JOB_FAILED:
-      return "failed";
-    default:
-      return "unknown";
-  }
-}
-
-CoordinatorService::CoordinatorService(CoordinatorOptions options, Metrics* metrics)
-    : options_(std::move(options)),
-      registered_(
-          metrics->GetGauge("registered_processes", "Processes registered with the coordinator")),
-      heartbeats_(metrics->GetCounter("heartbeats_total", "Heartbeats received")),
-      epoch_gauge_(metrics->GetGauge("membership_epoch",
-                                     "Membership epoch: changes when a worker is lost or rejoins")),
-      active_workers_(metrics->GetGauge("active_workers", "Training processes taking part")),
-      recoveries_(metrics->GetCounter(
-          "recoveries_total", "Recoveries: rollbacks to the last checkpoint after a failure")),
-      failovers_(metrics->GetCounter(
-          "failovers_total", "Servers lost whose keys their backups serve since (replicas: 1)")),
-      moves_total_(metrics->GetCounter(
-          "server_moves_total",
-          "Server indices whose keys moved to another server (max_servers: joins, removals)")),
-      steps_lost_(
-          metrics->GetCounter("recovery_steps_lost_total",
-                              "Training steps done again because a recovery rolled them back")),
-      step_gauge_(metrics->GetGauge(
-          "step", "The furthest worker's training step (the step it pushed last)")),
-      steps_(metrics->GetCounter("steps_total",
-                                 "Training steps made: how far the furthest worker's step "
-                                 "advanced, steps done again after a recovery included")) {
-  const PsOptions& ps = options_.ps;
-  config_.set_mode(ps.mode);
-  config_.set_partition_bytes(ps.partition_bytes);
-  config_.set_average_gradients(ps.gradient_aggregation == "mean");
-  config_.set_heartbeat_timeout_s(ps.heartbeat_timeout_s);
-  config_.set_heartbeat_interval_s(std::clamp(ps.heartbeat_timeout_s / 5, 0.05, 1.0));
-  config_.set_barrier_timeout_s(ps.barrier_timeout_s);
-  config_.set_workers_per_host(ps.workers_per_host);
-  config_.set_staleness(ps.staleness);
-  config_.set_backup_workers(ps.backup_workers);
-  config_.set_on_worker_failure(ps.on_worker_failure);
-  config_.set_restart_workers(ps.restart_workers);
-  config_.set_compression(ps.compression);
-  config_.set_pull_compression(ps.pull_compression);
-  config_.set_transport(ps.transport);
-  config_.set_on_failure(ps.on_failure);
-  config_.set_max_recoveries(ps.max_recoveries);
-  config_.set_host_wait_s(ps.host_wait_s);
-  config_.set_generation(options_.generation);
-  config_.set_min_workers(ps.elastic_min_workers);
-  config_.set_nonfinite(ps.nonfinite);
-  config_.set_replicas(ps.replicas);
-  config_.set_server_port_base(ps.server_port_base);
-  v1::Limits* limits = config_.mutable_limits();
-  limits->set_max_server_bytes(ps.limits.max_server_bytes);
-  limits->set_max_variables(ps.limits.max_variables);
-  limits->set_max_keys_per_variable(ps.limits.max_keys_per_variable);
-  limits->set_max_calls_per_worker(ps.limits.max_calls_per_worker);
-  limits->set_max_pull_wait_s(ps.limits.max_pull_wait_s);
-  config_.mutable_checkpoint()->set_uri(ps.checkpoint.uri);
-  config_.mutable_checkpoint()->set_every_steps(ps.checkpoint.every_steps);
-  config_.mutable_checkpoint()->set_every_seconds(ps.checkpoint.every_seconds);
-  config_.mutable_checkpoint()->set_keep(ps.checkpoint.keep);
-  config_.set_restore_uri(options_.restore_uri);
-  config_.set_restored_step(options_.restored_step);
-  epoch_gauge_->Set(1);
-  absl::MutexLock lock(&mu_);
-  generation_ = options_.generation;
-  start_ = Now();
-  for (int h = 0; h < static_cast<int>(options_.hosts.size()); ++h) {
-    if (options_.hosts_in_job.empty() ||
-        std::find(options_.hosts_in_job.begin(), options_.hosts_in_job.end(), h) != options_.hosts_in_job.end()) {
-      hosts_.push_back(h);
-    }
-    Process p;
-    p.id.set_role(v1::ROLE_AGENT);
-    p.id.set_index(h);
-    p.host_index = h;
-    p.expected_host = options_.hosts[h];
-    p.name = absl::StrCat("agent on ", p.expected_host);
-    processes_.push_back(std::move(p));
-  }
-  LayOutLocked();
-  Record(generation_, config_.restore_uri(), config_.restored_step(), hosts_);  // nothing runs yet
-  if (options_.monitor) monitor_ = std::thread([this] { Monitor(); });
-}
-
-void CoordinatorService::LayOutLocked() {
-  const PsOptions& ps = options_.ps;
-  const int num_hosts = static_cast<int>(hosts_.size());
-  config_.set_num_hosts(num_hosts);
-  // "max_servers": the key map has max_servers servers; those past the
-  // started ones join later, their keys served meanwhile by InitialServer.
-  const int started = num_hosts * ps.servers_per_host;
-  config_.set_num_servers(std::max(started, ps.max_servers));
-  config_.set_started_servers(ps.max_servers > 0 ? started : 0);
-  const int slots = num_hosts * ps.workers_per_host;
-  config_.set_num_workers(ps.elastic_max_workers > 0 ? std::min(slots, ps.elastic_max_workers) : slots);
-  started_ = false;
-  processes_.erase(std::remove_if(processes_.begin(), processes_.end(),
-                                  [](const Process& p) { return p.id.role() != v1::ROLE_AGENT; }),
-                   processes_.end());
-  for (Process& agent : processes_) {
-    auto it = std::find(hosts_.begin(), hosts_.end(), agent.id.index());
-    agent.slot = it == hosts_.end() ? -1 : static_cast<int>(it - hosts_.begin());
-  }
-  auto add = [&](v1::Role role, int index, int host) {
-    Process p;
-    p.id.set_role(role);
-    p.id.set_index(index);
-    p.host_index = host;
-    p.expected_host = options_.hosts[host];
-    p.name = absl::StrCat(RoleName(role), " ", index, " on ", p.expected_host);
-    processes_.push_back(std::move(p));
-  };
-  for (int slot = 0; slot < num_hosts; ++slot) {
-    for (int i = 0; i < ps.servers_per_host; ++i) add(v1::ROLE_SERVER, slot * ps.servers_per_host + i, hosts_[slot]);
-  }
-  for (int index = started; index < config_.num_servers(); ++index) {
-    Process p;
-    p.id.set_role(v1::ROLE_SERVER);
-    p.id.set_index(index);
-    p.parked = true;
-    p.name = absl::StrCat("server ", index);
-    processes_.push_back(std::move(p));
-  }
-  for (int rank = 0; rank < config_.num_workers(); ++rank) {
-    add(v1::ROLE_WORKER, rank, hosts_[rank / ps.workers_per_host]);
-  }
-  active_workers_->Set(config_.num_workers());
-  placement_.LayOut(config_.num_servers(), config_.started_servers(), config_.replicas(),
-                    ps.servers_per_host);
-}
-
-v1::ShardMap CoordinatorService::ShardMapLocked() const {
-  v1::ShardMap m;
-  for (const std::string& a : ServerAddressesLocked()) m.add_server_addresses(a);
-  placement_.Fill(&m);
-  return m;
-}
-
-CoordinatorService::Process* CoordinatorService::ServerLocked(int index) {
-  v1::ProcessId id;
-  id.set_role(v1::ROLE_SERVER);
-  id.set_index(index);
-  return FindLocked(id);
-}
-
-CoordinatorService::~CoordinatorService() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
-  if (monitor_.joinable()) monitor_.join();
-  FinishReleased();
-  std::vector<std::thread> turns;
-  {
-    absl::MutexLock lock(&mu_);
-    turns.swap(checkpoint_turns_);
-  }
-  for (std::thread& t : turns) t.join();
-  if (finisher_.joinable()) finisher_.join();
-  if (stopper_.joinable()) stopper_.join();
-  if (recoverer_.joinable()) recoverer_.join();
-  if (failover_.joinable()) failover_.join();
-}
-
-std::vector<std::string> CoordinatorService::ServerAddressesLocked() const {
-  std::vector<std::string> out;
-  for (const Process& q : processes_) {
-    if (q.id.role() == v1::ROLE_SERVER) out.push_back(q.address);
-  }
-  return out;
-}
-
-std::vector<std::string> CoordinatorService::LiveServerAddressesLocked() const {
-  std::vector<std::string> out;
-  for (const Process& q : processes_) {
-    if (q.id.role() == v1::ROLE_SERVER && !q.lost && !q.parked) out.push_back(q.address);
-  }
-  return out;
-}
-
-bool CoordinatorService::LiveServerLocked(int index) {
-  const Process* q = ServerLocked(index);
-  return q != nullptr && q->registered && !q->exited && !q->lost && !q->parked;
-}
-
-CoordinatorService::Process* CoordinatorService::FindLocked(const v1::ProcessId& id) {
-  for (Process& p : processes_) {
-    if (p.id.role() == id.role() && p.id.index() == id.index()) return &p;
-  }
-  return nullptr;
-}
-
-grpc::Status CoordinatorService::Lookup(const v1::ProcessId& id, Process** out) {
-  *out = FindLocked(id);
-  if (*out != nullptr) return grpc::Status::OK;
-  if (id.role() != v1::ROLE_SERVER && id.role() != v1::ROLE_WORKER && id.role() != v1::ROLE_AGENT) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("role ", static_cast<int>(id.role()),
-                                     " is not a role of a psrt job (server, worker or agent)"));
-  }
-  const int count = static_cast<int>(std::count_if(
-      processes_.begin(), processes_.end(),
-      [&](const Process& p) { return p.id.role() == id.role(); }));
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                      absl::StrCat("no ", RoleName(id.role()), " with index ", id.index(),
-                                   " in this job; it has ",
-                                   count == 0 ? "none"
-                                              : absl::StrCat(count, " ", RoleName(id.role()),
-                                                             count == 1 ? "" : "s", " (indices 0..",
-                                                             count - 1, ")")));
-}
-
-v1::Membership CoordinatorService::MembershipLocked() const {
-  v1::Membership m;
-  m.set_epoch(epoch_);
-  for (const Process& p : processes_) {
-    // Elastic: a worker takes part from its registration on.
-    if (p.id.role() == v1::ROLE_WORKER && !p.lost && !p.exited && (p.registered || !elastic())) {
-      m.add_active_workers(p.id.index());
-    }
-  }
-  return m;
-}
-
-std::vector<std::string> CoordinatorService::MissingLocked() const {
-  std::vector<std::string> missing;
-  for (const Process& p : processes_) {
-    if (!p.registered && !p.parked && p.id.role() != v1::ROLE_AGENT) missing.push_back(p.name);
-  }
-  return missing;
-}
-
-bool CoordinatorService::ReadyLocked() const {
-  // Asked at every registration and heartbeat tick: no names made here.
-  if (!elastic()) {
-    return std::all_of(processes_.begin(), processes_.end(), [](const Process& p) {
-      return p.registered || p.parked || p.id.role() == v1::ROLE_AGENT;
-    });
-  }
-  int workers = 0;
-  for (const Process& p : processes_) {
-    if (p.id.role() == v1::ROLE_SERVER && !p.registered && !p.parked) return false;
-    workers += p.id.role() == v1::ROLE_WORKER && p.registered && !p.lost && !p.exited;
-  }
-  return workers >= config_.min_workers();
-}
-
-bool CoordinatorService::AllServersRegisteredLocked() const {
-  return std::all_of(processes_.begin(), processes_.end(), [](const Process& p) {
-    return p.id.role() != v1::ROLE_SERVER || p.registered || p.parked;
-  });
-}
-
-bool CoordinatorService::ServersApplyLocked(int64_t epoch) const {
-  return std::all_of(processes_.begin(), processes_.end(), [&](const Process& p) {
-    return p.id.role() != v1::ROLE_SERVER || p.lost || p.parked || p.applied_epoch >= epoch;
-  });
-}
-
-grpc::Status CoordinatorService::DoRegister(grpc::ServerContextBase* ctx, const v1::RegisterRequest* req,
-                                          v1::RegisterResponse* resp) {
-  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
-  if (req->id().role() == v1::ROLE_SERVER && req->address().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a server must register the address it listens on");
-  }
-  absl::MutexLock lock(&mu_);
-  Process* p;
-  if (grpc::Status s = Lookup(req->id(), &p); !s.ok()) return s;
-  if (state_ != v1::JOB_RUNNING) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("the job has ended (", StateName(state_), "): ", reason_));
-  }
-  if (StaleLocked(req->generation())) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat(p->name, " was started for generation ", req->generation(),
-                                     ", but a recovery moved the job to generation ", generation_));
-  }
-  if (p->id.role() == v1::ROLE_AGENT && p->slot < 0) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat(p->expected_host, " left the job: it was gone for longer than host_wait_s"));
-  }
-  if (p->id.role() == v1::ROLE_AGENT && p->lost) AgentBackLocked(p);
-  // "max_servers": a server index with no process joins the running job:
-  // it starts empty, and its keys move to it from the server serving them.
-  const bool joins = p->id.role() == v1::ROLE_SERVER && p->parked;
-  if (joins && !ReadyLocked()) {
-    // Asked again by the server's link until it connects.
-    return grpc::Status(
-        grpc::StatusCode::UNAVAILABLE,
-        absl::StrCat(p->name, " joins a running job; this one has not started yet (not arrived: ",
-                     absl::StrJoin(MissingLocked(), ", "), ")"));
-  }
-  if (joins) {
-    p->parked = false;
-    p->lost = false;
-    p->shard_epoch = 0;
-    p->copies_building.clear();
-    placement_.Join(p->id.index());
-    p->name = absl::StrCat("server ", p->id.index(), " on ", req->host());
-    LogInfo(p->name, " joins the job at ", req->address(), ": its keys move to it from server ",
-            placement_.ServedBy(p->id.index()));
-  }
-  // A server back after its keys moved ("replicas": 1) is a spare.
-  const bool spare = p->id.role() == v1::ROLE_SERVER && p->lost && config_.replicas() > 0;
-  if (!spare && p->registered && !p->exited && p->id.role() == v1::ROLE_SERVER &&
-      p->address != req->address()) {
-    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                        absl::StrCat(p->name, " is already registered at ", p->address));
-  }
-  const bool again = p->registered;
-  if (p->id.role() == v1::ROLE_WORKER && (p->lost || p->exited || (!again && started_))) {
-    // A lost worker that comes back, or (elastic) a new one, takes part
-    // from the next step.
-    const bool rejoins = p->lost || p->exited;
-    p->lost = false;
-    ++epoch_;
-    epoch_gauge_->Set(epoch_);
-    LogInfo(p->name, rejoins ? " rejoined" : " joined the job", " (epoch ", epoch_, ")");
-  }
-  if (spare) {
-    // It keeps the copies that are missing now, which the servers serving
-    // them build in the background.
-    p->lost = false;
-    const std::vector<int> copies = placement_.KeepMissingCopies(p->id.index());
-    LogInfo(p->name, " is back at ", req->address(), ": it keeps the copies of the keys of servers ",
-            absl::StrJoin(copies, ", "), " from now on");
-  }
-  resp->set_spare(spare || joins);
-  p->registered = true;
-  p->exited = false;
-  p->restarting = false;
-  p->host = req->host();
-  p->address = req->address();
-  p->last_heartbeat = Now();
-  LogInfo(again ? "re-registered " : "registered ", p->name,
-          p->address.empty() ? "" : absl::StrCat(" at ", p->address), " (pid ", req->pid(), ")");
-  registered_->Set(std::count_if(processes_.begin(), processes_.end(),
-                                 [](const Process& q) { return q.registered; }));
-  if (elastic() && !started_ && ReadyLocked()) {
-    // The job starts with the workers there are; servers stop waiting for
-    // the pushes of the others.
-    started_ = true;
-    ++epoch_;
-    epoch_gauge_->Set(epoch_);
-    LogInfo("starting with ", MembershipLocked().active_workers_size(), " of ", config_.num_workers(),
-            " workers (elastic.min_workers ", config_.min_workers(), "; epoch ", epoch_, ")");
-  }
-  active_workers_->Set(MembershipLocked().active_workers_size());
-  *resp->mutable_config() = config_;
-  resp->set_host_index(p->slot);
-  ReleaseBarriersLocked();
-  return grpc::Status::OK;
-}
-
-grpc::ServerUnaryReactor* CoordinatorService::Barrier(grpc::CallbackServerContext* ctx,
-                                                      const grpc::ByteBuffer* bytes,
-                                                      grpc::ByteBuffer* resp) {
-  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return Answer(ctx, s);
-  v1::BarrierRequest request;
-  if (grpc::Status s = Decode(*bytes, &request); !s.ok()) return Answer(ctx, s);
-  const absl::Duration timeout = absl::Seconds(
-      request.timeout_s() > 0 ? request.timeout_s() : config_.barrier_timeout_s());
-  grpc::ServerUnaryReactor* reactor;
-  {
-    absl::MutexLock lock(&mu_);
-    Process* p;
-    if (grpc::Status s = Lookup(request.id(), &p); !s.ok()) return Answer(ctx, s);
-    if (!p->registered) {
-      return Answer(ctx,
-                    grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                 absl::StrCat(p->name, " entered the barrier before registering")));
-    }
-    reactor = ctx->DefaultReactor();
-    barriers_.push_back({ctx, reactor, resp, absl::Now() + TimeLeft(ctx, timeout), timeout});
-    ReleaseBarriersLocked();
-  }
-  FinishReleased();
-  return reactor;
-}
-
-void CoordinatorService::ReleaseBarriersLocked() {
-  if (barriers_.empty()) return;
-  // Elastic: a worker that joins also waits until every server counts it
-  // (applies the epoch that made it active), so its first push is counted.
-  const bool passed =
-      state_ != v1::JOB_RUNNING || (ReadyLocked() && (!elastic() || ServersApplyLocked(epoch_)));
-  const absl::Time now = absl::Now();
-  // Serialized once for all: a job's every server and worker waits here,
-  // and each answer holds the shard map (a line per server).
-  std::shared_ptr<grpc::ByteBuffer> answer;
-  if (passed && state_ == v1::JOB_RUNNING) {
-    v1::BarrierResponse r;
-    *r.mutable_shard_map() = ShardMapLocked();
-    *r.mutable_config() = config_;
-    *r.mutable_membership() = MembershipLocked();
-    answer = std::make_shared<grpc::ByteBuffer>();
-    if (grpc::Status s = Encode(r, answer.get()); !s.ok()) {
-      FailLocked(absl::StrCat("cannot serialize the barrier's answer: ", s.error_message()));
-      answer.reset();
-    }
-  }
-  size_t kept = 0;
-  for (WaitingBarrier& b : barriers_) {
-    grpc::Status s;
-    if (passed && (state_ != v1::JOB_RUNNING || answer == nullptr)) {
-      s = grpc::Status(grpc::StatusCode::ABORTED,
-                       absl::StrCat("the job has ended (", StateName(state_), "): ", reason_));
-    } else if (passed) {
-      released_.push_back({b, grpc::Status::OK, answer});
-      continue;
-    } else if (b.ctx->IsCancelled()) {
-      s = grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
-    } else if (now >= b.deadline) {
-      s = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                       absl::StrCat("readiness barrier timed out after ",
-                                    absl::FormatDuration(b.timeout), "; not arrived: ",
-                                    absl::StrJoin(MissingLocked(), ", ")));
-    } else {
-      barriers_[kept++] = b;
-      continue;
-    }
-    released_.push_back({b, s, nullptr});
-  }
-  barriers_.resize(kept);
-}
-
-void CoordinatorService::FinishReleased() {
-  std::vector<ReleasedBarrier> released;
-  {
-    absl::MutexLock lock(&mu_);
-    released.swap(released_);
-  }
-  for (ReleasedBarrier& r : released) {
-    if (r.answer != nullptr) *r.barrier.resp = *r.answer;  // shares its slices
-    r.barrier.reactor->Finish(r.status);
-  }
-}
-
-grpc::Status CoordinatorService::DoHeartbeat(grpc::ServerContextBase* ctx, const v1::HeartbeatRequest* req,
-                                           v1::HeartbeatResponse* resp) {
-  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  Process* p;
-  if (grpc::Status s = Lookup(req->id(), &p); !s.ok()) return s;
-  resp->set_generation(generation_);
-  if (p->id.role() == v1::ROLE_AGENT) {
-    resp->set_host_index(p->slot);
-    *resp->mutable_config() = config_;
-    if (p->slot < 0) {
-      resp->set_state(state_);
-      return grpc::Status::OK;  // it left the job, and hears so
-    }
-  }
-  if (StaleLocked(req->generation())) {
-    // Replaced by a recovery: it learns so, and its agent stops it.
-    resp->set_state(state_);
-    resp->set_reason(reason_);
-    return grpc::Status::OK;
-  }
-  if (p->id.role() == v1::ROLE_SERVER && p->parked) {
-    // Removed (its keys are on the other servers): it exits.
-    resp->set_state(state_);
-    resp->set_leave(true);
-    return grpc::Status::OK;
-  }
-  if (p->id.role() == v1::ROLE_AGENT && state_ == v1::JOB_RUNNING && p->lost) {
-    AgentBackLocked(p);  // its host's link came back
-  } else if (p->id.role() == v1::ROLE_AGENT && state_ == v1::JOB_RUNNING && !p->registered &&
-             options_.generation > 1) {
-    // An agent that outlived a lost coordinator: this one was restarted.
-    p->registered = true;
-    LogInfo("registered ", p->name, " by its heartbeat");
-  } else if (!p->registered) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat(p->name, " sent a heartbeat before registering"));
-  }
-  heartbeats_->Add();
-  if (p->id.role() == v1::ROLE_WORKER) {
-    p->step = req->step();
-    p->stats = req->stats();
-  }
-  if (p->id.role() == v1::ROLE_WORKER && req->step() > progress_step_) {
-    steps_->Add(req->step() - progress_step_);
-    progress_step_ = req->step();
-    step_gauge_->Set(static_cast<double>(progress_step_));
-  }
-  if (p->id.role() == v1::ROLE_SERVER) {
-    p->applied_epoch = req->membership_epoch();
-    // Copies of the keys it serves that it has built since it last said.
-    const std::vector<int> before = placement_.CopiesBuilt(p->id.index(), ServerFactsLocked(*p));
-    p->shard_epoch = req->shard_map_epoch();
-    p->copies_building.assign(req->copies_building().begin(), req->copies_building().end());
-    for (int o : placement_.CopiesBuilt(p->id.index(), ServerFactsLocked(*p))) {
-      if (config_.replicas() == 0 || std::find(before.begin(), before.end(), o) != before.end())
-        continue;
-      LogInfo("server ", placement_.CopyAt(o), " holds a copy of server ", o,
-              "'s keys (built by server ", p->id.index(), "): a loss of server ", p->id.index(),
-              " fails over to it");
-    }
-    // A move's next step waits for what this server says: taken at once,
-    // and its map goes back in this answer.
-    if (placement_.moving() && state_ == v1::JOB_RUNNING && !recovering_) AdvanceMovesLocked();
-  }
-  if (p->id.role() != v1::ROLE_AGENT && req->shard_map_epoch() != placement_.epoch() &&
-      AllServersRegisteredLocked()) {
-    *resp->mutable_shard_map() = ShardMapLocked();
-  }
-  p->last_heartbeat = Now();
-  if (state_ != v1::JOB_RUNNING) p->saw_end = true;
-  resp->set_state(state_);
-  resp->set_reason(reason_);
-  if (req->membership_epoch() != epoch_) *resp->mutable_membership() = MembershipLocked();
-  return grpc::Status::OK;
-}
-
-grpc::Status CoordinatorService::DoReportExit(grpc::ServerContextBase* ctx,
-                                              const v1::ReportExitRequest* req) {
-  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  Process* p;
-  if (grpc::Status s = Lookup(req->id(), &p); !s.ok()) return s;
-  if (p->exited) return grpc::Status::OK;  // the agent and the worker may both report
-  if (p->parked) return grpc::Status::OK;  // removed: its exit was expected
-  if (StaleLocked(req->generation())) return grpc::Status::OK;  // replaced by a recovery
-  const std::string what = absl::StrCat(p->name, " exited with code ", req->exit_code(),
-                                        req->message().empty() ? "" : absl::StrCat(": ", req->message()));
-  if (p->id.role() == v1::ROLE_AGENT) {
-    // Reported by the agent as it stops, or by psrt-run, which saw it end:
-    // its host is lost (and waited for) as when its heartbeats stop, and
-    // named first, before the servers and training processes it took along.
-    if (state_ != v1::JOB_RUNNING || p->slot < 0 || p->lost) return grpc::Status::OK;
-    p->lost = true;
-    p->lost_at = Now();
-    LostLocked(req->exit_code() != 0 ? what
-                                     : absl::StrCat(p->name, " stopped while the job was running"));
-    return grpc::Status::OK;
-  }
-  if (req->restarting() && p->id.role() == v1::ROLE_WORKER && state_ == v1::JOB_RUNNING) {
-    // Its heartbeats stop until the new process registers; the barrier
-    // timeout bounds how long that may take.
-    p->restarting = true;
-    p->last_heartbeat = Now();
-    LogWarning(what, "; its agent restarts it");
-    return grpc::Status::OK;
-  }
-  p->exited = true;
-  p->exit_code = req->exit_code();
-  if (state_ != v1::JOB_RUNNING) p->saw_end = true;
-  LogInfo(what);
-  if (p->id.role() == v1::ROLE_WORKER) {
-    if (req->exit_code() != 0) {
-      WorkerLostLocked(p, what);
-    } else {
-      // A finished worker takes no further part: nobody waits for it.
-      ++epoch_;
-      epoch_gauge_->Set(epoch_);
-      active_workers_->Set(MembershipLocked().active_workers_size());
-      CheckSuccessLocked();
-    }
-  } else if (state_ == v1::JOB_RUNNING) {
-    const std::string why =
-        req->exit_code() != 0 ? what : absl::StrCat(p->name, " stopped while the job was running");
-    ServerLostLocked(p, why);
-  }
-  return grpc::Status::OK;
-}
-
-grpc::Status CoordinatorService::DoGetJobStatus(grpc::ServerContextBase* ctx,
-                                                v1::JobStatusResponse* resp) {
-  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  status_watched_ = true;
-  status_heard_end_ = status_heard_end_ || state_ != v1::JOB_RUNNING;
-  resp->set_state(state_);
-  resp->set_reason(reason_);
-  *resp->mutable_config() = config_;
-  *resp->mutable_membership() = MembershipLocked();
-  resp->set_recoveries(static_cast<int>(generation_ - 1));
-  resp->set_failovers(static_cast<int>(failovers_->value()));
-  if (options_.checkpointer != nullptr) {
-    resp->set_checkpoints(static_cast<int>(options_.checkpointer->saved()));
-    resp->set_checkpoint_seconds(options_.checkpointer->saved_seconds());
-  }
-  resp->set_seconds(absl::ToDoubleSeconds(absl::Now() - born_));
-  const absl::Time now = Now();
-  for (int s : placement_.served_by()) resp->add_served_by(s);
-  resp->set_moves(static_cast<int>(moves_total_->value()));
-  for (const Process& p : processes_) {
-    v1::ProcessStatus* s = resp->add_processes();
-    *s->mutable_id() = p.id;
-    s->set_name(p.name);
-    s->set_host(p.host);
-    s->set_registered(p.registered);
-    s->set_exited(p.exited);
-    s->set_exit_code(p.exit_code);
-    if (p.registered) s->set_seconds_since_heartbeat(absl::ToDoubleSeconds(now - p.last_heartbeat));
-    if (p.id.role() == v1::ROLE_WORKER) {
-      s->set_step(p.step);
-      *s->mutable_stats() = p.stats;
-    }
-  }
-  return grpc::Status::OK;
-}
 
 grpc::ServerUnaryReactor* CoordinatorService::Register(grpc::CallbackServerContext* ctx,
                                                        const grpc::ByteBuffer* in,
                                                        grpc::ByteBuffer* out) {
   return Unary<v1::RegisterRequest, v1::RegisterResponse>(
-      ctx, in, out, [&](const v1::RegisterRequest& req, v1::RegisterResponse* resp) {
-        grpc::Status s = DoRegister(ctx, &req, resp);
-        FinishReleased();  // this one may have been the last awaited
-        return s;
+      ctx, token_, in, out, [&](const v1::RegisterRequest& req, v1::RegisterResponse* resp) {
+        return job_->Register(req, resp);
       });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Barrier(grpc::CallbackServerContext* ctx,
+                                                      const grpc::ByteBuffer* in,
+                                                      grpc::ByteBuffer* out) {
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return Answer(ctx, s);
+  v1::BarrierRequest req;
+  if (grpc::Status s = Decode(*in, &req); !s.ok()) return Answer(ctx, s);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  job_->Barrier(
+      req, Deadline(ctx, absl::InfiniteDuration()), [ctx] { return ctx->IsCancelled(); },
+      [reactor, out](const absl::Status& s, std::shared_ptr<const std::string> answer) {
+        if (answer != nullptr) {
+          grpc::Slice slice(answer->data(), answer->size());
+          *out = grpc::ByteBuffer(&slice, 1);
+        }
+        reactor->Finish(ToGrpc(s));
+      });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                         const grpc::ByteBuffer* in,
                                                         grpc::ByteBuffer* out) {
   return Unary<v1::HeartbeatRequest, v1::HeartbeatResponse>(
-      ctx, in, out, [&](const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
-        return DoHeartbeat(ctx, &req, resp);
+      ctx, token_, in, out, [&](const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
+        return job_->Heartbeat(req, resp);
       });
 }
 
@@ -690,8 +90,8 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportExit(grpc::CallbackServerCon
                                                          const grpc::ByteBuffer* in,
                                                          grpc::ByteBuffer* out) {
   return Unary<v1::ReportExitRequest, v1::ReportExitResponse>(
-      ctx, in, out, [&](const v1::ReportExitRequest& req, v1::ReportExitResponse*) {
-        return DoReportExit(ctx, &req);
+      ctx, token_, in, out, [&](const v1::ReportExitRequest& req, v1::ReportExitResponse*) {
+        return job_->ReportExit(req);
       });
 }
 
@@ -699,40 +99,23 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJobStatus(grpc::CallbackServerC
                                                            const grpc::ByteBuffer* in,
                                                            grpc::ByteBuffer* out) {
   return Unary<v1::JobStatusRequest, v1::JobStatusResponse>(
-      ctx, in, out,
-      [&](const v1::JobStatusRequest&, v1::JobStatusResponse* resp) { return DoGetJobStatus(ctx, resp); });
+      ctx, token_, in, out, [&](const v1::JobStatusRequest&, v1::JobStatusResponse* resp) {
+        return job_->GetStatus(resp);
+      });
 }
 
 grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext* ctx, const v1::CheckpointRequest*,
                                             v1::CheckpointResponse* resp) {
-  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
-  if (options_.checkpointer == nullptr) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "this job writes no checkpoints: set checkpoint.uri in the parameter_server option");
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    if (state_ != v1::JOB_RUNNING || finishing_) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          "the job is ending; its final checkpoint is written (or it failed)");
-    }
-    if (placement_.moving()) {
-      return grpc::Status(
-          grpc::StatusCode::UNAVAILABLE,
-          "keys are moving between servers (a server joins or leaves); ask again once they are");
-    }
-    MaybeStartCheckpointsLocked();  // the monitor's next round may not have yet
-    if (!checkpoints_started_) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          absl::StrCat("the job's processes have not all registered yet: ",
-                                       absl::StrJoin(MissingLocked(), ", ")));
-    }
-  }
-  absl::StatusOr<v1::CheckpointResponse> r =
-      options_.checkpointer->SaveNow(absl::Now() + TimeLeft(ctx, absl::Minutes(10)));
-  if (!r.ok()) return ToGrpc(r.status());
-  *resp = *r;
-  return grpc::Status::OK;
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
+  return ToGrpc(job_->Checkpoint(Deadline(ctx, kLongestWait), resp));
+}
+
+grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx,
+                                              const v1::RemoveServerRequest* req,
+                                              v1::RemoveServerResponse* resp) {
+  if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
+  return ToGrpc(job_->RemoveServer(
+      *req, Deadline(ctx, kLongestWait), [ctx] { return ctx->IsCancelled(); }, resp));
 }
 
 }  // namespace psrt

@@ -1,50 +1,23 @@
 #ifndef PSRT_SERVER_COORDINATOR_H_
 #define PSRT_SERVER_COORDINATOR_H_
 
-#include <functional>
 #include <string>
-#include <thread>
-#include <vector>
 
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
-#include "common/distribution.h"
-#include "common/metrics.h"
 #include "psrt/v1/coordinator.grpc.pb.h"
-#include "server/checkpointer.h"
-#include "server/placement.h"
+#include "server/job.h"
 
 namespace psrt {
 
-struct CoordinatorOptions {
-  std::vector<std::string> hosts;  // host i runs servers and workers of index i
-  PsOptions ps;
-  std::string token;
-  // Writes the job's checkpoints (none without); outlives the service.
-  Checkpointer* checkpointer = nullptr;
-  // The checkpoint the job starts from, if any, and its step.
-  std::string restore_uri;
-  int64_t restored_step = 0;
-  // 1 for a new job; more for a coordinator restarted after its loss (the
-  // job record's generation + 1).
-  int64_t generation = 1;
-  // The hosts (indices into `hosts`) still in the job; empty: all.
-  std::vector<int> hosts_in_job;
-  // The time heartbeats are stamped and judged by (null: absl::Now).
-  std::function<absl::Time()> clock;
-  // Whether a thread calls Tick every 50 ms (false: the caller does; tests).
-  bool monitor = true;
-};
-
-// Membership, readiness, heartbeats and the end of the job. The first failure
-// decides the job's fate and its reason is what every process reports.
-// Every method but Checkpoint (which waits for a save) is a callback
-// method, answered on gRPC's own threads: a job's processes all register and
-// wait in the barrier at once, and a thread per call would cap a job at the
-// server's thread limit (docs/deployment.md, "Limits"). They take and give
-// bytes, parsed here: gRPC's callback handlers answer a request that does
-// not parse with a bare UNIMPLEMENTED, and Barrier's answer is serialized
-// once and shared by every caller.
+// psrt.v1.Coordinator over gRPC: checks each call's job token, parses its
+// request and hands it to the Job (server/job.h), which does the work.
+//
+// Every method but Checkpoint and RemoveServer (which wait for the servers)
+// is a callback method, answered on gRPC's own threads: a job's processes all
+// register and wait in the barrier at once, and a thread per call would cap
+// a job at the server's thread limit (docs/deployment.md, "Limits"). They
+// take and give bytes, parsed here: gRPC's callback handlers answer a
+// request that does not parse with a bare UNIMPLEMENTED, and Barrier's
+// answer is serialized once for every caller.
 using CoordinatorBase = v1::Coordinator::WithRawCallbackMethod_Register<
     v1::Coordinator::WithRawCallbackMethod_Barrier<v1::Coordinator::WithRawCallbackMethod_Heartbeat<
         v1::Coordinator::WithRawCallbackMethod_ReportExit<
@@ -52,8 +25,8 @@ using CoordinatorBase = v1::Coordinator::WithRawCallbackMethod_Register<
 
 class CoordinatorService final : public CoordinatorBase {
  public:
-  CoordinatorService(CoordinatorOptions options, Metrics* metrics);
-  ~CoordinatorService() override;
+  // `job` outlives the service.
+  CoordinatorService(Job* job, std::string token) : job_(job), token_(std::move(token)) {}
 
   // Each an XRequest in, an XResponse out.
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
@@ -69,214 +42,12 @@ class CoordinatorService final : public CoordinatorBase {
                                          grpc::ByteBuffer* resp) override;
   grpc::Status Checkpoint(grpc::ServerContext* ctx, const v1::CheckpointRequest* req,
                           v1::CheckpointResponse* resp) override;
-  // Answers once the server's keys are on the others and it is gone.
   grpc::Status RemoveServer(grpc::ServerContext* ctx, const v1::RemoveServerRequest* req,
                             v1::RemoveServerResponse* resp) override;
 
-  // Blocks until the job has ended and every live server and agent has heard
-  // so (or a grace period passed). Returns the final state.
-  v1::JobState WaitForEnd();
-  // Ends the job from outside (a signal to the coordinator).
-  void Fail(const std::string& reason);
-  // Ends the job from outside after a final checkpoint, written within
-  // `grace` where the job can write one; the reason starts with `why` and
-  // says what became of the checkpoint. Asked again, it ends the job at once.
-  void StopJob(const std::string& why, absl::Duration grace);
-
-  const v1::JobConfig& config() const { return config_; }
-
-  // Advances the job to `now`: processes silent past their timeout are
-  // lost (the job fails, fails over, recovers or goes on without them),
-  // keys move, copies are named, checkpoints start, and a readiness barrier
-  // past its time fails the job. The monitor thread calls it every 50 ms.
-  void Tick(absl::Time now);
-
-  // The RPCs' work, without gRPC's reactors (the callback methods answer
-  // with these; a test calls them directly). `ctx` carries the job token.
-  grpc::Status DoRegister(grpc::ServerContextBase* ctx, const v1::RegisterRequest* req,
-                          v1::RegisterResponse* resp);
-  grpc::Status DoHeartbeat(grpc::ServerContextBase* ctx, const v1::HeartbeatRequest* req,
-                           v1::HeartbeatResponse* resp);
-  grpc::Status DoReportExit(grpc::ServerContextBase* ctx, const v1::ReportExitRequest* req);
-  grpc::Status DoGetJobStatus(grpc::ServerContextBase* ctx, v1::JobStatusResponse* resp);
-
  private:
-  struct Process {
-    v1::ProcessId id;
-    std::string name;  // "server 1 on host-b"
-    std::string expected_host;
-    int host_index = -1;  // into options_.hosts
-    std::string host;
-    std::string address;
-    bool registered = false;
-    bool exited = false;
-    int exit_code = 0;
-    absl::Time last_heartbeat;
-    bool saw_end = false;  // heartbeat answered after the job ended
-    bool restarting = false;  // its agent is starting it again
-    bool lost = false;        // a worker the job goes on without; an agent gone
-    absl::Time lost_at;       // agents: when
-    int slot = -1;            // agents: their host's index in the job now; -1: it left
-    int64_t applied_epoch = 0;  // servers: the membership epoch they said they apply
-    // Servers ("max_servers"): no process has this index now (it joins
-    // later, or it left); leaving: RemoveServer is moving its keys away.
-    bool parked = false;
-    bool leaving = false;
-    int64_t shard_epoch = 0;           // servers: the shard map they said they apply
-    std::vector<int> copies_building;  // servers: as their last heartbeat said
-    int64_t step = 0;           // training processes: the latest step they pushed
-    v1::WorkerStats stats;      // training processes: as of their last heartbeat
-  };
-
-  static std::string StateName(v1::JobState s);  // "running", ...
-  Process* FindLocked(const v1::ProcessId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  grpc::Status Lookup(const v1::ProcessId& id, Process** out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FailLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A worker died or went silent: the job fails, recovers, or goes on
-  // without it.
-  void WorkerLostLocked(Process* p, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A process the job cannot go on without was lost: it fails, or (with
-  // on_failure "recover") rolls back to its last checkpoint.
-  void LostLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // p's host's agent, when it too has missed heartbeats; else null.
-  Process* SilentAgentLocked(const Process& p, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Stops the checkpoints, finds the checkpoint to return to, then starts
-  // the next generation (on a thread of its own: it waits on servers).
-  void Recover(std::string reason);
-  // Servers and workers for the hosts in the job, none registered; the
-  // job's sizes in config_.
-  void LayOutLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A lost agent registered or sent a heartbeat again.
-  void AgentBackLocked(Process* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the job record (generation, checkpoint to return to, hosts).
-  void Record(int64_t generation, const std::string& uri, int64_t step, const std::vector<int>& hosts);
-  // The final checkpoint StopJob asked for, then the job's end.
-  void WriteFinalCheckpoint(const std::string& why, absl::Duration grace);
-  // "; the newest is URI (step N)", naming the checkpoint a restart would
-  // go on from; empty when there is none.
-  std::string NewestCheckpointText() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::ShardMap ShardMapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool AllServersRegisteredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Process* ServerLocked(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A server was lost: its backup takes over ("replicas": 1) where it can,
-  // else as LostLocked.
-  void ServerLostLocked(Process* p, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The furthest step (sync) or worker clock any live server reached.
-  int64_t ReachedStep(const std::vector<std::string>& servers) const;
-  // Whether a request of `generation` (0: the current one) is of the past.
-  bool StaleLocked(int64_t generation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return generation != 0 && generation != generation_;
-  }
-  // Starts the checkpointer once every process has registered.
-  void MaybeStartCheckpointsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CheckSuccessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::Membership MembershipLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<std::string> MissingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every server registered, and every worker (elastic: min_workers of them).
-  bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every server applies membership `epoch` or a later one.
-  bool ServersApplyLocked(int64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool elastic() const { return options_.ps.elastic_min_workers > 0; }
-  void Monitor();
-  void TickLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
-  // Takes the barriers that may end (passed, the job ended, their caller
-  // went or their time is up) into released_; FinishReleased answers them
-  // outside mu_.
-  void ReleaseBarriersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishReleased() ABSL_LOCKS_EXCLUDED(mu_);
-  std::vector<std::string> ServerAddressesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The addresses of the servers that hold keys now (not lost, not parked).
-  std::vector<std::string> LiveServerAddressesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool LiveServerLocked(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves of keys between servers ("max_servers", Placement::Move), one at
-  // a time, with the checkpoints paused; once one ends (or is given up),
-  // the servers leaving that serve nothing now leave.
-  void AdvanceMovesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ParkLeaversLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What placement_ is told of the servers.
-  Placement::Server ServerFactsLocked(const Process& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Placement::Servers ServersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // "replicas" with "max_servers": names a copy holder for every owner's
-  // keys that have none (at the start, after a move or a failover).
-  void AssignCopiesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The checkpoints stop while keys move (a checkpoint must find every key
-  // on one server) and start again after, with the servers there are then.
-  void PauseCheckpointsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ResumeCheckpointsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  const CoordinatorOptions options_;
-  v1::JobConfig config_;
-  absl::Mutex mu_;
-  absl::Time start_ ABSL_GUARDED_BY(mu_);  // of the current generation
-  const absl::Time born_ = absl::Now();     // this coordinator's start
-  std::vector<Process> processes_ ABSL_GUARDED_BY(mu_);
-  v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_RUNNING;
-  std::string reason_ ABSL_GUARDED_BY(mu_);
-  absl::Time ended_at_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
-  // Recovery: servers and training processes belong to a generation; a
-  // recovery replaces them all with those of the next one.
-  int64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
-  bool recovering_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t progress_step_ ABSL_GUARDED_BY(mu_) = 0;  // highest step pushed this generation
-  std::vector<int> hosts_ ABSL_GUARDED_BY(mu_);       // in the job, by index into options_.hosts
-  std::vector<int> drop_hosts_ ABSL_GUARDED_BY(mu_);  // leave at the next recovery
-  bool started_ ABSL_GUARDED_BY(mu_) = false;         // elastic: min_workers were there
-  Placement placement_ ABSL_GUARDED_BY(mu_);          // the shard map and the moves
-  // The checkpoints are stopped for the moves (set by failover_'s thread
-  // once a checkpoint being written has ended).
-  bool checkpoints_paused_ ABSL_GUARDED_BY(mu_) = false;
-  bool pausing_ ABSL_GUARDED_BY(mu_) = false;
-  std::string move_error_ ABSL_GUARDED_BY(mu_);  // why the last RemoveServer failed
-  // Stop and start the checkpoints around moves; they take mu_ at their
-  // end, so they are joined only by the destructor (outside mu_).
-  std::vector<std::thread> checkpoint_turns_ ABSL_GUARDED_BY(mu_);
-  struct WaitingBarrier {
-    grpc::CallbackServerContext* ctx;
-    grpc::ServerUnaryReactor* reactor;
-    grpc::ByteBuffer* resp;
-    absl::Time deadline;
-    absl::Duration timeout;
-  };
-  std::vector<WaitingBarrier> barriers_ ABSL_GUARDED_BY(mu_);
-  struct ReleasedBarrier {
-    WaitingBarrier barrier;
-    grpc::Status status;
-    std::shared_ptr<const grpc::ByteBuffer> answer;  // when it passed
-  };
-  std::vector<ReleasedBarrier> released_ ABSL_GUARDED_BY(mu_);
-  std::thread failover_;  // restarts the checkpoints with the servers left
-  Counter* failovers_;
-  Counter* moves_total_;
-  std::thread recoverer_;
-  Counter* recoveries_;
-  Counter* steps_lost_;
-  Gauge* registered_;
-  Gauge* epoch_gauge_;
-  Gauge* active_workers_;
-  Counter* heartbeats_;
-  // The furthest worker's step (progress_step_), and the steps it advanced
-  // by: a dashboard's steps per second.
-  Gauge* step_gauge_;
-  Counter* steps_;
-  // Checkpoints: started once every process registered; when the workers
-  // are done, the final checkpoint is written before the job succeeds.
-  bool checkpoints_started_ ABSL_GUARDED_BY(mu_) = false;
-  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
-  bool final_saved_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread finisher_;
-  // Stopped from outside (StopJob): the final checkpoint is being written;
-  // a failure meanwhile ends the job rather than starting a recovery.
-  bool stopping_job_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread stopper_;
-  // Someone (psrt-run) watches the job's status, and has read it since the
-  // job ended: the coordinator waits for that too, so psrt-run can print
-  // the reason rather than guess it.
-  bool status_watched_ ABSL_GUARDED_BY(mu_) = false;
-  bool status_heard_end_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread monitor_;
+  Job* const job_;
+  const std::string token_;
 };
 
 }  // namespace psrt

@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   // service cannot go away in the middle). Whatever hangs, the coordinator
   // exits within the grace, the end's notice to the others, and a margin.
   static absl::Mutex running_mu;
-  static psrt::CoordinatorService* running ABSL_GUARDED_BY(running_mu) = nullptr;
+  static psrt::Job* running ABSL_GUARDED_BY(running_mu) = nullptr;
   const absl::Duration stop_grace = absl::Seconds(stop_grace_s);
   psrt::HandleSignals(
       [stop_grace](int sig) {
@@ -168,12 +168,13 @@ int main(int argc, char** argv) {
                      "; restarting every server and training process (generation ", options.generation, ")");
   }
 
-  psrt::CoordinatorService service(options, &metrics);
+  psrt::Job job(options, &metrics);
+  psrt::CoordinatorService service(&job, token);
   {
     absl::MutexLock lock(&running_mu);
-    running = &service;
+    running = &job;
   }
-  absl::Cleanup gone = [] {  // on every way out, before the service goes
+  absl::Cleanup gone = [] {  // on every way out, before the job goes
     absl::MutexLock lock(&running_mu);
     running = nullptr;
   };
@@ -193,10 +194,11 @@ int main(int argc, char** argv) {
     std::ofstream(tmp) << bound_port << "\n";
     std::rename(tmp.c_str(), port_file.c_str());
   }
-  psrt::LogInfo("listening on ", bind, ":", bound_port, " for ", service.config().num_servers(),
-                " servers and ", service.config().num_workers(), " workers on ", options.hosts.size(),
-                " hosts (", service.config().mode(), " mode", psrt::TlsEnabled() ? ", mutual TLS" : "", ")");
-  const psrt::v1::JobState state = service.WaitForEnd();
+  psrt::LogInfo("listening on ", bind, ":", bound_port, " for ", job.config().num_servers(),
+                " servers and ", job.config().num_workers(), " workers on ", options.hosts.size(),
+                " hosts (", job.config().mode(), " mode", psrt::TlsEnabled() ? ", mutual TLS" : "",
+                ")");
+  const psrt::v1::JobState state = job.WaitForEnd();
   if (checkpointer != nullptr) checkpointer->Stop();
   serving->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   psrt::LogInfo("exiting");

@@ -1,6 +1,6 @@
 // The coordinator's request handling, fuzzed: a sequence of Register,
 // Barrier, Heartbeat, ReportExit, GetJobStatus and Checkpoint requests
-// against a real CoordinatorService of a two-host job (sync, "fail" on
+// against a real CoordinatorService and Job of a two-host job (sync, "fail" on
 // loss, no checkpoints and no replicas, so it never dials the addresses the
 // requests name). Structure-aware mutations (calls.h). Every call must
 // answer within its bound: a barrier waits at most barrier_timeout_s.
@@ -62,7 +62,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.hosts = {"host-a", "host-b"};
   options.ps = *ps;
   Metrics metrics("psrt_coordinator");
-  CoordinatorService service(options, &metrics);
+  Job job(options, &metrics);
+  CoordinatorService service(&job, options.token);
   // Through a real server (in process): the methods are gRPC callbacks.
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);

@@ -1,4 +1,4 @@
-// CoordinatorService: the checkpoint schedule (started, paused around
+// Job: the checkpoint schedule (started, paused around
 // moves) and the end of the job (its final checkpoint, StopJob).
 #include <algorithm>
 #include <optional>
@@ -8,11 +8,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
-#include "server/coordinator.h"
+#include "server/job.h"
 
 namespace psrt {
 
-std::string CoordinatorService::NewestCheckpointText() const {
+std::string Job::NewestCheckpointText() const {
   std::optional<v1::CheckpointResponse> last;
   if (options_.checkpointer != nullptr) last = options_.checkpointer->LastCommitted();
   if (last) return absl::StrCat("; the newest is ", last->uri(), " (step ", last->step(), ")");
@@ -23,7 +23,7 @@ std::string CoordinatorService::NewestCheckpointText() const {
   return "";
 }
 
-void CoordinatorService::StopJob(const std::string& why, absl::Duration grace) {
+void Job::StopJob(const std::string& why, absl::Duration grace) {
   absl::MutexLock lock(&mu_);
   if (state_ != v1::JOB_RUNNING) return;
   if (stopping_job_) {
@@ -50,7 +50,7 @@ void CoordinatorService::StopJob(const std::string& why, absl::Duration grace) {
   stopper_ = std::thread([this, why, grace] { WriteFinalCheckpoint(why, grace); });
 }
 
-void CoordinatorService::WriteFinalCheckpoint(const std::string& why, absl::Duration grace) {
+void Job::WriteFinalCheckpoint(const std::string& why, absl::Duration grace) {
   // Training goes on meanwhile (sync: the servers copy each key as it
   // reaches the step); at the deadline whatever is being written is
   // cancelled, so the grace bounds it even with a server that hangs.
@@ -78,14 +78,14 @@ void CoordinatorService::WriteFinalCheckpoint(const std::string& why, absl::Dura
                           NewestCheckpointText()));
 }
 
-void CoordinatorService::MaybeStartCheckpointsLocked() {
+void Job::MaybeStartCheckpointsLocked() {
   if (options_.checkpointer == nullptr || checkpoints_started_ || stopping_job_ || !ReadyLocked())
     return;
   checkpoints_started_ = true;
   options_.checkpointer->Start(LiveServerAddressesLocked(), config_.restored_step());
 }
 
-void CoordinatorService::CheckSuccessLocked() {
+void Job::CheckSuccessLocked() {
   if (state_ != v1::JOB_RUNNING || recovering_) return;
   bool any = false;
   for (const Process& q : processes_) {
@@ -121,7 +121,7 @@ void CoordinatorService::CheckSuccessLocked() {
   LogInfo("job succeeded: every worker finished");
 }
 
-v1::JobState CoordinatorService::WaitForEnd() {
+v1::JobState Job::WaitForEnd() {
   absl::MutexLock lock(&mu_);
   auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return state_ != v1::JOB_RUNNING; };
   mu_.Await(absl::Condition(&ended));
@@ -142,7 +142,7 @@ v1::JobState CoordinatorService::WaitForEnd() {
   return state_;
 }
 
-void CoordinatorService::PauseCheckpointsLocked() {
+void Job::PauseCheckpointsLocked() {
   if (checkpoints_paused_ || pausing_) return;
   if (options_.checkpointer == nullptr || !checkpoints_started_) {
     checkpoints_paused_ = true;
@@ -157,7 +157,7 @@ void CoordinatorService::PauseCheckpointsLocked() {
   });
 }
 
-void CoordinatorService::ResumeCheckpointsLocked() {
+void Job::ResumeCheckpointsLocked() {
   checkpoints_paused_ = false;
   if (options_.checkpointer == nullptr || !checkpoints_started_ || stopping_job_) return;
   std::vector<std::string> live = LiveServerAddressesLocked();

@@ -1,4 +1,4 @@
-// CoordinatorService: failures (a process lost or exited), failover,
+// Job: failures (a process lost or exited), failover,
 // recovery to the last checkpoint, and the monitor that notices them.
 #include <algorithm>
 #include <optional>
@@ -10,11 +10,11 @@
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "psrt/v1/ps.grpc.pb.h"
-#include "server/coordinator.h"
+#include "server/job.h"
 
 namespace psrt {
 
-void CoordinatorService::ServerLostLocked(Process* p, const std::string& reason) {
+void Job::ServerLostLocked(Process* p, const std::string& reason) {
   if (state_ != v1::JOB_RUNNING || p->lost) return;
   // The keys it served (its own, and those it took over), each to the
   // server with their copy, when every one has a live copy.
@@ -54,7 +54,7 @@ void CoordinatorService::ServerLostLocked(Process* p, const std::string& reason)
   }
 }
 
-void CoordinatorService::FailLocked(const std::string& reason) {
+void Job::FailLocked(const std::string& reason) {
   if (state_ != v1::JOB_RUNNING) return;
   state_ = v1::JOB_FAILED;
   reason_ = reason;
@@ -65,12 +65,12 @@ void CoordinatorService::FailLocked(const std::string& reason) {
   if (options_.checkpointer != nullptr) options_.checkpointer->Cancel();
 }
 
-void CoordinatorService::Fail(const std::string& reason) {
+void Job::Fail(const std::string& reason) {
   absl::MutexLock lock(&mu_);
   FailLocked(reason);
 }
 
-void CoordinatorService::LostLocked(const std::string& reason) {
+void Job::LostLocked(const std::string& reason) {
   if (state_ != v1::JOB_RUNNING) return;
   if (config_.on_failure() != "recover" || finishing_ || stopping_job_) {
     FailLocked(reason);
@@ -95,7 +95,7 @@ void CoordinatorService::LostLocked(const std::string& reason) {
   });
 }
 
-int64_t CoordinatorService::ReachedStep(const std::vector<std::string>& servers) const {
+int64_t Job::ReachedStep(const std::vector<std::string>& servers) const {
   int64_t reached = 0;
   for (const std::string& address : servers) {
     if (address.empty()) continue;
@@ -112,7 +112,7 @@ int64_t CoordinatorService::ReachedStep(const std::vector<std::string>& servers)
   return reached;
 }
 
-void CoordinatorService::Recover(std::string reason) {
+void Job::Recover(std::string reason) {
   std::vector<std::string> servers;
   {
     absl::MutexLock lock(&mu_);
@@ -171,14 +171,14 @@ void CoordinatorService::Recover(std::string reason) {
   Record(generation, uri, step, hosts);
 }
 
-void CoordinatorService::AgentBackLocked(Process* p) {
+void Job::AgentBackLocked(Process* p) {
   p->lost = false;
   LogInfo(p->name, " came back after ",
           absl::FormatDuration(absl::Trunc(Now() - p->lost_at, absl::Milliseconds(100))));
 }
 
-void CoordinatorService::Record(int64_t generation, const std::string& uri, int64_t step,
-                                const std::vector<int>& hosts) {
+void Job::Record(int64_t generation, const std::string& uri, int64_t step,
+                 const std::vector<int>& hosts) {
   if (options_.checkpointer == nullptr) return;
   // A restarted coordinator goes on from here: the next generation, this
   // checkpoint (until a newer one commits).
@@ -186,7 +186,7 @@ void CoordinatorService::Record(int64_t generation, const std::string& uri, int6
   if (!s.ok()) LogWarning("could not write the job record next to the checkpoints: ", s.message());
 }
 
-void CoordinatorService::WorkerLostLocked(Process* p, const std::string& reason) {
+void Job::WorkerLostLocked(Process* p, const std::string& reason) {
   if (state_ != v1::JOB_RUNNING || p->lost) return;
   if (config_.on_worker_failure() != "continue" && !elastic()) {
     LostLocked(reason);
@@ -213,8 +213,7 @@ void CoordinatorService::WorkerLostLocked(Process* p, const std::string& reason)
   CheckSuccessLocked();
 }
 
-CoordinatorService::Process* CoordinatorService::SilentAgentLocked(const Process& p,
-                                                                   absl::Time now) {
+Job::Process* Job::SilentAgentLocked(const Process& p, absl::Time now) {
   if (p.id.role() == v1::ROLE_AGENT || p.restarting) return nullptr;
   // A live agent is never more than one interval (plus scheduling) late.
   const absl::Duration late = 2 * absl::Seconds(config_.heartbeat_interval_s());
@@ -227,7 +226,7 @@ CoordinatorService::Process* CoordinatorService::SilentAgentLocked(const Process
   return nullptr;
 }
 
-void CoordinatorService::Monitor() {
+void Job::Monitor() {
   absl::MutexLock lock(&mu_);
   while (!stop_) {
     mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(50));
@@ -241,18 +240,17 @@ void CoordinatorService::Monitor() {
   }
   // Answered by the destructor, outside mu_.
   for (WaitingBarrier& b : barriers_) {
-    released_.push_back(
-        {b, grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is stopping"), nullptr});
+    released_.push_back({b, absl::UnavailableError("the coordinator is stopping"), nullptr});
   }
   barriers_.clear();
 }
 
-void CoordinatorService::Tick(absl::Time now) {
+void Job::Tick(absl::Time now) {
   absl::MutexLock lock(&mu_);
   TickLocked(now);
 }
 
-void CoordinatorService::TickLocked(absl::Time now) {
+void Job::TickLocked(absl::Time now) {
   if (state_ != v1::JOB_RUNNING || recovering_) return;
   const absl::Duration timeout = absl::Seconds(config_.heartbeat_timeout_s());
   const absl::Duration barrier = absl::Seconds(config_.barrier_timeout_s());

@@ -1,9 +1,7 @@
-// The coordinator's decisions without gRPC's transport or processes: the
-// RPCs' work called directly, time on a fake clock, and Tick advancing the
-// job as the monitor thread would.
-#include "server/coordinator.h"
-
-#include <grpcpp/server_context.h>
+// The job's decisions (server/job.h) without gRPC's transport or
+// processes: the RPCs' work called directly, time on a fake clock, and Tick
+// advancing the job as the monitor thread would.
+#include "server/job.h"
 
 #include <string>
 #include <vector>
@@ -17,7 +15,7 @@
 namespace psrt {
 namespace {
 
-class CoordinatorTest : public ::testing::Test {
+class JobTest : public ::testing::Test {
  protected:
   // A job on `hosts` hosts, one server and one worker each, as `more`
   // (parameter_server keys) says.
@@ -31,10 +29,10 @@ class CoordinatorTest : public ::testing::Test {
     o.ps = *ps;
     o.clock = [this] { return now_; };
     o.monitor = false;
-    job_ = std::make_unique<CoordinatorService>(std::move(o), &metrics_);
+    job_ = std::make_unique<Job>(std::move(o), &metrics_);
   }
 
-  grpc::Status Register(v1::Role role, int index, v1::RegisterResponse* resp = nullptr) {
+  absl::Status Register(v1::Role role, int index, v1::RegisterResponse* resp = nullptr) {
     v1::RegisterRequest req;
     req.mutable_id()->set_role(role);
     req.mutable_id()->set_index(index);
@@ -42,7 +40,7 @@ class CoordinatorTest : public ::testing::Test {
     if (role == v1::ROLE_SERVER) req.set_address(absl::StrCat("127.0.0.1:", 1000 + index));
     req.set_pid(100 + index);
     v1::RegisterResponse ignored;
-    return job_->DoRegister(&ctx_, &req, resp != nullptr ? resp : &ignored);
+    return job_->Register(req, resp != nullptr ? resp : &ignored);
   }
   // Every process of a job of `hosts` hosts.
   void RegisterAll(int hosts) {
@@ -52,24 +50,24 @@ class CoordinatorTest : public ::testing::Test {
       ASSERT_TRUE(Register(v1::ROLE_WORKER, i).ok());
     }
   }
-  grpc::Status Heartbeat(v1::Role role, int index, int64_t shard_map_epoch = 0) {
+  absl::Status Heartbeat(v1::Role role, int index, int64_t shard_map_epoch = 0) {
     v1::HeartbeatRequest req;
     req.mutable_id()->set_role(role);
     req.mutable_id()->set_index(index);
     req.set_shard_map_epoch(shard_map_epoch);
     v1::HeartbeatResponse resp;
-    return job_->DoHeartbeat(&ctx_, &req, &resp);
+    return job_->Heartbeat(req, &resp);
   }
-  grpc::Status Exit(v1::Role role, int index, int code) {
+  absl::Status Exit(v1::Role role, int index, int code) {
     v1::ReportExitRequest req;
     req.mutable_id()->set_role(role);
     req.mutable_id()->set_index(index);
     req.set_exit_code(code);
-    return job_->DoReportExit(&ctx_, &req);
+    return job_->ReportExit(req);
   }
   v1::JobStatusResponse Status() {
     v1::JobStatusResponse resp;
-    EXPECT_TRUE(job_->DoGetJobStatus(&ctx_, &resp).ok());
+    EXPECT_TRUE(job_->GetStatus(&resp).ok());
     return resp;
   }
   // Ticks at now_; the job has failed, its reason saying `why`.
@@ -82,11 +80,10 @@ class CoordinatorTest : public ::testing::Test {
 
   absl::Time now_ = absl::FromUnixSeconds(1'000'000);
   Metrics metrics_{"t"};
-  grpc::ServerContext ctx_;  // no token: the job has none
-  std::unique_ptr<CoordinatorService> job_;
+  std::unique_ptr<Job> job_;
 };
 
-TEST_F(CoordinatorTest, AJobWhoseWorkersAllFinishedSucceeds) {
+TEST_F(JobTest, AJobWhoseWorkersAllFinishedSucceeds) {
   Start(2);
   RegisterAll(2);
   ASSERT_TRUE(Exit(v1::ROLE_WORKER, 0, 0).ok());
@@ -97,7 +94,47 @@ TEST_F(CoordinatorTest, AJobWhoseWorkersAllFinishedSucceeds) {
   EXPECT_EQ(s.reason(), "every worker finished");
 }
 
-TEST_F(CoordinatorTest, AWorkerSilentPastItsTimeoutFailsTheJobNamingIt) {
+TEST_F(JobTest, TheBarrierAnswersEveryoneOnceAllAreThereAndTheOthersAtTheirEnd) {
+  Start(2);
+  std::vector<std::string> heard;  // "worker 0: CANCELLED", ...
+  v1::BarrierResponse passed;
+  auto wait = [&](v1::Role role, int index, absl::Time deadline, std::function<bool()> cancelled) {
+    v1::BarrierRequest req;
+    req.mutable_id()->set_role(role);
+    req.mutable_id()->set_index(index);
+    const std::string who = absl::StrCat(role == v1::ROLE_WORKER ? "worker " : "server ", index);
+    job_->Barrier(req, deadline, std::move(cancelled),
+                  [&, who](const absl::Status& s, std::shared_ptr<const std::string> answer) {
+                    heard.push_back(absl::StrCat(who, ": ", absl::StatusCodeToString(s.code())));
+                    if (answer != nullptr) EXPECT_TRUE(passed.ParseFromString(*answer));
+                  });
+  };
+  const absl::Time later = absl::Now() + absl::Hours(1);
+  wait(v1::ROLE_WORKER, 0, later, nullptr);  // not registered: refused at once
+  EXPECT_EQ(heard, (std::vector<std::string>{"worker 0: FAILED_PRECONDITION"}));
+  ASSERT_TRUE(Register(v1::ROLE_AGENT, 0).ok());
+  ASSERT_TRUE(Register(v1::ROLE_SERVER, 0).ok());
+  ASSERT_TRUE(Register(v1::ROLE_WORKER, 0).ok());
+  wait(v1::ROLE_SERVER, 0, absl::Now() - absl::Seconds(1), nullptr);  // its caller's time is up
+  bool gone = false;
+  wait(v1::ROLE_WORKER, 0, later, [&] { return gone; });
+  wait(v1::ROLE_SERVER, 0, later, nullptr);
+  EXPECT_EQ(heard.size(), 2u);
+  gone = true;  // heard at the next registration
+  ASSERT_TRUE(Register(v1::ROLE_AGENT, 1).ok());
+  ASSERT_TRUE(Register(v1::ROLE_SERVER, 1).ok());
+  EXPECT_EQ(heard,
+            (std::vector<std::string>{"worker 0: FAILED_PRECONDITION",
+                                      "server 0: DEADLINE_EXCEEDED", "worker 0: CANCELLED"}));
+  EXPECT_EQ(passed.shard_map().server_addresses_size(), 0);
+  ASSERT_TRUE(Register(v1::ROLE_WORKER, 1).ok());  // the last one
+  EXPECT_EQ(heard.back(), "server 0: OK");
+  EXPECT_EQ(passed.shard_map().server_addresses_size(), 2);
+  EXPECT_EQ(passed.config().num_workers(), 2);
+  EXPECT_EQ(passed.membership().active_workers_size(), 2);
+}
+
+TEST_F(JobTest, AWorkerSilentPastItsTimeoutFailsTheJobNamingIt) {
   Start(1);
   RegisterAll(1);
   now_ += absl::Seconds(4);
@@ -110,13 +147,13 @@ TEST_F(CoordinatorTest, AWorkerSilentPastItsTimeoutFailsTheJobNamingIt) {
   ASSERT_TRUE(Heartbeat(v1::ROLE_SERVER, 0).ok());
   ExpectFailsAtTick("worker 0 on h0 was lost: no heartbeat for 6s");
   // The job's fate is decided: later calls are told so, and change nothing.
-  const grpc::Status late = Heartbeat(v1::ROLE_SERVER, 0);
-  EXPECT_TRUE(late.ok()) << late.error_message();
-  EXPECT_EQ(Exit(v1::ROLE_WORKER, 0, 0).error_code(), grpc::StatusCode::OK);
+  const absl::Status late = Heartbeat(v1::ROLE_SERVER, 0);
+  EXPECT_TRUE(late.ok()) << late.message();
+  EXPECT_EQ(Exit(v1::ROLE_WORKER, 0, 0).code(), absl::StatusCode::kOk);
   EXPECT_EQ(Status().state(), v1::JOB_FAILED);
 }
 
-TEST_F(CoordinatorTest, AHostSilentAsAWholeIsOneLossTheHosts) {
+TEST_F(JobTest, AHostSilentAsAWholeIsOneLossTheHosts) {
   Start(2);
   RegisterAll(2);
   now_ += absl::Seconds(6);  // host 1: nothing at all
@@ -125,7 +162,7 @@ TEST_F(CoordinatorTest, AHostSilentAsAWholeIsOneLossTheHosts) {
   ExpectFailsAtTick("agent on h1 was lost");
 }
 
-TEST_F(CoordinatorTest, TheReadinessBarrierFailsTheJobNamingWhoNeverCame) {
+TEST_F(JobTest, TheReadinessBarrierFailsTheJobNamingWhoNeverCame) {
   Start(2);
   ASSERT_TRUE(Register(v1::ROLE_AGENT, 0).ok());
   ASSERT_TRUE(Register(v1::ROLE_SERVER, 0).ok());
@@ -149,7 +186,7 @@ TEST_F(CoordinatorTest, TheReadinessBarrierFailsTheJobNamingWhoNeverCame) {
   EXPECT_TRUE(absl::StrContains(s.reason(), "worker 1 on h1")) << s.reason();
 }
 
-TEST_F(CoordinatorTest, WithReplicasASilentServersKeysFailOverAndTheJobGoesOn) {
+TEST_F(JobTest, WithReplicasASilentServersKeysFailOverAndTheJobGoesOn) {
   Start(2, R"(,"replicas":1)");
   RegisterAll(2);
   now_ += absl::Seconds(6);  // server 1 alone is silent
@@ -173,7 +210,7 @@ TEST_F(CoordinatorTest, WithReplicasASilentServersKeysFailOverAndTheJobGoesOn) {
   ExpectFailsAtTick("server 0 on h0 was lost");
 }
 
-TEST_F(CoordinatorTest, AProcessOfAnotherGenerationOrJobIsRefusedAndChangesNothing) {
+TEST_F(JobTest, AProcessOfAnotherGenerationOrJobIsRefusedAndChangesNothing) {
   Start(1);
   v1::RegisterRequest req;
   req.mutable_id()->set_role(v1::ROLE_WORKER);
@@ -181,13 +218,12 @@ TEST_F(CoordinatorTest, AProcessOfAnotherGenerationOrJobIsRefusedAndChangesNothi
   req.set_host("h0");
   req.set_generation(7);
   v1::RegisterResponse resp;
-  EXPECT_EQ(job_->DoRegister(&ctx_, &req, &resp).error_code(),
-            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(job_->Register(req, &resp).code(), absl::StatusCode::kFailedPrecondition);
   req.set_generation(0);
   req.mutable_id()->set_index(3);  // no worker 3
-  EXPECT_NE(job_->DoRegister(&ctx_, &req, &resp).error_code(), grpc::StatusCode::OK);
+  EXPECT_NE(job_->Register(req, &resp).code(), absl::StatusCode::kOk);
   // A heartbeat before registering is refused.
-  EXPECT_EQ(Heartbeat(v1::ROLE_WORKER, 0).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Heartbeat(v1::ROLE_WORKER, 0).code(), absl::StatusCode::kFailedPrecondition);
   const v1::JobStatusResponse s = Status();
   ASSERT_GT(s.processes_size(), 0);
   for (const v1::ProcessStatus& p : s.processes()) EXPECT_FALSE(p.registered()) << p.name();

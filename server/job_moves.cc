@@ -1,17 +1,16 @@
-// CoordinatorService: servers joining and leaving ("max_servers") and
+// Job: servers joining and leaving ("max_servers") and
 // the copies of their keys, through its Placement.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/grpc_util.h"
 #include "common/logging.h"
-#include "server/coordinator.h"
+#include "server/job.h"
 
 namespace psrt {
 
-void CoordinatorService::AdvanceMovesLocked() {
+void Job::AdvanceMovesLocked() {
   if (!placement_.moving() || finishing_ || stopping_job_) return;
   PauseCheckpointsLocked();
   if (!checkpoints_paused_) return;
@@ -43,7 +42,7 @@ void CoordinatorService::AdvanceMovesLocked() {
   if (!placement_.moving()) ResumeCheckpointsLocked();
 }
 
-Placement::Server CoordinatorService::ServerFactsLocked(const Process& p) {
+Placement::Server Job::ServerFactsLocked(const Process& p) {
   Placement::Server s;
   s.live = LiveServerLocked(p.id.index());
   s.leaving = p.leaving;
@@ -53,7 +52,7 @@ Placement::Server CoordinatorService::ServerFactsLocked(const Process& p) {
   return s;
 }
 
-Placement::Servers CoordinatorService::ServersLocked() {
+Placement::Servers Job::ServersLocked() {
   Placement::Servers servers(config_.num_servers());
   for (const Process& p : processes_) {
     if (p.id.role() == v1::ROLE_SERVER) servers[p.id.index()] = ServerFactsLocked(p);
@@ -61,7 +60,7 @@ Placement::Servers CoordinatorService::ServersLocked() {
   return servers;
 }
 
-void CoordinatorService::AssignCopiesLocked() {
+void Job::AssignCopiesLocked() {
   if (config_.replicas() == 0 || config_.started_servers() == 0 || placement_.moving() ||
       finishing_ || stopping_job_ || !ReadyLocked()) {
     return;
@@ -75,7 +74,7 @@ void CoordinatorService::AssignCopiesLocked() {
   }
 }
 
-void CoordinatorService::ParkLeaversLocked() {
+void Job::ParkLeaversLocked() {
   for (Process& q : processes_) {
     if (q.id.role() != v1::ROLE_SERVER || !q.leaving) continue;
     if (!placement_.OwnersServedBy(q.id.index()).empty()) continue;
@@ -89,34 +88,30 @@ void CoordinatorService::ParkLeaversLocked() {
   }
 }
 
-grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx,
-                                              const v1::RemoveServerRequest* req,
-                                              v1::RemoveServerResponse* resp) {
-  if (grpc::Status s = CheckToken(ctx, options_.token); !s.ok()) return s;
+absl::Status Job::RemoveServer(const v1::RemoveServerRequest& request, absl::Time deadline,
+                               const std::function<bool()>& cancelled,
+                               v1::RemoveServerResponse* resp) {
+  const v1::RemoveServerRequest* req = &request;
   absl::MutexLock lock(&mu_);
   if (config_.started_servers() == 0) {
-    return grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
+    return absl::FailedPreconditionError(
         "this job's servers are fixed: set \"max_servers\" in the parameter_server option for "
         "servers to join and leave a running job");
   }
   const int index = req->index();
   if (index < 0 || index >= config_.num_servers()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("no server ", index, " in this job: its servers are 0..",
-                                     config_.num_servers() - 1));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no server ", index, " in this job: its servers are 0..", config_.num_servers() - 1));
   }
   Process* p = ServerLocked(index);
   if (state_ != v1::JOB_RUNNING || recovering_ || !ReadyLocked()) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("the job is not running with all its processes (",
-                                     StateName(state_), recovering_ ? ", recovering" : "", ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the job is not running with all its processes (", StateName(state_),
+                     recovering_ ? ", recovering" : "", ")"));
   }
   if (!LiveServerLocked(index) || p->leaving) {
-    return grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("server ", index,
-                     p->leaving ? " is already leaving" : " is not in the job now"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "server ", index, p->leaving ? " is already leaving" : " is not in the job now"));
   }
   int others = 0;
   for (const Process& q : processes_) {
@@ -124,8 +119,7 @@ grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx,
               LiveServerLocked(q.id.index());
   }
   if (others == 0) {
-    return grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
+    return absl::FailedPreconditionError(
         absl::StrCat("server ", index, " is the job's last server; its keys have nowhere to go"));
   }
   p->leaving = true;
@@ -134,7 +128,6 @@ grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx,
   LogInfo("removing ", p->name, ": the keys of servers ", absl::StrJoin(owners, ", "),
           " move to the other servers");
   ParkLeaversLocked();  // it serves none: it leaves at once
-  const absl::Time deadline = absl::Now() + TimeLeft(ctx, absl::Minutes(10));
   // Looked up anew each time: a recovery lays the processes out again.
   const int64_t generation = generation_;
   auto gone = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -143,33 +136,31 @@ grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx,
   };
   auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return gone() || state_ != v1::JOB_RUNNING || generation_ != generation || recovering_ ||
-           ctx->IsCancelled();
+           cancelled();
   };
   while (!over() && absl::Now() < deadline) {
     mu_.AwaitWithTimeout(absl::Condition(&over), absl::Milliseconds(100));
   }
   if (state_ != v1::JOB_RUNNING) {
-    return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("the job ended: ", reason_));
+    return absl::AbortedError(absl::StrCat("the job ended: ", reason_));
   }
   if (generation_ != generation || recovering_) {
-    return grpc::Status(
-        grpc::StatusCode::ABORTED,
+    return absl::AbortedError(
         "the job recovered from a failure meanwhile: it goes on with the servers it "
         "started with");
   }
   if (const Process* q = ServerLocked(index); q != nullptr && q->parked) {
     for (int o : owners) resp->add_moved_to(placement_.ServedBy(o));
-    return grpc::Status::OK;
+    return absl::OkStatus();
   }
   if (gone()) {
-    return grpc::Status(grpc::StatusCode::ABORTED,
-                        absl::StrCat("server ", index, " did not leave: ", move_error_));
+    return absl::AbortedError(absl::StrCat("server ", index, " did not leave: ", move_error_));
   }
-  if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
-  return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                      absl::StrCat("server ", index,
-                                   "'s keys are still moving; it leaves once they are on "
-                                   "the other servers (see the coordinator's log)"));
+  if (cancelled()) return absl::CancelledError("the caller went away");
+  return absl::DeadlineExceededError(
+      absl::StrCat("server ", index,
+                   "'s keys are still moving; it leaves once they are on "
+                   "the other servers (see the coordinator's log)"));
 }
 
 }  // namespace psrt
