@@ -125,6 +125,7 @@ int psrt_num_workers(const psrt_client* c) { return c ? c->client->num_workers()
 int psrt_active_workers(const psrt_client* c) { return c ? c->client->active_workers() : -1; }
 int psrt_num_servers(const psrt_client* c) { return c ? c->client->num_servers() : -1; }
 int psrt_is_sync(const psrt_client* c) { return c ? c->client->sync() : -1; }
+int psrt_averages(const psrt_client* c) { return c ? c->client->averages() : -1; }
 int64_t psrt_restored_step(const psrt_client* c) { return c ? c->client->restored_step() : -1; }
 
 int psrt_register(psrt_client* c, const char* name, const int64_t* shape, int ndim, float* data,

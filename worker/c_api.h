@@ -41,6 +41,9 @@ int psrt_num_workers(const psrt_client* client);
 int psrt_active_workers(const psrt_client* client);
 int psrt_num_servers(const psrt_client* client);
 int psrt_is_sync(const psrt_client* client);
+/* 1 if the servers apply the mean of a sync step's pushes (the job's
+ * gradient_aggregation "mean"), 0 if their sum. */
+int psrt_averages(const psrt_client* client);
 /* The step a job started from a checkpoint resumes at; 0 for a fresh job. */
 int64_t psrt_restored_step(const psrt_client* client);
 

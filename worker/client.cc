@@ -155,6 +155,7 @@ int Client::num_workers() const { return impl_->config.num_workers(); }
 int Client::active_workers() const { return impl_->active_workers.load(std::memory_order_relaxed); }
 int Client::num_servers() const { return impl_->num_servers; }
 bool Client::sync() const { return impl_->config.mode() == "sync"; }
+bool Client::averages() const { return impl_->config.average_gradients(); }
 int64_t Client::restored_step() const { return impl_->config.restored_step(); }
 
 absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64_t> shape,

@@ -110,6 +110,9 @@ class Client {
   int active_workers() const;
   int num_servers() const;
   bool sync() const;  // false: async mode
+  // Sync: the servers apply the mean of a step's pushes (gradient_aggregation
+  // "mean"); false: their sum.
+  bool averages() const;
   // The step the job resumes at when it started from a checkpoint (0
   // otherwise): a training loop starts counting there. In sync mode it is
   // also the version RegisterVariable pulls.

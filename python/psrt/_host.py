@@ -6,6 +6,7 @@ The work itself happens in C++ behind the C API (psrt._psrt)."""
 import numpy as np
 
 import psrt
+from psrt import _job
 
 
 def unique_names(names):
@@ -24,7 +25,7 @@ class HostVariables:
         self._compression = compression
         self._out = {}    # name -> float32 buffer the pulled weights land in
         self._steps = {}  # name -> the version its next push is for
-        self._lr = None
+        self._rates = _job.LearningRates(client)
 
     def register(self, name, value, optimizer, compression=None):
         """Registers a variable (with the store's compression unless given);
@@ -34,11 +35,8 @@ class HostVariables:
         self._client.register_variable(name, list(host.shape), host.ctypes.data, optimizer,
                                        compression.value, compression.value)
         self._out[name] = np.empty_like(host)
-        self._lr = optimizer["lr"]
-        # Sync: the servers' version (a restored job resumes there); otherwise
-        # this worker's clock.
-        self._steps[name] = (self._client.pulled_version(name) if self._client.is_sync()
-                             else self._client.restored_step())
+        self._rates.registered(optimizer["lr"])
+        self._steps[name] = _job.first_step(self._client, name)
         return host
 
     def registered(self, name):
@@ -50,9 +48,17 @@ class HostVariables:
         return min(self._steps.values()) if self._steps else 0
 
     def set_learning_rate(self, lr):
-        if lr != self._lr:
-            self._client.set_learning_rate(lr)
-            self._lr = lr
+        self._rates.set(lr)
+
+    def agree(self, name, value):
+        """The servers' aggregate of every worker's `value` (sync: their
+        mean, or their sum under gradient_aggregation "sum"), through an
+        assign key registered at first use: how the workers decide something
+        together. Exact: no compression."""
+        value = np.asarray(value, np.float32)
+        if not self.registered(name):
+            self.register(name, np.zeros_like(value), {"name": "assign", "lr": 0.0}, psrt.Compression.none)
+        return self.push_pull([name], [value])[0]
 
     def _step_of(self, names):
         """The step a push of `names` is for: the least of theirs. A worker
@@ -78,9 +84,8 @@ class HostVariables:
         handle = self._client.push_pull(list(names), [g.ctypes.data for g in grads],
                                         [o.ctypes.data for o in outs], step)
         self._client.wait(handle)
-        sync = self._client.is_sync()
         for n in names:
-            self._steps[n] = self._client.pulled_version(n) if sync else self._steps[n] + 1
+            self._steps[n] = _job.next_step(self._client, n, self._steps[n])
         return [o.copy() for o in outs]
 
     def push(self, names, grads):

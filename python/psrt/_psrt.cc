@@ -64,6 +64,7 @@ class Client {
   int active_workers() const { return psrt_active_workers(client_); }
   int num_servers() const { return psrt_num_servers(client_); }
   bool is_sync() const { return psrt_is_sync(client_) == 1; }
+  bool averages() const { return psrt_averages(client_) == 1; }
   int64_t restored_step() const { return psrt_restored_step(client_); }
 
   // An optimizer dict ({"name": ..., "lr": ...}) over its defaults.
@@ -182,19 +183,22 @@ PYBIND11_MODULE(_psrt, m) {
       .def("active_workers", &Client::active_workers)
       .def("num_servers", &Client::num_servers)
       .def("is_sync", &Client::is_sync)
+      .def("averages", &Client::averages)
       .def("restored_step", &Client::restored_step)
-      .def("register_variable", &Client::register_variable, py::arg("name"), py::arg("shape"), py::arg("data"),
-           py::arg("optimizer"), py::arg("push_compression") = 0, py::arg("pull_compression") = 0)
+      .def("register_variable", &Client::register_variable, py::arg("name"), py::arg("shape"),
+           py::arg("data"), py::arg("optimizer"), py::arg("push_compression") = 0,
+           py::arg("pull_compression") = 0)
       .def("push_pull", &Client::push_pull)
       .def("push", &Client::push)
       .def("pull", &Client::pull)
-      .def("register_table", &Client::register_table, py::arg("name"), py::arg("dim"), py::arg("vocab"),
-           py::arg("seed"), py::arg("init_std"), py::arg("max_rows"), py::arg("evict_after_steps"),
-           py::arg("evict_min_count"), py::arg("optimizer"), py::arg("push_compression"),
-           py::arg("pull_compression"))
+      .def("register_table", &Client::register_table, py::arg("name"), py::arg("dim"),
+           py::arg("vocab"), py::arg("seed"), py::arg("init_std"), py::arg("max_rows"),
+           py::arg("evict_after_steps"), py::arg("evict_min_count"), py::arg("optimizer"),
+           py::arg("push_compression"), py::arg("pull_compression"))
       .def("pull_rows", &Client::pull_rows)
       .def("push_rows", &Client::push_rows)
       .def("wait", &Client::wait)
       .def("pulled_version", &Client::pulled_version)
-      .def("set_learning_rate", &Client::set_learning_rate, py::arg("lr"), py::arg("variable") = "");
+      .def("set_learning_rate", &Client::set_learning_rate, py::arg("lr"),
+           py::arg("variable") = "");
 }

@@ -38,6 +38,7 @@ int Train() {
   CHECK_OR_COUNT(psrt_num_workers(c) == 2, "%d workers", psrt_num_workers(c));
   CHECK_OR_COUNT(psrt_num_servers(c) == 2, "%d servers", psrt_num_servers(c));
   CHECK_OR_COUNT(psrt_is_sync(c) == 1, "not sync");
+  CHECK_OR_COUNT(psrt_averages(c) == 1, "the servers do not average");  // the default mean
 
   psrt_optimizer opt;
   CHECK_OR_COUNT(psrt_optimizer_defaults("sgd", 0.5, &opt) == 0, "defaults");

@@ -62,7 +62,7 @@ import mxnet.module.module
 import numpy as np
 
 import psrt
-from psrt import _host, _tables
+from psrt import _host, _job, _tables
 
 _STATE_NOTE = "on the parameter servers; saved by psrt checkpoints"
 _TABLE_DEFAULTS = {"seed": 0, "init_std": 0.01, "max_rows": 0, "evict_after_steps": 0, "evict_min_count": 0,
@@ -269,8 +269,7 @@ class Psrt(mx.kvstore.KVStore):
         self._aux = {}         # key -> arrays Gluon broadcasts without a gradient (a plain key)
         self._aux_names = None  # key -> its variable, for those averaged; decided once
         self._factor = None    # 1 if the servers average pushes, the worker count if they sum
-        self._lr = None        # the learning rate last sent for every variable
-        self._lrs = {}         # variable -> its own rate, where it differs from that
+        self._rates = _job.LearningRates(self._client)
         self._lr_ref = {}      # SGD-with-momentum key -> the servers' (fixed) rate
         self._weights = {}     # such a key -> its current weights (for weight decay)
         # Pushpulls are queued and go out as one at the step's last key, when
@@ -510,10 +509,7 @@ class Psrt(mx.kvstore.KVStore):
         it only sends what is queued."""
         self._finish()
         if self._client.is_sync():
-            name = self._name(".barrier")
-            if not self._vars.registered(name):
-                self._vars.register(name, np.zeros(1, np.float32), _ASSIGN)
-            self._vars.push_pull([name], [np.zeros(1, np.float32)])
+            self._vars.agree(self._name(".barrier"), np.zeros(1, np.float32))
 
     def _send_command_to_servers(self, head, body):
         raise psrt.PsrtError("psrt kvstore: psrt's servers take no MXNet server commands")
@@ -623,7 +619,7 @@ class Psrt(mx.kvstore.KVStore):
 
     def _registered(self, key, name, config, value):
         self._names[key], self._configs[key] = name, config
-        self._lrs[name] = config["lr"]
+        self._rates.registered(config["lr"], name)
         self._lr_ref.pop(key, None)
         if _scales_gradient(config) and config["lr"] > 0:
             # The servers' rate stays; a changed one scales the gradient.
@@ -728,12 +724,11 @@ class Psrt(mx.kvstore.KVStore):
 
     def _aggregation(self):
         """1 if the servers average a sync step's pushes, the number of
-        workers if they sum them (the job's gradient_aggregation); found
-        once, with every worker."""
+        workers if they sum them (the job's gradient_aggregation); counted
+        once, with every worker, where they sum."""
         if self._factor is None:
-            name = self._name(".aggregation")
-            self._vars.register(name, np.zeros(1, np.float32), _ASSIGN)
-            self._factor = float(self._vars.push_pull([name], [np.ones(1, np.float32)])[0][0])
+            self._factor = _job.aggregation(
+                self._client, lambda: self._vars.agree(self._name(".aggregation"), np.ones(1, np.float32))[0])
         return self._factor
 
     def _average_aux(self):
@@ -752,9 +747,7 @@ class Psrt(mx.kvstore.KVStore):
             changed = np.array([float(not np.array_equal(self._aux[k][0].asnumpy().reshape(-1),
                                                          start[k].reshape(-1))) for k in candidates],
                                dtype=np.float32)
-            name = self._name(".aux_changed")
-            self._vars.register(name, np.zeros_like(changed), _ASSIGN)
-            changed = self._vars.push_pull([name], [changed])[0]
+            changed = self._vars.agree(self._name(".aux_changed"), changed)
             self._aux_names = {k: self._names[k] for k, c in zip(candidates, changed) if c > 0}
         keys = [k for k in self._aux_names if k in self._aux and k not in self._pushed]
         if keys:
@@ -785,18 +778,11 @@ class Psrt(mx.kvstore.KVStore):
         variable, and one per key whose rate differs from it."""
         if self._optimizer is None:
             return
-        base = float(self._optimizer.learning_rate)
-        if not self._lr_ref and base != self._lr:
-            self._client.set_learning_rate(base)
-            self._lr = base
-            self._lrs = {}
+        if not self._lr_ref:
+            self._rates.set(self._optimizer.learning_rate)
         for k in keys:
-            if self._configs[k] is _ASSIGN or k in self._lr_ref:
-                continue
-            lr, name = float(self._optimizer._get_lr(k)), self._names[k]
-            if lr != self._lrs.get(name, self._lr):
-                self._client.set_learning_rate(lr, name)
-                self._lrs[name] = lr
+            if self._configs[k] is not _ASSIGN and k not in self._lr_ref:
+                self._rates.set_for(self._names[k], self._optimizer._get_lr(k))
 
 
 def _scales_gradient(config):

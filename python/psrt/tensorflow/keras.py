@@ -156,9 +156,11 @@ class _Keys:
         # async pushes apply at once, so no step-wide mean exists).
         self.averaged = sync and (self.clip or opt._psrt_loss_scale is not None)
         self.grad_names = [n + "@grad" for n in self.names] if self.averaged else []
-        # Each worker pushes 1 to the control key: the servers' mean is 1,
-        # their sum (gradient_aggregation "sum") the number of workers that
-        # pushed.
+        # Servers that sum (gradient_aggregation "sum"): each worker pushes 1
+        # to the control key with its gradients, and their sum is the number
+        # of workers that pushed (_job.aggregation). Servers that average
+        # need no count.
+        self.counted = self.averaged and not client.averages()
         self.control_name = (self.names[0] if self.names else "keras") + "@workers"
         self.count = 1.0
         self.shapes = [tuple(v.shape) for v in dense]
@@ -178,7 +180,7 @@ class _Keys:
             v.assign(tf.cast(value.reshape(v.shape), v.dtype))
         for name, v in zip(self.grad_names, dense):
             host.register(name, np.zeros(v.shape, np.float32), assign)
-        if self.averaged:
+        if self.counted:
             host.register(self.control_name, np.ones((1,), np.float32), assign, exact)
         _claimed.update(id(v) for v in dense + moving + fixed)
 
@@ -187,10 +189,12 @@ class _Keys:
         mean statistics. Otherwise the statistics only; the gradients stay
         this worker's."""
         if self.averaged:
-            out = self.host.push_pull(self.grad_names + self.moving_names + [self.control_name],
-                                      list(grads) + list(stats) + [np.ones((1,), np.float32)])
-            self.count = float(out[-1][0])
-            return out[:-1]
+            control = [self.control_name] if self.counted else []
+            out = self.host.push_pull(self.grad_names + self.moving_names + control,
+                                      list(grads) + list(stats) + [np.ones((1,), np.float32)] * len(control))
+            if self.counted:
+                self.count = float(out.pop()[0])
+            return out
         stats = self.host.push_pull(self.moving_names, stats) if self.moving_names else []
         return [np.asarray(g, np.float32) for g in grads] + stats
 

@@ -33,6 +33,7 @@ from torch.nn.modules import module as _module
 from torch.overrides import TorchFunctionMode
 
 import psrt
+from psrt import _job
 from psrt.torch import embedding
 
 _SUPPORTED = {
@@ -83,7 +84,6 @@ class _Variable:
         self.grad = None      # what is being pushed: kept alive until the wait
         self.queued = False   # pushed (or in the bucket) this step
         self.passes = 0       # backward passes accumulated since the last push
-        self.lr = float(group["lr"]) if group is not None else 0.0
         self.inflight = None  # the push-pull whose values it waits for
         self.sent = None      # (the .grad object, its version, its bits or None) as sent: edits after that show
         self.scratch = None   # the mean gradient's landing buffer; a buffer's outgoing copy
@@ -229,6 +229,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._optimizer = optimizer
         self._client = client
         self._sync = client.is_sync()
+        self._rates = _job.LearningRates(client)  # as the servers hold them
         self._on_workers_change = on_workers_change
         self._workers = client.active_workers()
         self._compression = compression
@@ -251,6 +252,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if p.requires_grad:
                     self._variables.append(_Variable(name, p, group))
                     self._register(self._variables[-1], server_cfg)
+                    self._rates.registered(group["lr"], name)
         missing = [n for n, p in named if id(p) not in seen and p.requires_grad]
         if missing:
             raise psrt.PsrtError("psrt.DistributedOptimizer: parameters %s are in named_parameters "
@@ -350,10 +352,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if b.dtype in (torch.float32, torch.int64) and id(b) not in self._by_param:
                 v = _Variable("buffer:" + prefix + n, b)
                 self._register(v, {"name": "assign"}, psrt.Compression.none)
-                # Sync: the step the key is at. Async and ssp: this worker's
-                # clock on it, which starts at the restored step (the key's
-                # version counts every worker's pushes, some made already).
-                v.step = self._client.pulled_version(v.name) if self._sync else self._client.restored_step()
+                # Async and ssp: this worker's clock on it (the key's version
+                # counts every worker's pushes, some made already).
+                v.step = _job.first_step(self._client, v.name)
                 v.scratch = torch.empty_like(v.pulled)
                 self._buffers.append(v)
                 self._by_param[id(b)] = v
@@ -412,10 +413,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _sync_learning_rates(self):
         """Schedulers change group['lr']; the servers follow before the next push."""
         for v in self._variables:
-            lr = float(v.group["lr"])
-            if lr != v.lr:
-                self._client.set_learning_rate(lr, v.name)
-                v.lr = lr
+            self._rates.set_for(v.name, v.group["lr"])
 
     def _push(self, v):
         """Queues the parameter's gradient; a bucket of fusion_bytes goes out
