@@ -139,7 +139,7 @@ void Job::LayOutLocked() {
     auto it = std::find(hosts_.begin(), hosts_.end(), agent.id.index());
     agent.slot = it == hosts_.end() ? -1 : static_cast<int>(it - hosts_.begin());
   }
-  auto add = [&](v1::Role role, int index, int host) {
+  auto add = [&](v1::Role role, int index, int host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Process p;
     p.id.set_role(role);
     p.id.set_index(index);

@@ -87,11 +87,13 @@ int main(int argc, char** argv) {
   // A copy asked for by clients that know it is served here now: the shard
   // map that says so is asked for at once (from the link, once there is
   // one, until it goes). Before the store: outlives its last call.
-  absl::Mutex wake_mu;
-  psrt::CoordinatorLink* wake ABSL_GUARDED_BY(wake_mu) = nullptr;
+  struct {
+    absl::Mutex mu;
+    psrt::CoordinatorLink* link ABSL_GUARDED_BY(mu) = nullptr;
+  } wake;
   auto wake_link = [&] {
-    absl::MutexLock lock(&wake_mu);
-    if (wake != nullptr) wake->Wake();
+    absl::MutexLock lock(&wake.mu);
+    if (wake.link != nullptr) wake.link->Wake();
   };
   psrt::Store store(store_options, &metrics);
   if (config->started_servers() > 0) store.SetOnCopyAsked(wake_link);
@@ -186,12 +188,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   {
-    absl::MutexLock lock(&wake_mu);
-    wake = link->get();
+    absl::MutexLock lock(&wake.mu);
+    wake.link = link->get();
   }
   absl::Cleanup forget_link = [&] {
-    absl::MutexLock lock(&wake_mu);
-    wake = nullptr;
+    absl::MutexLock lock(&wake.mu);
+    wake.link = nullptr;
   };
   psrt::LogInfo("serving on ", link_options.address, " (", config->mode(), " mode, ",
                 config->num_workers(), " workers", psrt::TlsEnabled() ? ", mutual TLS" : "", ")");

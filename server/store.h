@@ -23,10 +23,9 @@
 #include "kernels/optimizer.h"
 #include "psrt/v1/ps.pb.h"
 #include "server/checkpoint/shard_format.h"
+#include "server/key_value.h"
 
 namespace psrt {
-
-struct Update;  // server/key_value.h
 
 struct StoreOptions {
   bool sync = true;  // false: async, every push applied at once
@@ -217,30 +216,113 @@ class Store {
                      const std::string& from);
 
  private:
-  struct Key;
   struct PendingPull;
+  struct Key {
+    // A sync step being gathered.
+    struct SyncStep {
+      // Who sent this version's pushes so far (their sum is the value's).
+      std::vector<char> contributed;
+      int contributions = 0;
+      // The last version each worker pushed for, to tell a retry of an
+      // applied step from a backup worker's late push.
+      std::vector<int64_t> last_step;
+      // How many pushes complete a step.
+      int required = 1;
+    };
+    // Async and ssp: what a worker's pushes have done so far.
+    struct PushWindow {
+      // A compressed gradient decoded, reused for every push.
+      std::vector<float> scratch;
+      // Each worker's clock (pushes made), for the staleness bound.
+      std::vector<int64_t> clock;
+      // The last kPushWindow push ids applied per worker, so a retried push is
+      // applied once even when a worker's pushes overtake each other.
+      std::vector<uint64_t> recent_push_ids;
+      std::vector<uint8_t> recent_next;
+    };
+    // "replicas" and servers joining or leaving: whose key this is here.
+    struct ReplicaRole {
+      // A copy of server copy_of's key (-1: this server's own), updated by its
+      // Replicate calls; served (pushed, pulled, checkpointed) here once that
+      // server is gone.
+      int copy_of = -1;
+      bool serving = true;
+      int moved_to = -1;  // Release: the server that serves it now
+      // A table's part whose rows are still being handed over (Seed's
+      // more_rows): not served until they are all here.
+      bool rows_coming = false;
+    };
+    // The copy an armed checkpoint took (buffers kept for the next one).
+    struct SnapshotSlot {
+      bool ready = false;
+      KeyRecord copy;
+      bool stray = false;  // the copy is of a Stray key
+    };
+    // The workers that registered this key here (by rank), since when.
+    struct Registrants {
+      std::vector<char> by;
+      absl::Time first;
+      bool warned = false;  // the warning of a partial registration is logged
+    };
+
+    absl::Mutex mu;
+    std::string name;  // "variable#partition"
+    v1::KeySpec spec;  // as first registered, without the initial value
+    // Its kind (dense or a table's part), made with the key; what it holds is
+    // guarded by mu.
+    std::unique_ptr<KeyValue> value;
+    OptimizerConfig optimizer ABSL_GUARDED_BY(mu);  // rank 0's, once it registered
+    int64_t n = 0;
+    bool initialized ABSL_GUARDED_BY(mu) = false;
+    int64_t version ABSL_GUARDED_BY(mu) = 0;
+    double lr ABSL_GUARDED_BY(mu) = 0;
+    bool lr_set ABSL_GUARDED_BY(mu) = false;  // changed by a worker before init
+    // Who takes part.
+    std::vector<char> active ABSL_GUARDED_BY(mu);
+    SyncStep sync ABSL_GUARDED_BY(mu);
+    PushWindow window ABSL_GUARDED_BY(mu);
+    ReplicaRole role ABSL_GUARDED_BY(mu);
+    SnapshotSlot snapshot ABSL_GUARDED_BY(mu);
+    Registrants registered ABSL_GUARDED_BY(mu);
+    // Pulls waiting for this key: the pull and the key's index in it.
+    std::vector<std::pair<std::shared_ptr<PendingPull>, int>> waiters ABSL_GUARDED_BY(mu);
+    // Updates whose gradient held NaN or Inf; with "nonfinite": "fail" the
+    // first one stops the key (every push and pull after it gets this error).
+    int64_t nonfinite ABSL_GUARDED_BY(mu) = 0;
+    absl::Status stopped ABSL_GUARDED_BY(mu);
+
+    // An assign key (kernels/optimizer.h) holds data that workers replace (the
+    // mean gradient, BatchNorm's statistics, frozen weights): its version does
+    // not follow the training step, so checkpoints take it as it is and the
+    // step is read from the other keys.
+    bool FreeRunning() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return optimizer.kind == OptimizerKind::kAssign;  // never a table's
+    }
+  };
   using Completed = std::vector<std::shared_ptr<PendingPull>>;
   absl::StatusOr<Key*> Find(const std::string& variable, uint32_t partition) const;
   // The key `spec` names, made (without a value) if it is new.
   Key* FindOrAddLocked(const v1::KeySpec& spec, bool* added) ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_);
-  absl::Status NotServing(const Key* k) const;  // holds k->mu
+  absl::Status NotServing(const Key* k) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // Whether k is server `owner`'s key (-1 or self: this server's own).
-  bool Owns(const Key* k, int owner) const;  // holds k->mu
+  bool Owns(const Key* k, int owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // A Seed of k for server `primary`'s copy: its spec, version, rate and
-  // clocks; its weights and slots; and (handover) what a move adds.
-  void FillSeed(const Key* k, int primary, v1::SeedRequest* req) const;  // holds k->mu
-  void FillWeights(const Key* k, v1::SeedRequest* req) const;            // holds k->mu
-  void FillHandover(const Key* k, v1::SeedRequest* req) const;           // holds k->mu
+  // clocks (its values: KeyValue::WriteCopy); and (handover) what a move
+  // adds.
+  void FillSeed(const Key* k, int primary, v1::SeedRequest* req) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  void FillHandover(const Key* k, v1::SeedRequest* req) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // Frees k's values (a key moved away, or a copy no longer kept).
-  void Free(Key* k);  // holds k->mu
+  void Free(Key* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // Seed's checks of what a hand-over adds; taking it (and the version,
   // rate and clocks every seed has) into k.
   absl::Status CheckHandover(const v1::SeedRequest& req, const std::string& name) const;
-  void TakeHandover(Key* k, const v1::SeedRequest& req);  // holds k->mu
+  void TakeHandover(Key* k, const v1::SeedRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // A table's part: no copy is kept of it, so it goes whole with the
   // hand-over, in parts of rows (SeedRequest.rows).
   absl::Status SeedTable(const v1::SeedRequest& req);
-  absl::Status HandOverTable(const Key* k, int primary, const SendSeed& send) const;  // holds k->mu
+  absl::Status HandOverTable(const Key* k, int primary, const SendSeed& send) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // What a new key costs in weights, optimizer slots and (sync) accumulator.
   int64_t KeyBytes(int64_t n, const OptimizerConfig& optimizer) const;
   // New keys of one registration so far, against the limits.
@@ -254,43 +336,49 @@ class Store {
   // A dense key's shape, slice and initial value.
   absl::Status CheckDenseSpec(const v1::KeySpec& spec, int32_t rank) const;
   // One update of key's value (forwarded to its copy, where it has one).
-  void Apply(Key* key, const Update& update, const Origin& origin);  // holds key->mu
+  void Apply(Key* key, const Update& update, const Origin& origin)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   // After an update: the version moves on (and a checkpoint may copy it).
-  void Applied(Key* key, absl::Time start);  // holds key->mu
+  void Applied(Key* key, absl::Time start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   // A gradient with NaN or Inf is not applied: true, and the key skips the
   // version or stops ("nonfinite").
-  bool SkipNonfinite(Key* key, const float* grad, int64_t n);  // holds key->mu
+  bool SkipNonfinite(Key* key, const float* grad, int64_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   // A push's gradient as float32: where it lies, or decoded into scratch.
-  Update Gradient(Key* k, const WireKey& kd);  // holds k->mu
+  Update Gradient(Key* k, const WireKey& kd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // A request's ids (a table's), and room for the rows it would make.
-  absl::Status CheckRowsLocked(Key* k, absl::Span<const int64_t> ids);  // holds k->mu
+  absl::Status CheckRowsLocked(Key* k, absl::Span<const int64_t> ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // Async: remembers a push as applied (its id, the worker's clock after it).
-  void RecordPush(Key* k, const Origin& origin);  // holds k->mu
+  void RecordPush(Key* k, const Origin& origin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // Sync: applies the step when enough pushes for it arrived.
-  void MaybeFinishStep(Key* key);  // holds key->mu
+  void MaybeFinishStep(Key* key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   std::vector<Key*> AllKeys() const;
   // Sizes a key's state for `optimizer` (slots initialised, weights unset).
-  void InitKey(Key* key, const OptimizerConfig& optimizer);  // holds key->mu
-  void CopyForSnapshot(Key* key);                            // holds key->mu
+  void InitKey(Key* key, const OptimizerConfig& optimizer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
+  void CopyForSnapshot(Key* key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   // Sync: a key some active worker has not registered registration_wait
   // after the first did, still at version 0 at a checkpoint of a later step
   // (or, once registrations ended, any key short of the step):
   // it cannot reach the step, so the checkpoint takes it as it is (or leaves
   // it out without a value) instead of waiting for it. Warns once per key.
-  bool Stray(Key* key, int64_t step);  // holds key->mu
+  bool Stray(Key* key, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   absl::Status WaitForRestore(absl::Time deadline, const Cancelled& cancelled);
   // One key of a validated push.
-  void ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd);  // holds k->mu
+  void ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
 
   // ---- Waiting pulls ----
-  bool Ready(Key* k, int64_t min_version) const;  // holds k->mu
-  int64_t SlowestClock(Key* k) const;             // holds k->mu
+  bool Ready(Key* k, int64_t min_version) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  int64_t SlowestClock(Key* k) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // Copies key `k` (index i of `p`) into `p`'s answer; true when that was
   // the last key the pull waited for.
-  bool Serve(Key* k, PendingPull* p, int i);  // holds k->mu
+  bool Serve(Key* k, PendingPull* p, int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  // Key `k` (index i of `p`) can be pulled (not served yet: serving a
+  // table's key makes its new rows, which a refused pull must not leave).
+  absl::Status CheckPull(Key* k, const PendingPull& p, int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // Serves the waiters `k` can now answer; pulls that became whole go to
   // `completed`, to be completed once `k` is unlocked.
-  void NotifyWaiters(Key* k, Completed* completed);  // holds k->mu
+  void NotifyWaiters(Key* k, Completed* completed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   void Complete(PendingPull* p);
   void Fail(PendingPull* p, const absl::Status& status);
   std::string WhyWaiting(PendingPull* p);

@@ -31,7 +31,7 @@ int64_t Store::SlowestClock(Key* k) const {
 bool Store::Serve(Key* k, PendingPull* p, int i) {
   const v1::DType dtype = p->dtypes[i];
   const int64_t n = k->value->Size(p->ids[i]);
-  auto write = [&](char* to) {
+  auto write = [&](char* to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu) {
     BytesHeld held(&bytes_stored_, *k->value);  // a table makes the rows it lacks
     return k->value->Write(p->ids[i], k->version, dtype, to);
   };
@@ -271,29 +271,12 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
   }
   // Every key is checked before any is served: serving a table's key makes
   // its new rows, which a refused pull must not leave behind.
-  auto check = [&](int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->keys[i]->mu) -> absl::Status {
-    Key* k = p->keys[i];
-    const int64_t min_version = p->min_version[i];
-    if (!k->stopped.ok()) return k->stopped;
-    if (!k->role.serving) return NotServing(k);
-    if (absl::Status s = CheckRowsLocked(k, p->ids[i]); !s.ok()) return s;
-    if (min_version < 0) {
-      return absl::OutOfRangeError(absl::StrCat("pull of key '", k->name, "' asks for version ",
-                                                min_version, "; versions start at 0"));
-    }
-    if (options_.sync && k->initialized && min_version > k->version + 1) {
-      return absl::OutOfRangeError(
-          absl::StrCat("pull of key '", k->name, "' asks for version ", min_version,
-                       " but the key is at version ", k->version,
-                       "; in sync mode a pull may ask at most one version ahead"));
-    }
-    return absl::OkStatus();
-  };
   for (int i = 0; i < n; ++i) {
     absl::Status s;
     {
-      absl::MutexLock lock(&p->keys[i]->mu);
-      s = check(i);
+      Key* k = p->keys[i];
+      absl::MutexLock lock(&k->mu);
+      s = CheckPull(k, *p, i);
     }
     if (!s.ok()) return Fail(p.get(), s);
   }
@@ -302,7 +285,7 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
   for (int i = 0; i < n && bad.ok(); ++i) {
     Key* k = p->keys[i];
     absl::MutexLock lock(&k->mu);
-    if (!(bad = check(i)).ok()) {  // the key stopped meanwhile
+    if (!(bad = CheckPull(k, *p, i)).ok()) {  // the key stopped meanwhile
     } else if (Ready(k, p->min_version[i])) {
       complete = Serve(k, p.get(), i);
     } else {
@@ -314,6 +297,23 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
   if (closing_) return Fail(p.get(), absl::UnavailableError("the server is stopping"));
   absl::MutexLock lock(&pending_mu_);
   pending_.push_back(std::move(p));
+}
+
+absl::Status Store::CheckPull(Key* k, const PendingPull& p, int i) {
+  const int64_t min_version = p.min_version[i];
+  if (!k->stopped.ok()) return k->stopped;
+  if (!k->role.serving) return NotServing(k);
+  if (absl::Status s = CheckRowsLocked(k, p.ids[i]); !s.ok()) return s;
+  if (min_version < 0) {
+    return absl::OutOfRangeError(absl::StrCat("pull of key '", k->name, "' asks for version ",
+                                              min_version, "; versions start at 0"));
+  }
+  if (options_.sync && k->initialized && min_version > k->version + 1) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "pull of key '", k->name, "' asks for version ", min_version, " but the key is at version ",
+        k->version, "; in sync mode a pull may ask at most one version ahead"));
+  }
+  return absl::OkStatus();
 }
 
 void Store::PushPullAsync(const WireMessage& req, absl::Time deadline, Cancelled cancelled,

@@ -235,10 +235,12 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time 
       if (!key->lr_set) key->lr = key->optimizer.lr;
       if (seed_new_ && key->role.serving && key->value->kept_as_copy()) {
         const int owner = key->role.copy_of < 0 ? options_.self : key->role.copy_of;
-        const absl::Status s = seed_new_(owner, [&](v1::SeedRequest* copy) {
-          FillSeed(key, owner, copy);
-          FillWeights(key, copy);
-        });
+        // Called at once, on this thread.
+        const absl::Status s =
+            seed_new_(owner, [&](v1::SeedRequest* copy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu) {
+              FillSeed(key, owner, copy);
+              key->value->WriteCopy(copy);
+            });
         if (!s.ok())
           LogWarning("key '", key->name, "' was not copied to its copy holder: ", s.message());
       }

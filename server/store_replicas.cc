@@ -284,8 +284,6 @@ void Store::FillSeed(const Key* k, int primary, v1::SeedRequest* req) const {
   for (int64_t c : k->window.clock) req->add_worker_clocks(c);
 }
 
-void Store::FillWeights(const Key* k, v1::SeedRequest* req) const { k->value->WriteCopy(req); }
-
 void Store::FillHandover(const Key* k, v1::SeedRequest* req) const {
   req->set_handover(true);
   if (options_.sync) {
@@ -309,7 +307,7 @@ void Store::SeedCopies(int owner, const std::function<absl::Status(const v1::See
     if (!k->value->kept_as_copy()) continue;
     v1::SeedRequest req;
     FillSeed(k, primary, &req);
-    FillWeights(k, &req);
+    k->value->WriteCopy(&req);
     if (absl::Status s = send(req); !s.ok()) {
       LogWarning("building the copy of key '", k->name, "' failed: ", s.message());
       return;
@@ -389,7 +387,7 @@ void Store::Release(int owner, int to, const SendSeed& send) {
       FillHandover(k, &req);
       absl::Status s = send(req);
       if (absl::IsFailedPrecondition(s)) {
-        FillWeights(k, &req);
+        k->value->WriteCopy(&req);
         s = send(req);
       }
       if (s.ok()) {

@@ -221,7 +221,10 @@ void Dispatcher::ShareMemory() {
     auto link = std::make_unique<SharedLink>();
     link->region = *std::move(region);
     link->id = resp.region();
-    for (int i = kSharedSlots - 1; i >= 0; --i) link->free_slots.push_back(i);
+    {
+      absl::MutexLock lock(&link->mu);  // not shared yet; the lock is for the analysis
+      for (int i = kSharedSlots - 1; i >= 0; --i) link->free_slots.push_back(i);
+    }
     shared[s] = std::move(link);
     with.push_back(static_cast<int>(s));
   }

@@ -49,6 +49,10 @@ class LearningRates:
             self._client.set_learning_rate(lr, name)
             self._own[name] = lr
 
-    def registered(self, name, lr):
-        """A variable registered with `lr`: the servers hold that already."""
-        self._own[name] = float(lr)
+    def registered(self, lr, name=None):
+        """Variables registered with `lr` (`name`'s, or every one's): the
+        servers hold it already."""
+        if name is None:
+            self._all = float(lr)
+        else:
+            self._own[name] = float(lr)
