@@ -166,11 +166,16 @@ class SliceWriter {
   int64_t size_ = 0;
 };
 
-void WritePush(SliceWriter* w, int32_t worker_rank, uint64_t push_id,
-               absl::Span<const OutKey> keys) {
+void WritePush(SliceWriter* w, int32_t worker_rank, uint64_t push_id, absl::Span<const OutKey> keys,
+               absl::Span<const int32_t> also_for) {
   PutVarintField(w->header(), 1, static_cast<uint64_t>(static_cast<int64_t>(worker_rank)));
   PutVarintField(w->header(), 2, push_id);
   w->AddKeys(3, keys);
+  // Unpacked (protobuf parsers take either form), rank 0 included.
+  for (int32_t rank : also_for) {
+    PutTag(w->header(), 4, kVarint);
+    PutVarint(w->header(), static_cast<uint64_t>(static_cast<int64_t>(rank)));
+  }
 }
 
 // ---- Reading --------------------------------------------------------------
@@ -418,6 +423,7 @@ absl::Status Parse(const grpc::ByteBuffer& in, const char* type, int keys_field,
   };
   out->worker_rank = 0;
   out->push_id = 0;
+  out->also_for.clear();
   if (!in.Dump(&out->slices).ok()) {
     out->keys.clear();
     return absl::InvalidArgumentError(absl::StrCat("cannot read the ", type, " received"));
@@ -430,8 +436,18 @@ absl::Status Parse(const grpc::ByteBuffer& in, const char* type, int keys_field,
           if (wire_type != kVarint || keys_field == 1) return;
           if (field == 1) out->worker_rank = static_cast<int32_t>(v);
           if (field == 2 && keys_field == 3) out->push_id = v;
+          if (field == 4 && keys_field == 3) out->also_for.push_back(static_cast<int32_t>(v));
         },
         [&](int field, int64_t n) -> std::string {
+          if (field == 4 && keys_field == 3) {  // also_for, packed
+            const int64_t stop = r.pos() + n;
+            while (r.pos() < stop) {
+              uint64_t v;
+              if (!r.ReadVarint(&v) || r.pos() > stop) return "field 4 (also_for) is malformed";
+              out->also_for.push_back(static_cast<int32_t>(v));
+            }
+            return "";
+          }
           if (field != keys_field) {
             r.Skip(n);
             return "";
@@ -453,7 +469,10 @@ absl::Status Parse(const grpc::ByteBuffer& in, const char* type, int keys_field,
   } else {
     err = body(r.size());
   }
-  if (!err.empty()) used = 0;
+  if (!err.empty()) {
+    used = 0;
+    out->also_for.clear();
+  }
   out->keys.resize(used);
   if (!err.empty()) {
     return absl::InvalidArgumentError(
@@ -512,16 +531,18 @@ absl::Status ParseKeysResponse(const grpc::ByteBuffer& in, WireMessage* out) {
 }
 
 grpc::ByteBuffer EncodePushRequest(int32_t worker_rank, uint64_t push_id,
-                                   absl::Span<const OutKey> keys) {
+                                   absl::Span<const OutKey> keys,
+                                   absl::Span<const int32_t> also_for) {
   SliceWriter w;
-  WritePush(&w, worker_rank, push_id, keys);
+  WritePush(&w, worker_rank, push_id, keys, also_for);
   return w.Finish();
 }
 
 grpc::ByteBuffer EncodePushPullRequest(int32_t worker_rank, uint64_t push_id,
-                                       absl::Span<const OutKey> keys) {
+                                       absl::Span<const OutKey> keys,
+                                       absl::Span<const int32_t> also_for) {
   SliceWriter w;
-  WritePush(&w, worker_rank, push_id, keys);
+  WritePush(&w, worker_rank, push_id, keys, also_for);
   std::string prefix;
   PutTag(&prefix, 1, kLen);
   PutVarint(&prefix, w.size());

@@ -109,6 +109,7 @@ struct WireKey {
 struct WireMessage {
   int32_t worker_rank = 0;
   uint64_t push_id = 0;
+  std::vector<int32_t> also_for;  // PushRequest.also_for
   std::vector<WireKey> keys;
   std::vector<grpc::Slice> slices;
 };
@@ -144,10 +145,13 @@ struct OutKey {
   int64_t num_ids = 0;
 };
 
+// `also_for`: PushRequest.also_for.
 grpc::ByteBuffer EncodePushRequest(int32_t worker_rank, uint64_t push_id,
-                                   absl::Span<const OutKey> keys);
+                                   absl::Span<const OutKey> keys,
+                                   absl::Span<const int32_t> also_for = {});
 grpc::ByteBuffer EncodePushPullRequest(int32_t worker_rank, uint64_t push_id,
-                                       absl::Span<const OutKey> keys);
+                                       absl::Span<const OutKey> keys,
+                                       absl::Span<const int32_t> also_for = {});
 grpc::ByteBuffer EncodePullRequest(int32_t worker_rank, absl::Span<const OutKey> keys);
 // A PullResponse or PushPullResponse.
 grpc::ByteBuffer EncodeKeysResponse(absl::Span<const OutKey> keys);

@@ -140,6 +140,8 @@ class Store {
   // ---- The data path: requests as received (common/tensor_coding.h) ----
   // Applies (or, in sync mode, accumulates) each key's gradient straight
   // from the request's buffers. Keys of a big push are applied in parallel.
+  // Sync: a push with also_for holds those workers' gradients summed with
+  // the pusher's (a host summing first) and counts as a push from each.
   absl::Status Push(const WireMessage& req);
   // Cancelled is asked now and then while a pull waits; true ends it (the
   // caller went away).
@@ -364,8 +366,12 @@ class Store {
   bool Stray(Key* key, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   absl::Status WaitForRestore(absl::Time deadline, const Cancelled& cancelled);
   // One key of a validated push.
-  void ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd)
+  void ApplyPush(Key* k, const WireMessage& req, const WireKey& kd)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  // A push's also_for (sync only; ranks of the job, each once, not the
+  // pusher's own), and the workers it is counted for: the pusher first.
+  absl::Status CheckAlsoFor(const WireMessage& req) const;
+  static std::vector<int> PushersOf(const WireMessage& req);
 
   // ---- Waiting pulls ----
   bool Ready(Key* k, int64_t min_version) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);

@@ -101,6 +101,7 @@ absl::Status Store::Push(const WireMessage& req) {
   if (absl::Status s = CheckWorker(req.worker_rank); !s.ok()) return s;
   if (req.keys.empty()) return absl::InvalidArgumentError("push request names no keys");
   const int w = req.worker_rank;
+  if (absl::Status s = CheckAlsoFor(req); !s.ok()) return s;
   std::vector<Key*> keys;
   keys.reserve(req.keys.size());
   int64_t bytes = 0;
@@ -134,10 +135,12 @@ absl::Status Store::Push(const WireMessage& req) {
           absl::StrCat("key '", k->name, "' has no value yet: rank 0 has not registered it"));
     }
     if (!k->stopped.ok()) return k->stopped;
-    if (!k->active[w]) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("worker ", w,
-                       " is not an active worker of this job (it was lost); it must rejoin first"));
+    for (int r : PushersOf(req)) {
+      if (!k->active[r]) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "worker ", r,
+            " is not an active worker of this job (it was lost); it must rejoin first"));
+      }
     }
     if (kd.version < 0 || (options_.sync && kd.version > k->version)) {
       return absl::OutOfRangeError(absl::StrCat(
@@ -154,6 +157,20 @@ absl::Status Store::Push(const WireMessage& req) {
                                                 "; a worker's clock advances one push at a time"));
     }
     if (absl::Status s = CheckRowsLocked(k, kd.ids); !s.ok()) return s;
+    if (options_.sync && kd.version == k->version && !req.also_for.empty()) {
+      // A push for several workers is counted whole: none of them pushed
+      // this step's gradient on its own (it would be summed twice).
+      const std::vector<int> pushers = PushersOf(req);
+      const auto pushed = [&](int r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu) {
+        return k->sync.contributed[r] != 0;
+      };
+      if (std::any_of(pushers.begin(), pushers.end(), pushed) &&
+          !std::all_of(pushers.begin(), pushers.end(), pushed)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "push to key '", k->name, "' for workers ", absl::StrJoin(pushers, ", "),
+            ": some of them pushed for version ", k->version, " on their own already"));
+      }
+    }
     keys.push_back(k);
     bytes += kd.data.size();
   }
@@ -180,7 +197,7 @@ absl::Status Store::Push(const WireMessage& req) {
         moved = NotServing(k);
         return;
       }
-      ApplyPush(k, w, req.push_id, kd);
+      ApplyPush(k, req, kd);
       NotifyWaiters(k, &completed);
     }
     for (const auto& p : completed) Complete(p.get());
@@ -196,7 +213,34 @@ absl::Status Store::Push(const WireMessage& req) {
   return moved;
 }
 
-void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
+absl::Status Store::CheckAlsoFor(const WireMessage& req) const {
+  if (req.also_for.empty()) return absl::OkStatus();
+  if (!options_.sync) {
+    return absl::InvalidArgumentError(
+        "a push for several workers (also_for) is for sync jobs; async and ssp apply each "
+        "worker's push on its own");
+  }
+  std::vector<int> seen = {req.worker_rank};
+  for (int32_t r : req.also_for) {
+    if (absl::Status s = CheckWorker(r); !s.ok()) return s;
+    if (std::find(seen.begin(), seen.end(), r) != seen.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("push of worker ", req.worker_rank,
+                                                     " names worker ", r, " twice (also_for)"));
+    }
+    seen.push_back(r);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int> Store::PushersOf(const WireMessage& req) {
+  std::vector<int> out = {req.worker_rank};
+  out.insert(out.end(), req.also_for.begin(), req.also_for.end());
+  return out;
+}
+
+void Store::ApplyPush(Key* k, const WireMessage& req, const WireKey& kd) {
+  const int w = req.worker_rank;
+  const uint64_t push_id = req.push_id;
   if (!options_.sync) {
     uint64_t* recent = &k->window.recent_push_ids[w * kPushWindow];
     if (push_id != 0 && std::find(recent, recent + kPushWindow, push_id) != recent + kPushWindow) {
@@ -216,12 +260,18 @@ void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
     (k->sync.last_step[w] == kd.version ? duplicate_pushes_ : dropped_pushes_)->Add();
     return;
   }
-  if (k->sync.contributed[w]) {
-    duplicate_pushes_->Add();
+  // A retry finds every bit set; a push for several workers found partly
+  // counted (checked above, so only a worker racing itself) is dropped.
+  const std::vector<int> pushers = PushersOf(req);
+  int counted = 0;
+  for (int r : pushers) counted += k->sync.contributed[r] != 0;
+  if (counted > 0) {
+    (counted == static_cast<int>(pushers.size()) ? duplicate_pushes_ : dropped_pushes_)->Add();
     return;
   }
-  k->sync.last_step[w] = kd.version;
-  if (k->sync.contributions == 0 && k->sync.required == 1 && (kd.scale == 0 || kd.scale == 1)) {
+  for (int r : pushers) k->sync.last_step[r] = kd.version;
+  if (pushers.size() == 1 && k->sync.contributions == 0 && k->sync.required == 1 &&
+      (kd.scale == 0 || kd.scale == 1)) {
     // The step's one gradient (a single worker): applied from where it
     // lies, as an async push is, without the pass through the step's sum.
     Apply(k, Gradient(k, kd), Origin());
@@ -229,8 +279,8 @@ void Store::ApplyPush(Key* k, int w, uint64_t push_id, const WireKey& kd) {
   }
   k->value->Accumulate(kd.ids, kd.data, kd.dtype, kd.scale, k->sync.contributions == 0,
                        &k->window.scratch);
-  k->sync.contributed[w] = 1;
-  ++k->sync.contributions;
+  for (int r : pushers) k->sync.contributed[r] = 1;
+  k->sync.contributions += static_cast<int>(pushers.size());
   MaybeFinishStep(k);
 }
 

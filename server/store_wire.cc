@@ -46,6 +46,13 @@ WireMessage ToWire(const Request& req) {
   return m;
 }
 
+WireMessage PushToWire(const v1::PushRequest& req) {
+  WireMessage m = ToWire(req);
+  m.push_id = req.push_id();
+  m.also_for.assign(req.also_for().begin(), req.also_for().end());
+  return m;
+}
+
 void ToProto(const std::vector<OutKey>& keys,
              google::protobuf::RepeatedPtrField<v1::KeyData>* out) {
   for (const OutKey& o : keys) {
@@ -61,11 +68,7 @@ void ToProto(const std::vector<OutKey>& keys,
 
 }  // namespace
 
-absl::Status Store::Push(const v1::PushRequest& req) {
-  WireMessage m = ToWire(req);
-  m.push_id = req.push_id();
-  return Push(m);
-}
+absl::Status Store::Push(const v1::PushRequest& req) { return Push(PushToWire(req)); }
 
 absl::Status Store::WaitPull(const std::function<void(PullDone)>& start,
                              google::protobuf::RepeatedPtrField<v1::KeyData>* out) {
@@ -92,8 +95,7 @@ absl::Status Store::Pull(const v1::PullRequest& req, absl::Time deadline, v1::Pu
 
 absl::Status Store::PushPull(const v1::PushPullRequest& req, absl::Time deadline,
                              v1::PushPullResponse* resp, const Cancelled& cancelled) {
-  WireMessage m = ToWire(req.push());
-  m.push_id = req.push().push_id();
+  const WireMessage m = PushToWire(req.push());
   return WaitPull([&](PullDone done) { PushPullAsync(m, deadline, cancelled, std::move(done)); },
                   resp->mutable_keys());
 }

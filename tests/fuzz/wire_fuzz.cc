@@ -6,6 +6,7 @@
 #include <grpc/grpc.h>
 #include <grpcpp/support/byte_buffer.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -87,6 +88,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(pb_ok || !ok || !"PushRequest: accepted what protobuf refuses");
     if (pb_ok && ok) {
       Check(pb.worker_rank() == w.worker_rank && pb.push_id() == w.push_id);
+      Check(std::equal(pb.also_for().begin(), pb.also_for().end(), w.also_for.begin(),
+                       w.also_for.end()));
       SameKeys(pb, w);
     }
   }
@@ -107,6 +110,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(pb_ok || !ok || !"PushPullRequest: accepted what protobuf refuses");
     if (pb_ok && ok) {
       Check(pb.push().worker_rank() == w.worker_rank && pb.push().push_id() == w.push_id);
+      Check(std::equal(pb.push().also_for().begin(), pb.push().also_for().end(), w.also_for.begin(),
+                       w.also_for.end()));
       SameKeys(pb.push(), w);
     }
   }

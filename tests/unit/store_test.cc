@@ -593,6 +593,53 @@ TEST(StoreTest, SyncDuplicatePushIsAppliedOnce) {
   EXPECT_EQ(Metric(m, "t_updates_total"), 1);
 }
 
+TEST(StoreTest, APushForSeveralWorkersCountsForEachAndTheStepIsTheMeanOverAll) {
+  Metrics m("t");
+  Store store(Sync(3), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  // Workers 0 and 1 share a host, which sums their gradients ({1, 2, 3}
+  // and {3, 2, 1}) first; worker 2 pushes alone.
+  v1::PushRequest host = PushReq(0, 1, {Grad("w", 0, {4, 4, 4})});
+  host.add_also_for(1);
+  // Refused whole, changing nothing: also_for naming the pusher, a rank
+  // twice or out of range.
+  for (const std::vector<int>& bad : std::vector<std::vector<int>>{{0}, {1, 1}, {3}}) {
+    v1::PushRequest r = PushReq(0, 1, {Grad("w", 0, {9, 9, 9})});
+    for (int rank : bad) r.add_also_for(rank);
+    EXPECT_EQ(store.Push(r).code(), absl::StatusCode::kInvalidArgument);
+  }
+  ASSERT_TRUE(store.Push(host).ok());
+  EXPECT_KEY(store, "w", 0, kW0);  // worker 2 still missing
+  // Worker 1's own push for the step now is a duplicate: it was counted.
+  ASSERT_TRUE(store.Push(PushReq(1, 1, {Grad("w", 0, {100, 100, 100})})).ok());
+  ASSERT_TRUE(store.Push(host).ok());  // a retry
+  EXPECT_EQ(Metric(m, "t_duplicate_pushes_total"), 2);
+  ASSERT_TRUE(store.Push(PushReq(2, 1, {Grad("w", 0, {2, 2, 2})})).ok());
+  // The mean over three workers: (4 + 2) / 3 = 2.
+  EXPECT_KEY(store, "w", 1, std::vector<float>({0.0f, -3.0f, 2.5f}));
+  EXPECT_EQ(Metric(m, "t_updates_total"), 1);
+
+  // Step 1: worker 1 pushed on its own, so a host push that holds its
+  // gradient again is refused (it would be summed twice).
+  ASSERT_TRUE(store.Push(PushReq(1, 2, {Grad("w", 1, {1, 1, 1})})).ok());
+  v1::PushRequest again = PushReq(0, 2, {Grad("w", 1, {2, 2, 2})});
+  again.add_also_for(1);
+  const absl::Status twice = store.Push(again);
+  EXPECT_EQ(twice.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_HAS(twice, "on their own already");
+
+  // Async and ssp apply each worker's push alone.
+  Metrics am("a");
+  Store async(Async(2), &am);
+  ASSERT_TRUE(async.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  v1::PushRequest r = PushReq(0, 1, {Grad("w", 0, {1, 1, 1})});
+  r.add_also_for(1);
+  const absl::Status refused = async.Push(r);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(refused, "for sync jobs");
+  EXPECT_KEY(async, "w", 0, kW0);
+}
+
 // ---------------------------------------------------------------------------
 // Keys moving to another server ("max_servers"): Release on the old one,
 // Seed's hand-over and Promote on the new one.

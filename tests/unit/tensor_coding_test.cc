@@ -240,6 +240,40 @@ TEST(TensorCodingTest, TableIdsMatchProtobuf) {
 }
 
 // Fields a newer peer adds are skipped, as protobuf does.
+TEST(TensorCodingTest, AlsoForMatchesProtobufPackedAndNot) {
+  const std::vector<float> w = Values(5, 3);
+  OutKey key;
+  key.variable = "w";
+  key.data = reinterpret_cast<const char*>(w.data());
+  key.size = 5 * 4;
+  key.dtype = v1::DTYPE_FLOAT32;
+  const std::vector<int32_t> also_for = {0, 2, 7};
+  v1::PushRequest pb;
+  ASSERT_TRUE(pb.ParseFromString(Flatten(EncodePushRequest(3, 9, {key}, also_for))));
+  EXPECT_EQ(std::vector<int32_t>(pb.also_for().begin(), pb.also_for().end()), also_for);
+  // Protobuf writes it packed; ours is unpacked: both parse.
+  const std::string packed = pb.SerializeAsString();
+  WireMessage got;
+  ASSERT_TRUE(ParsePushRequest(Sliced(packed, RandomCuts(packed.size(), 4)), &got).ok());
+  EXPECT_EQ(got.also_for, also_for);
+  EXPECT_EQ(got.worker_rank, 3);
+  ASSERT_TRUE(ParsePushRequest(EncodePushRequest(3, 9, {key}), &got).ok());
+  EXPECT_TRUE(got.also_for.empty());  // a reused message starts empty
+  v1::PushPullRequest pp;
+  ASSERT_TRUE(pp.ParseFromString(Flatten(EncodePushPullRequest(3, 9, {key}, also_for))));
+  EXPECT_EQ(pp.push().also_for_size(), 3);
+  const std::string pp_bytes = pp.SerializeAsString();
+  ASSERT_TRUE(ParsePushPullRequest(Sliced(pp_bytes, {3}), &got).ok());
+  EXPECT_EQ(got.also_for, also_for);
+  // A pull has no such field: field 4 is skipped there.
+  ASSERT_TRUE(ParsePullRequest(Sliced(packed, {}), &got).ok());
+  EXPECT_TRUE(got.also_for.empty());
+  // A packed run cut inside a value is refused, as protobuf refuses it.
+  const std::string cut = std::string("\x22\x02\x05\x80", 4);
+  EXPECT_FALSE(pb.ParseFromString(cut));
+  EXPECT_EQ(ParsePushRequest(Sliced(cut, {}), &got).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(TensorCodingTest, UnknownFieldsAreSkipped) {
   v1::PushRequest pb;
   pb.set_worker_rank(2);
