@@ -117,7 +117,8 @@ class Job {
   };
 
   static std::string StateName(v1::JobState s);  // "running", ...
-  // Register's work, under mu_ (the barriers it releases are answered after).
+  // Register's work, under mu_, which it takes (the barriers it releases
+  // are answered after, outside it).
   absl::Status RegisterProcess(const v1::RegisterRequest* req, v1::RegisterResponse* resp)
       ABSL_LOCKS_EXCLUDED(mu_);
   Process* FindLocked(const v1::ProcessId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

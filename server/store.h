@@ -368,10 +368,12 @@ class Store {
   // One key of a validated push.
   void ApplyPush(Key* k, const WireMessage& req, const WireKey& kd)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
-  // A push's also_for (sync only; ranks of the job, each once, not the
-  // pusher's own), and the workers it is counted for: the pusher first.
+  // A push's also_for: sync only; ranks of the job, each once, not the
+  // pusher's own.
   absl::Status CheckAlsoFor(const WireMessage& req) const;
-  static std::vector<int> PushersOf(const WireMessage& req);
+  // Sync: how many of the workers a push counts for (the pusher and its
+  // also_for) pushed for k's step already.
+  int Counted(Key* k, const WireMessage& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
 
   // ---- Waiting pulls ----
   bool Ready(Key* k, int64_t min_version) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -32,6 +33,14 @@ bool AllFinite(const float* v, int64_t n) {
     bad |= (bits & 0x7f800000u) == 0x7f800000u;
   }
   return bad == 0;
+}
+
+// The workers a push counts for: the pusher, then its also_for (no heap
+// allocation for a host of up to 8).
+absl::InlinedVector<int, 8> Pushers(const WireMessage& req) {
+  absl::InlinedVector<int, 8> out = {req.worker_rank};
+  out.insert(out.end(), req.also_for.begin(), req.also_for.end());
+  return out;
 }
 
 }  // namespace
@@ -135,7 +144,7 @@ absl::Status Store::Push(const WireMessage& req) {
           absl::StrCat("key '", k->name, "' has no value yet: rank 0 has not registered it"));
     }
     if (!k->stopped.ok()) return k->stopped;
-    for (int r : PushersOf(req)) {
+    for (int r : Pushers(req)) {
       if (!k->active[r]) {
         return absl::FailedPreconditionError(absl::StrCat(
             "worker ", r,
@@ -160,15 +169,12 @@ absl::Status Store::Push(const WireMessage& req) {
     if (options_.sync && kd.version == k->version && !req.also_for.empty()) {
       // A push for several workers is counted whole: none of them pushed
       // this step's gradient on its own (it would be summed twice).
-      const std::vector<int> pushers = PushersOf(req);
-      const auto pushed = [&](int r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu) {
-        return k->sync.contributed[r] != 0;
-      };
-      if (std::any_of(pushers.begin(), pushers.end(), pushed) &&
-          !std::all_of(pushers.begin(), pushers.end(), pushed)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "push to key '", k->name, "' for workers ", absl::StrJoin(pushers, ", "),
-            ": some of them pushed for version ", k->version, " on their own already"));
+      const int counted = Counted(k, req);
+      if (counted > 0 && counted < 1 + static_cast<int>(req.also_for.size())) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("push to key '", k->name, "' for workers ", req.worker_rank, ", ",
+                         absl::StrJoin(req.also_for, ", "), ": some of them pushed for version ",
+                         k->version, " on their own already"));
       }
     }
     keys.push_back(k);
@@ -232,10 +238,10 @@ absl::Status Store::CheckAlsoFor(const WireMessage& req) const {
   return absl::OkStatus();
 }
 
-std::vector<int> Store::PushersOf(const WireMessage& req) {
-  std::vector<int> out = {req.worker_rank};
-  out.insert(out.end(), req.also_for.begin(), req.also_for.end());
-  return out;
+int Store::Counted(Key* k, const WireMessage& req) {
+  int counted = 0;
+  for (int r : Pushers(req)) counted += k->sync.contributed[r] != 0;
+  return counted;
 }
 
 void Store::ApplyPush(Key* k, const WireMessage& req, const WireKey& kd) {
@@ -262,15 +268,13 @@ void Store::ApplyPush(Key* k, const WireMessage& req, const WireKey& kd) {
   }
   // A retry finds every bit set; a push for several workers found partly
   // counted (checked above, so only a worker racing itself) is dropped.
-  const std::vector<int> pushers = PushersOf(req);
-  int counted = 0;
-  for (int r : pushers) counted += k->sync.contributed[r] != 0;
-  if (counted > 0) {
-    (counted == static_cast<int>(pushers.size()) ? duplicate_pushes_ : dropped_pushes_)->Add();
+  const int pushers = 1 + static_cast<int>(req.also_for.size());
+  if (const int counted = Counted(k, req); counted > 0) {
+    (counted == pushers ? duplicate_pushes_ : dropped_pushes_)->Add();
     return;
   }
-  for (int r : pushers) k->sync.last_step[r] = kd.version;
-  if (pushers.size() == 1 && k->sync.contributions == 0 && k->sync.required == 1 &&
+  for (int r : Pushers(req)) k->sync.last_step[r] = kd.version;
+  if (pushers == 1 && k->sync.contributions == 0 && k->sync.required == 1 &&
       (kd.scale == 0 || kd.scale == 1)) {
     // The step's one gradient (a single worker): applied from where it
     // lies, as an async push is, without the pass through the step's sum.
@@ -279,8 +283,8 @@ void Store::ApplyPush(Key* k, const WireMessage& req, const WireKey& kd) {
   }
   k->value->Accumulate(kd.ids, kd.data, kd.dtype, kd.scale, k->sync.contributions == 0,
                        &k->window.scratch);
-  for (int r : pushers) k->sync.contributed[r] = 1;
-  k->sync.contributions += static_cast<int>(pushers.size());
+  for (int r : Pushers(req)) k->sync.contributed[r] = 1;
+  k->sync.contributions += pushers;
   MaybeFinishStep(k);
 }
 
