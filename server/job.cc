@@ -398,22 +398,22 @@ void Job::Barrier(const v1::BarrierRequest& req, absl::Time deadline,
                   std::function<bool()> cancelled, BarrierDone done) {
   const absl::Duration timeout =
       absl::Seconds(req.timeout_s() > 0 ? req.timeout_s() : config_.barrier_timeout_s());
+  absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
     Process* p;
-    absl::Status s = Lookup(req.id(), &p);
-    if (s.ok() && !p->registered) {
-      s = absl::FailedPreconditionError(
+    refused = Lookup(req.id(), &p);
+    if (refused.ok() && !p->registered) {
+      refused = absl::FailedPreconditionError(
           absl::StrCat(p->name, " entered the barrier before registering"));
     }
-    if (!s.ok()) {
-      released_.push_back({{nullptr, std::move(done), deadline, timeout}, s, nullptr});
-    } else {
+    if (refused.ok()) {
       barriers_.push_back({std::move(cancelled), std::move(done),
                            std::min(deadline, absl::Now() + timeout), timeout});
       ReleaseBarriersLocked();
     }
   }
+  if (!refused.ok()) return done(refused, nullptr);
   FinishReleased();
 }
 

@@ -35,7 +35,8 @@ class HostVariables:
         self._client.register_variable(name, list(host.shape), host.ctypes.data, optimizer,
                                        compression.value, compression.value)
         self._out[name] = np.empty_like(host)
-        self._rates.registered(optimizer["lr"])
+        if optimizer["name"] != "assign":  # an assign key takes no learning rate
+            self._rates.registered(optimizer["lr"])
         self._steps[name] = _job.first_step(self._client, name)
         return host
 

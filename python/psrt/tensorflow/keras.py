@@ -164,9 +164,7 @@ class _Keys:
         self.control_name = (self.names[0] if self.names else "keras") + "@workers"
         self.count = 1.0
         self.shapes = [tuple(v.shape) for v in dense]
-        # An assign key takes no learning rate; the host keeps the one it
-        # was last registered with, so give it the optimizer's.
-        assign = {"name": _ASSIGN, "lr": config["lr"]}
+        assign = {"name": _ASSIGN, "lr": config["lr"]}  # the rate is unused
         exact = psrt.Compression.none
         self.host = host = _host.HostVariables(client, opt._psrt_compression)
         for i, (name, v) in enumerate(zip(names, dense + moving + fixed)):
