@@ -244,9 +244,7 @@ absl::Status ApplyLimits(const Json& v, PsOptions* out);
 const std::vector<KeySpec>& ParameterServerKeys() {
   static const auto* const kKeys = new std::vector<KeySpec>{
       {"enabled", "bool", "false", "turn on the parameter-server runtime",
-       [](const Json& v, PsOptions* o) {
-         return SetBool(v, "enabled", &o->enabled);
-       }},
+       [](const Json& v, PsOptions* o) { return SetBool(v, "enabled", &o->enabled); }},
       {"mode", "string", "\"sync\"",
        "sync: wait for all workers each step; async: apply each push at once; "
        "ssp: stale-synchronous, bounded by 'staleness'",
@@ -264,14 +262,12 @@ const std::vector<KeySpec>& ParameterServerKeys() {
        [](const Json& v, PsOptions* o) {
          return SetInt(v, "backup_workers", 0, kIntMax, &o->backup_workers);
        }},
-      {"compression", "string", "\"none\"",
-       "encoding of pushed gradients: none, fp16, bf16",
+      {"compression", "string", "\"none\"", "encoding of pushed gradients: none, fp16, bf16",
        [](const Json& v, PsOptions* o) {
          return SetEnum(v, "compression", {"none", "fp16", "bf16"},
                         &o->compression);
        }},
-      {"pull_compression", "string", "\"none\"",
-       "encoding of pulled parameters: none, fp16, bf16",
+      {"pull_compression", "string", "\"none\"", "encoding of pulled parameters: none, fp16, bf16",
        [](const Json& v, PsOptions* o) {
          return SetEnum(v, "pull_compression", {"none", "fp16", "bf16"},
                         &o->pull_compression);
@@ -283,8 +279,7 @@ const std::vector<KeySpec>& ParameterServerKeys() {
        [](const Json& v, PsOptions* o) {
          return SetEnum(v, "transport", {"auto", "tcp", "grpc"}, &o->transport);
        }},
-      {"servers_per_host", "int", "1",
-       "parameter-server processes per host (>= 1)",
+      {"servers_per_host", "int", "1", "parameter-server processes per host (>= 1)",
        [](const Json& v, PsOptions* o) {
          return SetInt(v, "servers_per_host", 1, kIntMax, &o->servers_per_host);
        }},
@@ -304,6 +299,12 @@ const std::vector<KeySpec>& ParameterServerKeys() {
       {"workers_per_host", "int", "1", "training processes per host (>= 1)",
        [](const Json& v, PsOptions* o) {
          return SetInt(v, "workers_per_host", 1, kIntMax, &o->workers_per_host);
+       }},
+      {"local_aggregation", "bool", "true",
+       "sum a host's gradients there first and push once per key per host "
+       "(sync jobs with workers_per_host > 1; docs/runtime.md)",
+       [](const Json& v, PsOptions* o) {
+         return SetBool(v, "local_aggregation", &o->local_aggregation);
        }},
       {"partition_bytes", "int", "262144",
        "largest slice of a tensor placed on one server; 4096..67108864, "
@@ -344,9 +345,7 @@ const std::vector<KeySpec>& ParameterServerKeys() {
       {"replicas", "int", "0",
        "1: every key also lives on a backup server, which serves it when its "
        "server is lost (sync: no step lost)",
-       [](const Json& v, PsOptions* o) {
-         return SetInt(v, "replicas", 0, 1, &o->replicas);
-       }},
+       [](const Json& v, PsOptions* o) { return SetInt(v, "replicas", 0, 1, &o->replicas); }},
       {"nonfinite", "string", "\"skip\"",
        "an update whose gradient holds NaN or Inf: skip it (as AMP's "
        "GradScaler) or fail (the key stops and its pushes and pulls say why)",
@@ -359,8 +358,7 @@ const std::vector<KeySpec>& ParameterServerKeys() {
        [](const Json& v, PsOptions* o) {
          return SetEnum(v, "on_failure", {"fail", "recover"}, &o->on_failure);
        }},
-      {"max_recoveries", "int", "3",
-       "recoveries a job may make before a failure ends it (>= 0)",
+      {"max_recoveries", "int", "3", "recoveries a job may make before a failure ends it (>= 0)",
        [](const Json& v, PsOptions* o) {
          return SetInt(v, "max_recoveries", 0, kIntMax, &o->max_recoveries);
        }},
@@ -385,8 +383,7 @@ const std::vector<KeySpec>& ParameterServerKeys() {
        "resume from \"latest\" or a step number under checkpoint.uri, or from "
        "a checkpoint URI; empty starts fresh",
        [](const Json& v, PsOptions* o) { return SetRestore(v, &o->restore); }},
-      {"checkpoint", "object", "{}",
-       "checkpoint settings: uri, every_steps, every_seconds, keep",
+      {"checkpoint", "object", "{}", "checkpoint settings: uri, every_steps, every_seconds, keep",
        &ApplyCheckpoint},
       {"elastic", "object", "{}",
        "sync: {\"min_workers\": m, \"max_workers\": M}: start with m of the "
@@ -587,10 +584,33 @@ absl::Status ValidateCombination(const Json& ps, const PsOptions& o) {
         "', which is looked up under 'checkpoint.uri', but checkpoint.uri is "
         "empty; set checkpoint.uri or give restore a full URI"));
   }
+  if (ps.contains("local_aggregation") && o.local_aggregation && o.workers_per_host > 1) {
+    if (const std::string off = LocalAggregationOff(o); !off.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'local_aggregation' sums a host's gradients of a sync step into one push, which does "
+          "not fit here: ",
+          off, "; remove 'local_aggregation' or set it to false"));
+    }
+  }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+std::string LocalAggregationOff(const PsOptions& o) {
+  if (!o.local_aggregation) return "\"local_aggregation\": false";
+  if (o.workers_per_host < 2) return "one training process per host";
+  if (o.mode != "sync") {
+    return absl::StrCat("mode ", o.mode, " applies each worker's own push");
+  }
+  if (o.backup_workers > 0) return "backup workers: a step goes on without the slowest pushes";
+  if (o.elastic_max_workers > 0) return "elastic workers join and leave one by one";
+  if (o.on_worker_failure == "continue") {
+    return "on_worker_failure continue: the others go on without a lost worker";
+  }
+  if (o.restart_workers > 0) return "restart_workers: a worker restarts on its own";
+  return "";
+}
 
 namespace internal {
 

@@ -76,7 +76,16 @@ struct PsOptions {
   double barrier_timeout_s = 60;        // > 0
   std::string restore;                  // "" | "latest" | step number | uri
   CheckpointOptions checkpoint;         // from key "checkpoint"
+  // A host's training processes sum their gradients before the network,
+  // where it applies (LocalAggregationOff).
+  bool local_aggregation = true;
 };
+
+// Why a host's processes do not sum their gradients first in a job with
+// these options ("" when they do): one process per host, or a setting that
+// needs each worker's own push (async, ssp, backup workers, elastic
+// workers, workers going on without a lost one or restarted alone).
+std::string LocalAggregationOff(const PsOptions& o);
 
 // Parses `json` (the value of --distribution). `{}` and
 // `{"parameter_server": {"enabled": false}}` both yield enabled == false; all

@@ -84,6 +84,7 @@ Job::Job(CoordinatorOptions options, Metrics* metrics)
   config_.set_nonfinite(ps.nonfinite);
   config_.set_replicas(ps.replicas);
   config_.set_server_port_base(ps.server_port_base);
+  config_.set_local_aggregation(LocalAggregationOff(ps).empty());
   v1::Limits* limits = config_.mutable_limits();
   limits->set_max_server_bytes(ps.limits.max_server_bytes);
   limits->set_max_variables(ps.limits.max_variables);

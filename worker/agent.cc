@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/process.h"
 #include "common/shared_memory.h"
+#include "worker/host_group.h"
 
 namespace psrt {
 namespace {
@@ -108,9 +109,27 @@ int RunAgent(const AgentOptions& options) {
     return spawn(v1::ROLE_SERVER, index, absl::StrCat("psrt-server[", index, "]"), argv,
                  {{"PSRT_JOB_TOKEN", options.token}});
   };
+  // A sync job whose host runs several training processes: they sum their
+  // gradients here first, through a group made anew for each generation (a
+  // recovery starts them from a clean one).
+  std::unique_ptr<SharedRegion> group;
+  auto make_group = [&] {
+    group.reset();
+    std::vector<int> ranks;
+    for (int i = 0; i < local && host_index * local + i < config.num_workers(); ++i) {
+      ranks.push_back(host_index * local + i);
+    }
+    if (!config.local_aggregation() || ranks.size() < 2) return;
+    absl::StatusOr<std::unique_ptr<SharedRegion>> made = HostGroup::MakeDirectory(ranks);
+    if (!made.ok()) {
+      LogWarning("this host's training processes push on their own: ", made.status().message());
+      return;
+    }
+    group = *std::move(made);
+  };
   auto start_worker = [&](int rank) {
     const int local_rank = rank - host_index * local;
-    const std::map<std::string, std::string> env = {
+    std::map<std::string, std::string> env = {
         {"PSRT_COORDINATOR", options.coordinator},
         {"PSRT_JOB_TOKEN", options.token},
         {"PSRT_RANK", absl::StrCat(rank)},
@@ -125,9 +144,11 @@ int RunAgent(const AgentOptions& options) {
         {"LOCAL_RANK", absl::StrCat(local_rank)},
         {"WORLD_SIZE", absl::StrCat(config.num_workers())},
     };
+    if (group != nullptr) env["PSRT_HOST_GROUP"] = group->name();
     return spawn(v1::ROLE_WORKER, rank, absl::StrCat("worker ", rank), options.command, env);
   };
   auto start_all = [&] {
+    make_group();
     for (int i = 0; i < servers_here; ++i) {
       if (!start_server(host_index * servers_here + i)) return;
     }

@@ -65,6 +65,12 @@ absl::StatusOr<ClientOptions> ClientOptions::FromEnv() {
         "'"));
   }
   o.timeline = EnvOr("PSRT_TIMELINE", "");
+  o.host_group = EnvOr("PSRT_HOST_GROUP", "");
+  const std::string local_rank = EnvOr("PSRT_LOCAL_RANK", "0");
+  if (!absl::SimpleAtoi(local_rank, &o.local_rank) || o.local_rank < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "PSRT_LOCAL_RANK must be a local rank >= 0 (psrt-worker sets it); got '", local_rank, "'"));
+  }
   SetLogLevel(*level);
   return o;
 }
@@ -147,6 +153,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   // Enough threads for a request in flight on every connection.
   impl->pool = std::make_unique<ThreadPool>(
       std::max<int>(4, 2 * options.connections_per_server * n));
+  if (impl->config.local_aggregation() && !options.host_group.empty()) {
+    absl::StatusOr<std::unique_ptr<HostGroup>> group =
+        HostGroup::Join(options.host_group, options.local_rank, options.rank,
+                        [impl = impl.get()] { return impl->JobStatus(); });
+    if (!group.ok()) return group.status();
+    impl->group = *std::move(group);
+  }
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -186,6 +199,11 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
     it->second.pulled_versions.assign(parts->size(), 0);
     it->second.push_dtype = push_dtype;
     it->second.pull_dtype = pull_dtype;
+  }
+  if (impl_->group != nullptr) {
+    absl::Status s = impl_->group->AddVariable(name, n, static_cast<int64_t>(parts->size()),
+                                               absl::Now() + impl_->options.connect_timeout);
+    if (!s.ok()) return s;
   }
   struct Batch {
     int server = 0;

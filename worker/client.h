@@ -43,10 +43,15 @@ struct ClientOptions {
   // (worker/timeline.h) to this path (rank 0) or to it with ".rank<R>"
   // before its extension (rank R).
   std::string timeline;
+  // The host group this process sums its gradients with (psrt-worker's
+  // shared-memory directory, in a sync job with local aggregation) and its
+  // place in it; empty: none.
+  std::string host_group;
+  int local_rank = 0;
 
   // PSRT_COORDINATOR, PSRT_JOB_TOKEN, PSRT_RANK (as psrt-worker sets them),
   // PSRT_RPC_TIMEOUT_S, PSRT_CONNECTIONS_PER_SERVER, PSRT_GENERATION,
-  // PSRT_TIMELINE.
+  // PSRT_TIMELINE, PSRT_HOST_GROUP, PSRT_LOCAL_RANK.
   static absl::StatusOr<ClientOptions> FromEnv();
 };
 

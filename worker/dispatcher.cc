@@ -64,6 +64,7 @@ std::string JsonNames(const std::vector<std::string>& names, size_t limit) {
 }
 
 Dispatcher::~Dispatcher() {
+  if (group != nullptr) group->Close();
   absl::MutexLock lock(&calls_mu);
   closing = true;
   for (grpc::ClientContext* ctx : live_calls) ctx->TryCancel();
@@ -353,6 +354,7 @@ absl::Status Dispatcher::Store(const grpc::ByteBuffer& resp, const Shard& shard,
 
 Dispatcher::Handle Dispatcher::Start(std::vector<TensorRef> tensors, int64_t version, bool push,
                                      bool pull, bool exact) {
+  if (group != nullptr && push) return StartGrouped(std::move(tensors), version, pull);
   std::vector<int64_t> limits(num_servers);
   for (int s = 0; s < num_servers; ++s) limits[s] = RequestBytes(s);
   return Start(SplitTensors(
@@ -425,14 +427,20 @@ Dispatcher::Handle Dispatcher::Start(absl::StatusOr<std::vector<Shard>> shards, 
   if (!shards.ok()) return ops.New(0, shards.status(), kind).first;
   auto [handle, op] = ops.New(static_cast<int>(shards->size()), absl::OkStatus(), kind);
   if (timeline != nullptr) DescribeOp(*shards, op.get());
-  for (const Shard& shard : *shards) {
+  Launch(*std::move(shards), op, version, push, pull);
+  return handle;
+}
+
+void Dispatcher::Launch(std::vector<Shard> shards, const std::shared_ptr<Op>& op, int64_t version,
+                        bool push, bool pull, const std::function<void(Request*)>& adorn) {
+  for (const Shard& shard : shards) {
     for (const Shard::Item& it : shard.items) {
       if (push) bytes_pushed += it.part.num_elements * BytesPerValue(it.push_dtype);
       if (pull) bytes_pulled += it.part.num_elements * BytesPerValue(it.pull_dtype);
     }
   }
   const uint64_t push_id = push ? next_push_id.fetch_add(1) : 0;
-  for (Shard& shard : *shards) {
+  for (Shard& shard : shards) {
     auto r = std::make_shared<Request>();
     r->shard = std::move(shard);
     r->op = op;
@@ -441,6 +449,7 @@ Dispatcher::Handle Dispatcher::Start(absl::StatusOr<std::vector<Shard>> shards, 
     r->push_id = push_id;
     r->version = version;
     r->await_step = r->shard.await_step;
+    if (adorn) adorn(r.get());
     {
       absl::MutexLock lock(&calls_mu);
       ++requests;
@@ -465,7 +474,6 @@ Dispatcher::Handle Dispatcher::Start(absl::StatusOr<std::vector<Shard>> shards, 
     }
     send();
   }
-  return handle;
 }
 
 void Dispatcher::Send(const std::shared_ptr<Request>& r) {
@@ -490,8 +498,8 @@ void Dispatcher::Send(const std::shared_ptr<Request>& r) {
     return Finish(r, keys.status());
   }
   const int rank = options.rank;
-  r->req = r->push && r->pull ? EncodePushPullRequest(rank, r->push_id, *keys)
-           : r->push          ? EncodePushRequest(rank, r->push_id, *keys)
+  r->req = r->push && r->pull ? EncodePushPullRequest(rank, r->push_id, *keys, r->also_for)
+           : r->push          ? EncodePushRequest(rank, r->push_id, *keys, r->also_for)
                               : EncodePullRequest(rank, *keys);
   if (r->attempts == 0) r->start = absl::Now();
   Attempt(r);
@@ -575,7 +583,7 @@ void Dispatcher::Answered(const std::shared_ptr<Request>& r, grpc::Status st) {
 void Dispatcher::Finish(const std::shared_ptr<Request>& r, const absl::Status& s) {
   Give(&r->lease, s.ok());
   if (timeline != nullptr) TraceRequest(*r, s);
-  OpTracker::Done(r->op.get(), s);
+  OpTracker::Done(r->op.get(), r->finished ? r->finished(s) : s);
   std::function<void()> next;
   {
     Queue& q = queues[r->shard.server];

@@ -36,6 +36,7 @@
 #include "common/thread_pool.h"
 #include "psrt/v1/ps.grpc.pb.h"
 #include "worker/client.h"
+#include "worker/host_group.h"
 #include "worker/op_tracker.h"
 #include "worker/request_codec.h"
 #include "worker/server_links.h"
@@ -107,6 +108,11 @@ class Dispatcher {
   // The servers' links, their data channels among them. Last: destroyed
   // first, so the channels' threads' last callbacks find everything else.
   std::unique_ptr<ServerLinks> servers;
+
+  // This host's group when its gradients are summed here first
+  // (worker/local_aggregation.cc); null otherwise. Closed first of all
+  // (its waits' ends go to the pool), freed after the pool's last task.
+  std::unique_ptr<HostGroup> group;
 
   int Route(int s) const { return servers->Route(s); }
   std::vector<int> OnePerServer(const std::vector<char>& holds) const;
@@ -199,6 +205,11 @@ class Dispatcher {
     // the stream (track) it holds meanwhile.
     int64_t queued_us = 0, started_us = 0;
     int stream = -1;
+    // An owner's push in a host group: the other local ranks it counts for
+    // (PushRequest.also_for), and what it does once it ended (its result:
+    // the request's own, or what went wrong after).
+    std::vector<int32_t> also_for;
+    std::function<absl::Status(const absl::Status&)> finished;
     const char* what() const { return push && pull ? "push-pull" : push ? "push" : "pull"; }
     const char* kind() const { return push && pull ? "PUSH_PULL" : push ? "PUSH" : "PULL"; }
   };
@@ -223,6 +234,17 @@ class Dispatcher {
                    float* out, int64_t version, bool push);
 
   Handle Start(absl::StatusOr<std::vector<Shard>> shards, int64_t version, bool push, bool pull);
+
+  // Sends `shards` as requests of `op`, which counts one pending part for
+  // each already; `adorn` (if set) completes each request first.
+  void Launch(std::vector<Shard> shards, const std::shared_ptr<Op>& op, int64_t version, bool push,
+              bool pull, const std::function<void(Request*)>& adorn = nullptr);
+
+  // A sync push (or push-pull) of dense variables in a host group
+  // (worker/local_aggregation.cc): a partition's owner sums the host's
+  // gradients and pushes once for all; the others hand their gradients over
+  // and copy the weights it pulled.
+  Handle StartGrouped(std::vector<TensorRef> tensors, int64_t version, bool pull);
 
   // Encodes the request and makes its first attempt.
   void Send(const std::shared_ptr<Request>& r);

@@ -21,6 +21,11 @@ std::pair<OpTracker::Handle, std::shared_ptr<Op>> OpTracker::New(int pending, ab
   return {h, op};
 }
 
+void OpTracker::Add(Op* op, int n) {
+  absl::MutexLock lock(&op->mu);
+  op->pending += n;
+}
+
 void OpTracker::Done(Op* op, const absl::Status& s) {
   absl::MutexLock lock(&op->mu);
   if (op->status.ok() && !s.ok()) op->status = s;

@@ -41,6 +41,9 @@ class OpTracker {
   // with `status`).
   std::pair<Handle, std::shared_ptr<Op>> New(int pending, absl::Status status = absl::OkStatus(),
                                              const char* kind = "");
+  // `n` more Done calls before op ends: parts it fans out into once it runs
+  // (called while one of its parts is still pending).
+  static void Add(Op* op, int n);
   // One of op's requests ended with `s`.
   static void Done(Op* op, const absl::Status& s);
   // Takes operation `handle` (NOT_FOUND: there is none, or it was waited

@@ -1,0 +1,281 @@
+#include "worker/host_group.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/key_map.h"
+
+namespace psrt {
+
+// The directory: a header, then an open-addressed table of the variables'
+// regions keyed by their names' hash. An entry is claimed (state kClaimed)
+// by the process that makes the region, which fills it in and then marks it
+// kReady, or kFailed when it could not.
+struct HostGroup::Directory {
+  static constexpr uint32_t kMagic = 0x70737267;
+  static constexpr int kEntries = 8192;
+  enum State : uint32_t { kEmpty = 0, kClaimed = 1, kReady = 2, kFailed = 3 };
+  struct Header {
+    uint32_t magic;
+    int32_t size;
+    uint32_t doorbell;  // the futex: incremented on every change
+    uint32_t sleepers;  // waiting on it
+    int32_t ranks[kMaxLocal];
+  };
+  struct Entry {
+    uint32_t state;
+    int32_t maker;  // the local rank that claimed it
+    uint64_t hash;
+    int64_t n, parts;
+    char region[72];
+    char name[152];  // a prefix of longer names (the hash tells them apart)
+  };
+  static constexpr size_t kHeaderBytes = 4096;
+  static constexpr size_t kBytes = kHeaderBytes + kEntries * sizeof(Entry);
+  static_assert(sizeof(Header) <= kHeaderBytes);
+
+  static Header* header(const SharedRegion& r) { return reinterpret_cast<Header*>(r.data()); }
+  static Entry* entry(const SharedRegion& r, uint64_t i) {
+    return reinterpret_cast<Entry*>(r.data() + kHeaderBytes) + i % kEntries;
+  }
+};
+
+namespace {
+
+uint32_t LoadState(const uint32_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
+
+void FutexWait(uint32_t* word, uint32_t seen, absl::Duration timeout) {
+  timespec ts = absl::ToTimespec(timeout);
+  syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+void FutexWake(uint32_t* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+int64_t RoundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+}  // namespace
+
+size_t HostGroup::Slots::Bytes(int64_t n, int64_t parts, int size) {
+  const int64_t control = RoundUp(parts * kWords * 8, 4096);
+  return control + (size + 2) * RoundUp(n, 16) * 4;
+}
+
+uint32_t* HostGroup::doorbell() const { return &Directory::header(*directory_)->doorbell; }
+uint32_t* HostGroup::sleepers() const { return &Directory::header(*directory_)->sleepers; }
+
+absl::StatusOr<std::unique_ptr<SharedRegion>> HostGroup::MakeDirectory(
+    const std::vector<int>& ranks) {
+  if (ranks.size() < 2 || ranks.size() > static_cast<size_t>(kMaxLocal)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a host group has 2..", kMaxLocal, " training processes; got ", ranks.size()));
+  }
+  absl::StatusOr<std::unique_ptr<SharedRegion>> r = SharedRegion::Create(Directory::kBytes);
+  if (!r.ok()) return r.status();
+  if (absl::Status s = (*r)->Reserve(); !s.ok()) return s;
+  Directory::Header* h = Directory::header(**r);
+  h->size = static_cast<int32_t>(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) h->ranks[i] = ranks[i];
+  __atomic_store_n(&h->magic, Directory::kMagic, __ATOMIC_RELEASE);
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<HostGroup>> HostGroup::Join(const std::string& name, int local_rank,
+                                                           int rank,
+                                                           std::function<absl::Status()> stop) {
+  absl::StatusOr<std::unique_ptr<SharedRegion>> r = SharedRegion::Attach(name, Directory::kBytes);
+  if (!r.ok()) {
+    return absl::Status(r.status().code(),
+                        absl::StrCat("host group (PSRT_HOST_GROUP): ", r.status().message()));
+  }
+  const Directory::Header* h = Directory::header(**r);
+  if (LoadState(&h->magic) != Directory::kMagic || h->size < 2 || h->size > kMaxLocal) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("host group ", name, " (PSRT_HOST_GROUP) is not one psrt-worker made"));
+  }
+  if (local_rank < 0 || local_rank >= h->size || h->ranks[local_rank] != rank) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "host group ", name, " has ", h->size, " processes, and its local rank ", local_rank,
+        " is not rank ", rank, " (PSRT_LOCAL_RANK and PSRT_RANK disagree with psrt-worker's)"));
+  }
+  std::unique_ptr<HostGroup> g(new HostGroup());
+  g->size_ = h->size;
+  g->local_rank_ = local_rank;
+  g->ranks_.assign(h->ranks, h->ranks + h->size);
+  for (int i = 0; i < g->size_; ++i) {
+    if (i != local_rank) g->others_.push_back(g->ranks_[i]);
+  }
+  g->stop_ = std::move(stop);
+  g->directory_ = *std::move(r);
+  g->thread_ = std::thread([g = g.get()] { g->Loop(); });
+  return g;
+}
+
+HostGroup::~HostGroup() { Close(); }
+
+void HostGroup::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+  }
+  Ring();
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status HostGroup::AddVariable(const std::string& name, int64_t n, int64_t parts,
+                                    absl::Time deadline) {
+  const uint64_t hash = StableHash(name);
+  auto slots = std::make_unique<Slots>();
+  slots->hash_ = hash;
+  slots->size_ = size_;
+  slots->n_ = n;
+  slots->stride_ = RoundUp(n, 16);
+  const size_t bytes = Slots::Bytes(n, parts, size_);
+  const SharedRegion& dir = *directory_;
+  const std::string stored = name.substr(0, sizeof(Directory::Entry::name) - 1);
+  for (uint64_t i = 0; i < static_cast<uint64_t>(Directory::kEntries);) {
+    const uint32_t seen = __atomic_load_n(doorbell(), __ATOMIC_SEQ_CST);
+    Directory::Entry* e = Directory::entry(dir, hash + i);
+    uint32_t state = LoadState(&e->state);
+    uint32_t empty = Directory::kEmpty;
+    if (state == Directory::kEmpty &&
+        __atomic_compare_exchange_n(&e->state, &empty, Directory::kClaimed, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+      // Ours to make.
+      e->maker = local_rank_;
+      e->hash = hash;
+      e->n = n;
+      e->parts = parts;
+      std::memcpy(e->name, stored.c_str(), stored.size() + 1);
+      absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::Create(bytes);
+      absl::Status s = region.status();
+      if (s.ok()) s = (*region)->Reserve();
+      if (!s.ok()) {
+        __atomic_store_n(&e->state, Directory::kFailed, __ATOMIC_RELEASE);
+        Ring();
+        return absl::Status(s.code(), absl::StrCat("variable '", name,
+                                                   "': its host group's region: ", s.message()));
+      }
+      std::memcpy(e->region, (*region)->name().c_str(), (*region)->name().size() + 1);
+      slots->region_ = *std::move(region);
+      __atomic_store_n(&e->state, Directory::kReady, __ATOMIC_RELEASE);
+      Ring();
+      break;
+    }
+    if (state == Directory::kEmpty) state = LoadState(&e->state);  // lost the race
+    if (state == Directory::kClaimed) {
+      // Being made: whose it is shows once it is ready.
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("variable '", name, "': local rank ", e->maker,
+                         " did not finish making a region of the host group in time"));
+      }
+      FutexWait(doorbell(), seen, absl::Milliseconds(20));
+      continue;
+    }
+    if (e->hash != hash || stored != e->name) {
+      ++i;
+      continue;
+    }
+    if (state == Directory::kFailed) {
+      return absl::UnavailableError(absl::StrCat("variable '", name, "': local rank ", e->maker,
+                                                 " could not make its host group's region"));
+    }
+    if (e->n != n || e->parts != parts) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("variable '", name, "' has ", n, " elements here but ", e->n,
+                       " on local rank ", e->maker, " of this host"));
+    }
+    absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::Attach(e->region, bytes);
+    if (!region.ok()) {
+      return absl::Status(region.status().code(),
+                          absl::StrCat("variable '", name,
+                                       "': its host group's region: ", region.status().message()));
+    }
+    slots->region_ = *std::move(region);
+    break;
+  }
+  if (slots->region_ == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("variable '", name, "': the host group holds at most ", Directory::kEntries,
+                     " variables; turn local aggregation off (\"local_aggregation\": false)"));
+  }
+  char* base = slots->region_->data();
+  slots->control_ = reinterpret_cast<int64_t*>(base);
+  slots->data_ = reinterpret_cast<float*>(base + RoundUp(parts * Slots::kWords * 8, 4096));
+  absl::MutexLock lock(&mu_);
+  slots_[name] = std::move(slots);
+  return absl::OkStatus();
+}
+
+HostGroup::Slots* HostGroup::Find(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto it = slots_.find(name);
+  return it == slots_.end() ? nullptr : it->second.get();
+}
+
+void HostGroup::Ring() {
+  __atomic_add_fetch(doorbell(), 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(sleepers(), __ATOMIC_SEQ_CST) > 0) FutexWake(doorbell());
+}
+
+void HostGroup::When(std::function<bool()> ready, std::function<std::string()> missing,
+                     absl::Time deadline, std::function<void(const absl::Status&)> then) {
+  {
+    absl::MutexLock lock(&mu_);
+    tasks_.push_back({std::move(ready), std::move(missing), deadline, std::move(then)});
+  }
+  Ring();
+}
+
+void HostGroup::Loop() {
+  absl::Time next_stop_check = absl::InfinitePast();
+  while (true) {
+    const uint32_t seen = __atomic_load_n(doorbell(), __ATOMIC_SEQ_CST);
+    std::vector<std::pair<Task, absl::Status>> done;
+    bool closing, idle;
+    {
+      absl::MutexLock lock(&mu_);
+      closing = closing_;
+      const absl::Time now = absl::Now();
+      absl::Status stop;
+      if (closing) {
+        stop = absl::CancelledError("the client closed");
+      } else if (!tasks_.empty() && now >= next_stop_check) {
+        stop = stop_();
+        next_stop_check = now + absl::Milliseconds(50);
+      }
+      std::vector<Task> kept;
+      for (Task& t : tasks_) {
+        if (stop.ok() && t.ready()) {
+          done.emplace_back(std::move(t), absl::OkStatus());
+        } else if (!stop.ok()) {
+          done.emplace_back(std::move(t), stop);
+        } else if (now >= t.deadline) {
+          absl::Status s = absl::DeadlineExceededError(t.missing());
+          done.emplace_back(std::move(t), std::move(s));
+        } else {
+          kept.push_back(std::move(t));
+        }
+      }
+      tasks_ = std::move(kept);
+      idle = tasks_.empty();
+    }
+    for (auto& [t, s] : done) t.then(s);
+    if (closing) return;
+    if (!done.empty()) continue;
+    __atomic_add_fetch(sleepers(), 1, __ATOMIC_SEQ_CST);
+    FutexWait(doorbell(), seen, idle ? absl::Milliseconds(200) : absl::Milliseconds(20));
+    __atomic_sub_fetch(sleepers(), 1, __ATOMIC_SEQ_CST);
+  }
+}
+
+}  // namespace psrt

@@ -1,0 +1,151 @@
+#ifndef PSRT_WORKER_HOST_GROUP_H_
+#define PSRT_WORKER_HOST_GROUP_H_
+
+// The training processes of one job on one host, summing their gradients
+// before they cross the network (docs/runtime.md, "Local aggregation").
+//
+// psrt-worker makes a small shared-memory directory for each generation of
+// the job and names it in PSRT_HOST_GROUP. Each dense variable gets a region
+// of its own, made by the first local process that registers it and found by
+// the others through the directory: per partition a few control words, one
+// gradient slot per local process and two weight buffers (one per step
+// parity). Partition p of variable v belongs to local rank
+// (hash(v) + p) % L. Which process does what with these (hand over, sum,
+// push, hand back) is the dispatcher's (worker/local_aggregation.cc); this
+// holds the memory, the control words and the waits.
+//
+// A futex in the directory wakes the group's waiters whenever a control word
+// changes. Every wait has a deadline, and its error names what it waited
+// for; a wait also ends when the job fails (`stop`).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/shared_memory.h"
+
+namespace psrt {
+
+class HostGroup {
+ public:
+  // The most training processes a group holds.
+  static constexpr int kMaxLocal = 64;
+
+  // psrt-worker's part: the directory of a group whose local rank i is the
+  // job's rank ranks[i] (2..kMaxLocal of them).
+  static absl::StatusOr<std::unique_ptr<SharedRegion>> MakeDirectory(const std::vector<int>& ranks);
+
+  // Joins the group of directory `name` as `local_rank`, whose job rank is
+  // `rank` (checked against the directory). `stop` is asked while waiting:
+  // an error ends every wait with it (the job failed).
+  static absl::StatusOr<std::unique_ptr<HostGroup>> Join(const std::string& name, int local_rank,
+                                                         int rank,
+                                                         std::function<absl::Status()> stop);
+  // Ends the waits still pending with CANCELLED (their `then` runs) and
+  // stops the group's thread. Idempotent; the destructor closes too.
+  void Close();
+  ~HostGroup();
+  HostGroup(const HostGroup&) = delete;
+  HostGroup& operator=(const HostGroup&) = delete;
+
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
+  int rank_of(int local) const { return ranks_[local]; }
+  // The job ranks of the other processes: what an owner's push counts for
+  // besides its own (PushRequest.also_for).
+  const std::vector<int32_t>& others() const { return others_; }
+
+  // A variable's shared region. Control words hold a step plus one (0: none
+  // yet), so a fresh region needs no initialising.
+  class Slots {
+   public:
+    int owner(uint32_t part) const { return static_cast<int>((hash_ + part) % size_); }
+    int64_t num_elements() const { return n_; }
+    // Local rank r's gradient slot: the whole variable's layout.
+    float* grad(int r) const { return data_ + r * stride_; }
+    // The weights of `version` (two buffers, by parity).
+    float* weights(int64_t version) const { return data_ + (size_ + (version & 1)) * stride_; }
+    // Per partition: the step+1 local rank r handed over last; the step+1
+    // its owner summed last, and sent last (its request ended); the
+    // version+1 of the weights its owner published last.
+    int64_t handed(uint32_t part, int r) const { return Load(&Control(part)[kHanded + r]); }
+    int64_t summed(uint32_t part) const { return Load(&Control(part)[kSummed]); }
+    int64_t sent(uint32_t part) const { return Load(&Control(part)[kSent]); }
+    int64_t published(uint32_t part) const { return Load(&Control(part)[kPublished]); }
+    void set_handed(uint32_t part, int r, int64_t v) { Store(&Control(part)[kHanded + r], v); }
+    void set_summed(uint32_t part, int64_t v) { Store(&Control(part)[kSummed], v); }
+    void set_sent(uint32_t part, int64_t v) { Store(&Control(part)[kSent], v); }
+    void set_published(uint32_t part, int64_t v) { Store(&Control(part)[kPublished], v); }
+
+   private:
+    friend class HostGroup;
+    enum { kSummed = 0, kSent = 1, kPublished = 2, kHanded = 3, kWords = kHanded + kMaxLocal };
+    static int64_t Load(const int64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
+    static void Store(int64_t* w, int64_t v) { __atomic_store_n(w, v, __ATOMIC_RELEASE); }
+    int64_t* Control(uint32_t part) const { return control_ + part * kWords; }
+    static size_t Bytes(int64_t n, int64_t parts, int size);
+
+    std::unique_ptr<SharedRegion> region_;
+    uint64_t hash_ = 0;
+    int size_ = 0;
+    int64_t n_ = 0;
+    int64_t stride_ = 0;  // floats between slots
+    int64_t* control_ = nullptr;
+    float* data_ = nullptr;
+  };
+
+  // Makes or finds variable `name`'s region (n elements in `parts`
+  // partitions); every local process registers it with the same size.
+  absl::Status AddVariable(const std::string& name, int64_t n, int64_t parts, absl::Time deadline);
+  // The variable's region; null when it was not added.
+  Slots* Find(const std::string& name);
+
+  // Wakes the group's waiters: a control word changed.
+  void Ring();
+
+  // Runs `then(OkStatus())` on the group's thread once `ready()` holds;
+  // or `then` with DEADLINE_EXCEEDED saying `missing()` once `deadline`
+  // passed, with `stop`'s error, or with CANCELLED when the group goes.
+  // `ready` and `missing` run on that thread and must be quick.
+  void When(std::function<bool()> ready, std::function<std::string()> missing, absl::Time deadline,
+            std::function<void(const absl::Status&)> then);
+
+ private:
+  struct Directory;
+  HostGroup() = default;
+  void Loop();
+  uint32_t* doorbell() const;
+  uint32_t* sleepers() const;
+
+  std::unique_ptr<SharedRegion> directory_;
+  int size_ = 0;
+  int local_rank_ = 0;
+  std::vector<int> ranks_;
+  std::vector<int32_t> others_;
+  std::function<absl::Status()> stop_;
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Slots>> slots_ ABSL_GUARDED_BY(mu_);
+  struct Task {
+    std::function<bool()> ready;
+    std::function<std::string()> missing;
+    absl::Time deadline;
+    std::function<void(const absl::Status&)> then;
+  };
+  std::vector<Task> tasks_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace psrt
+
+#endif  // PSRT_WORKER_HOST_GROUP_H_
