@@ -129,6 +129,7 @@ JobSummary SummarizeJob(const v1::JobStatusResponse& status, absl::Duration wall
       {"steps", steps},
       {"steps_per_second", seconds > 0 ? steps / seconds : 0},
       {"workers", workers.size()},
+      {"local_aggregation", status.config().local_aggregation()},
       {"bytes_pushed", pushed},
       {"bytes_pulled", pulled},
       {"pull_wait_share", wait_share},
@@ -140,11 +141,11 @@ JobSummary SummarizeJob(const v1::JobStatusResponse& status, absl::Duration wall
        slowest == nullptr ? nlohmann::json(nullptr) : nlohmann::json(slowest->id().index())},
       {"per_worker", workers}};
   std::string line = absl::StrFormat(
-      "summary: %.1f s, %d steps (%.1f/s) on %d workers; pushed %s, pulled %s; pulls waited for "
-      "%.0f%% of "
-      "the workers' time",
+      "summary: %.1f s, %d steps (%.1f/s) on %d workers%s; pushed %s, pulled %s; pulls waited for "
+      "%.0f%% of the workers' time",
       seconds, steps, seconds > 0 ? steps / seconds : 0.0, static_cast<int>(workers.size()),
-      HumanBytes(pushed), HumanBytes(pulled), 100 * wait_share);
+      status.config().local_aggregation() ? " (each host summing first)" : "", HumanBytes(pushed),
+      HumanBytes(pulled), 100 * wait_share);
   if (slowest != nullptr && workers.size() > 1) {
     absl::StrAppend(&line, " (slowest: rank ", slowest->id().index(), ")");
   }
@@ -194,6 +195,13 @@ std::string DescribeLaunch(const LaunchOptions& o) {
                                  : "",
       "; keys of ", ps.partition_bytes, " bytes; compression ", ps.compression, "; transport ",
       ps.transport, "; replicas ", ps.replicas, "\n");
+  const std::string off = LocalAggregationOff(ps);
+  absl::StrAppend(&out, "local aggregation: ",
+                  off.empty() ? absl::StrCat("on (each host's ", ps.workers_per_host,
+                                             " training processes sum their gradients and push "
+                                             "once per key)")
+                              : absl::StrCat("off (", off, ")"),
+                  "\n");
   absl::StrAppend(&out, "on failure: ", ps.on_failure,
                   ps.on_failure == "recover"
                       ? absl::StrCat(" (at most ", ps.max_recoveries,

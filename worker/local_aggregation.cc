@@ -91,17 +91,23 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
     return absl::StrCat("local rank ", local, " (rank ", group->rank_of(local), ")");
   };
 
-  // A step's gradient of a partition goes into this process's slot once its
-  // owner summed the step before out of it.
-  auto run_or_wait = [this, deadline](std::function<bool()> ready,
+  // Runs `work` once `ready` holds: here when it holds already and the
+  // pieces are small, else on the pool (copies and sums of big tensors
+  // leave the caller's thread, as encoding does: pushes overlap backward).
+  auto run_or_wait = [this, deadline](const Pieces& pieces, std::function<bool()> ready,
                                       std::function<std::string()> missing,
                                       std::function<void(const absl::Status&)> work) {
-    if (ready()) return work(absl::OkStatus());
+    int64_t bytes = 0;
+    for (const Piece& p : pieces) bytes += p.part.num_elements * 4;
+    if (ready() && bytes < kPoolBytes) return work(absl::OkStatus());
     group->When(std::move(ready), std::move(missing), deadline,
                 [this, work](const absl::Status& s) { pool->Schedule([work, s] { work(s); }); });
   };
+  // A step's gradient of a partition goes into this process's slot once its
+  // owner summed the step before out of it.
   if (!theirs->empty()) {
     run_or_wait(
+        *theirs,
         [theirs, me] {
           for (const Piece& p : *theirs) {
             if (p.slots->summed(p.part.index) < p.slots->handed(p.part.index, me)) return false;
@@ -134,6 +140,7 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
   // The weights of step+1 come back once the owner published them.
   if (!theirs->empty() && pull) {
     run_or_wait(
+        *theirs,
         [theirs, step] {
           for (const Piece& p : *theirs) {
             if (p.slots->published(p.part.index) < step + 1) return false;
@@ -188,7 +195,7 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
     return {nullptr, -1};
   };
   run_or_wait(
-      [missing_hand_over, step] { return missing_hand_over(step).first == nullptr; },
+      *mine, [missing_hand_over, step] { return missing_hand_over(step).first == nullptr; },
       [missing_hand_over, step, me, who] {
         auto [p, r] = missing_hand_over(step);
         if (p == nullptr) return std::string();

@@ -121,10 +121,12 @@ TEST(JobTest, DryRunPrintsTheClusterAndStartsNothing) {
                          dir + "/dry");
   ASSERT_EQ(dry.Wait(absl::Seconds(30), "psrt-run --dry-run"), 0) << dry.Output();
   const std::string out = dry.Output();
-  for (const char* line : {"hosts: 2, this is host 1 (algo-2)", "coordinator: on host 0 at algo-1:7070",
-                           "psrt-server[3] at algo-2:9001", "worker: RANK 3, LOCAL_RANK 1",
-                           "training command (WORLD_SIZE 4): python train.py",
-                           "checkpoints: file:///ckpt/job every 100 steps", "restore: latest"}) {
+  for (const char* line :
+       {"hosts: 2, this is host 1 (algo-2)", "coordinator: on host 0 at algo-1:7070",
+        "psrt-server[3] at algo-2:9001", "worker: RANK 3, LOCAL_RANK 1",
+        "training command (WORLD_SIZE 4): python train.py",
+        "checkpoints: file:///ckpt/job every 100 steps", "restore: latest",
+        "local aggregation: on (each host's 2 training processes"}) {
     EXPECT_TRUE(absl::StrContains(out, line)) << "no '" << line << "' in:\n" << out;
   }
   EXPECT_TRUE(JobProcesses(token).empty());

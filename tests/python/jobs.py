@@ -58,16 +58,24 @@ def job_processes(token):
     return found
 
 
-def trained_arrays(script, args, ps=None):
+# Both workers on one host, which sums their gradients before the push
+# (docs/runtime.md, "Local aggregation"): run_job(..., ps=ONE_HOST, hosts=1).
+ONE_HOST = {"workers_per_host": 2}
+
+
+def trained_arrays(script, args, ps=None, hosts=2):
     """Runs `script` with `args` plus `--out FILE`, where rank 0 saves its
-    final arrays with numpy.savez; returns them in order."""
+    final arrays with numpy.savez; returns them in order. A job of several
+    workers on a host must say that the host summed first."""
     import tempfile
 
     import numpy as np
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "final.npz")
-        code, log = run_job(script, list(args) + ["--out", out], ps)
+        code, log = run_job(script, list(args) + ["--out", out], ps, hosts)
         assert code == 0, log
+        if (ps or {}).get("workers_per_host", 1) > 1:
+            assert "each host summing first" in log, log
         saved = np.load(out)
         return [saved["arr_%d" % i] for i in range(len(saved.files))]
 

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from jobs import EXAMPLES, HERE, assert_trained_like, run_job, trained_arrays
+from jobs import EXAMPLES, HERE, ONE_HOST, assert_trained_like, run_job, trained_arrays
 
 # The one-process references run on MXNet's synchronous engine: with the
 # threaded one, MXNet 1.9.1 (MKL-DNN) now and then crashes in the ResNet's
@@ -102,13 +102,27 @@ def assert_both_ranks_passed(job, what):
 # quantization with its residual. table_init: a row_sparse key starts at its
 # zeros, a ones value is refused. barrier: kv._barrier() waits for every
 # worker.
+# One host of two workers summing first: the kvstore's push then pull, and
+# Gluon's Trainer with BatchNorm, train as before.
+def test_one_host_summing_first_equals_one_process():
+    got = trained_arrays(os.path.join(HERE, "mx_worker.py"), ["--optimizer", "sgd", "--steps", "10"], ONE_HOST,
+                         hosts=1)
+    initial = [p.data().asnumpy() for p in mx_worker.build_net(seed=0).collect_params().values()]
+    assert_trained_like(got, reference("sgd", 10, 2), initial, 1e-5)
+    job, got = gluon_job(["string", "resnet"], ONE_HOST, hosts=1)
+    assert_both_ranks_passed(job, "case string")
+    assert "each host summing first" in job[1], job[1]
+    for case in ("string", "resnet"):
+        assert_trained_like(got[case], gluon_reference(case), initial_arrays(case), 1e-5)
+
+
 @pytest.mark.parametrize("check", ["optimizer_keys", "plain_store", "compression", "two_bit", "table_init",
                                    "barrier"])
 def test_kvstore_api(kv_job, check):
     assert_both_ranks_passed(kv_job, check)
 
 
-def gluon_job(cases, ps=None, args=()):
+def gluon_job(cases, ps=None, args=(), hosts=2):
     """Runs mx_gluon_worker.py's `cases` in one 2-worker job; returns
     ((exit code, log), {case: [arrays of rank 0]})."""
     import tempfile
@@ -117,7 +131,7 @@ def gluon_job(cases, ps=None, args=()):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "final.npz")
         job = run_job(os.path.join(HERE, "mx_gluon_worker.py"),
-                      ["--cases", ",".join(cases), "--out", out] + list(args), ps)
+                      ["--cases", ",".join(cases), "--out", out] + list(args), ps, hosts)
         got = {}
         if os.path.exists(out):
             saved = np.load(out)

@@ -7,7 +7,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from jobs import EXAMPLES, HERE, assert_trained_like, run_job, trained_arrays
+from jobs import EXAMPLES, HERE, ONE_HOST, assert_trained_like, run_job, trained_arrays
 
 # TensorFlow's oneDNN kernels round float16 differently by CPU (AVX-512 FP16
 # against AVX2), and mixed-precision training grows a rounding difference
@@ -92,6 +92,16 @@ def test_sync_two_workers_on_real_layers_equal_one_process(model, fit, atol):
                          (["--fit"] if fit else []))
     want, _ = reference(steps, 2, model=model, fit=fit)
     assert_trained_like(got, want, initial(model), atol)
+
+
+# One host of two workers summing first: the same training.
+def test_one_host_summing_first_equals_one_process():
+    steps = 6
+    got = trained_arrays(os.path.join(HERE, "tf_worker.py"),
+                         ["--model", "bn", "--steps", str(steps), "--backbone-seed", "-1", "--fit"],
+                         ONE_HOST, hosts=1)
+    want, _ = reference(steps, 2, model="bn", fit=True)
+    assert_trained_like(got, want, initial("bn"), 1e-5)
 
 
 # Clipping applies to the mean gradient, as one process clips it; the

@@ -18,7 +18,7 @@ import tempfile
 import pytest
 import torch
 
-from jobs import HERE, failure_text, run_job
+from jobs import HERE, ONE_HOST, failure_text, run_job
 import torch_models
 
 
@@ -44,13 +44,14 @@ GROUPS = {
 }
 
 
-def train(cases, extra=(), expect_ok=True):
+def train(cases, extra=(), expect_ok=True, ps=None, hosts=2):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "final")
-        code, log = run_job(SCRIPT, list(cases) + ["--out", out] + list(extra), timeout=280)
+        code, log = run_job(SCRIPT, list(cases) + ["--out", out] + list(extra), ps, hosts, timeout=280)
         if not expect_ok:
             return code, log
         assert code == 0, failure_text(log)
+        assert hosts > 1 or "each host summing first" in log, failure_text(log)
         return [torch.load(out + ".rank%d" % r) for r in range(2)]
 
 
@@ -101,6 +102,14 @@ def test_the_references_sgd_is_torchs_up_to_the_last_rounding(settings):
 @pytest.mark.parametrize("group", sorted(GROUPS))
 def test_model_zoo_two_workers_equal_one_process_on_the_mean_gradient(group):
     check_against_reference(GROUPS[group], train(GROUPS[group]))
+
+
+def test_one_host_summing_first_equals_one_process():
+    """Both workers on one host, which sums their gradients first
+    (docs/runtime.md, "Local aggregation"): a Transformer, BERT, an LSTM with
+    clipping, GradScaler and accumulation train as one process."""
+    cases = ["transformer", "bert", "lstm", "amp_plain", "accumulation"]
+    check_against_reference(cases, train(cases, ps=ONE_HOST, hosts=1))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")

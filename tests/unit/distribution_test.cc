@@ -494,6 +494,44 @@ TEST(ParseDistributionErrorTest, StalenessOnlyWithSsp) {
                     HasSubstr("'sync' (the default)")));
 }
 
+// On by default where it applies, off with the reason elsewhere; asked for
+// where it cannot apply, refused naming why.
+TEST(ParseDistributionTest, LocalAggregationWhereAHostsPushesCanBeOne) {
+  struct Case {
+    const char* body;
+    const char* off;  // "": on
+  };
+  const Case cases[] = {
+      {R"("workers_per_host": 4)", ""},
+      {R"("workers_per_host": 4, "compression": "fp16", "replicas": 1)", ""},
+      {R"("workers_per_host": 1)", "one training process per host"},
+      {R"("workers_per_host": 4, "local_aggregation": false)", "false"},
+      {R"("workers_per_host": 4, "mode": "async")", "async"},
+      {R"("workers_per_host": 4, "mode": "ssp", "staleness": 1)", "ssp"},
+      {R"("workers_per_host": 4, "backup_workers": 1)", "backup workers"},
+      {R"("workers_per_host": 4, "elastic": {"min_workers": 2, "max_workers": 4})", "elastic"},
+      {R"("workers_per_host": 4, "on_worker_failure": "continue")", "continue"},
+      {R"("workers_per_host": 4, "restart_workers": 2)", "restart"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<PsOptions> o = ParseDistribution(Ps(c.body));
+    ASSERT_TRUE(o.ok()) << c.body << ": " << o.status();
+    const std::string off = LocalAggregationOff(*o);
+    if (*c.off == '\0') {
+      EXPECT_EQ(off, "") << c.body;
+    } else {
+      EXPECT_THAT(off, HasSubstr(c.off)) << c.body;
+    }
+  }
+  EXPECT_THAT(
+      ParseError(Ps(R"("workers_per_host": 4, "local_aggregation": true, "mode": "async")")),
+      AllOf(HasSubstr("'local_aggregation'"), HasSubstr("async")));
+  EXPECT_THAT(
+      ParseError(Ps(R"("workers_per_host": 2, "local_aggregation": true, "backup_workers": 1)")),
+      AllOf(HasSubstr("'local_aggregation'"), HasSubstr("backup workers")));
+  EXPECT_TRUE(ParseDistribution(Ps(R"("workers_per_host": 2, "local_aggregation": true)")).ok());
+}
+
 TEST(ParseDistributionErrorTest, BackupWorkersOnlyWithSync) {
   EXPECT_THAT(ParseError(Ps(R"("mode": "async", "backup_workers": 1)")),
               AllOf(HasSubstr("'backup_workers'"), HasSubstr("'sync'"),

@@ -1,0 +1,135 @@
+// The host group's shared memory and waits (worker/host_group.h), with the
+// group's processes as HostGroup objects of this one process: each maps the
+// same regions, as the processes of a host do.
+#include "worker/host_group.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+
+namespace psrt {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+absl::Status Running() { return absl::OkStatus(); }
+
+TEST(HostGroupTest, ItsProcessesShareEachVariablesSlotsAndWakeEachOther) {
+  absl::StatusOr<std::unique_ptr<SharedRegion>> dir = HostGroup::MakeDirectory({4, 5, 6});
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  std::unique_ptr<HostGroup> g[3];
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<std::unique_ptr<HostGroup>> joined =
+        HostGroup::Join((*dir)->name(), i, 4 + i, Running);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    g[i] = *std::move(joined);
+  }
+  EXPECT_EQ(g[1]->size(), 3);
+  EXPECT_EQ(g[1]->others(), (std::vector<int32_t>{4, 6}));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(g[i]->AddVariable("w", 1000, 4, deadline).ok());
+  HostGroup::Slots* s[3];
+  for (int i = 0; i < 3; ++i) s[i] = g[i]->Find("w");
+  ASSERT_NE(s[0], nullptr);
+  EXPECT_EQ(g[0]->Find("v"), nullptr);
+  // Partitions go round the local ranks from the name's place.
+  EXPECT_NE(s[0]->owner(0), s[0]->owner(1));
+  EXPECT_EQ(s[0]->owner(0), s[2]->owner(0));
+  EXPECT_EQ(s[0]->owner(3), s[0]->owner(0));
+  // What one writes, the others read; fresh control words are 0.
+  EXPECT_EQ(s[2]->handed(1, 1), 0);
+  s[1]->grad(1)[999] = 7;
+  s[1]->set_handed(1, 1, 12);
+  EXPECT_EQ(s[2]->grad(1)[999], 7);
+  EXPECT_EQ(s[2]->handed(1, 1), 12);
+  s[0]->weights(5)[3] = 1.5;
+  EXPECT_EQ(s[2]->weights(7)[3], 1.5) << "one buffer per parity";
+  EXPECT_NE(s[2]->weights(6), s[2]->weights(7));
+
+  // A wait ends once another process's word says so.
+  absl::Notification done;
+  absl::Status result = absl::UnknownError("not run");
+  g[0]->When([&] { return s[0]->published(2) >= 3; }, [] { return std::string("never"); },
+             absl::Now() + absl::Seconds(10),
+             [&](const absl::Status& st) {
+               result = st;
+               done.Notify();
+             });
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  s[2]->set_published(2, 3);
+  g[2]->Ring();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(result.ok()) << result;
+}
+
+TEST(HostGroupTest, EveryWaitEndsAtItsDeadlineOrWhenTheJobFailsOrTheGroupCloses) {
+  absl::StatusOr<std::unique_ptr<SharedRegion>> dir = HostGroup::MakeDirectory({0, 1});
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  absl::Status job = absl::OkStatus();
+  absl::Mutex mu;
+  auto stop = [&] {
+    absl::MutexLock lock(&mu);
+    return job;
+  };
+  absl::StatusOr<std::unique_ptr<HostGroup>> g = HostGroup::Join((*dir)->name(), 0, 0, stop);
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto wait = [&](absl::Duration timeout) {
+    auto done = std::make_shared<absl::Notification>();
+    auto result = std::make_shared<absl::Status>();
+    (*g)->When([] { return false; }, [] { return std::string("local rank 1 (rank 1) is late"); },
+               absl::Now() + timeout,
+               [done, result](const absl::Status& s) {
+                 *result = s;
+                 done->Notify();
+               });
+    return std::make_pair(done, result);
+  };
+  auto [late, late_result] = wait(absl::Milliseconds(200));
+  ASSERT_TRUE(late->WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(late_result->code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(late_result->message(), HasSubstr("local rank 1 (rank 1) is late"));
+
+  auto [failed, failed_result] = wait(absl::Seconds(60));
+  {
+    absl::MutexLock lock(&mu);
+    job = absl::AbortedError("the job failed: worker 1 exited");
+  }
+  ASSERT_TRUE(failed->WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(failed_result->code(), absl::StatusCode::kAborted);
+
+  {
+    absl::MutexLock lock(&mu);
+    job = absl::OkStatus();
+  }
+  auto [closed, closed_result] = wait(absl::Seconds(60));
+  (*g)->Close();
+  ASSERT_TRUE(closed->HasBeenNotified());
+  EXPECT_EQ(closed_result->code(), absl::StatusCode::kCancelled);
+}
+
+TEST(HostGroupTest, ADirectoryThatDisagreesOrAVariableOfAnotherSizeIsRefused) {
+  absl::StatusOr<std::unique_ptr<SharedRegion>> dir = HostGroup::MakeDirectory({2, 3});
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_THAT(HostGroup::Join((*dir)->name(), 1, 7, Running).status().message(),
+              AllOf(HasSubstr("local rank 1"), HasSubstr("rank 7")));
+  EXPECT_FALSE(HostGroup::Join((*dir)->name(), 2, 4, Running).ok());
+  EXPECT_FALSE(HostGroup::Join("/psrt-1-0000", 0, 2, Running).ok());
+  EXPECT_FALSE(HostGroup::MakeDirectory({1}).ok());
+  absl::StatusOr<std::unique_ptr<HostGroup>> a = HostGroup::Join((*dir)->name(), 0, 2, Running);
+  absl::StatusOr<std::unique_ptr<HostGroup>> b = HostGroup::Join((*dir)->name(), 1, 3, Running);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  ASSERT_TRUE((*a)->AddVariable("w", 100, 1, deadline).ok());
+  absl::Status s = (*b)->AddVariable("w", 101, 1, deadline);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("'w'"), HasSubstr("101"), HasSubstr("local rank 0")));
+  EXPECT_EQ((*b)->Find("w"), nullptr);
+}
+
+}  // namespace
+}  // namespace psrt
