@@ -15,7 +15,11 @@
 // launch to rank 0's first step (registration and the readiness barrier), to
 // the end, and the steady samples/s, against the host count
 // (benchmarks/scaling/validate.py checks its model against these). With
-// --rounds=0 only the scan runs.
+// --rounds=0 only the scan runs. With --per-host=N, 2 fresh hosts of N
+// workers each, their sending limited by tbf to --per-host-rate, run the
+// linreg job (--per-host-dim) with each host's workers summing first and
+// pushing on their own, in turns (docs/runtime.md, "Local aggregation"),
+// and with --torch the large MLP the same two ways and with DDP-gloo.
 //
 // Namespaces need root; elsewhere it says why and writes {"skipped": why}.
 #include <signal.h>
@@ -64,6 +68,9 @@ struct Settings {
   int torch_steps = 10;
   std::vector<int> scan_hosts;  // --scan-hosts
   std::string scan_rate, scan_burst = "32kb";  // --scan-rate: tbf on the scan's links
+  int per_host = 0;  // --per-host: workers a host, local aggregation on and off
+  std::string per_host_rate = "500mbit";
+  int per_host_dim = 262143;
 };
 
 double Median(std::vector<double> v) {
@@ -80,16 +87,17 @@ class JobRunner {
 
   const std::string& bin() const { return bin_; }
 
-  // The psrt-run flags and training command shared by both kinds of job.
-  std::string Job(const std::string& name) const {
-    const std::string distribution = absl::StrCat(
-        R"({"parameter_server":{"enabled":true,"transport":"tcp","partition_bytes":)",
-        settings_.partition_bytes, "}}");
-    return absl::StrCat("--token=bench-", getpid(), "-", name, " --distribution='", distribution,
-                        "' -- ", bin_, "/psrt-example-linreg --dim=", settings_.dim,
-                        " --batch=", kBatch, " --log-every=10 --lr=", settings_.lr,
-                        " --steps=", settings_.steps, " --result=", dir_, "/", name,
-                        " --loss-log=", LossLog(name));
+  // The psrt-run flags and training command shared by both kinds of job;
+  // `ps` adds distribution keys, and `dim` > 0 replaces --dim.
+  std::string Job(const std::string& name, const std::string& ps = "", int dim = 0) const {
+    const std::string distribution =
+        absl::StrCat(R"({"parameter_server":{"enabled":true,"transport":"tcp","partition_bytes":)",
+                     settings_.partition_bytes, ps, "}}");
+    return absl::StrCat(
+        "--token=bench-", getpid(), "-", name, " --distribution='", distribution, "' -- ", bin_,
+        "/psrt-example-linreg --dim=", dim > 0 ? dim : settings_.dim, " --batch=", kBatch,
+        " --log-every=10 --lr=", dim > 0 ? 0.1 / dim : settings_.lr, " --steps=", settings_.steps,
+        " --result=", dir_, "/", name, " --loss-log=", LossLog(name));
   }
   std::string LossLog(const std::string& name) const { return dir_ + "/" + name + ".loss"; }
 
@@ -226,6 +234,79 @@ absl::Status RunTorch(JobRunner& runner, const NetnsHosts& hosts, const Settings
   return absl::OkStatus();
 }
 
+// --per-host: 2 hosts of N workers over links limited to --per-host-rate;
+// linreg with and without local aggregation in turns, then (--torch) the
+// large MLP both ways and with DDP-gloo on the same 2N processes.
+struct PerHost {
+  std::string links;
+  std::vector<double> summed, alone;  // linreg samples/s per round
+  double torch_summed = 0, torch_alone = 0, torch_ddp = 0;
+};
+
+absl::Status RunPerHost(JobRunner& runner, const Settings& settings, PerHost* out) {
+  absl::StatusOr<std::unique_ptr<NetnsHosts>> hosts = NetnsHosts::Create(2);
+  if (!hosts.ok()) return hosts.status();
+  absl::StatusOr<std::string> tbf =
+      (*hosts)->LimitRate(settings.per_host_rate, settings.scan_burst);
+  if (!tbf.ok()) return tbf.status();
+  out->links = *tbf;
+  const int n = settings.per_host;
+  const std::string both = absl::StrCat((*hosts)->address(0), ",", (*hosts)->address(1));
+  auto ps = [n](bool summed) {
+    return absl::StrCat(R"(,"workers_per_host":)", n, R"(,"local_aggregation":)",
+                        summed ? "true" : "false");
+  };
+  for (int r = 0; r < std::max(1, settings.rounds); ++r) {
+    for (bool summed : {false, true}) {
+      const std::string name = absl::StrCat("perhost-", summed ? "summed" : "alone", r);
+      std::vector<std::string> commands;
+      for (int h = 0; h < 2; ++h) {
+        commands.push_back(absl::StrCat((*hosts)->Exec(h), runner.bin(), "/psrt-run --hosts=", both,
+                                        " --current-host=", h, " ",
+                                        runner.Job(name, ps(summed), settings.per_host_dim)));
+      }
+      absl::StatusOr<double> rate = runner.Run(name, commands, 2 * n);
+      if (!rate.ok()) return rate.status();
+      (summed ? out->summed : out->alone).push_back(*rate);
+      std::printf("  per-host round %d: %d x %d workers, %s: %8.0f samples/s\n", r, 2, n,
+                  summed ? "summing on each host" : "each pushing alone    ", *rate);
+      std::fflush(stdout);
+    }
+  }
+  if (settings.torch_python.empty()) return absl::OkStatus();
+  const std::string model =
+      absl::StrCat(" --model large --batch 32 --warmup 2 --steps ", settings.torch_steps);
+  for (int kind = 0; kind < 3; ++kind) {  // alone, summed, DDP-gloo
+    std::vector<std::string> commands;
+    for (int h = 0; h < 2; ++h) {
+      if (kind < 2) {
+        commands.push_back(absl::StrCat(
+            (*hosts)->Exec(h), runner.bin(), "/psrt-run --hosts=", both, " --current-host=", h,
+            " --token=bench-", getpid(), "-perhost-torch", kind,
+            R"( --distribution='{"parameter_server":{"enabled":true,"transport":"tcp")",
+            ps(kind == 1), "}}' -- env PYTHONPATH=", runner.bin(), "/../python ",
+            settings.torch_python, " ", settings.torch_bench, " --role psrt", model));
+        continue;
+      }
+      std::string ranks;
+      for (int i = 0; i < n; ++i) {
+        absl::StrAppend(&ranks, "env GLOO_SOCKET_IFNAME=eth", h, " ", settings.torch_python, " ",
+                        settings.torch_bench, " --role ddp-rank --rank ", h * n + i, " --world ",
+                        2 * n, " --master ", (*hosts)->address(0), ":29532", model, " & ");
+      }
+      commands.push_back(absl::StrCat((*hosts)->Exec(h), "sh -c '", ranks, "wait'"));
+    }
+    absl::StatusOr<double> rate = runner.RunTorch(absl::StrCat("perhost-torch", kind), commands);
+    if (!rate.ok()) return rate.status();
+    (kind == 0 ? out->torch_alone : kind == 1 ? out->torch_summed : out->torch_ddp) = *rate;
+  }
+  std::printf(
+      "  per-host torch large MLP, 2 x %d workers: psrt summing %.1f, alone %.1f, DDP-gloo "
+      "%.1f samples/s\n",
+      n, out->torch_summed, out->torch_alone, out->torch_ddp);
+  return absl::OkStatus();
+}
+
 // `rounds` turns of: the job on the namespace hosts, then on loopback.
 absl::Status RunPhase(JobRunner& runner, const NetnsHosts& hosts, const Settings& settings,
                       Phase* phase) {
@@ -334,6 +415,12 @@ int Main(int argc, char** argv) {
             "Limit what each of the scan's hosts sends to this rate (tc tbf, as tc writes it, "
             "queue long enough to drop nothing); empty: unshaped veth.");
   flags.Add("scan-burst", &settings.scan_burst, "The scan's tbf bucket, as tc writes it.");
+  flags.Add("per-host", &settings.per_host,
+            "Also run 2 hosts of this many workers with and without local aggregation (and with "
+            "--torch, DDP-gloo on as many processes); 0: not run.");
+  flags.Add("per-host-rate", &settings.per_host_rate,
+            "Limit what each of those 2 hosts sends to this rate (tc tbf).");
+  flags.Add("per-host-dim", &settings.per_host_dim, "Their linreg job's --dim.");
   flags.ParseOrExit(argc, argv);
   absl::StatusOr<std::vector<int>> counts = ParseCounts(scan_hosts, 1, 200);
   if (!counts.ok()) {
@@ -344,7 +431,8 @@ int Main(int argc, char** argv) {
   settings.scan_hosts = *std::move(counts);
   if (settings.steps <= kSkipSteps + 10 || settings.rounds < 0 || settings.dim < 1 ||
       settings.timeout_s < 1 || settings.torch_steps < 1 || settings.partition_bytes < 4 ||
-      (settings.rounds == 0 && settings.scan_hosts.empty())) {
+      settings.per_host < 0 || settings.per_host_dim < 1 ||
+      (settings.rounds == 0 && settings.scan_hosts.empty() && settings.per_host == 0)) {
     std::fprintf(stderr,
                  "%s: --steps must be above %d, --rounds at least 0 (0 with --scan-hosts), --dim, "
                  "--timeout and --torch-steps at least 1, --partition-bytes at least 4\n",
@@ -439,6 +527,33 @@ int Main(int argc, char** argv) {
                     {"samples_per_second", p->samples_per_second},
                     {"links", p->links}});
   }
+  nlohmann::json per_host = nullptr;
+  if (settings.per_host > 0) {
+    std::printf("\n%s: 2 hosts of %d workers, linreg dim %d\n", kProgram, settings.per_host,
+                settings.per_host_dim);
+    PerHost p;
+    if (absl::Status s = RunPerHost(runner, settings, &p); !s.ok()) {
+      std::fprintf(stderr, "%s: per host: %s\n", kProgram, std::string(s.message()).c_str());
+      return 1;
+    }
+    const double ratio = Median(p.summed) / Median(p.alone);
+    std::printf("per host: summing first / alone = %.2f (median samples/s %.0f / %.0f; %s)\n",
+                ratio, Median(p.summed), Median(p.alone), p.links.c_str());
+    if (p.torch_ddp > 0) {
+      std::printf("per host, torch large MLP: summing / alone = %.2f, summing / DDP-gloo = %.2f\n",
+                  p.torch_summed / p.torch_alone, p.torch_summed / p.torch_ddp);
+    }
+    per_host = {{"workers_per_host", settings.per_host},
+                {"links", p.links},
+                {"dim", settings.per_host_dim},
+                {"summed_samples_per_second", p.summed},
+                {"alone_samples_per_second", p.alone},
+                {"summed_vs_alone", ratio},
+                {"torch", p.torch_ddp > 0 ? nlohmann::json{{"summed", p.torch_summed},
+                                                           {"alone", p.torch_alone},
+                                                           {"ddp_gloo", p.torch_ddp}}
+                                          : nlohmann::json(nullptr)}};
+  }
   std::filesystem::remove_all(dir_template);  // the jobs' logs; kept when a job fails
   write_json({{"benchmark", kProgram},
               {"date", absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone())},
@@ -456,7 +571,8 @@ int Main(int argc, char** argv) {
                 {"rate", settings.rate},
                 {"delay", settings.delay}}},
               {"phases", results},
-              {"host_scan", scan}});
+              {"host_scan", scan},
+              {"per_host", per_host}});
   return 0;
 }
 

@@ -94,7 +94,7 @@ def ddp_worker(rank, args, master):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="tcp://" + master, rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method="tcp://" + master, rank=rank, world_size=args.world)
     model = torch.nn.parallel.DistributedDataParallel(build_model(torch, MODELS[args.model]))
     if args.fp16_hook:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -102,7 +102,7 @@ def ddp_worker(rank, args, master):
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     seconds = train(torch, model, opt, opt.step, args, rank)
     if rank == 0:
-        print("RESULT %f" % (args.steps * args.batch * 2 / seconds), flush=True)
+        print("RESULT %f" % (args.steps * args.batch * args.world / seconds), flush=True)
     # Both ranks are done; leaving without gloo's teardown, which aborts
     # now and then ("terminate called without an active exception").
     dist.barrier()
@@ -151,7 +151,8 @@ def main():
     p.add_argument("--build", default="build")
     p.add_argument("--out", default=None)
     p.add_argument("--role", default="driver", choices=["driver", "psrt", "ddp", "ddp-rank"])
-    p.add_argument("--rank", type=int, default=0, help="ddp-rank: this process's rank of 2")
+    p.add_argument("--rank", type=int, default=0, help="ddp-rank: this process's rank of --world")
+    p.add_argument("--world", type=int, default=2, help="ddp, ddp-rank: the processes of the job")
     p.add_argument("--master", default="127.0.0.1:29517", help="ddp-rank: rank 0's ADDRESS:PORT")
     p.add_argument("--model", default="digits", choices=sorted(MODELS))
     p.add_argument("--batch", type=int, default=32)
