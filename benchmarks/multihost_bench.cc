@@ -71,6 +71,7 @@ struct Settings {
   int per_host = 0;  // --per-host: workers a host, local aggregation on and off
   std::string per_host_rate = "500mbit";
   int per_host_dim = 262143;
+  int per_host_batch = 4;  // little compute: the links, not this VM's 2 cores, bound the step
 };
 
 double Median(std::vector<double> v) {
@@ -89,13 +90,14 @@ class JobRunner {
 
   // The psrt-run flags and training command shared by both kinds of job;
   // `ps` adds distribution keys, and `dim` > 0 replaces --dim.
-  std::string Job(const std::string& name, const std::string& ps = "", int dim = 0) const {
+  std::string Job(const std::string& name, const std::string& ps = "", int dim = 0,
+                  int batch = kBatch) const {
     const std::string distribution =
         absl::StrCat(R"({"parameter_server":{"enabled":true,"transport":"tcp","partition_bytes":)",
                      settings_.partition_bytes, ps, "}}");
     return absl::StrCat(
         "--token=bench-", getpid(), "-", name, " --distribution='", distribution, "' -- ", bin_,
-        "/psrt-example-linreg --dim=", dim > 0 ? dim : settings_.dim, " --batch=", kBatch,
+        "/psrt-example-linreg --dim=", dim > 0 ? dim : settings_.dim, " --batch=", batch,
         " --log-every=10 --lr=", dim > 0 ? 0.1 / dim : settings_.lr, " --steps=", settings_.steps,
         " --result=", dir_, "/", name, " --loss-log=", LossLog(name));
   }
@@ -109,10 +111,10 @@ class JobRunner {
   // Runs the linreg job `name` of `workers` workers: `commands` (one per
   // host). Returns rank 0's steady-state samples/s.
   absl::StatusOr<double> Run(const std::string& name, const std::vector<std::string>& commands,
-                             int workers, Timing* timing = nullptr) {
+                             int workers, Timing* timing = nullptr, int batch = kBatch) {
     std::remove(LossLog(name).c_str());
     if (absl::Status s = RunCommands(name, commands, timing); !s.ok()) return s;
-    const double rate = LinregSamplesPerSecond(LossLog(name), kSkipSteps, kBatch * workers);
+    const double rate = LinregSamplesPerSecond(LossLog(name), kSkipSteps, batch * workers);
     if (rate <= 0) {
       return absl::InternalError(absl::StrCat("job ", name, ": no steps past ", kSkipSteps, " in ",
                                               LossLog(name), " (--steps=", settings_.steps, ")"));
@@ -261,11 +263,12 @@ absl::Status RunPerHost(JobRunner& runner, const Settings& settings, PerHost* ou
       const std::string name = absl::StrCat("perhost-", summed ? "summed" : "alone", r);
       std::vector<std::string> commands;
       for (int h = 0; h < 2; ++h) {
-        commands.push_back(absl::StrCat((*hosts)->Exec(h), runner.bin(), "/psrt-run --hosts=", both,
-                                        " --current-host=", h, " ",
-                                        runner.Job(name, ps(summed), settings.per_host_dim)));
+        commands.push_back(absl::StrCat(
+            (*hosts)->Exec(h), runner.bin(), "/psrt-run --hosts=", both, " --current-host=", h, " ",
+            runner.Job(name, ps(summed), settings.per_host_dim, settings.per_host_batch)));
       }
-      absl::StatusOr<double> rate = runner.Run(name, commands, 2 * n);
+      absl::StatusOr<double> rate =
+          runner.Run(name, commands, 2 * n, nullptr, settings.per_host_batch);
       if (!rate.ok()) return rate.status();
       (summed ? out->summed : out->alone).push_back(*rate);
       std::printf("  per-host round %d: %d x %d workers, %s: %8.0f samples/s\n", r, 2, n,
@@ -421,6 +424,7 @@ int Main(int argc, char** argv) {
   flags.Add("per-host-rate", &settings.per_host_rate,
             "Limit what each of those 2 hosts sends to this rate (tc tbf).");
   flags.Add("per-host-dim", &settings.per_host_dim, "Their linreg job's --dim.");
+  flags.Add("per-host-batch", &settings.per_host_batch, "Their linreg job's --batch.");
   flags.ParseOrExit(argc, argv);
   absl::StatusOr<std::vector<int>> counts = ParseCounts(scan_hosts, 1, 200);
   if (!counts.ok()) {
@@ -431,7 +435,7 @@ int Main(int argc, char** argv) {
   settings.scan_hosts = *std::move(counts);
   if (settings.steps <= kSkipSteps + 10 || settings.rounds < 0 || settings.dim < 1 ||
       settings.timeout_s < 1 || settings.torch_steps < 1 || settings.partition_bytes < 4 ||
-      settings.per_host < 0 || settings.per_host_dim < 1 ||
+      settings.per_host < 0 || settings.per_host_dim < 1 || settings.per_host_batch < 1 ||
       (settings.rounds == 0 && settings.scan_hosts.empty() && settings.per_host == 0)) {
     std::fprintf(stderr,
                  "%s: --steps must be above %d, --rounds at least 0 (0 with --scan-hosts), --dim, "
