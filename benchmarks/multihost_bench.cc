@@ -19,7 +19,8 @@
 // workers each, their sending limited by tbf to --per-host-rate, run the
 // linreg job (--per-host-dim) with each host's workers summing first and
 // pushing on their own, in turns (docs/runtime.md, "Local aggregation"),
-// and with --torch the large MLP the same two ways and with DDP-gloo.
+// and with --per-host-torch-steps (and --torch) the large MLP the same two
+// ways and with DDP-gloo.
 //
 // Namespaces need root; elsewhere it says why and writes {"skipped": why}.
 #include <signal.h>
@@ -72,6 +73,7 @@ struct Settings {
   std::string per_host_rate = "500mbit";
   int per_host_dim = 262143;
   int per_host_batch = 4;  // little compute: the links, not this VM's 2 cores, bound the step
+  int per_host_torch_steps = 0;
 };
 
 double Median(std::vector<double> v) {
@@ -276,9 +278,9 @@ absl::Status RunPerHost(JobRunner& runner, const Settings& settings, PerHost* ou
       std::fflush(stdout);
     }
   }
-  if (settings.torch_python.empty()) return absl::OkStatus();
+  if (settings.torch_python.empty() || settings.per_host_torch_steps == 0) return absl::OkStatus();
   const std::string model =
-      absl::StrCat(" --model large --batch 32 --warmup 2 --steps ", settings.torch_steps);
+      absl::StrCat(" --model large --batch 32 --warmup 2 --steps ", settings.per_host_torch_steps);
   for (int kind = 0; kind < 3; ++kind) {  // alone, summed, DDP-gloo
     std::vector<std::string> commands;
     for (int h = 0; h < 2; ++h) {
@@ -425,6 +427,9 @@ int Main(int argc, char** argv) {
             "Limit what each of those 2 hosts sends to this rate (tc tbf).");
   flags.Add("per-host-dim", &settings.per_host_dim, "Their linreg job's --dim.");
   flags.Add("per-host-batch", &settings.per_host_batch, "Their linreg job's --batch.");
+  flags.Add("per-host-torch-steps", &settings.per_host_torch_steps,
+            "With --torch: timed steps of the large MLP on those hosts (summing, alone, "
+            "DDP-gloo); 0: not run.");
   flags.ParseOrExit(argc, argv);
   absl::StatusOr<std::vector<int>> counts = ParseCounts(scan_hosts, 1, 200);
   if (!counts.ok()) {
@@ -436,6 +441,7 @@ int Main(int argc, char** argv) {
   if (settings.steps <= kSkipSteps + 10 || settings.rounds < 0 || settings.dim < 1 ||
       settings.timeout_s < 1 || settings.torch_steps < 1 || settings.partition_bytes < 4 ||
       settings.per_host < 0 || settings.per_host_dim < 1 || settings.per_host_batch < 1 ||
+      settings.per_host_torch_steps < 0 ||
       (settings.rounds == 0 && settings.scan_hosts.empty() && settings.per_host == 0)) {
     std::fprintf(stderr,
                  "%s: --steps must be above %d, --rounds at least 0 (0 with --scan-hosts), --dim, "

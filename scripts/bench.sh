@@ -53,9 +53,11 @@ reports+=("$out/coordinator_load.json" "$out/coordinator_load.txt" "$out/coordin
 # The trainer across three network-namespace hosts (plain, then shaped links)
 # against the same job on loopback, in turns, and a communication-bound torch
 # MLP on two of them through psrt and with DDP-gloo; says it skipped where not
-# root.
+# root. Then 2 hosts of 4 workers over 100 Mbit/s, summing on each host first
+# and each pushing alone, in turns.
 echo "bench: multihost_bench"
 "$bin/multihost_bench" --torch "$root/.venv/bin/python" --torch-bench "$root/benchmarks/torch_bench.py" --scan-hosts=4,8,16 \
+  --per-host=4 --per-host-rate=100mbit \
   --json "$out/multihost.json" | tee "$out/multihost.txt"
 reports+=("$out/multihost.json" "$out/multihost.txt")
 

@@ -85,9 +85,9 @@ TEST(LocalAggregationTest, EachHostPushesOncePerKeyAndTrainsAsOneProcessOnTheMea
     EXPECT_NEAR(g[i], u[i], 1e-5 + 1e-5 * std::abs(u[i])) << "weight " << i;
   }
 
-  // One host of two: the host's sum is the whole step's, in rank order, as
-  // the reference sums: bit for bit.
-  const JobRun one = Train(1, R"("transport": "tcp", "servers_per_host": 2)");
+  // One host of two, its keys kept on a backup server too: the host's sum is
+  // the whole step's, in rank order, as the reference sums: bit for bit.
+  const JobRun one = Train(1, R"("transport": "tcp", "servers_per_host": 2, "replicas": 1)");
   ASSERT_EQ(one.code, 0) << one.log;
   Proc reference2 = Proc::Start(
       absl::StrCat(kBin, kTrainer, " --reference=2 --result=", dir, "/r2"), dir + "/log2");

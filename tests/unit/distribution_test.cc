@@ -16,7 +16,8 @@ using ::testing::HasSubstr;
 
 constexpr char kAllPsKeys[] =
     "enabled, mode, staleness, backup_workers, compression, pull_compression, transport, "
-    "servers_per_host, max_servers, server_port_base, workers_per_host, partition_bytes, "
+    "servers_per_host, max_servers, server_port_base, workers_per_host, local_aggregation, "
+    "partition_bytes, "
     "gradient_aggregation, on_worker_failure, restart_workers, "
     "replicas, nonfinite, on_failure, max_recoveries, host_wait_s, heartbeat_timeout_s, "
     "barrier_timeout_s, restore, checkpoint, elastic, limits";
@@ -559,8 +560,8 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   const std::string help = DistributionHelp();
   std::vector<std::string> lines =
       absl::StrSplit(help, '\n', absl::SkipEmpty());
-  // parameter_server + 25 keys inside it + 4 checkpoint.* keys.
-  ASSERT_EQ(lines.size(), 31u) << help;
+  // parameter_server + 26 keys inside it + 4 checkpoint.* keys.
+  ASSERT_EQ(lines.size(), 32u) << help;
   for (const std::string& line : lines) {
     EXPECT_THAT(line, HasSubstr("default")) << line;
   }
@@ -576,6 +577,7 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
                                              "max_servers",
                                              "server_port_base",
                                              "workers_per_host",
+                                             "local_aggregation",
                                              "partition_bytes",
                                              "gradient_aggregation",
                                              "on_worker_failure",
@@ -600,8 +602,9 @@ TEST(DistributionHelpTest, OneLinePerKeyWithTypeAndDefault) {
   }
   EXPECT_THAT(lines[2], AllOf(HasSubstr("string"), HasSubstr("\"sync\""),
                               HasSubstr("ssp")));
-  EXPECT_THAT(lines[12], AllOf(HasSubstr("int"), HasSubstr("262144")));
-  EXPECT_THAT(lines[21], AllOf(HasSubstr("number"), HasSubstr("10")));
+  EXPECT_THAT(lines[13], AllOf(HasSubstr("int"), HasSubstr("262144")));
+  EXPECT_THAT(lines[12], AllOf(HasSubstr("bool"), HasSubstr("default true")));
+  EXPECT_THAT(lines[22], AllOf(HasSubstr("number"), HasSubstr("10")));
 }
 
 }  // namespace
