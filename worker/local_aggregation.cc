@@ -21,8 +21,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "kernels/cuda_kernels.h"
 #include "worker/dispatcher.h"
+#ifdef PSRT_HAVE_CUDA
+#include "kernels/cuda_kernels.h"
+#endif
 
 namespace psrt {
 namespace {
@@ -39,10 +41,21 @@ using Pieces = std::vector<Piece>;
 // Copies n floats between host memory and memory that may be a GPU's.
 absl::Status CopyFloats(const float* src, float* dst, int64_t n) {
   if (n == 0) return absl::OkStatus();
+#ifdef PSRT_HAVE_CUDA
   if (IsDevicePointer(src)) return CudaCopyToHost(src, dst, n * 4);
   if (IsDevicePointer(dst)) return CudaCopyToDevice(src, dst, n * 4);
+#endif
   std::memcpy(dst, src, n * 4);
   return absl::OkStatus();
+}
+
+bool OnDevice(const float* p) {
+#ifdef PSRT_HAVE_CUDA
+  return IsDevicePointer(p);
+#else
+  (void)p;
+  return false;
+#endif
 }
 
 // acc += x, a cache-sized block at a time (vectorized by the compiler).
@@ -232,9 +245,9 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
           for (int r = 1; r < group->size(); ++r) {
             const float* x = p.slots->grad(r) + at;
             if (r == me) {
-              if (IsDevicePointer(p.tensor->grad)) {
+              if (OnDevice(p.tensor->grad)) {
                 own.reset(new float[n]);
-                if (s = CudaCopyToHost(p.tensor->grad + at, own.get(), n * 4); !s.ok()) break;
+                if (s = CopyFloats(p.tensor->grad + at, own.get(), n); !s.ok()) break;
                 x = own.get();
               } else {
                 x = p.tensor->grad + at;
