@@ -421,8 +421,8 @@ int Main(int argc, char** argv) {
             "queue long enough to drop nothing); empty: unshaped veth.");
   flags.Add("scan-burst", &settings.scan_burst, "The scan's tbf bucket, as tc writes it.");
   flags.Add("per-host", &settings.per_host,
-            "Also run 2 hosts of this many workers with and without local aggregation (and with "
-            "--torch, DDP-gloo on as many processes); 0: not run.");
+            "Also run 2 hosts of this many workers with and without local aggregation; 0: not "
+            "run.");
   flags.Add("per-host-rate", &settings.per_host_rate,
             "Limit what each of those 2 hosts sends to this rate (tc tbf).");
   flags.Add("per-host-dim", &settings.per_host_dim, "Their linreg job's --dim.");
