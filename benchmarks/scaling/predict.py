@@ -44,6 +44,11 @@ ADAM = {"BERT-large"}
 LINKS_GBPS = (25, 100, 400)
 WORKERS = (8, 16, 32, 64, 128, 256)
 GPUS_PER_HOST = 8
+# Stated inputs of the local stage as psrt builds it (docs/runtime.md, "Local
+# aggregation"), not measured here: a GPU's copies to and from the host, and
+# a host's memory bandwidth shared by its 8 processes' passes.
+PCIE_BYTES_PER_S = 12e9
+HOST_MEMORY_BYTES_PER_S = 100e9
 
 # Published points (scaling efficiency, GPUs, link):
 ANCHORS = [
@@ -60,7 +65,9 @@ SETTINGS = [
     ("as configured (a worker per GPU, 1 server a host)", {}),
     ("fp16 gradients", {"fp16": True}),
     ("2 servers a host, fp16", {"servers_per_host": 2, "fp16": True}),
-    ("a host's GPUs sum first, one push a host (not built)", {"host_reduce": True}),
+    ("a host's processes sum in shared memory, one push a host (built)", {"host_sum": True}),
+    ("the same, fp16", {"host_sum": True, "fp16": True}),
+    ("a host's GPUs sum on the devices, one push a host (not built)", {"host_reduce": True}),
     ("the same, fp16", {"host_reduce": True, "fp16": True}),
     ("the same, fp16, 2 servers a host", {"host_reduce": True, "fp16": True, "servers_per_host": 2}),
     ("the same, fp16, 2 servers and 64 cores a host", {"host_reduce": True, "fp16": True,
@@ -83,12 +90,24 @@ def run(costs, name, workers, gbps, cores, **changes):
     base = JOBS[name]
     job = dataclasses.replace(base, **{k: v for k, v in changes.items() if k in base.__dataclass_fields__})
     per_host = min(workers, GPUS_PER_HOST)
-    if changes.get("host_reduce"):
-        # A host's GPUs sum their gradients first (NCCL over NVLink, ~100
-        # GB/s, reduce then broadcast) and one process pushes the sum.
+    if changes.get("host_reduce") or changes.get("host_sum"):
+        # One push a host of the host's summed gradient. On the devices
+        # (NCCL over NVLink, ~100 GB/s, reduce then broadcast), or as psrt
+        # builds it: each process copies its fp32 gradient to the host and
+        # into its slot, the owners sum the slots, every process copies the
+        # weights back and to its GPU; about 3 passes over the gradient a
+        # process, at the calibrated cost of a pass per byte
+        # (costs.accumulate_cpu_s), all of them within the host's memory
+        # bandwidth. Serial after the backward pass: a bound, not overlapped.
         wire = 4 * job.params / (2 if job.fp16 else 1)
+        if changes.get("host_reduce"):
+            local = 2 * wire / 100e9
+        else:
+            grad = 4 * job.params
+            passes = max(3 * grad * costs.accumulate_cpu_s, 3 * per_host * grad / HOST_MEMORY_BYTES_PER_S)
+            local = 2 * grad / PCIE_BYTES_PER_S + passes
         job = dataclasses.replace(job, batch=job.batch * per_host, sparse_bytes=job.sparse_bytes * per_host,
-                                  compute_s=job.compute_s + 2 * wire / 100e9)
+                                  compute_s=job.compute_s + local)
         per_host = 1
     rate = gbps * 1e9 / 8
     cluster = model.Cluster(hosts=max(1, workers // GPUS_PER_HOST), workers_per_host=per_host,
@@ -115,18 +134,19 @@ def main():
             print("%-10s %3d Gb/s: %s" % (name, gbps, " ".join("%3d:%.2f" % (w, e) for w, e in zip(WORKERS, points))))
         if job_is_sparse(name):
             continue  # a host's sum of different rows is no smaller
-        # What the first change that is not a setting would give.
-        points = [run(costs, name, w, 100, args.cores, host_reduce=True) for w in WORKERS]
-        curves["%s 100 host_reduce" % name] = points
-        print("%-10s 100 Gb/s, a host's GPUs summing first: %s" % (
-            name, " ".join("%3d:%.2f" % (w, e) for w, e in zip(WORKERS, points))))
+        # A host summing first: as built (shared memory), and on the devices.
+        for key, label in (("host_sum", "in shared memory"), ("host_reduce", "on the devices")):
+            points = [run(costs, name, w, 100, args.cores, **{key: True}) for w in WORKERS]
+            curves["%s 100 %s" % (name, key)] = points
+            print("%-10s 100 Gb/s, a host summing first %s: %s" % (
+                name, label, " ".join("%3d:%.2f" % (w, e) for w, e in zip(WORKERS, points))))
     needs = []
     for name in JOBS:
         costs = costs_for(cal, name)
         for gbps in LINKS_GBPS:
             found = None
             for label, changes in SETTINGS:
-                if job_is_sparse(name) and changes.get("host_reduce"):
+                if job_is_sparse(name) and (changes.get("host_reduce") or changes.get("host_sum")):
                     continue
                 e = run(costs, name, 256, gbps, args.cores, **changes)
                 if e >= 0.9:
@@ -152,8 +172,10 @@ def plot(curves, path):
         for gbps in LINKS_GBPS:
             ax.plot(WORKERS, curves["%s %d" % (name, gbps)], styles[gbps], marker="o", label="psrt model, %d Gb/s" % gbps)
         if not job_is_sparse(name):
+            ax.plot(WORKERS, curves["%s 100 host_sum" % name], "-.", marker="D", color="dimgrey",
+                    label="psrt model, 100 Gb/s, a host summing\nfirst in shared memory (built)")
             ax.plot(WORKERS, curves["%s 100 host_reduce" % name], "-.", marker="s", color="black",
-                    label="psrt model, 100 Gb/s, a host's GPUs\nsumming first (not built)")
+                    label="psrt model, 100 Gb/s, a host's GPUs\nsumming on the devices (not built)")
         markers = iter(["*", "P", "X", "*"])
         for label, gpus, eff, gbps in ANCHORS:
             if ("BERT" in label) == (name == "BERT-large") and name != "DLRM":
