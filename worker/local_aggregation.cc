@@ -58,12 +58,26 @@ bool OnDevice(const float* p) {
 #endif
 }
 
-// acc += x, a cache-sized block at a time (vectorized by the compiler).
+// acc += x (vectorized by the compiler: the buffers do not overlap). A
+// partition is at most partition_bytes, so each pass stays in cache.
 void Add(const float* __restrict x, float* __restrict acc, int64_t n) {
   for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
 }
 
 }  // namespace
+
+void Dispatcher::InTurn(uint64_t ticket, std::function<void()> launch) {
+  // Under the lock, so that two turns never run out of order; a launch only
+  // queues requests (and sends the first ones), and takes no lock of this.
+  absl::MutexLock lock(&turns_mu);
+  turns[ticket] = std::move(launch);
+  while (!turns.empty() && turns.begin()->first == next_turn) {
+    std::function<void()> next = std::move(turns.begin()->second);
+    turns.erase(turns.begin());
+    ++next_turn;
+    next();
+  }
+}
 
 Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int64_t version,
                                             bool pull) {
@@ -76,10 +90,18 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
     absl::StatusOr<Variable> var = Find(t.name);
     if (!var.ok()) return ops.New(0, var.status(), kind).first;
     HostGroup::Slots* slots = group->Find(t.name);
-    if (var->dim > 0 || slots == nullptr) {
+    if (var->dim > 0) {
       return ops
           .New(0,
                absl::InvalidArgumentError(absl::StrCat("'", t.name, "' is a table: push its rows")),
+               kind)
+          .first;
+    }
+    if (slots == nullptr) {
+      return ops
+          .New(0,
+               absl::InternalError(
+                   absl::StrCat("variable '", t.name, "' has no region in the host group")),
                kind)
           .first;
     }
@@ -112,7 +134,10 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
                                       std::function<void(const absl::Status&)> work) {
     int64_t bytes = 0;
     for (const Piece& p : pieces) bytes += p.part.num_elements * 4;
-    if (ready() && bytes < kPoolBytes) return work(absl::OkStatus());
+    if (ready()) {
+      if (bytes < kPoolBytes) return work(absl::OkStatus());
+      return pool->Schedule([work] { work(absl::OkStatus()); });
+    }
     group->When(std::move(ready), std::move(missing), deadline,
                 [this, work](const absl::Status& s) { pool->Schedule([work, s] { work(s); }); });
   };
@@ -178,8 +203,9 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
             const int64_t published = p.slots->published(p.part.index);
             s = CopyFloats(p.slots->weights(published - 1) + at, p.tensor->out + at,
                            p.part.num_elements);
-            // That buffer is written again for version published + 1, after
-            // this process handed over the step that makes it.
+            // That buffer is written again for the version after next,
+            // whose step needs this process's next hand-over: seeing it
+            // change means a process ran ahead of the group.
             if (s.ok() && p.slots->published(p.part.index) > published + 1) {
               s = absl::AbortedError(
                   absl::StrCat("the weights of '", p.key(), "' changed while being copied: ",
@@ -195,6 +221,7 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
         });
   }
   if (mine->empty()) return handle;
+  const uint64_t ticket = launch_tickets.fetch_add(1);
 
   // Owned partitions: every other process's gradient, and this process's
   // push of the step before ended (its request reads the slot it sums into).
@@ -219,7 +246,8 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
         return absl::StrCat(who(r), " did not hand over its gradient of '", p->key(), "' of step ",
                             step - 1);
       },
-      [this, mine, refs, me, step, version, pull, op = op, who](const absl::Status& status) {
+      [this, mine, refs, me, step, version, pull, op = op, who,
+       ticket](const absl::Status& status) {
         absl::Status s = status;
         // Sum in local-rank order, this process's gradient in its place.
         for (const Piece& p : *mine) {
@@ -257,59 +285,63 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
           }
           if (s.ok()) p.slots->set_summed(p.part.index, step);
         }
-        if (!s.ok()) return OpTracker::Done(op.get(), s);
+        if (!s.ok()) return InTurn(ticket, [op, s] { OpTracker::Done(op.get(), s); });
         group->Ring();
-        // One push for the host, of the partitions summed here.
-        absl::flat_hash_map<std::string, std::vector<const Piece*>> by_name;
-        std::vector<TensorRef> sums;
-        for (const Piece& p : *mine) {
-          auto& list = by_name[p.tensor->name];
-          if (list.empty()) {
-            sums.push_back({p.tensor->name, p.slots->grad(me),
-                            pull ? p.slots->weights(version + 1) : nullptr});
-          }
-          list.push_back(&p);
-        }
-        std::vector<int64_t> limits(num_servers);
-        for (int sv = 0; sv < num_servers; ++sv) limits[sv] = RequestBytes(sv);
-        absl::StatusOr<std::vector<Shard>> shards = SplitTensors(
-            sums,
-            [&](const std::string& name) -> absl::StatusOr<Variable> {
-              absl::StatusOr<Variable> var = Find(name);
-              if (!var.ok()) return var;
-              var->parts.clear();
-              for (const Piece* p : by_name[name]) var->parts.push_back(p->part);
-              return var;
-            },
-            limits, true, pull, false);
-        if (!shards.ok()) return OpTracker::Done(op.get(), shards.status());
-        auto owned = std::make_shared<absl::flat_hash_map<std::string, std::vector<const Piece*>>>(
-            std::move(by_name));
-        OpTracker::Add(op.get(), static_cast<int>(shards->size()));
-        Launch(*std::move(shards), op, version, true, pull, [&](Request* r) {
-          r->also_for = group->others();
-          r->finished = [this, r, owned, mine, refs, step, pull](const absl::Status& s) {
-            absl::Status result = s;
-            for (const Shard::Item& it : r->shard.items) {
-              for (const Piece* p : owned->at(it.variable)) {
-                if (p->part.index != it.part.index) continue;
-                const uint32_t i = p->part.index;
-                const int64_t at = p->part.offset;
-                if (s.ok() && pull) {
-                  // The weights this process pulled for all; its own copy too.
-                  absl::Status c = CopyFloats(p->slots->weights(step) + at, p->tensor->out + at,
-                                              p->part.num_elements);
-                  if (c.ok()) p->slots->set_published(i, step + 1);
-                  if (result.ok()) result = c;
-                }
-                p->slots->set_sent(i, step);
-              }
+        // One push for the host, of the partitions summed here, in the
+        // order of the operations (see InTurn).
+        InTurn(ticket, [this, mine, refs, me, step, version, pull, op] {
+          absl::flat_hash_map<std::string, std::vector<const Piece*>> by_name;
+          std::vector<TensorRef> sums;
+          for (const Piece& p : *mine) {
+            auto& list = by_name[p.tensor->name];
+            if (list.empty()) {
+              sums.push_back({p.tensor->name, p.slots->grad(me),
+                              pull ? p.slots->weights(version + 1) : nullptr});
             }
-            group->Ring();
-            return result;
-          };
+            list.push_back(&p);
+          }
+          std::vector<int64_t> limits(num_servers);
+          for (int sv = 0; sv < num_servers; ++sv) limits[sv] = RequestBytes(sv);
+          absl::StatusOr<std::vector<Shard>> shards = SplitTensors(
+              sums,
+              [&](const std::string& name) -> absl::StatusOr<Variable> {
+                absl::StatusOr<Variable> var = Find(name);
+                if (!var.ok()) return var;
+                var->parts.clear();
+                for (const Piece* p : by_name[name]) var->parts.push_back(p->part);
+                return var;
+              },
+              limits, true, pull, false);
+          if (!shards.ok()) return OpTracker::Done(op.get(), shards.status());
+          auto owned =
+              std::make_shared<absl::flat_hash_map<std::string, std::vector<const Piece*>>>(
+                  std::move(by_name));
+          OpTracker::Add(op.get(), static_cast<int>(shards->size()));
+          Launch(*std::move(shards), op, version, true, pull, [&](Request* r) {
+            r->also_for = group->others();
+            r->finished = [this, r, owned, mine, refs, step, pull](const absl::Status& s) {
+              absl::Status result = s;
+              for (const Shard::Item& it : r->shard.items) {
+                for (const Piece* p : owned->at(it.variable)) {
+                  if (p->part.index != it.part.index) continue;
+                  const uint32_t i = p->part.index;
+                  const int64_t at = p->part.offset;
+                  if (s.ok() && pull) {
+                    // The weights this process pulled for all; its own copy too.
+                    absl::Status c = CopyFloats(p->slots->weights(step) + at, p->tensor->out + at,
+                                                p->part.num_elements);
+                    if (c.ok()) p->slots->set_published(i, step + 1);
+                    if (result.ok()) result = c;
+                  }
+                  p->slots->set_sent(i, step);
+                }
+              }
+              group->Ring();
+              return result;
+            };
+          });
+          OpTracker::Done(op.get(), absl::OkStatus());
         });
-        OpTracker::Done(op.get(), absl::OkStatus());
       });
   return handle;
 }

@@ -51,18 +51,20 @@ def train(cases, extra=(), expect_ok=True, ps=None, hosts=2):
         if not expect_ok:
             return code, log
         assert code == 0, failure_text(log)
-        assert hosts > 1 or "each host summing first" in log, failure_text(log)
-        return [torch.load(out + ".rank%d" % r) for r in range(2)]
+        workers = hosts * (ps or {}).get("workers_per_host", 1)
+        assert workers == 2 or "each host summing first" in log, failure_text(log)
+        return [torch.load(out + ".rank%d" % r) for r in range(workers)]
 
 
 def check_against_reference(cases, ranks, device="cpu"):
     for case in cases:
-        want = torch_models.reference(case, device=device)
+        want = torch_models.reference(case, device=device, workers=len(ranks))
         initial = {k: v.cpu() for k, v in torch_models.build(case, 0).state_dict().items()}
         moved = False
         for key, w in want["state"].items():
-            a, b = ranks[0][case]["state"][key], ranks[1][case]["state"][key]
-            assert torch.equal(a, b), "%s: the ranks disagree on %s" % (case, key)
+            a = ranks[0][case]["state"][key]
+            for b in ranks[1:]:
+                assert torch.equal(a, b[case]["state"][key]), "%s: the ranks disagree on %s" % (case, key)
             torch.testing.assert_close(a, w, rtol=1e-4, atol=1e-5, msg=lambda m: "%s %s: %s" % (case, key, m))
             moved = moved or not torch.allclose(a.float(), initial[key].float(), atol=1e-3)
         assert moved, "%s: training changed nothing" % case
@@ -110,6 +112,26 @@ def test_one_host_summing_first_equals_one_process():
     clipping, GradScaler and accumulation train as one process."""
     cases = ["transformer", "bert", "lstm", "amp_plain", "accumulation"]
     check_against_reference(cases, train(cases, ps=ONE_HOST, hosts=1))
+
+
+def test_two_hosts_summing_first_equal_one_process_on_four_batches():
+    """Two hosts of two workers, each host summing first: the mean over the
+    four workers' batches, every rank equal."""
+    cases = ["transformer", "gpt2"]
+    check_against_reference(cases, train(cases, ps=ONE_HOST, hosts=2))
+
+
+def test_two_hosts_summing_first_send_a_big_models_keys_in_one_order():
+    """torch_bench's large MLP (400 keys a step, many push-pulls per step) on
+    two hosts of two workers: each host's owners push in the order of the
+    operations, whenever their sums are ready. Pushed in the order the sums
+    became ready, two hosts' owners filled their windows with keys the
+    other had yet to send, and the first step never ended."""
+    code, log = run_job(os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchmarks", "torch_bench.py"),
+                        ["--role", "psrt", "--model", "large", "--batch", "8", "--warmup", "1", "--steps", "3"],
+                        dict(ONE_HOST, transport="tcp"), hosts=2, timeout=200)
+    assert code == 0, failure_text(log)
+    assert "RESULT" in log and "each host summing first" in log, failure_text(log)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
