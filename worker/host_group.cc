@@ -64,9 +64,10 @@ int64_t RoundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 }  // namespace
 
+int64_t HostGroup::Slots::ControlBytes(int64_t parts) { return RoundUp(parts * kWords * 8, 4096); }
+
 size_t HostGroup::Slots::Bytes(int64_t n, int64_t parts, int size) {
-  const int64_t control = RoundUp(parts * kWords * 8, 4096);
-  return control + (size + 2) * RoundUp(n, 16) * 4;
+  return ControlBytes(parts) + (size + 2) * RoundUp(n, 16) * 4;
 }
 
 uint32_t* HostGroup::doorbell() const { return &Directory::header(*directory_)->doorbell; }
@@ -136,7 +137,6 @@ absl::Status HostGroup::AddVariable(const std::string& name, int64_t n, int64_t 
   auto slots = std::make_unique<Slots>();
   slots->hash_ = hash;
   slots->size_ = size_;
-  slots->n_ = n;
   slots->stride_ = RoundUp(n, 16);
   const size_t bytes = Slots::Bytes(n, parts, size_);
   const SharedRegion& dir = *directory_;
@@ -210,7 +210,7 @@ absl::Status HostGroup::AddVariable(const std::string& name, int64_t n, int64_t 
   }
   char* base = slots->region_->data();
   slots->control_ = reinterpret_cast<int64_t*>(base);
-  slots->data_ = reinterpret_cast<float*>(base + RoundUp(parts * Slots::kWords * 8, 4096));
+  slots->data_ = reinterpret_cast<float*>(base + Slots::ControlBytes(parts));
   absl::MutexLock lock(&mu_);
   slots_[name] = std::move(slots);
   return absl::OkStatus();

@@ -69,7 +69,6 @@ class HostGroup {
   class Slots {
    public:
     int owner(uint32_t part) const { return static_cast<int>((hash_ + part) % size_); }
-    int64_t num_elements() const { return n_; }
     // Local rank r's gradient slot: the whole variable's layout.
     float* grad(int r) const { return data_ + r * stride_; }
     // The weights of `version` (two buffers, by parity).
@@ -92,12 +91,14 @@ class HostGroup {
     static int64_t Load(const int64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
     static void Store(int64_t* w, int64_t v) { __atomic_store_n(w, v, __ATOMIC_RELEASE); }
     int64_t* Control(uint32_t part) const { return control_ + part * kWords; }
+    // The control words' bytes (whole pages; the slots follow), and the
+    // region's.
+    static int64_t ControlBytes(int64_t parts);
     static size_t Bytes(int64_t n, int64_t parts, int size);
 
     std::unique_ptr<SharedRegion> region_;
     uint64_t hash_ = 0;
     int size_ = 0;
-    int64_t n_ = 0;
     int64_t stride_ = 0;  // floats between slots
     int64_t* control_ = nullptr;
     float* data_ = nullptr;

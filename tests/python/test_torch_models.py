@@ -18,7 +18,7 @@ import tempfile
 import pytest
 import torch
 
-from jobs import HERE, ONE_HOST, failure_text, run_job
+from jobs import HERE, ONE_HOST, ROOT, failure_text, run_job
 import torch_models
 
 
@@ -127,7 +127,7 @@ def test_two_hosts_summing_first_send_a_big_models_keys_in_one_order():
     operations, whenever their sums are ready. Pushed in the order the sums
     became ready, two hosts' owners filled their windows with keys the
     other had yet to send, and the first step never ended."""
-    code, log = run_job(os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchmarks", "torch_bench.py"),
+    code, log = run_job(os.path.join(ROOT, "benchmarks", "torch_bench.py"),
                         ["--role", "psrt", "--model", "large", "--batch", "8", "--warmup", "1", "--steps", "3"],
                         dict(ONE_HOST, transport="tcp"), hosts=2, timeout=200)
     assert code == 0, failure_text(log)
