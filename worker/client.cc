@@ -298,6 +298,11 @@ absl::Status Client::RegisterTable(const std::string& name, const TableOptions& 
     it->second.push_dtype = push_dtype;
     it->second.pull_dtype = pull_dtype;
   }
+  if (impl_->group != nullptr) {
+    absl::Status s = impl_->group->AddTable(name, options.dim, num_servers(),
+                                            absl::Now() + impl_->options.connect_timeout);
+    if (!s.ok()) return s;
+  }
   auto [handle, op] = impl_->ops.New(num_servers(), absl::OkStatus(), "REGISTER");
   if (impl_->timeline != nullptr) op->tensors = JsonNames({name});
   for (int s = 0; s < num_servers(); ++s) {

@@ -398,27 +398,34 @@ Dispatcher::Handle Dispatcher::StartRows(const std::string& table, const int64_t
                  found->second.pulled_versions[s] < version;
     }
   }
+  if (push && group != nullptr)
+    return StartGroupedRows(table, *var, std::move(sets), await, version);
   std::vector<Shard> shards;
   for (int s = 0; s < num_servers; ++s) {
-    const RowSet& set = *sets[s];
-    if (!push && set.ids.empty()) continue;  // nothing to get there
-    Shard& shard = shards.emplace_back();
-    shard.server = s;
-    Shard::Item& it = shard.items.emplace_back();
-    it.variable = table;
-    it.part.index = static_cast<uint32_t>(s);
-    it.part.server = s;
-    it.part.num_elements = static_cast<int64_t>(set.ids.size()) * dim;
-    shard.bytes = it.part.num_elements * 4;
-    it.grad = set.grads.data();
-    it.out = out;
-    it.push_dtype = var->push_dtype;
-    it.pull_dtype = var->pull_dtype;
-    it.rows = sets[s];
-    it.dim = dim;
-    shard.await_step = await[s];
+    if (!push && sets[s]->ids.empty()) continue;  // nothing to get there
+    shards.push_back(RowsShard(table, *var, s, sets[s], out, await[s]));
   }
   return Start(std::move(shards), version, push, !push);
+}
+
+Shard Dispatcher::RowsShard(const std::string& table, const Variable& var, int server,
+                            std::shared_ptr<RowSet> set, float* out, bool await) {
+  Shard shard;
+  shard.server = server;
+  Shard::Item& it = shard.items.emplace_back();
+  it.variable = table;
+  it.part.index = static_cast<uint32_t>(server);
+  it.part.server = server;
+  it.part.num_elements = static_cast<int64_t>(set->ids.size()) * var.dim;
+  shard.bytes = it.part.num_elements * 4;
+  it.grad = set->grads.data();
+  it.out = out;
+  it.push_dtype = var.push_dtype;
+  it.pull_dtype = var.pull_dtype;
+  it.rows = std::move(set);
+  it.dim = var.dim;
+  shard.await_step = await;
+  return shard;
 }
 
 Dispatcher::Handle Dispatcher::Start(absl::StatusOr<std::vector<Shard>> shards, int64_t version,

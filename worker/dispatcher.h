@@ -234,6 +234,10 @@ class Dispatcher {
   Handle StartRows(const std::string& table, const int64_t* ids, int64_t n, const float* grads,
                    float* out, int64_t version, bool push);
 
+  // One server's part of a table's push or pull.
+  static Shard RowsShard(const std::string& table, const Variable& var, int server,
+                         std::shared_ptr<RowSet> set, float* out, bool await);
+
   Handle Start(absl::StatusOr<std::vector<Shard>> shards, int64_t version, bool push, bool pull);
 
   // Sends `shards` as requests of `op`, which counts one pending part for
@@ -246,6 +250,12 @@ class Dispatcher {
   // gradients and pushes once for all; the others hand their gradients over
   // and copy the weights it pulled.
   Handle StartGrouped(std::vector<TensorRef> tensors, int64_t version, bool pull);
+  // A sync push of a table's rows in a host group (worker/local_row_sums.cc):
+  // a part's owner sums the host's rows per id and pushes them once for all;
+  // the others hand theirs over. `sets` and `await` are StartRows's.
+  Handle StartGroupedRows(const std::string& table, const Variable& var,
+                          std::vector<std::shared_ptr<RowSet>> sets, std::vector<bool> await,
+                          int64_t version);
 
   // An owner's pushes go out in the order of their operations, whenever
   // their sums are ready: a push-pull's pull holds its place in the window

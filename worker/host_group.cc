@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <utility>
@@ -33,7 +34,7 @@ struct HostGroup::Directory {
     uint32_t state;
     int32_t maker;  // the local rank that claimed it
     uint64_t hash;
-    int64_t n, parts;
+    int64_t n, parts, dim;  // dim > 0: a table's
     char region[72];
     char name[152];  // a prefix of longer names (the hash tells them apart)
   };
@@ -66,8 +67,57 @@ int64_t RoundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 int64_t HostGroup::Slots::ControlBytes(int64_t parts) { return RoundUp(parts * kWords * 8, 4096); }
 
-size_t HostGroup::Slots::Bytes(int64_t n, int64_t parts, int size) {
-  return ControlBytes(parts) + (size + 2) * RoundUp(n, 16) * 4;
+size_t HostGroup::Slots::Bytes(int64_t n, int64_t parts, int size, bool table) {
+  return ControlBytes(parts) + (table ? kSegmentsBytes : 0) + (size + 2) * RoundUp(n, 16) * 4;
+}
+
+absl::StatusOr<char*> HostGroup::Slots::RowsToWrite(int r, int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (written_ != nullptr && static_cast<int64_t>(written_->size()) >= bytes) {
+    return written_->data();
+  }
+  // Twice what is needed: a table's rows a step vary, and a new segment's
+  // pages cost a first touch.
+  const int64_t want = RoundUp(std::max<int64_t>(2 * bytes, 64 << 10), 4096);
+  absl::StatusOr<std::unique_ptr<SharedRegion>> made = SharedRegion::Create(want);
+  absl::Status s = made.status();
+  if (s.ok()) s = (*made)->Reserve();
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("a segment of ", want,
+                                               " bytes for this process's "
+                                               "rows in its host group: ",
+                                               s.message()));
+  }
+  Segment& seg = segments_[r];
+  const std::string& name = (*made)->name();
+  if (name.size() >= sizeof(seg.name)) {
+    return absl::InternalError(absl::StrCat("shared-memory name ", name, " is too long"));
+  }
+  std::memcpy(seg.name, name.c_str(), name.size() + 1);
+  seg.bytes = want;
+  __atomic_store_n(&seg.gen, __atomic_load_n(&seg.gen, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+  written_ = *std::move(made);  // the old one's name goes; its owners' mappings stay
+  return written_->data();
+}
+
+absl::StatusOr<std::pair<const char*, int64_t>> HostGroup::Slots::RowsOf(int r) {
+  absl::MutexLock lock(&mu_);
+  Seen& seen = seen_[r];
+  const int64_t gen = __atomic_load_n(&segments_[r].gen, __ATOMIC_ACQUIRE);
+  if (gen == 0) return absl::InternalError(absl::StrCat("local rank ", r, " has written no rows"));
+  if (gen != seen.gen) {
+    const Segment& seg = segments_[r];
+    const std::string name(seg.name, strnlen(seg.name, sizeof(seg.name)));
+    absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::Attach(name, seg.bytes);
+    if (!region.ok()) {
+      return absl::Status(region.status().code(), absl::StrCat("the rows of local rank ", r, ": ",
+                                                               region.status().message()));
+    }
+    seen.region = *std::move(region);
+    seen.gen = gen;
+  }
+  return std::make_pair<const char*, int64_t>(seen.region->data(),
+                                              static_cast<int64_t>(seen.region->size()));
 }
 
 uint32_t* HostGroup::doorbell() const { return &Directory::header(*directory_)->doorbell; }
@@ -131,14 +181,14 @@ void HostGroup::Close() {
   if (thread_.joinable()) thread_.join();
 }
 
-absl::Status HostGroup::AddVariable(const std::string& name, int64_t n, int64_t parts,
-                                    absl::Time deadline) {
+absl::Status HostGroup::Add(const std::string& name, int64_t n, int64_t parts, int64_t dim,
+                            absl::Time deadline) {
   const uint64_t hash = StableHash(name);
   auto slots = std::make_unique<Slots>();
   slots->hash_ = hash;
   slots->size_ = size_;
   slots->stride_ = RoundUp(n, 16);
-  const size_t bytes = Slots::Bytes(n, parts, size_);
+  const size_t bytes = Slots::Bytes(n, parts, size_, dim > 0);
   const SharedRegion& dir = *directory_;
   const std::string stored = name.substr(0, sizeof(Directory::Entry::name) - 1);
   for (uint64_t i = 0; i < static_cast<uint64_t>(Directory::kEntries);) {
@@ -154,6 +204,7 @@ absl::Status HostGroup::AddVariable(const std::string& name, int64_t n, int64_t 
       e->hash = hash;
       e->n = n;
       e->parts = parts;
+      e->dim = dim;
       std::memcpy(e->name, stored.c_str(), stored.size() + 1);
       absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::Create(bytes);
       absl::Status s = region.status();
@@ -189,10 +240,14 @@ absl::Status HostGroup::AddVariable(const std::string& name, int64_t n, int64_t 
       return absl::UnavailableError(absl::StrCat("variable '", name, "': local rank ", e->maker,
                                                  " could not make its host group's region"));
     }
-    if (e->n != n || e->parts != parts) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("variable '", name, "' has ", n, " elements here but ", e->n,
-                       " on local rank ", e->maker, " of this host"));
+    if (e->n != n || e->parts != parts || e->dim != dim) {
+      auto shape = [](int64_t n, int64_t parts, int64_t dim) {
+        return dim > 0 ? absl::StrCat("rows of ", dim, " in ", parts, " parts")
+                       : absl::StrCat(n, " elements in ", parts, " parts");
+      };
+      return absl::FailedPreconditionError(absl::StrCat(
+          "variable '", name, "' has ", shape(n, parts, dim), " here but ",
+          shape(e->n, e->parts, e->dim), " on local rank ", e->maker, " of this host"));
     }
     absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::Attach(e->region, bytes);
     if (!region.ok()) {
@@ -210,7 +265,13 @@ absl::Status HostGroup::AddVariable(const std::string& name, int64_t n, int64_t 
   }
   char* base = slots->region_->data();
   slots->control_ = reinterpret_cast<int64_t*>(base);
-  slots->data_ = reinterpret_cast<float*>(base + Slots::ControlBytes(parts));
+  if (dim > 0) {
+    slots->segments_ = reinterpret_cast<Slots::Segment*>(base + Slots::ControlBytes(parts));
+    absl::MutexLock lock(&slots->mu_);
+    slots->seen_.resize(size_);
+  } else {
+    slots->data_ = reinterpret_cast<float*>(base + Slots::ControlBytes(parts));
+  }
   absl::MutexLock lock(&mu_);
   slots_[name] = std::move(slots);
   return absl::OkStatus();

@@ -9,10 +9,13 @@
 // of its own, made by the first local process that registers it and found by
 // the others through the directory: per partition a few control words, one
 // gradient slot per local process and two weight buffers (one per step
-// parity). Partition p of variable v belongs to local rank
-// (hash(v) + p) % L. Which process does what with these (hand over, sum,
-// push, hand back) is the dispatcher's (worker/local_aggregation.cc); this
-// holds the memory, the control words and the waits.
+// parity). A table's region has the control words of its parts (one per
+// server) and, per local process, the name of a segment of that process's
+// own holding its rows of a step, which it makes anew when they outgrow it.
+// Partition p of variable v belongs to local rank (hash(v) + p) % L. Which
+// process does what with these (hand over, sum, push, hand back) is the
+// dispatcher's (worker/local_aggregation.cc, worker/local_row_sums.cc);
+// this holds the memory, the control words and the waits.
 //
 // A futex in the directory wakes the group's waiters whenever a control word
 // changes. Every wait has a deadline, and its error names what it waited
@@ -23,6 +26,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -85,16 +89,32 @@ class HostGroup {
     void set_sent(uint32_t part, int64_t v) { Store(&Control(part)[kSent], v); }
     void set_published(uint32_t part, int64_t v) { Store(&Control(part)[kPublished], v); }
 
+    // Tables: local rank r's segment of at least `bytes`, made anew (and
+    // named for the others) when the one it has is smaller; r writes there
+    // only while no owner reads it (every part it hands over summed).
+    absl::StatusOr<char*> RowsToWrite(int r, int64_t bytes);
+    // Tables: local rank r's segment as it named it last, and its bytes.
+    absl::StatusOr<std::pair<const char*, int64_t>> RowsOf(int r);
+
    private:
     friend class HostGroup;
+    // Where local rank r's rows lie: `gen` changes (last, released) when
+    // r makes a new segment.
+    struct Segment {
+      int64_t gen;
+      int64_t bytes;
+      char name[80];
+    };
+    static constexpr int64_t kSegmentsBytes = 8192;
+    static_assert(kMaxLocal * sizeof(Segment) <= kSegmentsBytes);
     enum { kSummed = 0, kSent = 1, kPublished = 2, kHanded = 3, kWords = kHanded + kMaxLocal };
     static int64_t Load(const int64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
     static void Store(int64_t* w, int64_t v) { __atomic_store_n(w, v, __ATOMIC_RELEASE); }
     int64_t* Control(uint32_t part) const { return control_ + part * kWords; }
-    // The control words' bytes (whole pages; the slots follow), and the
-    // region's.
+    // The control words' bytes (whole pages; a table's segments' names
+    // or a variable's slots follow), and the region's.
     static int64_t ControlBytes(int64_t parts);
-    static size_t Bytes(int64_t n, int64_t parts, int size);
+    static size_t Bytes(int64_t n, int64_t parts, int size, bool table);
 
     std::unique_ptr<SharedRegion> region_;
     uint64_t hash_ = 0;
@@ -102,12 +122,27 @@ class HostGroup {
     int64_t stride_ = 0;  // floats between slots
     int64_t* control_ = nullptr;
     float* data_ = nullptr;
+    Segment* segments_ = nullptr;  // tables
+
+    absl::Mutex mu_;
+    std::unique_ptr<SharedRegion> written_ ABSL_GUARDED_BY(mu_);
+    struct Seen {
+      int64_t gen = 0;
+      std::unique_ptr<SharedRegion> region;
+    };
+    std::vector<Seen> seen_ ABSL_GUARDED_BY(mu_);
   };
 
   // Makes or finds variable `name`'s region (n elements in `parts`
   // partitions); every local process registers it with the same size.
-  absl::Status AddVariable(const std::string& name, int64_t n, int64_t parts, absl::Time deadline);
-  // The variable's region; null when it was not added.
+  absl::Status AddVariable(const std::string& name, int64_t n, int64_t parts, absl::Time deadline) {
+    return Add(name, n, parts, 0, deadline);
+  }
+  // Makes or finds table `name`'s region (rows of `dim`, in `parts` parts).
+  absl::Status AddTable(const std::string& name, int64_t dim, int64_t parts, absl::Time deadline) {
+    return Add(name, 0, parts, dim, deadline);
+  }
+  // The variable's or table's region; null when it was not added.
   Slots* Find(const std::string& name);
 
   // Wakes the group's waiters: a control word changed.
@@ -123,6 +158,8 @@ class HostGroup {
  private:
   struct Directory;
   HostGroup() = default;
+  absl::Status Add(const std::string& name, int64_t n, int64_t parts, int64_t dim,
+                   absl::Time deadline);
   void Loop();
   uint32_t* doorbell() const;
   uint32_t* sleepers() const;

@@ -12,7 +12,7 @@ import torch
 
 import psrt
 
-from jobs import BIN, EXAMPLES, HERE, run_job
+from jobs import BIN, EXAMPLES, HERE, ONE_HOST, run_job
 import torch_embedding_worker as w
 
 WORKER = os.path.join(HERE, "torch_embedding_worker.py")
@@ -50,13 +50,18 @@ def reference(kind, bag, initial, steps, sit_out=(), sit_out_grad="none"):
     return table.weight.detach(), head.state_dict()
 
 
-@pytest.mark.parametrize("kind,bag", [("adam", False), ("adagrad", False), ("sgd", True), ("adam", True)])
-def test_sync_two_workers_equal_one_process_with_torch_sparse_optimizers(kind, bag):
+@pytest.mark.parametrize("kind,bag,hosts", [("adam", False, 2), ("adagrad", False, 2), ("sgd", True, 2),
+                                            ("adam", True, 2), ("adam", False, 1), ("sgd", True, 1)])
+def test_sync_two_workers_equal_one_process_with_torch_sparse_optimizers(kind, bag, hosts):
+    """hosts 1: both workers on one host, which sums their rows per id
+    before the push (docs/runtime.md, "Local aggregation")."""
     steps = 12
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "rows.pt")
-        code, log = run_job(WORKER, ["--optimizer", kind, "--steps", str(steps), "--out", out] + (["--bag"] if bag else []))
+        code, log = run_job(WORKER, ["--optimizer", kind, "--steps", str(steps), "--out", out] + (["--bag"] if bag else []),
+                            ONE_HOST if hosts == 1 else None, hosts)
         assert code == 0, log
+        assert ("each host summing first" in log) == (hosts == 1), log
         got = torch.load(out)
     rows, head = reference(kind, bag, got["initial"], steps)
     torch.testing.assert_close(got["final"], rows, rtol=0, atol=1e-5)

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <memory>
 
 #include "absl/synchronization/notification.h"
@@ -129,6 +130,47 @@ TEST(HostGroupTest, ADirectoryThatDisagreesOrAVariableOfAnotherSizeIsRefused) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), AllOf(HasSubstr("'w'"), HasSubstr("101"), HasSubstr("local rank 0")));
   EXPECT_EQ((*b)->Find("w"), nullptr);
+  // A table is not a variable of the same name, nor one of other rows.
+  EXPECT_EQ((*b)->AddTable("w", 4, 1, deadline).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*a)->AddTable("t", 4, 2, deadline).ok());
+  EXPECT_THAT((*b)->AddTable("t", 8, 2, deadline).message(), HasSubstr("rows of 4"));
+}
+
+TEST(HostGroupTest, ATablesRowsLieInASegmentOfTheirWritersThatGrowsAsTheyDo) {
+  absl::StatusOr<std::unique_ptr<SharedRegion>> dir = HostGroup::MakeDirectory({0, 1});
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  std::unique_ptr<HostGroup> g[2];
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<std::unique_ptr<HostGroup>> joined =
+        HostGroup::Join((*dir)->name(), i, i, Running);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    g[i] = *std::move(joined);
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(g[i]->AddTable("emb", 16, 3, deadline).ok());
+  HostGroup::Slots* writer = g[1]->Find("emb");
+  HostGroup::Slots* reader = g[0]->Find("emb");
+  ASSERT_NE(reader, nullptr);
+  EXPECT_FALSE(reader->RowsOf(1).ok()) << "nothing written yet";
+
+  absl::StatusOr<char*> small = writer->RowsToWrite(1, 100);
+  ASSERT_TRUE(small.ok()) << small.status();
+  std::strcpy(*small, "step 1");
+  absl::StatusOr<std::pair<const char*, int64_t>> seen = reader->RowsOf(1);
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_STREQ(seen->first, "step 1");
+  const int64_t first_bytes = seen->second;
+  EXPECT_GE(first_bytes, 100);
+  // Rows that fit reuse the segment; more than fit get a new one, which
+  // the reader finds by its name.
+  ASSERT_EQ(*writer->RowsToWrite(1, first_bytes), *small);
+  absl::StatusOr<char*> big = writer->RowsToWrite(1, first_bytes + 1);
+  ASSERT_TRUE(big.ok()) << big.status();
+  std::strcpy(*big, "step 3");
+  seen = reader->RowsOf(1);
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_STREQ(seen->first, "step 3");
+  EXPECT_GT(seen->second, first_bytes);
 }
 
 }  // namespace
