@@ -68,7 +68,8 @@ echo "bench: scaling model"
 mkdir -p "$out/scaling"
 "$root/.venv/bin/python" "$root/benchmarks/scaling/calibrate.py" --build "$build" --out "$out/scaling" |
   tee "$out/scaling/calibrate.txt"
-"$root/.venv/bin/python" "$root/benchmarks/scaling/validate.py" --build "$build" --out "$out/scaling" |
+"$root/.venv/bin/python" "$root/benchmarks/scaling/validate.py" --build "$build" --out "$out/scaling" \
+  --per-host=2,4 |
   tee "$out/scaling/validate.txt"
 "$root/.venv/bin/python" "$root/benchmarks/scaling/predict.py" --out "$out/scaling" |
   tee "$out/scaling/predict.txt"

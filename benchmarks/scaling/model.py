@@ -17,7 +17,12 @@ What it simulates, per training step:
   forwards the update to the key's backup on the next host, which applies it
   too, and answers only once both hold it;
 * then every worker's pull answer goes back the same way, and the worker's
-  step ends when its last key is back.
+  step ends when its last key is back;
+* with `local_sum` (docs/runtime.md, "Local aggregation"), a host's workers
+  hand each key's gradient to its owner among them (a copy, at the cost of
+  a pass), the owner sums the host's gradients (a pass each) and pushes once
+  for the host, the server waits for one push a host, and the others copy
+  the owner's answer (a pass each).
 
 Resources are FIFO queues: each host's outgoing and incoming link (a rate, and
 a token bucket's burst where the link is shaped with tc's tbf), and a pool of
@@ -57,6 +62,7 @@ class Cluster:
     link_latency_s: float = 50e-6  # one way, host to host
     cores_per_host: float = 8  # for the servers and the workers' sends
     shared_cores: int = 0  # >0: all hosts share this many cores (one VM)
+    local_sum: bool = False  # a host's workers sum first and push once a host
 
 
 @dataclasses.dataclass
@@ -161,6 +167,9 @@ class _Sim:
             rows = [(i % self.servers, job.sparse_bytes / n) for i in range(n)]
             self.chunks += self._merge(rows, most, True)
         self.step_end = [[0.0] * steps for _ in range(self.workers)]
+        self.local = cluster.local_sum and cluster.workers_per_host > 1
+        self.pushers = n_hosts if self.local else self.workers
+        self.handed = {}
 
     @staticmethod
     def _merge(keys, most, sparse):
@@ -257,9 +266,19 @@ class _Sim:
         else:
             self.at(end, self.push, w, step, range(len(self.chunks)))
 
+    def owner(self, host, i):
+        """The worker of `host` that sums and pushes chunk i (local_sum)."""
+        return host * self.c.workers_per_host + i % self.c.workers_per_host
+
     def push(self, t, w, step, chunks):
         """Worker w's pushes of `chunks`, ready at t."""
         wh = self.worker_host(w)
+        if self.local:
+            for i in chunks:
+                fp32 = self.chunks[i][1]
+                ready = t if w == self.owner(wh, i) else self.cpu[wh].run(t, fp32 * self.k.accumulate_cpu_s)
+                self.at(ready, self.hand_over, wh, step, i)
+            return
         messages = []
         for i in chunks:
             s, fp32, nreq, sparse = self.chunks[i]
@@ -268,12 +287,26 @@ class _Sim:
         for i, arrival in zip(chunks, self.send_together(wh, messages)):
             self.at(arrival, self.server_receive, w, step, i)
 
+    def hand_over(self, t, host, step, i):
+        """One of `host`'s gradients of chunk i is in its owner's hands; with
+        the last, the owner sums them and pushes once for the host."""
+        key = (step, host, i)
+        self.handed[key] = self.handed.get(key, 0) + 1
+        if self.handed[key] < self.c.workers_per_host:
+            return
+        del self.handed[key]
+        s, fp32, nreq, sparse = self.chunks[i]
+        t = self.cpu[host].run(t, (self.c.workers_per_host - 1) * fp32 * self.k.accumulate_cpu_s)
+        ready = self.cpu[host].run(t, self.cpu_cost(fp32, nreq, sparse))
+        arrival = self.transfer(ready, host, self.server_host(s), self.wire(fp32, sparse))
+        self.at(arrival, self.server_receive, self.owner(host, i), step, i)
+
     def server_receive(self, t, w, step, i):
         s, fp32, nreq, sparse = self.chunks[i]
         sh = self.server_host(s)
         t = self.cpu[sh].run(t, self.cpu_cost(fp32, nreq, sparse) + fp32 * self.k.accumulate_cpu_s)
         self.arrived[step][i] += 1
-        if self.arrived[step][i] < self.workers:
+        if self.arrived[step][i] < self.pushers:
             return
         published = self.cpu[sh].run(t, fp32 * self.k.apply_cpu_s)
         if self.j.replicas:
@@ -283,22 +316,34 @@ class _Sim:
             fwd = self.transfer(t, sh, bh, self.wire(fp32, sparse))
             fwd = self.cpu[bh].run(fwd, self.cpu_cost(fp32, nreq, sparse) + fp32 * self.k.apply_cpu_s)
             published = max(published, self.transfer(fwd, bh, sh, 64 * nreq))
-        # Every worker's answer, sent together.
+        # Every pusher's answer, sent together.
+        pushers = ([self.owner(h, i) for h in range(self.c.hosts)] if self.local
+                   else range(self.workers))
         messages = []
-        for w2 in range(self.workers):
+        for w2 in pushers:
             ready = self.cpu[sh].run(published, self.cpu_cost(fp32, nreq, sparse))
             messages.append((ready, self.worker_host(w2), self.wire(fp32, sparse)))
-        for w2, arrival in enumerate(self.send_together(sh, messages)):
+        for w2, arrival in zip(pushers, self.send_together(sh, messages)):
             self.at(arrival, self.worker_receive, w2, step, i)
 
     def worker_receive(self, t, w, step, i):
         s, fp32, nreq, sparse = self.chunks[i]
-        t = self.cpu[self.worker_host(w)].run(t, self.cpu_cost(fp32, nreq, sparse))
+        host = self.worker_host(w)
+        t = self.cpu[host].run(t, self.cpu_cost(fp32, nreq, sparse))
+        if self.local:
+            # The owner's answer; the host's others copy it.
+            for w2 in range(host * self.c.workers_per_host, (host + 1) * self.c.workers_per_host):
+                if w2 != w:
+                    self.finish(self.cpu[host].run(t, fp32 * self.k.accumulate_cpu_s), w2, step)
+        self.finish(t, w, step)
+
+    def finish(self, t, w, step):
+        """One of worker w's chunks of `step` is back at t (its copies may
+        be counted before an earlier one's: the step ends at the latest)."""
         self.done[step][w] += 1
-        if self.done[step][w] == len(self.chunks):
-            self.step_end[w][step] = t
-            if step + 1 < self.steps:
-                self.at(t, self.start_step, w, step + 1)
+        self.step_end[w][step] = max(self.step_end[w][step], t)
+        if self.done[step][w] == len(self.chunks) and step + 1 < self.steps:
+            self.at(self.step_end[w][step], self.start_step, w, step + 1)
 
 
 def simulate(cluster, job, costs, steps=4, warmup=1, seed=1):

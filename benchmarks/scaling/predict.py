@@ -90,27 +90,26 @@ def run(costs, name, workers, gbps, cores, **changes):
     base = JOBS[name]
     job = dataclasses.replace(base, **{k: v for k, v in changes.items() if k in base.__dataclass_fields__})
     per_host = min(workers, GPUS_PER_HOST)
-    if changes.get("host_reduce") or changes.get("host_sum"):
-        # One push a host of the host's summed gradient. On the devices
-        # (NCCL over NVLink, ~100 GB/s, reduce then broadcast), or as psrt
-        # builds it: each process copies its fp32 gradient to the host and
-        # into its slot, the owners sum the slots, every process copies the
-        # weights back and to its GPU; about 3 passes over the gradient a
-        # process, at the calibrated cost of a pass per byte
-        # (costs.accumulate_cpu_s), all of them within the host's memory
-        # bandwidth. Serial after the backward pass: a bound, not overlapped.
-        wire = 4 * job.params / (2 if job.fp16 else 1)
-        if changes.get("host_reduce"):
-            local = 2 * wire / 100e9
-        else:
-            grad = 4 * job.params
-            passes = max(3 * grad * costs.accumulate_cpu_s, 3 * per_host * grad / HOST_MEMORY_BYTES_PER_S)
-            local = 2 * grad / PCIE_BYTES_PER_S + passes
+    local_sum = bool(changes.get("host_sum"))
+    if changes.get("host_reduce"):
+        # One push a host of the host's gradients summed on the devices
+        # (NCCL over NVLink, ~100 GB/s, reduce then broadcast), after the
+        # backward pass: a bound, not overlapped.
+        local = 2 * 4 * job.params / (2 if job.fp16 else 1) / 100e9
         job = dataclasses.replace(job, batch=job.batch * per_host, sparse_bytes=job.sparse_bytes * per_host,
                                   compute_s=job.compute_s + local)
         per_host = 1
+    elif local_sum:
+        # As psrt builds it, the local stage the validation checked
+        # (model.py's local_sum): each process copies its fp32 gradient off
+        # its GPU first and its weights back after (PCIe), and the passes of
+        # all the host's cores share its memory bandwidth.
+        job = dataclasses.replace(job, compute_s=job.compute_s + 2 * 4 * job.params / PCIE_BYTES_PER_S)
+        host_cores = changes.get("host_cores", cores)
+        costs = dataclasses.replace(costs, accumulate_cpu_s=max(costs.accumulate_cpu_s,
+                                                                host_cores / HOST_MEMORY_BYTES_PER_S))
     rate = gbps * 1e9 / 8
-    cluster = model.Cluster(hosts=max(1, workers // GPUS_PER_HOST), workers_per_host=per_host,
+    cluster = model.Cluster(hosts=max(1, workers // GPUS_PER_HOST), workers_per_host=per_host, local_sum=local_sum,
                             servers_per_host=changes.get("servers_per_host", 1), out_bytes_per_s=rate,
                             in_bytes_per_s=rate, link_latency_s=25e-6,
                             cores_per_host=changes.get("host_cores", cores))

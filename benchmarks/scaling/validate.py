@@ -4,12 +4,14 @@
 Runs multihost_bench's host scan: psrt-example-linreg (sync SGD, batch 64
 per worker) on 1, 2, 4 and 8 network-namespace hosts of one server and one
 worker each, every host's sending limited by tc's tbf, and predicts each
-job's samples/s with model.py from calibration.json (calibrate.py). The
+job's samples/s with model.py from calibration.json (calibrate.py). With
+--per-host=2,4 it also runs multihost_bench --per-host: 2 hosts of N workers
+each, with each host's workers summing first and each pushing alone. The
 hosts share this machine's cores, so the model gets one CPU pool for all
 of them. Prints and writes the predicted and measured samples/s side by side
 (validation.json). Needs root (network namespaces); elsewhere it says so.
 
-    python3 benchmarks/scaling/validate.py --build build --out DIR
+    python3 benchmarks/scaling/validate.py --build build --out DIR [--per-host=2,4]
 """
 
 import argparse
@@ -35,9 +37,10 @@ def tc_bytes(text):
     return value / 8 if m.group(3) == "bit" else value
 
 
-def predict(cal, hosts, dim, partition_bytes, rate, burst):
+def predict(cal, hosts, dim, partition_bytes, rate, burst, workers_per_host=1, local_sum=False):
     costs = model.Costs(**cal["costs"])
-    cluster = model.Cluster(hosts=hosts, shared_cores=cal["nproc"], out_bytes_per_s=tc_bytes(rate),
+    cluster = model.Cluster(hosts=hosts, workers_per_host=workers_per_host, local_sum=local_sum,
+                            shared_cores=cal["nproc"], out_bytes_per_s=tc_bytes(rate),
                             burst_bytes=tc_bytes(burst), line_bytes_per_s=cal["raw_tcp_bytes_per_s"],
                             in_bytes_per_s=cal["raw_tcp_bytes_per_s"], link_latency_s=0.0)
     job = model.Job(params=dim + 1, variables=(("weight", dim), ("bias", 1)), compute_s=cal["linreg_compute_s"][str(dim)],
@@ -49,45 +52,63 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", required=True)
     ap.add_argument("--out", required=True, help="holds calibration.json; validation.json goes here")
-    ap.add_argument("--hosts", default="1,2,4,8")
+    ap.add_argument("--hosts", default="1,2,4,8", help="the host scan's hosts (none: \"\")")
     ap.add_argument("--dim", type=int, default=65536)
     ap.add_argument("--partition-bytes", type=int, default=65536)
     ap.add_argument("--rate", default="20mbit")
     ap.add_argument("--burst", default="32kb")
     ap.add_argument("--steps", type=int, default=120)
-    ap.add_argument("--measured", help="a multihost_bench JSON to read instead of running it")
+    ap.add_argument("--per-host", default="", help="workers a host of 2-host jobs, e.g. 2,4 (none: \"\")")
+    ap.add_argument("--measured", help="a multihost_bench JSON to read instead of running it (the host scan)")
     args = ap.parse_args()
     with open(os.path.join(args.out, "calibration.json")) as f:
         cal = json.load(f)
     if str(args.dim) not in cal["linreg_compute_s"]:
         sys.exit("calibration.json has no compute time for --dim=%d (calibrate.py --dims)" % args.dim)
 
-    measured_path = args.measured or os.path.join(args.out, "multihost_scan.json")
-    if not args.measured:
-        subprocess.run([os.path.join(args.build, "bin", "multihost_bench"), "--rounds=0",
-                        "--scan-hosts=" + args.hosts, "--scan-rate=" + args.rate,
-                        "--scan-burst=" + args.burst, "--dim=%d" % args.dim,
-                        "--partition-bytes=%d" % args.partition_bytes, "--lr=1e-5",
-                        "--steps=%d" % args.steps, "--json=" + measured_path],
-                       check=True, timeout=3600)
-    with open(measured_path) as f:
-        measured = json.load(f)
-    if "skipped" in measured:
-        print("validate: skipped:", measured["skipped"])
-        return
+    def bench(json_path, flags, run=True):
+        if run:
+            subprocess.run([os.path.join(args.build, "bin", "multihost_bench"), "--rounds=0",
+                            "--scan-rate=" + args.rate, "--scan-burst=" + args.burst,
+                            "--partition-bytes=%d" % args.partition_bytes, "--lr=1e-5",
+                            "--steps=%d" % args.steps, "--json=" + json_path] + flags,
+                           check=True, timeout=3600)
+        with open(json_path) as f:
+            measured = json.load(f)
+        if "skipped" in measured:
+            sys.exit("validate: skipped: " + measured["skipped"])
+        return measured
+
     rows = []
-    print("\n%6s %12s %12s %8s" % ("hosts", "measured", "model", "model/measured"))
-    for point in measured["host_scan"]:
-        n = point["hosts"]
-        m = point["samples_per_second"]
-        p = predict(cal, n, args.dim, args.partition_bytes, args.rate, args.burst)
-        rows.append({"hosts": n, "measured_samples_per_second": m, "model_samples_per_second": p,
-                     "model_over_measured": p / m})
-        print("%6d %12.0f %12.0f %8.2f" % (n, m, p, p / m))
+
+    def row(label, measured, **setting):
+        p = predict(cal, dim=args.dim, partition_bytes=args.partition_bytes, rate=args.rate, burst=args.burst,
+                    **setting)
+        rows.append(dict(setting, measured_samples_per_second=measured, model_samples_per_second=p,
+                         model_over_measured=p / measured))
+        print("%-34s %12.0f %12.0f %8.2f" % (label, measured, p, p / measured))
+
+    print("\n%-34s %12s %12s %8s" % ("job", "measured", "model", "model/measured"))
+    if args.hosts:
+        measured = bench(args.measured or os.path.join(args.out, "multihost_scan.json"),
+                         ["--scan-hosts=" + args.hosts, "--dim=%d" % args.dim], run=not args.measured)
+        for point in measured["host_scan"]:
+            row("%d hosts of 1 worker" % point["hosts"], point["samples_per_second"],
+                hosts=point["hosts"])
+    for n in [int(x) for x in args.per_host.split(",") if x]:
+        measured = bench(os.path.join(args.out, "multihost_per_host%d.json" % n),
+                         ["--per-host=%d" % n, "--per-host-rate=" + args.rate,
+                          "--per-host-dim=%d" % args.dim, "--per-host-batch=%d" % cal["linreg_batch"]])
+        got = measured["per_host"]
+        for summed in (False, True):
+            key = "summed_samples_per_second" if summed else "alone_samples_per_second"
+            row("2 hosts of %d, %s" % (n, "summing first" if summed else "each pushing alone"),
+                sorted(got[key])[len(got[key]) // 2], hosts=2, workers_per_host=n, local_sum=summed)
     worst = max(abs(r["model_over_measured"] - 1) for r in rows)
     print("largest difference: %.0f%%" % (100 * worst))
     result = {"job": {"dim": args.dim, "batch": cal["linreg_batch"], "partition_bytes": args.partition_bytes,
-                      "rate": args.rate, "burst": args.burst, "steps": args.steps},
+                      "rate": args.rate, "burst": args.burst, "steps": args.steps,
+                      "per_host": args.per_host},
               "rows": rows, "largest_difference": worst}
     with open(os.path.join(args.out, "validation.json"), "w") as f:
         json.dump(result, f, indent=2)
