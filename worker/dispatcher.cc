@@ -338,6 +338,7 @@ absl::Status Dispatcher::Store(const grpc::ByteBuffer& resp, const Shard& shard,
       continue;
     }
     ScatterRows(kd, *it.rows, it.dim, it.out);
+    it.rows->version = kd.version;
   }
   if (s.ok()) {
     absl::MutexLock lock(&mu);
@@ -379,6 +380,7 @@ Dispatcher::Handle Dispatcher::StartRows(const std::string& table, const int64_t
                     absl::StrCat("table '", table, "': ", n, " ids without their buffers")))
         .first;
   }
+  if (!push && group != nullptr) return StartGroupedPull(table, *var, ids, n, out, version);
   const int64_t dim = var->dim;
   std::vector<std::shared_ptr<RowSet>> sets(num_servers);
   for (auto& set : sets) set = std::make_shared<RowSet>();

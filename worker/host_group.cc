@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <utility>
@@ -67,8 +68,13 @@ int64_t RoundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 int64_t HostGroup::Slots::ControlBytes(int64_t parts) { return RoundUp(parts * kWords * 8, 4096); }
 
-size_t HostGroup::Slots::Bytes(int64_t n, int64_t parts, int size, bool table) {
-  return ControlBytes(parts) + (table ? kSegmentsBytes : 0) + (size + 2) * RoundUp(n, 16) * 4;
+int64_t HostGroup::Slots::CacheEntries(int64_t dim) {
+  return std::clamp<int64_t>(kCacheBytes / EntryBytes(dim), 1024, 1 << 20);
+}
+
+size_t HostGroup::Slots::Bytes(int64_t n, int64_t parts, int size, int64_t dim) {
+  const int64_t table = dim > 0 ? kSegmentsBytes + 2 * CacheEntries(dim) * EntryBytes(dim) : 0;
+  return ControlBytes(parts) + table + (size + 2) * RoundUp(n, 16) * 4;
 }
 
 absl::StatusOr<char*> HostGroup::Slots::RowsToWrite(int r, int64_t bytes) {
@@ -122,6 +128,79 @@ absl::StatusOr<std::pair<const char*, int64_t>> HostGroup::Slots::RowsOf(int r) 
 
 uint32_t* HostGroup::doorbell() const { return &Directory::header(*directory_)->doorbell; }
 uint32_t* HostGroup::sleepers() const { return &Directory::header(*directory_)->sleepers; }
+
+namespace {
+
+// A cache entry's word: the version+1 whose row it holds (bits 8 and up),
+// its state (bits 6-7) and the local rank that claimed it (bits 0-5); 0:
+// never used. The id follows, then the row.
+enum CacheState : int64_t { kClaiming = 0, kFetching = 1, kReady = 2, kFailed = 3 };
+static_assert(HostGroup::kMaxLocal <= 64);
+int64_t Word(int64_t version, CacheState state, int r) {
+  return (version + 1) << 8 | int64_t{state} << 6 | r;
+}
+int64_t VersionOf(int64_t w) { return (w >> 8) - 1; }
+CacheState StateOf(int64_t w) { return static_cast<CacheState>((w >> 6) & 3); }
+int64_t LoadId(const int64_t* e) { return __atomic_load_n(e + 1, __ATOMIC_RELAXED); }
+float* Row(int64_t* e) { return reinterpret_cast<float*>(e + 2); }
+
+// Entries an id may lie in, from its hash on.
+constexpr int kProbes = 8;
+
+uint64_t Mix(uint64_t x) {  // splitmix64's finalizer: the same in every process
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+bool HostGroup::Slots::Copy(int64_t* e, int64_t version, int64_t id, float* out) const {
+  const int64_t w = __atomic_load_n(e, __ATOMIC_ACQUIRE);
+  if (w == 0 || VersionOf(w) != version || StateOf(w) != kReady || LoadId(e) != id) return false;
+  std::memcpy(out, Row(e), dim_ * 4);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return __atomic_load_n(e, __ATOMIC_RELAXED) == w;
+}
+
+HostGroup::Slots::Cached HostGroup::Slots::Look(int64_t version, int64_t id, int me, float* out) {
+  const uint64_t h = Mix(static_cast<uint64_t>(id));
+  for (int p = 0; p < kProbes; ++p) {
+    int64_t* e = Entry(version, (h + p) % static_cast<uint64_t>(cache_entries_));
+    for (int tries = 0; tries < 1000; ++tries) {
+      int64_t w = __atomic_load_n(e, __ATOMIC_ACQUIRE);
+      if (w != 0 && VersionOf(w) == version) {
+        if (StateOf(w) == kClaiming) continue;  // its id comes next
+        if (LoadId(e) != id) break;
+        if (StateOf(w) == kFetching) return {Cached::kWait, e, static_cast<int>(w & 63)};
+        if (StateOf(w) == kFailed) return {};
+        if (Copy(e, version, id, out)) return {Cached::kCopied};
+        continue;
+      }
+      // An entry of an earlier version is free once its row is in (or
+      // never will be); one being pulled, or of a later version, is not.
+      const bool free = w == 0 || (VersionOf(w) < version && StateOf(w) >= kReady);
+      if (!free) break;
+      if (__atomic_compare_exchange_n(e, &w, Word(version, kClaiming, me), false, __ATOMIC_ACQ_REL,
+                                      __ATOMIC_ACQUIRE)) {
+        __atomic_store_n(e + 1, id, __ATOMIC_RELAXED);
+        __atomic_store_n(e, Word(version, kFetching, me), __ATOMIC_RELEASE);
+        return {Cached::kClaimed, e};
+      }
+    }
+  }
+  return {};  // no room: pulled without the cache
+}
+
+void HostGroup::Slots::Fill(int64_t* e, int64_t version, int me, const float* row) {
+  if (row != nullptr) std::memcpy(Row(e), row, dim_ * 4);
+  __atomic_store_n(e, Word(version, row != nullptr ? kReady : kFailed, me), __ATOMIC_RELEASE);
+}
+
+bool HostGroup::Slots::Fetching(const int64_t* e, int64_t version, int claimer) {
+  return __atomic_load_n(e, __ATOMIC_ACQUIRE) == Word(version, kFetching, claimer);
+}
 
 absl::StatusOr<std::unique_ptr<SharedRegion>> HostGroup::MakeDirectory(
     const std::vector<int>& ranks) {
@@ -188,7 +267,7 @@ absl::Status HostGroup::Add(const std::string& name, int64_t n, int64_t parts, i
   slots->hash_ = hash;
   slots->size_ = size_;
   slots->stride_ = RoundUp(n, 16);
-  const size_t bytes = Slots::Bytes(n, parts, size_, dim > 0);
+  const size_t bytes = Slots::Bytes(n, parts, size_, dim);
   const SharedRegion& dir = *directory_;
   const std::string stored = name.substr(0, sizeof(Directory::Entry::name) - 1);
   for (uint64_t i = 0; i < static_cast<uint64_t>(Directory::kEntries);) {
@@ -267,6 +346,10 @@ absl::Status HostGroup::Add(const std::string& name, int64_t n, int64_t parts, i
   slots->control_ = reinterpret_cast<int64_t*>(base);
   if (dim > 0) {
     slots->segments_ = reinterpret_cast<Slots::Segment*>(base + Slots::ControlBytes(parts));
+    slots->cache_ = base + Slots::ControlBytes(parts) + Slots::kSegmentsBytes;
+    slots->cache_entries_ = Slots::CacheEntries(dim);
+    slots->entry_bytes_ = Slots::EntryBytes(dim);
+    slots->dim_ = dim;
     absl::MutexLock lock(&slots->mu_);
     slots->seen_.resize(size_);
   } else {

@@ -96,6 +96,30 @@ class HostGroup {
     // Tables: local rank r's segment as it named it last, and its bytes.
     absl::StatusOr<std::pair<const char*, int64_t>> RowsOf(int r);
 
+    // Tables: the host's cache of pulled rows (worker/local_row_pulls.cc),
+    // one per step parity. The first process to want a row of a version
+    // claims an entry and pulls it; the others wait for it there, or copy
+    // it once it is in. An entry of an earlier version is taken over once
+    // its row is in (or never will be); a copy that overlapped a take-over
+    // is told apart (the entry's word changed, as in a seqlock).
+    struct Cached {
+      enum Kind { kCopied, kWait, kClaimed, kPull } kind = kPull;
+      int64_t* entry = nullptr;  // kWait, kClaimed
+      int claimer = -1;          // kWait: the local rank pulling it
+    };
+    // What the cache holds of `id` at `version` for local rank `me`:
+    // copied into `out` (dim floats); being pulled by another; claimed, to
+    // pull and Fill; or no room (kPull).
+    Cached Look(int64_t version, int64_t id, int me, float* out);
+    // Ends `me`'s claim of `entry` with the row (null: none, and whoever
+    // waits for it pulls it).
+    void Fill(int64_t* entry, int64_t version, int me, const float* row);
+    // Whether `entry` is still being pulled by `claimer` for `version`.
+    static bool Fetching(const int64_t* entry, int64_t version, int claimer);
+    // Copies the row of `id` at `version` out of `entry`; false when it is
+    // not there (failed, or taken over).
+    bool Copy(int64_t* entry, int64_t version, int64_t id, float* out) const;
+
    private:
     friend class HostGroup;
     // Where local rank r's rows lie: `gen` changes (last, released) when
@@ -107,6 +131,10 @@ class HostGroup {
     };
     static constexpr int64_t kSegmentsBytes = 8192;
     static_assert(kMaxLocal * sizeof(Segment) <= kSegmentsBytes);
+    // A table's cache holds about this much a parity.
+    static constexpr int64_t kCacheBytes = 8 << 20;
+    static int64_t EntryBytes(int64_t dim) { return 16 + (dim * 4 + 15) / 16 * 16; }
+    static int64_t CacheEntries(int64_t dim);
     enum { kSummed = 0, kSent = 1, kPublished = 2, kHanded = 3, kWords = kHanded + kMaxLocal };
     static int64_t Load(const int64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
     static void Store(int64_t* w, int64_t v) { __atomic_store_n(w, v, __ATOMIC_RELEASE); }
@@ -114,7 +142,7 @@ class HostGroup {
     // The control words' bytes (whole pages; a table's segments' names
     // or a variable's slots follow), and the region's.
     static int64_t ControlBytes(int64_t parts);
-    static size_t Bytes(int64_t n, int64_t parts, int size, bool table);
+    static size_t Bytes(int64_t n, int64_t parts, int size, int64_t dim);
 
     std::unique_ptr<SharedRegion> region_;
     uint64_t hash_ = 0;
@@ -123,6 +151,12 @@ class HostGroup {
     int64_t* control_ = nullptr;
     float* data_ = nullptr;
     Segment* segments_ = nullptr;  // tables
+    int64_t* Entry(int64_t version, uint64_t i) const {
+      return reinterpret_cast<int64_t*>(
+          cache_ + ((version & 1) * cache_entries_ + static_cast<int64_t>(i)) * entry_bytes_);
+    }
+    char* cache_ = nullptr;
+    int64_t cache_entries_ = 0, entry_bytes_ = 0, dim_ = 0;
 
     absl::Mutex mu_;
     std::unique_ptr<SharedRegion> written_ ABSL_GUARDED_BY(mu_);

@@ -43,6 +43,9 @@ struct RowSet {
   std::vector<int64_t> ids;
   std::vector<int64_t> at;
   std::vector<float> grads;
+  // A pull's: the version of the rows the server answered (-1: none yet),
+  // set once the answer is in.
+  mutable int64_t version = -1;
 };
 
 // Part of one server's share of an operation: its keys and their buffers.

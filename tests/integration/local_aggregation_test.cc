@@ -25,7 +25,7 @@ constexpr char kTrainer[] = "/psrt-example-linreg --dim=3000 --steps=20 --log-ev
 struct JobRun {
   int code = -1;
   std::string log, dir;
-  double pushed = -1;  // bytes the workers pushed, from the summary
+  double pushed = -1, pulled = -1;  // bytes the workers pushed and pulled, from the summary
   std::string weights(int rank) const {
     return ReadFile(absl::StrCat(dir, "/r.rank", rank, ".weights"));
   }
@@ -47,6 +47,8 @@ JobRun Train(int hosts, const std::string& ps, const std::string& trainer = kTra
   const std::string summary = ReadFile(r.dir + "/summary.json");
   if (std::regex_search(summary, m, std::regex("\"bytes_pushed\": ([0-9.eE+]+)")))
     r.pushed = std::stod(m[1]);
+  if (std::regex_search(summary, m, std::regex("\"bytes_pulled\": ([0-9.eE+]+)")))
+    r.pulled = std::stod(m[1]);
   return r;
 }
 
@@ -97,12 +99,13 @@ TEST(LocalAggregationTest, EachHostPushesOncePerKeyAndTrainsAsOneProcessOnTheMea
 }
 
 // A table's rows: each host sums its processes' rows per id and pushes
-// every row once. 16 ids under batches of 32 put nearly every id in every
-// batch, so a host's pushed rows are about half its processes' (with each
-// pushing alone, the bytes would barely drop: the dense part is 2 floats).
-// The rows trained equal those of the job without it, within float32
-// rounding, and on every rank bit for bit.
-TEST(LocalAggregationTest, AHostSumsItsTablesRowsPerIdAndPushesEachOnce) {
+// every row once, and pulls every row of a step once. 16 ids under batches
+// of 32 put nearly every id in every batch, so a host's pushed and pulled
+// rows are about half its processes' (with each on its own, the bytes
+// would barely drop: the dense part is 2 floats). The rows trained equal
+// those of the job without it, within float32 rounding, and on every rank
+// bit for bit.
+TEST(LocalAggregationTest, AHostSumsItsTablesRowsPerIdAndMovesEachOnce) {
   constexpr char kTable[] = "/psrt-example-linreg --dim=1 --steps=20 --table-rows=16";
   const JobRun summed = Train(2, R"("transport": "auto")", kTable);
   ASSERT_EQ(summed.code, 0) << summed.log;
@@ -111,6 +114,9 @@ TEST(LocalAggregationTest, AHostSumsItsTablesRowsPerIdAndPushesEachOnce) {
   ASSERT_GT(alone.pushed, 0);
   EXPECT_LT(summed.pushed, 0.6 * alone.pushed);
   EXPECT_GT(summed.pushed, 0.4 * alone.pushed);
+  ASSERT_GT(alone.pulled, 0);
+  EXPECT_LT(summed.pulled, 0.6 * alone.pulled);
+  EXPECT_GT(summed.pulled, 0.4 * alone.pulled);
   const std::string got = summed.weights(0), want = alone.weights(0);
   ASSERT_EQ(got.size(), (2 + 16) * 4u);
   ASSERT_EQ(want.size(), got.size());

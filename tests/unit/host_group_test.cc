@@ -173,5 +173,60 @@ TEST(HostGroupTest, ATablesRowsLieInASegmentOfTheirWritersThatGrowsAsTheyDo) {
   EXPECT_GT(seen->second, first_bytes);
 }
 
+// A table's cache of pulled rows: the first to want a row of a version
+// claims it, the others wait for it and then copy it; a failed claim sends
+// the others to the servers; a later version of the same parity takes an
+// entry over once its row is in, and a copy of the earlier row then fails.
+TEST(HostGroupTest, ATablesPulledRowsAreClaimedOnceAndSharedPerVersion) {
+  absl::StatusOr<std::unique_ptr<SharedRegion>> dir = HostGroup::MakeDirectory({0, 1});
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  std::unique_ptr<HostGroup> g[2];
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<std::unique_ptr<HostGroup>> joined =
+        HostGroup::Join((*dir)->name(), i, i, Running);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    g[i] = *std::move(joined);
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(g[i]->AddTable("emb", 3, 1, deadline).ok());
+  HostGroup::Slots* a = g[0]->Find("emb");
+  HostGroup::Slots* b = g[1]->Find("emb");
+  using Cached = HostGroup::Slots::Cached;
+  float row[3] = {1, 2, 3}, got[3] = {0, 0, 0};
+
+  const Cached claim = a->Look(4, 77, 0, got);
+  ASSERT_EQ(claim.kind, Cached::kClaimed);
+  const Cached wait = b->Look(4, 77, 1, got);
+  ASSERT_EQ(wait.kind, Cached::kWait);
+  EXPECT_EQ(wait.claimer, 0);
+  EXPECT_TRUE(HostGroup::Slots::Fetching(claim.entry, 4, 0));
+  EXPECT_TRUE(HostGroup::Slots::Fetching(wait.entry, 4, 0)) << "one entry, mapped by each";
+  EXPECT_FALSE(b->Copy(wait.entry, 4, 77, got)) << "not in yet";
+  EXPECT_EQ(b->Look(5, 77, 1, got).kind, Cached::kClaimed) << "another version, another parity";
+  a->Fill(claim.entry, 4, 0, row);
+  EXPECT_FALSE(HostGroup::Slots::Fetching(wait.entry, 4, 0));
+  ASSERT_TRUE(b->Copy(wait.entry, 4, 77, got));
+  EXPECT_EQ(got[2], 3);
+  got[2] = 0;
+  EXPECT_EQ(b->Look(4, 77, 1, got).kind, Cached::kCopied);
+  EXPECT_EQ(got[2], 3);
+  EXPECT_FALSE(b->Copy(wait.entry, 4, 78, got)) << "another id";
+
+  // Version 6 (the same parity) takes the entry over; version 4's row is gone.
+  const Cached later = b->Look(6, 77, 1, got);
+  ASSERT_EQ(later.kind, Cached::kClaimed);
+  EXPECT_FALSE(a->Copy(claim.entry, 4, 77, got));
+  EXPECT_EQ(a->Look(4, 77, 0, got).kind, Cached::kClaimed) << "version 4 again: elsewhere";
+  // A claim that fails sends the others to the servers.
+  b->Fill(later.entry, 6, 1, nullptr);
+  EXPECT_EQ(a->Look(6, 77, 0, got).kind, Cached::kPull);
+  // An entry still being pulled for an earlier version is not taken over.
+  const Cached pending = a->Look(8, 9, 0, got);
+  ASSERT_EQ(pending.kind, Cached::kClaimed);
+  const Cached next = b->Look(10, 9, 1, got);
+  ASSERT_EQ(next.kind, Cached::kClaimed);
+  EXPECT_TRUE(HostGroup::Slots::Fetching(pending.entry, 8, 0));
+}
+
 }  // namespace
 }  // namespace psrt
