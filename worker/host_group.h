@@ -132,7 +132,7 @@ class HostGroup {
     static constexpr int64_t kSegmentsBytes = 8192;
     static_assert(kMaxLocal * sizeof(Segment) <= kSegmentsBytes);
     // A table's cache holds about this much a parity.
-    static constexpr int64_t kCacheBytes = 8 << 20;
+    static constexpr int64_t kCacheBytes = 4 << 20;
     static int64_t EntryBytes(int64_t dim) { return 16 + (dim * 4 + 15) / 16 * 16; }
     static int64_t CacheEntries(int64_t dim);
     enum { kSummed = 0, kSent = 1, kPublished = 2, kHanded = 3, kWords = kHanded + kMaxLocal };
