@@ -110,9 +110,12 @@ setup_frameworks() {
   # The PyTorch model-zoo tests (tests/python/test_torch_models.py): real
   # architectures from torchvision and Hugging Face, built at small widths
   # (no weights are downloaded).
-  if ! "$venv/bin/python" -c 'import torchvision, transformers' 2>/dev/null; then
-    echo "setup: installing torchvision and transformers into $venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check torchvision transformers
+  # accelerate is what transformers' Trainer runs on (psrt.torch.hf), and
+  # Lightning's Trainer gets psrt's strategy (psrt.torch.lightning).
+  if ! "$venv/bin/python" -c 'import torchvision, transformers, accelerate, lightning' 2>/dev/null; then
+    echo "setup: installing torchvision, transformers, accelerate and lightning into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check torchvision transformers accelerate \
+      lightning
   fi
   if ! "$venv/bin/python" -c 'import ray' 2>/dev/null; then
     echo "setup: installing ray into $venv for psrt.ray (about 80 MB)"

@@ -139,10 +139,9 @@ int RunAgent(const AgentOptions& options) {
         {"PSRT_HOST", options.host},
         {"PSRT_RESTART_COUNT", absl::StrCat(restarts[rank])},
         {"PSRT_GENERATION", absl::StrCat(generation)},
-        // The names torch.distributed and most launchers use.
-        {"RANK", absl::StrCat(rank)},
-        {"LOCAL_RANK", absl::StrCat(local_rank)},
-        {"WORLD_SIZE", absl::StrCat(config.num_workers())},
+        // Not RANK, LOCAL_RANK or WORLD_SIZE: libraries read those as "start
+        // torch.distributed" (accelerate, Lightning), which a psrt job does
+        // not run (docs/frameworks.md).
     };
     if (group != nullptr) env["PSRT_HOST_GROUP"] = group->name();
     return spawn(v1::ROLE_WORKER, rank, absl::StrCat("worker ", rank), options.command, env);

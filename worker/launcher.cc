@@ -181,11 +181,11 @@ std::string DescribeLaunch(const LaunchOptions& o) {
                       "\n");
     }
     for (int i = 0; i < ps.workers_per_host; ++i) {
-      absl::StrAppend(&out, "  worker: RANK ", h * ps.workers_per_host + i, ", LOCAL_RANK ", i,
-                      "\n");
+      absl::StrAppend(&out, "  worker: PSRT_RANK ", h * ps.workers_per_host + i,
+                      ", PSRT_LOCAL_RANK ", i, "\n");
     }
   }
-  absl::StrAppend(&out, "training command (WORLD_SIZE ", n * ps.workers_per_host,
+  absl::StrAppend(&out, "training command (PSRT_WORLD_SIZE ", n * ps.workers_per_host,
                   "): ", absl::StrJoin(o.command, " "), "\n");
   absl::StrAppend(
       &out, "mode: ", ps.mode, ps.mode == "ssp" ? absl::StrCat(", staleness ", ps.staleness) : "",

@@ -123,8 +123,8 @@ TEST(JobTest, DryRunPrintsTheClusterAndStartsNothing) {
   const std::string out = dry.Output();
   for (const char* line :
        {"hosts: 2, this is host 1 (algo-2)", "coordinator: on host 0 at algo-1:7070",
-        "psrt-server[3] at algo-2:9001", "worker: RANK 3, LOCAL_RANK 1",
-        "training command (WORLD_SIZE 4): python train.py",
+        "psrt-server[3] at algo-2:9001", "worker: PSRT_RANK 3, PSRT_LOCAL_RANK 1",
+        "training command (PSRT_WORLD_SIZE 4): python train.py",
         "checkpoints: file:///ckpt/job every 100 steps", "restore: latest",
         "local aggregation: on (each host's 2 training processes"}) {
     EXPECT_TRUE(absl::StrContains(out, line)) << "no '" << line << "' in:\n" << out;

@@ -66,7 +66,7 @@ _STOP_GRACE_S = 5.0
 _RELAY = r"""
 import json, os, sys, time
 d, local = sys.argv[1], os.environ["PSRT_LOCAL_RANK"]
-env = {k: v for k, v in os.environ.items() if k.startswith("PSRT_") or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+env = {k: v for k, v in os.environ.items() if k.startswith("PSRT_")}
 with open(os.path.join(d, "env.%s.tmp" % local), "w") as f:
     json.dump(env, f)
 os.rename(os.path.join(d, "env.%s.tmp" % local), os.path.join(d, "env.%s.json" % local))
