@@ -619,6 +619,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
+        # A scheduler made on the wrapped optimizer (Lightning's) looks for
+        # its step() as torch's own schedulers mark it; the servers step.
+        self._optimizer._opt_called = True
         for v in self._frozen:
             if v.param.requires_grad:
                 raise _frozen_error(v.name, "requires grad now")

@@ -1,0 +1,83 @@
+"""psrt.torch.lightning.PsrtStrategy in real jobs: Lightning's Trainer with a
+CNN with BatchNorm, SGD with momentum under a StepLR schedule and gradient
+clipping, two workers under psrt-run, against one process with Lightning's
+own strategy on the mean gradient (each worker's part of the global batch
+through the model on its own), with gradient accumulation and bf16 autocast."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from jobs import EXAMPLES, HERE, run_job
+import lightning_worker as w
+
+WORKER = os.path.join(HERE, "lightning_worker.py")
+
+
+@pytest.mark.parametrize("accumulation,precision", [(1, "32-true"), (2, "32-true"), (1, "bf16-mixed"),
+                                                    (1, "16-mixed")])
+def test_lightning_on_two_workers_equals_one_process_on_the_mean_gradient(accumulation, precision):
+    if precision == "16-mixed" and not torch.cuda.is_available():
+        pytest.skip("fp16 autocast and its GradScaler need CUDA (Lightning runs bf16 on a CPU)")
+    args = ["--accumulation", str(accumulation), "--precision", precision]
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "r")
+        code, log = run_job(WORKER, args + ["--out", out])
+        assert code == 0, log
+        ref = subprocess.run([sys.executable, WORKER] + args + ["--out", out, "--reference", "2"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+        assert ref.returncode == 0, ref.stdout
+        got = [torch.load("%s.rank%d.pt" % (out, r)) for r in range(2)]
+        reports = []
+        for r in range(2):
+            with open("%s.rank%d.json" % (out, r)) as f:
+                reports.append(json.load(f))
+        want = torch.load(out + ".reference.pt")
+    for name in want:
+        assert torch.equal(got[0][name], got[1][name]), name
+        torch.testing.assert_close(got[0][name], want[name], rtol=0, atol=1e-5, msg=name)
+    initial = dict(w.Net().named_parameters())
+    assert max((want[n] - initial[n]).abs().max().item() for n in want) > 1e-2, "training moved the weights"
+    # Each rank read its own shard, reshuffled each epoch, as DistributedSampler deals it.
+    used = 6 * accumulation * w.PER_DEVICE
+    dataset = w.Images()
+    for rank, report in enumerate(reports):
+        order = []
+        for epoch in range(2):
+            s = DistributedSampler(dataset, 2, rank, shuffle=True, seed=0)
+            s.set_epoch(epoch)
+            order += list(s)
+        assert report["read"][:used] == order[:used], rank
+        assert (report["global_rank"], report["world_size"], report["is_global_zero"]) == (rank, 2, rank == 0)
+    # Rank 0 alone writes the checkpoint and the logs; a metric logged with
+    # sync_dist is the same everywhere.
+    assert any(f.endswith(".ckpt") for f in reports[0]["files"]), reports[0]
+    assert reports[1]["files"] == []
+    assert reports[0]["logged"] == reports[1]["logged"]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--iterable"], "PsrtStrategy: an IterableDataset is not sharded by Lightning"),
+    (["--resume", "/nonexistent.ckpt"], "PsrtStrategy: ckpt_path=/nonexistent.ckpt would load weights"),
+])
+def test_what_lightning_cannot_match_is_refused(flags, message):
+    with tempfile.TemporaryDirectory() as d:
+        code, log = run_job(WORKER, flags + ["--out", os.path.join(d, "r")])
+    assert code != 0
+    assert message in log, log
+
+
+def test_the_digits_example_learns_and_rank_0_checkpoints():
+    with tempfile.TemporaryDirectory() as d:
+        code, log = run_job(os.path.join(EXAMPLES, "lightning_digits.py"), ["--epochs", "5", "--root", d])
+        assert code == 0, log
+        m = re.search(r"digits: validation accuracy ([0-9.]+)", log)
+        assert m and float(m.group(1)) >= 0.9, log
+        assert any(f.endswith(".ckpt") for _, _, fs in os.walk(d) for f in fs)
