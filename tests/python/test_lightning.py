@@ -63,13 +63,14 @@ def test_lightning_on_two_workers_equals_one_process_on_the_mean_gradient(accumu
     assert reports[0]["logged"] == reports[1]["logged"]
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--iterable"], "PsrtStrategy: an IterableDataset is not sharded by Lightning"),
-    (["--resume", "/nonexistent.ckpt"], "PsrtStrategy: ckpt_path=/nonexistent.ckpt would load weights"),
+@pytest.mark.parametrize("flags,ps,message", [
+    (["--iterable"], None, "PsrtStrategy: an IterableDataset is not sharded by Lightning"),
+    (["--resume", "/nonexistent.ckpt"], None, "PsrtStrategy: ckpt_path=/nonexistent.ckpt would load weights"),
+    ([], {"mode": "async"}, "PsrtStrategy: Lightning's barriers, broadcasts and sync_dist need every worker"),
 ])
-def test_what_lightning_cannot_match_is_refused(flags, message):
+def test_what_lightning_cannot_match_is_refused(flags, ps, message):
     with tempfile.TemporaryDirectory() as d:
-        code, log = run_job(WORKER, flags + ["--out", os.path.join(d, "r")])
+        code, log = run_job(WORKER, flags + ["--out", os.path.join(d, "r")], ps)
     assert code != 0
     assert message in log, log
 

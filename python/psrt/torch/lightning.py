@@ -146,6 +146,9 @@ class PsrtStrategy(ParallelStrategy):
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     def setup_environment(self):
+        if not psrt.is_sync():
+            raise psrt.PsrtError("PsrtStrategy: Lightning's barriers, broadcasts and sync_dist need every "
+                                 "worker at each, which an async or ssp job does not give; use mode sync")
         super().setup_environment()
         rank_zero_only.rank = fabric_rank_zero_only.rank = self.global_rank
         self._exchange = _collective.Exchange("lightning@collective")
