@@ -380,7 +380,16 @@ Dispatcher::Handle Dispatcher::StartRows(const std::string& table, const int64_t
                     absl::StrCat("table '", table, "': ", n, " ids without their buffers")))
         .first;
   }
-  if (!push && group != nullptr) return StartGroupedPull(table, *var, ids, n, out, version);
+  // In a host group (sync, local aggregation), the host's processes share a
+  // table's pulls and sum its pushes.
+  HostGroup::Slots* slots = nullptr;
+  if (group != nullptr && (slots = group->Find(table)) == nullptr) {
+    return ops
+        .New(0, absl::InternalError(
+                    absl::StrCat("table '", table, "' has no region in the host group")))
+        .first;
+  }
+  if (!push && slots != nullptr) return StartGroupedPull(table, *var, slots, ids, n, out, version);
   const int64_t dim = var->dim;
   std::vector<std::shared_ptr<RowSet>> sets(num_servers);
   for (auto& set : sets) set = std::make_shared<RowSet>();
@@ -400,8 +409,9 @@ Dispatcher::Handle Dispatcher::StartRows(const std::string& table, const int64_t
                  found->second.pulled_versions[s] < version;
     }
   }
-  if (push && group != nullptr)
-    return StartGroupedRows(table, *var, std::move(sets), await, version);
+  if (push && slots != nullptr) {
+    return StartGroupedRows(table, *var, slots, std::move(sets), await, version);
+  }
   std::vector<Shard> shards;
   for (int s = 0; s < num_servers; ++s) {
     if (!push && sets[s]->ids.empty()) continue;  // nothing to get there

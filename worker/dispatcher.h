@@ -253,14 +253,14 @@ class Dispatcher {
   // A sync push of a table's rows in a host group (worker/local_row_sums.cc):
   // a part's owner sums the host's rows per id and pushes them once for all;
   // the others hand theirs over. `sets` and `await` are StartRows's.
-  Handle StartGroupedRows(const std::string& table, const Variable& var,
+  Handle StartGroupedRows(const std::string& table, const Variable& var, HostGroup::Slots* slots,
                           std::vector<std::shared_ptr<RowSet>> sets, std::vector<bool> await,
                           int64_t version);
   // A sync pull of a table's rows in a host group (worker/local_row_pulls.cc):
   // the host's processes share the rows they pull, each row of a step asked
   // for by one of them.
-  Handle StartGroupedPull(const std::string& table, const Variable& var, const int64_t* ids,
-                          int64_t n, float* out, int64_t version);
+  Handle StartGroupedPull(const std::string& table, const Variable& var, HostGroup::Slots* slots,
+                          const int64_t* ids, int64_t n, float* out, int64_t version);
 
   // An owner's pushes go out in the order of their operations, whenever
   // their sums are ready: a push-pull's pull holds its place in the window

@@ -27,17 +27,8 @@
 namespace psrt {
 
 Dispatcher::Handle Dispatcher::StartGroupedPull(const std::string& table, const Variable& var,
-                                                const int64_t* ids, int64_t n, float* out,
-                                                int64_t version) {
-  HostGroup::Slots* slots = group->Find(table);
-  if (slots == nullptr) {
-    return ops
-        .New(0,
-             absl::InternalError(
-                 absl::StrCat("table '", table, "' has no region in the host group")),
-             "PULL")
-        .first;
-  }
+                                                HostGroup::Slots* slots, const int64_t* ids,
+                                                int64_t n, float* out, int64_t version) {
   const int me = group->local_rank();
   const int64_t dim = var.dim;
   // Rows pulled here (claimed, for the others too, or not cached), and

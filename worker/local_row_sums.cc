@@ -68,17 +68,9 @@ absl::StatusOr<PartRows> ReadPart(const char* seg, int64_t bytes, int64_t parts,
 }  // namespace
 
 Dispatcher::Handle Dispatcher::StartGroupedRows(const std::string& table, const Variable& var,
+                                                HostGroup::Slots* slots,
                                                 std::vector<std::shared_ptr<RowSet>> sets,
                                                 std::vector<bool> await, int64_t version) {
-  HostGroup::Slots* slots = group->Find(table);
-  if (slots == nullptr) {
-    return ops
-        .New(0,
-             absl::InternalError(
-                 absl::StrCat("table '", table, "' has no region in the host group")),
-             "PUSH")
-        .first;
-  }
   const int me = group->local_rank();
   const int64_t dim = var.dim, parts = num_servers;
   std::vector<uint32_t> mine, theirs;

@@ -80,6 +80,22 @@ def trained_arrays(script, args, ps=None, hosts=2):
         return [saved["arr_%d" % i] for i in range(len(saved.files))]
 
 
+def job_and_reference(script, args, out, workers=2):
+    """Runs `script` with `args` and `--out OUT` as every worker of a local
+    job, then as one process with `--reference WORKERS` (the job's global
+    batch in one process); returns each rank's report (`OUT.rankN.json`)."""
+    code, log = run_job(script, list(args) + ["--out", out])
+    assert code == 0, log
+    ref = subprocess.run([sys.executable, script] + list(args) + ["--out", out, "--reference", str(workers)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stdout
+    reports = []
+    for r in range(workers):
+        with open("%s.rank%d.json" % (out, r)) as f:
+            reports.append(json.load(f))
+    return reports
+
+
 def assert_trained_like(got, want, initial, atol):
     """`got` equals `want` array by array within `atol`, and training moved
     the arrays away from `initial` (so the equality says something)."""

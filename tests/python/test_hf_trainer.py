@@ -4,18 +4,15 @@ process with the plain Trainer on the global batch (the mean gradient), with
 and without max_grad_norm and gradient accumulation, in bf16 where the CPU
 allows it."""
 
-import json
 import os
 import re
-import subprocess
-import sys
 import tempfile
 
 import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from jobs import EXAMPLES, HERE, run_job
+from jobs import EXAMPLES, HERE, job_and_reference, run_job
 import hf_trainer_worker as w
 
 WORKER = os.path.join(HERE, "hf_trainer_worker.py")
@@ -25,15 +22,8 @@ def train(args):
     """(each rank's final parameters and report, the reference's parameters)."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r")
-        code, log = run_job(WORKER, args + ["--out", out])
-        assert code == 0, log
-        ref = subprocess.run([sys.executable, WORKER] + args + ["--out", out, "--reference", "2"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-        assert ref.returncode == 0, ref.stdout
-        ranks = []
-        for r in range(2):
-            with open("%s.rank%d.json" % (out, r)) as f:
-                ranks.append((torch.load("%s.rank%d.pt" % (out, r)), json.load(f)))
+        reports = job_and_reference(WORKER, args, out)
+        ranks = [(torch.load("%s.rank%d.pt" % (out, r)), reports[r]) for r in range(2)]
         # Rank 0 saved the Trainer's checkpoint; rank 1 only its RNG state.
         assert os.path.exists(os.path.join(out + ".rank0", "checkpoint-6", "model.safetensors"))
         assert os.listdir(os.path.join(out + ".rank1", "checkpoint-6")) == ["rng_state_1.pth"]

@@ -4,18 +4,15 @@ clipping, two workers under psrt-run, against one process with Lightning's
 own strategy on the mean gradient (each worker's part of the global batch
 through the model on its own), with gradient accumulation and bf16 autocast."""
 
-import json
 import os
 import re
-import subprocess
-import sys
 import tempfile
 
 import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from jobs import EXAMPLES, HERE, run_job
+from jobs import EXAMPLES, HERE, job_and_reference, run_job
 import lightning_worker as w
 
 WORKER = os.path.join(HERE, "lightning_worker.py")
@@ -29,16 +26,8 @@ def test_lightning_on_two_workers_equals_one_process_on_the_mean_gradient(accumu
     args = ["--accumulation", str(accumulation), "--precision", precision]
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r")
-        code, log = run_job(WORKER, args + ["--out", out])
-        assert code == 0, log
-        ref = subprocess.run([sys.executable, WORKER] + args + ["--out", out, "--reference", "2"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-        assert ref.returncode == 0, ref.stdout
+        reports = job_and_reference(WORKER, args, out)
         got = [torch.load("%s.rank%d.pt" % (out, r)) for r in range(2)]
-        reports = []
-        for r in range(2):
-            with open("%s.rank%d.json" % (out, r)) as f:
-                reports.append(json.load(f))
         want = torch.load(out + ".reference.pt")
     for name in want:
         assert torch.equal(got[0][name], got[1][name]), name

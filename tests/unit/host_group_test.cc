@@ -20,6 +20,23 @@ using ::testing::HasSubstr;
 
 absl::Status Running() { return absl::OkStatus(); }
 
+// A group of two processes (ranks 0 and 1), as objects of this one.
+struct TwoProcesses {
+  std::unique_ptr<SharedRegion> dir;
+  std::unique_ptr<HostGroup> g[2];
+  void Join() {
+    absl::StatusOr<std::unique_ptr<SharedRegion>> made = HostGroup::MakeDirectory({0, 1});
+    ASSERT_TRUE(made.ok()) << made.status();
+    dir = *std::move(made);
+    for (int i = 0; i < 2; ++i) {
+      absl::StatusOr<std::unique_ptr<HostGroup>> joined =
+          HostGroup::Join(dir->name(), i, i, Running);
+      ASSERT_TRUE(joined.ok()) << joined.status();
+      g[i] = *std::move(joined);
+    }
+  }
+};
+
 TEST(HostGroupTest, ItsProcessesShareEachVariablesSlotsAndWakeEachOther) {
   absl::StatusOr<std::unique_ptr<SharedRegion>> dir = HostGroup::MakeDirectory({4, 5, 6});
   ASSERT_TRUE(dir.ok()) << dir.status();
@@ -137,15 +154,9 @@ TEST(HostGroupTest, ADirectoryThatDisagreesOrAVariableOfAnotherSizeIsRefused) {
 }
 
 TEST(HostGroupTest, ATablesRowsLieInASegmentOfTheirWritersThatGrowsAsTheyDo) {
-  absl::StatusOr<std::unique_ptr<SharedRegion>> dir = HostGroup::MakeDirectory({0, 1});
-  ASSERT_TRUE(dir.ok()) << dir.status();
-  std::unique_ptr<HostGroup> g[2];
-  for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<std::unique_ptr<HostGroup>> joined =
-        HostGroup::Join((*dir)->name(), i, i, Running);
-    ASSERT_TRUE(joined.ok()) << joined.status();
-    g[i] = *std::move(joined);
-  }
+  TwoProcesses p;
+  ASSERT_NO_FATAL_FAILURE(p.Join());
+  std::unique_ptr<HostGroup>* g = p.g;
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   for (int i = 0; i < 2; ++i) ASSERT_TRUE(g[i]->AddTable("emb", 16, 3, deadline).ok());
   HostGroup::Slots* writer = g[1]->Find("emb");
@@ -178,15 +189,9 @@ TEST(HostGroupTest, ATablesRowsLieInASegmentOfTheirWritersThatGrowsAsTheyDo) {
 // the others to the servers; a later version of the same parity takes an
 // entry over once its row is in, and a copy of the earlier row then fails.
 TEST(HostGroupTest, ATablesPulledRowsAreClaimedOnceAndSharedPerVersion) {
-  absl::StatusOr<std::unique_ptr<SharedRegion>> dir = HostGroup::MakeDirectory({0, 1});
-  ASSERT_TRUE(dir.ok()) << dir.status();
-  std::unique_ptr<HostGroup> g[2];
-  for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<std::unique_ptr<HostGroup>> joined =
-        HostGroup::Join((*dir)->name(), i, i, Running);
-    ASSERT_TRUE(joined.ok()) << joined.status();
-    g[i] = *std::move(joined);
-  }
+  TwoProcesses p;
+  ASSERT_NO_FATAL_FAILURE(p.Join());
+  std::unique_ptr<HostGroup>* g = p.g;
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   for (int i = 0; i < 2; ++i) ASSERT_TRUE(g[i]->AddTable("emb", 3, 1, deadline).ok());
   HostGroup::Slots* a = g[0]->Find("emb");
