@@ -142,16 +142,18 @@ TEST(LocalAggregationTest, AHostsSumIsCompressedOnceAndConverges) {
 }
 
 // A process that stops (SIGSTOP: alive, silent) while its host sums: the
-// host's others end their waits at their deadline naming it, the job fails
-// and every process exits.
+// host's others end their waits (for its gradients, its table rows, or a
+// row it claimed to pull) at their deadline naming it, the job fails and
+// every process exits.
 TEST(LocalAggregationTest, AStalledProcessIsNamedByTheOthersWaitAndTheJobEnds) {
   const std::string token = RandomToken();
   const std::string dir = TempDir();
   Proc job = Proc::Start(
-      absl::StrCat("env PSRT_RPC_TIMEOUT_S=4 ", kBin, "/psrt-run --local=1 --token=", token,
-                   R"( --distribution='{"parameter_server": {"enabled": true, )",
-                   R"("workers_per_host": 2, "heartbeat_timeout_s": 60}}' -- )", kBin,
-                   "/psrt-example-linreg --dim=64 --steps=1000000 --lr=0.01 --log-every=1"),
+      absl::StrCat(
+          "env PSRT_RPC_TIMEOUT_S=4 ", kBin, "/psrt-run --local=1 --token=", token,
+          R"( --distribution='{"parameter_server": {"enabled": true, )",
+          R"("workers_per_host": 2, "heartbeat_timeout_s": 60}}' -- )", kBin,
+          "/psrt-example-linreg --dim=64 --table-rows=64 --steps=1000000 --lr=0.01 --log-every=1"),
       dir + "/log");
   ASSERT_TRUE(job.WaitForOutput("step 3 loss", absl::Seconds(60))) << job.Output();
   const pid_t stalled = FindJobProcess(token, [](pid_t pid) {

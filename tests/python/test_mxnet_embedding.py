@@ -11,7 +11,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from jobs import HERE, run_job
+from jobs import HERE, ONE_HOST, run_job
 
 mx = pytest.importorskip("mxnet", reason="mxnet is not installed (scripts/setup.sh frameworks makes .venv-mxnet)")
 from mxnet import autograd, gluon  # noqa: E402
@@ -49,14 +49,18 @@ def reference(kind, initial, steps):
     return table.weight.data().asnumpy(), net.head.weight.data().asnumpy(), net.head.bias.data().asnumpy()
 
 
-@pytest.mark.parametrize("kind", ["adam", "adagrad", "sgd", "ftrl"])
-def test_sync_two_workers_with_gluon_equal_one_process_with_mxnet_sparse_updates(kind):
+@pytest.mark.parametrize("kind,hosts", [("adam", 2), ("adagrad", 2), ("sgd", 2), ("ftrl", 2), ("sgd", 1)])
+def test_sync_two_workers_with_gluon_equal_one_process_with_mxnet_sparse_updates(kind, hosts):
+    """hosts 1: both workers on one host, which shares their rows' pulls and
+    sums their pushes (docs/runtime.md, "Local aggregation")."""
     steps = 12
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "rows.npz")
         code, log = run_job(os.path.join(HERE, "mx_embedding_worker.py"),
-                            ["--optimizer", kind, "--steps", str(steps), "--out", out])
+                            ["--optimizer", kind, "--steps", str(steps), "--out", out],
+                            ONE_HOST if hosts == 1 else None, hosts)
         assert code == 0, log
+        assert ("each host summing first" in log) == (hosts == 1), log
         saved = dict(np.load(out))
     rows, kernel, bias = reference(kind, saved["initial"], steps)
     print("%s: max |psrt - reference| over the rows = %.3g" % (kind, np.abs(saved["final"] - rows).max()))

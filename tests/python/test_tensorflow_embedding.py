@@ -11,7 +11,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from jobs import HERE, run_job
+from jobs import HERE, ONE_HOST, run_job
 
 tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed (scripts/setup.sh frameworks)")
 keras = pytest.importorskip("keras")
@@ -93,14 +93,18 @@ def reference(kind, saved, steps):
     return table.embeddings.numpy(), [v.numpy() for v in head_vars]
 
 
-@pytest.mark.parametrize("kind", ["adam", "adagrad", "sgd", "ftrl"])
-def test_sync_two_workers_with_model_fit_equal_one_process_with_a_sparse_update(kind):
+@pytest.mark.parametrize("kind,hosts", [("adam", 2), ("adagrad", 2), ("sgd", 2), ("ftrl", 2), ("adam", 1)])
+def test_sync_two_workers_with_model_fit_equal_one_process_with_a_sparse_update(kind, hosts):
+    """hosts 1: both workers on one host, which shares their rows' pulls and
+    sums their pushes (docs/runtime.md, "Local aggregation")."""
     steps = 12
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "rows.npz")
         code, log = run_job(os.path.join(HERE, "tf_embedding_worker.py"),
-                            ["--optimizer", kind, "--steps", str(steps), "--out", out])
+                            ["--optimizer", kind, "--steps", str(steps), "--out", out],
+                            ONE_HOST if hosts == 1 else None, hosts)
         assert code == 0, log
+        assert ("each host summing first" in log) == (hosts == 1), log
         saved = dict(np.load(out))
     rows, head = reference(kind, saved, steps)
     diff = np.abs(saved["final"] - rows).max()
