@@ -167,7 +167,7 @@ class SliceWriter {
 };
 
 void WritePush(SliceWriter* w, int32_t worker_rank, uint64_t push_id, absl::Span<const OutKey> keys,
-               absl::Span<const int32_t> also_for) {
+               absl::Span<const int32_t> also_for, bool assign_rows) {
   PutVarintField(w->header(), 1, static_cast<uint64_t>(static_cast<int64_t>(worker_rank)));
   PutVarintField(w->header(), 2, push_id);
   w->AddKeys(3, keys);
@@ -176,6 +176,7 @@ void WritePush(SliceWriter* w, int32_t worker_rank, uint64_t push_id, absl::Span
     PutTag(w->header(), 4, kVarint);
     PutVarint(w->header(), static_cast<uint64_t>(static_cast<int64_t>(rank)));
   }
+  if (assign_rows) PutVarintField(w->header(), 5, 1);
 }
 
 // ---- Reading --------------------------------------------------------------
@@ -424,6 +425,7 @@ absl::Status Parse(const grpc::ByteBuffer& in, const char* type, int keys_field,
   out->worker_rank = 0;
   out->push_id = 0;
   out->also_for.clear();
+  out->assign_rows = false;
   if (!in.Dump(&out->slices).ok()) {
     out->keys.clear();
     return absl::InvalidArgumentError(absl::StrCat("cannot read the ", type, " received"));
@@ -437,6 +439,7 @@ absl::Status Parse(const grpc::ByteBuffer& in, const char* type, int keys_field,
           if (field == 1) out->worker_rank = static_cast<int32_t>(v);
           if (field == 2 && keys_field == 3) out->push_id = v;
           if (field == 4 && keys_field == 3) out->also_for.push_back(static_cast<int32_t>(v));
+          if (field == 5 && keys_field == 3) out->assign_rows = v != 0;
         },
         [&](int field, int64_t n) -> std::string {
           if (field == 4 && keys_field == 3) {  // also_for, packed
@@ -472,6 +475,7 @@ absl::Status Parse(const grpc::ByteBuffer& in, const char* type, int keys_field,
   if (!err.empty()) {
     used = 0;
     out->also_for.clear();
+    out->assign_rows = false;
   }
   out->keys.resize(used);
   if (!err.empty()) {
@@ -532,9 +536,9 @@ absl::Status ParseKeysResponse(const grpc::ByteBuffer& in, WireMessage* out) {
 
 grpc::ByteBuffer EncodePushRequest(int32_t worker_rank, uint64_t push_id,
                                    absl::Span<const OutKey> keys,
-                                   absl::Span<const int32_t> also_for) {
+                                   absl::Span<const int32_t> also_for, bool assign_rows) {
   SliceWriter w;
-  WritePush(&w, worker_rank, push_id, keys, also_for);
+  WritePush(&w, worker_rank, push_id, keys, also_for, assign_rows);
   return w.Finish();
 }
 
@@ -542,7 +546,7 @@ grpc::ByteBuffer EncodePushPullRequest(int32_t worker_rank, uint64_t push_id,
                                        absl::Span<const OutKey> keys,
                                        absl::Span<const int32_t> also_for) {
   SliceWriter w;
-  WritePush(&w, worker_rank, push_id, keys, also_for);
+  WritePush(&w, worker_rank, push_id, keys, also_for, false);
   std::string prefix;
   PutTag(&prefix, 1, kLen);
   PutVarint(&prefix, w.size());

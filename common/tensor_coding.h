@@ -110,6 +110,7 @@ struct WireMessage {
   int32_t worker_rank = 0;
   uint64_t push_id = 0;
   std::vector<int32_t> also_for;  // PushRequest.also_for
+  bool assign_rows = false;       // PushRequest.assign_rows
   std::vector<WireKey> keys;
   std::vector<grpc::Slice> slices;
 };
@@ -145,10 +146,11 @@ struct OutKey {
   int64_t num_ids = 0;
 };
 
-// `also_for`: PushRequest.also_for.
+// `also_for`, `assign_rows`: PushRequest's.
 grpc::ByteBuffer EncodePushRequest(int32_t worker_rank, uint64_t push_id,
                                    absl::Span<const OutKey> keys,
-                                   absl::Span<const int32_t> also_for = {});
+                                   absl::Span<const int32_t> also_for = {},
+                                   bool assign_rows = false);
 grpc::ByteBuffer EncodePushPullRequest(int32_t worker_rank, uint64_t push_id,
                                        absl::Span<const OutKey> keys,
                                        absl::Span<const int32_t> also_for = {});

@@ -77,6 +77,7 @@ class DenseValue final : public KeyValue {
     // Decoded straight into the sum.
     DecodePayload(data, dtype, scale, accum_.data(), !first);
   }
+  bool Assign(absl::Span<const int64_t>, const float*) override { return false; }
   Update StepSum(float scale) override {
     if (scale != 1) {
       for (float& v : accum_) v *= scale;
@@ -181,6 +182,10 @@ class TableValue final : public KeyValue {
   void Accumulate(absl::Span<const int64_t> ids, const Payload& data, v1::DType dtype, float scale,
                   bool, std::vector<float>* scratch) override {
     table_->Accumulate(ids, PayloadValues(data, dtype, scale, scratch));
+  }
+  bool Assign(absl::Span<const int64_t> ids, const float* values) override {
+    table_->Assign(ids, values);
+    return true;
   }
   Update StepSum(float scale) override {
     absl::Span<const int64_t> ids = table_->accumulated_ids();

@@ -371,6 +371,9 @@ class Store {
   // A push's also_for: sync only; ranks of the job, each once, not the
   // pusher's own.
   absl::Status CheckAlsoFor(const WireMessage& req) const;
+  // A push whose assign_rows is set: rows' values for a table's part before
+  // its first step.
+  absl::Status AssignRows(const WireMessage& req);
   // Sync: how many of the workers a push counts for (the pusher and its
   // also_for) pushed for k's step already.
   int Counted(Key* k, const WireMessage& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);

@@ -319,6 +319,10 @@ absl::Status Store::CheckPull(Key* k, const PendingPull& p, int i) {
 void Store::PushPullAsync(const WireMessage& req, absl::Time deadline, Cancelled cancelled,
                           PullDone done) {
   // The pull part is checked first: a refused push-pull pushes nothing.
+  if (req.assign_rows) {
+    return done(
+        absl::InvalidArgumentError("a push-pull cannot assign rows (assign_rows); push them"), {});
+  }
   for (const WireKey& kd : req.keys) {
     if (absl::Status s = CheckPullDtype(KeyName(kd.variable, kd.partition), kd.pull_dtype);
         !s.ok()) {

@@ -109,6 +109,7 @@ bool Store::SkipNonfinite(Key* key, const float* grad, int64_t n) {
 absl::Status Store::Push(const WireMessage& req) {
   if (absl::Status s = CheckWorker(req.worker_rank); !s.ok()) return s;
   if (req.keys.empty()) return absl::InvalidArgumentError("push request names no keys");
+  if (req.assign_rows) return AssignRows(req);
   const int w = req.worker_rank;
   if (absl::Status s = CheckAlsoFor(req); !s.ok()) return s;
   std::vector<Key*> keys;
@@ -217,6 +218,51 @@ absl::Status Store::Push(const WireMessage& req) {
   }
   absl::MutexLock lock(&moved_mu);
   return moved;
+}
+
+absl::Status Store::AssignRows(const WireMessage& req) {
+  if (req.keys.size() != 1 || !req.also_for.empty()) {
+    return absl::InvalidArgumentError(
+        "an assignment of rows (assign_rows) names one table part, for no other worker");
+  }
+  const WireKey& kd = req.keys[0];
+  absl::StatusOr<Key*> key = Find(kd.variable, kd.partition);
+  if (!key.ok()) return key.status();
+  Key* k = *key;
+  if (!k->spec.has_table()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key '", k->name, "' is not a table's: only a table's rows are assigned"));
+  }
+  if (kd.dtype != v1::DTYPE_FLOAT32 || (kd.scale != 0 && kd.scale != 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("rows assigned to '", k->name, "' are ",
+                                                   DTypeName(kd.dtype),
+                                                   "; assigned rows travel as float32, unscaled"));
+  }
+  if (absl::Status s = k->value->CheckPush(kd.ids, kd.data.size(), 4, kd.dtype); !s.ok()) return s;
+  absl::MutexLock lock(&k->mu);
+  if (!k->role.serving) return NotServing(k);
+  if (!k->initialized) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("key '", k->name, "' has no value yet: rank 0 has not registered it"));
+  }
+  if (!k->stopped.ok()) return k->stopped;
+  // Once a gradient is in, the rows are being trained: a value set then
+  // would differ between the workers that pulled before and after it.
+  if (k->version != 0 || kd.version != 0 || k->sync.contributions != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rows assigned to '", k->name, "' at version ", kd.version, ", but the part is at version ",
+        k->version,
+        options_.sync ? absl::StrCat(" with ", k->sync.contributions, " pushes in") : "",
+        "; a table's rows are assigned before its first step"));
+  }
+  if (absl::Status s = CheckRowsLocked(k, kd.ids); !s.ok()) return s;
+  std::vector<float> scratch;
+  const float* values = PayloadValues(kd.data, kd.dtype, kd.scale, &scratch);
+  BytesHeld held(&bytes_stored_, *k->value);
+  k->value->Assign(kd.ids, values);
+  pushes_->Add();
+  bytes_in_->Add(kd.data.size());
+  return absl::OkStatus();
 }
 
 absl::Status Store::CheckAlsoFor(const WireMessage& req) const {

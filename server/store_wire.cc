@@ -50,6 +50,7 @@ WireMessage PushToWire(const v1::PushRequest& req) {
   WireMessage m = ToWire(req);
   m.push_id = req.push_id();
   m.also_for.assign(req.also_for().begin(), req.also_for().end());
+  m.assign_rows = req.assign_rows();
   return m;
 }
 

@@ -135,6 +135,15 @@ void Table::Gather(absl::Span<const int64_t> ids, int64_t step, float* out) {
   }
 }
 
+void Table::Assign(absl::Span<const int64_t> ids, const float* values) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t r = FindOrMake(ids[i], 0);
+    std::memcpy(&values_[r * dim_], values + i * dim_, dim_ * 4);
+    for (size_t s = 0; s < slots_.size(); ++s) slot_ptrs_[s] = &slots_[s][r * dim_];
+    InitRowSlots(optimizer_, slot_ptrs_.data(), dim_);
+  }
+}
+
 void Table::Accumulate(absl::Span<const int64_t> ids, const float* grads) {
   for (size_t i = 0; i < ids.size(); ++i) {
     auto [it, inserted] = acc_index_.try_emplace(ids[i], static_cast<int32_t>(acc_ids_.size()));

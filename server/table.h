@@ -43,6 +43,10 @@ class Table {
   // not held yet are made. `step` marks them as seen.
   void Gather(absl::Span<const int64_t> ids, int64_t step, float* out);
 
+  // The rows of `ids` (made if new) take `values`, row after row, with
+  // fresh optimizer state: a table that starts from pretrained rows.
+  void Assign(absl::Span<const int64_t> ids, const float* values);
+
   // Sync: adds one worker's push to the step's sums.
   void Accumulate(absl::Span<const int64_t> ids, const float* grads);
   absl::Span<const int64_t> accumulated_ids() const { return acc_ids_; }

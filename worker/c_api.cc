@@ -176,6 +176,15 @@ int64_t psrt_push_rows(psrt_client* c, const char* table, const int64_t* ids, in
   return static_cast<int64_t>(c->client->PushRows(table, ids, n, grads, version));
 }
 
+int psrt_assign_rows(psrt_client* c, const char* table, const int64_t* ids, int64_t n,
+                     const float* values) {
+  if (c == nullptr || table == nullptr) {
+    return Fail(absl::InvalidArgumentError("psrt_assign_rows: NULL argument"));
+  }
+  if (absl::Status s = c->client->AssignRows(table, ids, n, values); !s.ok()) return Fail(s);
+  return 0;
+}
+
 int64_t psrt_push(psrt_client* c, int n, const char* const* names, const float* const* grads,
                   int64_t version) {
   if (absl::Status s = CheckArgs(c, n, names); !s.ok()) return Fail(s);

@@ -90,6 +90,11 @@ int64_t psrt_pull_rows(psrt_client* client, const char* table, const int64_t* id
 int64_t psrt_push_rows(psrt_client* client, const char* table, const int64_t* ids, int64_t n,
                        const float* grads, int64_t version);
 
+/* Before a table's first step: the rows of n ids take values (n * dim floats),
+ * with fresh optimizer state; blocks until the servers hold them. */
+int psrt_assign_rows(psrt_client* client, const char* table, const int64_t* ids, int64_t n,
+                     const float* values);
+
 /* Asynchronous operations over n variables; buffers must live until
  * psrt_wait returns. */
 int64_t psrt_push(psrt_client* client, int n, const char* const* names, const float* const* grads,

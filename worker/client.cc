@@ -328,6 +328,26 @@ Client::Handle Client::PullRows(const std::string& table, const int64_t* ids, in
   return impl_->StartRows(table, ids, n, nullptr, out, min_version, false);
 }
 
+absl::Status Client::AssignRows(const std::string& table, const int64_t* ids, int64_t n,
+                                const float* values) {
+  absl::StatusOr<Variable> var = impl_->Find(table);
+  if (!var.ok()) return var.status();
+  // In slices of about 64 MiB: the requests copy their rows, so a big table
+  // never takes twice its size on the worker.
+  const int64_t slice =
+      std::max<int64_t>(1, (int64_t{64} << 20) / std::max<int64_t>(1, var->dim * 4));
+  int64_t at = 0;
+  do {
+    const int64_t k = std::min(slice, n - at);
+    if (absl::Status s = Wait(impl_->StartAssignRows(table, ids + at, k, values + at * var->dim));
+        !s.ok()) {
+      return s;
+    }
+    at += k;
+  } while (at < n);
+  return absl::OkStatus();
+}
+
 Client::Handle Client::PushRows(const std::string& table, const int64_t* ids, int64_t n, const float* grads,
                                 int64_t version) {
   impl_->link->SetProgress(version);

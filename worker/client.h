@@ -140,6 +140,13 @@ class Client {
   // least at `min_version` (sync: the step). Rows not made yet are made.
   Handle PullRows(const std::string& table, const int64_t* ids, int64_t n, float* out,
                   int64_t min_version);
+  // Before a table's first step, the rows of `n` distinct ids take `values`
+  // (n * dim floats) on the servers, with fresh optimizer state: a table
+  // that starts from pretrained rows. One rank assigns them, in messages of
+  // at most a few MiB, and the others must not pull them before it is done
+  // (a barrier). Blocks until the servers hold them.
+  absl::Status AssignRows(const std::string& table, const int64_t* ids, int64_t n,
+                          const float* values);
   // Pushes the gradients (n * dim floats) of the rows of `n` distinct ids,
   // computed at `version`. In sync mode every worker pushes once per step
   // (n may be 0): the servers apply the step's mean gradient per row. The

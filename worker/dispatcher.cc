@@ -420,6 +420,40 @@ Dispatcher::Handle Dispatcher::StartRows(const std::string& table, const int64_t
   return Start(std::move(shards), version, push, !push);
 }
 
+Dispatcher::Handle Dispatcher::StartAssignRows(const std::string& table, const int64_t* ids,
+                                               int64_t n, const float* values) {
+  absl::StatusOr<Variable> var = Find(table);
+  if (var.ok() && var->dim == 0) {
+    var = absl::InvalidArgumentError(absl::StrCat("variable '", table, "' is not a table"));
+  }
+  if (var.ok() && (n < 0 || (n > 0 && (ids == nullptr || values == nullptr)))) {
+    var = absl::InvalidArgumentError(
+        absl::StrCat("table '", table, "': ", n, " ids without their rows"));
+  }
+  if (!var.ok()) return ops.New(0, var.status(), "PUSH").first;
+  const int64_t dim = var->dim;
+  const int64_t most = std::max<int64_t>(1, kRequestBytes / (dim * 4));  // rows a request
+  std::vector<std::shared_ptr<RowSet>> open(num_servers);
+  std::vector<Shard> shards;
+  auto close = [&](int s) {
+    shards.push_back(RowsShard(table, *var, s, std::move(open[s]), nullptr, false));
+    shards.back().items.front().push_dtype = v1::DTYPE_FLOAT32;  // values travel exactly
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    const int s = RowShard(ids[i], num_servers);
+    if (open[s] == nullptr) open[s] = std::make_shared<RowSet>();
+    open[s]->ids.push_back(ids[i]);
+    open[s]->grads.insert(open[s]->grads.end(), values + i * dim, values + (i + 1) * dim);
+    if (static_cast<int64_t>(open[s]->ids.size()) == most) close(s);
+  }
+  for (int s = 0; s < num_servers; ++s) {
+    if (open[s] != nullptr) close(s);
+  }
+  auto [handle, op] = ops.New(static_cast<int>(shards.size()), absl::OkStatus(), "PUSH");
+  Launch(std::move(shards), op, 0, true, false, [](Request* r) { r->assign_rows = true; });
+  return handle;
+}
+
 Shard Dispatcher::RowsShard(const std::string& table, const Variable& var, int server,
                             std::shared_ptr<RowSet> set, float* out, bool await) {
   Shard shard;
@@ -518,8 +552,8 @@ void Dispatcher::Send(const std::shared_ptr<Request>& r) {
   }
   const int rank = options.rank;
   r->req = r->push && r->pull ? EncodePushPullRequest(rank, r->push_id, *keys, r->also_for)
-           : r->push          ? EncodePushRequest(rank, r->push_id, *keys, r->also_for)
-                              : EncodePullRequest(rank, *keys);
+           : r->push ? EncodePushRequest(rank, r->push_id, *keys, r->also_for, r->assign_rows)
+                     : EncodePullRequest(rank, *keys);
   if (r->attempts == 0) r->start = absl::Now();
   Attempt(r);
 }

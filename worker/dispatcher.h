@@ -211,6 +211,7 @@ class Dispatcher {
     // the request's own, or what went wrong after).
     std::vector<int32_t> also_for;
     std::function<absl::Status(const absl::Status&)> finished;
+    bool assign_rows = false;  // a table's rows' values (PushRequest.assign_rows)
     const char* what() const { return push && pull ? "push-pull" : push ? "push" : "pull"; }
     const char* kind() const { return push && pull ? "PUSH_PULL" : push ? "PUSH" : "PULL"; }
   };
@@ -233,6 +234,11 @@ class Dispatcher {
   // (Request::await_step).
   Handle StartRows(const std::string& table, const int64_t* ids, int64_t n, const float* grads,
                    float* out, int64_t version, bool push);
+
+  // A table's rows take `values` (float32, n rows) on the servers, before
+  // its first step: one request per server and at most kRequestBytes.
+  Handle StartAssignRows(const std::string& table, const int64_t* ids, int64_t n,
+                         const float* values);
 
   // One server's part of a table's push or pull.
   static Shard RowsShard(const std::string& table, const Variable& var, int server,

@@ -139,6 +139,14 @@ class Client {
                                 reinterpret_cast<float*>(out), min_version));
   }
 
+  void assign_rows(const std::string& table, uintptr_t ids, int64_t n, uintptr_t values) {
+    py::gil_scoped_release release;
+    const int rc = psrt_assign_rows(client_, table.c_str(), reinterpret_cast<const int64_t*>(ids),
+                                    n, reinterpret_cast<const float*>(values));
+    py::gil_scoped_acquire acquire;
+    Check(rc);
+  }
+
   int64_t push_rows(const std::string& table, uintptr_t ids, int64_t n, uintptr_t grads, int64_t version) {
     return Check(psrt_push_rows(client_, table.c_str(), reinterpret_cast<const int64_t*>(ids), n,
                                 reinterpret_cast<const float*>(grads), version));
@@ -197,6 +205,7 @@ PYBIND11_MODULE(_psrt, m) {
            py::arg("push_compression"), py::arg("pull_compression"))
       .def("pull_rows", &Client::pull_rows)
       .def("push_rows", &Client::push_rows)
+      .def("assign_rows", &Client::assign_rows)
       .def("wait", &Client::wait)
       .def("pulled_version", &Client::pulled_version)
       .def("set_learning_rate", &Client::set_learning_rate, py::arg("lr"),

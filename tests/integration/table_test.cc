@@ -122,8 +122,9 @@ class TableTest : public ::testing::Test {
     }
   }
 
-  grpc::Status Push(int s, v1::KeyData key) {
+  grpc::Status Push(int s, v1::KeyData key, bool assign_rows = false) {
     v1::PushRequest req;
+    req.set_assign_rows(assign_rows);
     *req.add_keys() = std::move(key);
     grpc::ClientContext ctx;
     PrepareContext(&ctx, cluster_->token(), absl::Seconds(10));
@@ -192,6 +193,79 @@ TEST_F(TableTest, RowsStartFromTheSeedAndTakeRowWiseUpdatesOnTheirServer) {
     for (int64_t j = 0; j < kDim; ++j) EXPECT_FLOAT_EQ(rows[j], first[j] - static_cast<float>(kLr));
     const std::vector<float> second = Init(ids[1]);
     EXPECT_EQ(0, std::memcmp(rows.data() + kDim, second.data(), kDim * 4));
+  }
+}
+
+// A table that starts from given rows (PushRequest.assign_rows): they take
+// the values, the rows not given start from the seed, the assigned rows
+// train from there with fresh optimizer state; an assignment once a step's
+// gradient is in, of a dense key, or of compressed values is refused and
+// changes nothing.
+TEST_F(TableTest, AssignedRowsStartThereBeforeTheFirstStepAndAreRefusedAfter) {
+  RegisterTable("t", kVocab);
+  const std::vector<int64_t> ids = IdsOf(0, 3);
+  std::vector<float> values(ids.size() * kDim);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.25f * static_cast<float>(i);
+  ASSERT_TRUE(Push(0,
+                   Rows("t", 0, 0, {ids[0], ids[1]}, {values.begin(), values.begin() + 2 * kDim}),
+                   /*assign_rows=*/true)
+                  .ok());
+  std::vector<float> rows;
+  ASSERT_TRUE(Pull(0, Rows("t", 0, 0, ids), &rows).ok());
+  EXPECT_EQ(0, std::memcmp(rows.data(), values.data(), 2 * kDim * 4));
+  const std::vector<float> third = Init(ids[2]);
+  EXPECT_EQ(0, std::memcmp(rows.data() + 2 * kDim, third.data(), kDim * 4)) << "not assigned";
+
+  v1::KeyData fp16 = Rows("t", 0, 0, {ids[2]}, {values.begin(), values.begin() + kDim / 2});
+  fp16.set_dtype(v1::DTYPE_FLOAT16);
+  EXPECT_TRUE(Refused(Push(0, fp16, true), grpc::StatusCode::INVALID_ARGUMENT, "float32"));
+  std::vector<float> grad(kDim, 1.0f);
+  ASSERT_TRUE(Push(0, Rows("t", 0, 0, {ids[0]}, grad)).ok());
+  EXPECT_TRUE(Refused(Push(0, Rows("t", 0, 0, {ids[2]}, std::vector<float>(kDim, 9.0f)), true),
+                      grpc::StatusCode::FAILED_PRECONDITION, "before its first step"));
+  ASSERT_TRUE(Pull(0, Rows("t", 0, 1, ids), &rows).ok());
+  for (int64_t j = 0; j < kDim; ++j) {
+    EXPECT_FLOAT_EQ(rows[j], values[j] - static_cast<float>(kLr)) << "trained from the given row";
+  }
+  EXPECT_EQ(0, std::memcmp(rows.data() + 2 * kDim, third.data(), kDim * 4))
+      << "the refusal set nothing";
+}
+
+// Client::AssignRows: a table bigger than a message goes in several (9.6 MB
+// of rows, requests of at most 4 MiB), and every row is where it was sent.
+TEST_F(TableTest, ATableBiggerThanAMessageIsAssignedInSeveral) {
+  ClientOptions o;
+  o.coordinator = cluster_->coordinator_address();
+  o.token = cluster_->token();
+  o.rank = 0;
+  o.host = "127.0.0.1";
+  o.rpc_timeout = absl::Seconds(30);
+  o.connect_timeout = absl::Seconds(20);
+  absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  constexpr int64_t kRows = 600000;
+  TableOptions table;
+  table.dim = kDim;
+  table.vocab = kRows;
+  table.seed = kSeed;
+  table.optimizer = DefaultOptimizer(OptimizerKind::kSgd, kLr);
+  ASSERT_TRUE((*c)->RegisterTable("big", table).ok());
+  std::vector<int64_t> ids(kRows);
+  std::vector<float> values(kRows * kDim);
+  for (int64_t i = 0; i < kRows; ++i) ids[i] = i;
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * static_cast<float>(i);
+  const double before =
+      Metric(0, "psrt_server_push_requests_total") + Metric(1, "psrt_server_push_requests_total");
+  ASSERT_TRUE((*c)->AssignRows("big", ids.data(), kRows, values.data()).ok());
+  EXPECT_GE(Metric(0, "psrt_server_push_requests_total") +
+                Metric(1, "psrt_server_push_requests_total") - before,
+            3);
+  const std::vector<int64_t> some = {0, 1, 123457, kRows - 1};
+  std::vector<float> got(some.size() * kDim);
+  ASSERT_TRUE((*c)->Wait((*c)->PullRows("big", some.data(), 4, got.data(), 0)).ok());
+  for (size_t i = 0; i < some.size(); ++i) {
+    EXPECT_EQ(0, std::memcmp(got.data() + i * kDim, values.data() + some[i] * kDim, kDim * 4))
+        << "row " << some[i];
   }
 }
 

@@ -73,6 +73,30 @@ def test_sync_two_workers_equal_one_process_with_torch_sparse_optimizers(kind, b
     assert 0.7 < got["initial"].std() < 1.3
 
 
+@pytest.mark.parametrize("kind,bag,hosts", [("adam", False, 2), ("sgd", True, 2), ("adam", False, 1)])
+def test_a_table_from_pretrained_rows_starts_from_rank_0s_and_trains_as_one_process(kind, bag, hosts):
+    """psrt.Embedding.from_pretrained(matrix): rank 0's rows are every rank's
+    at step 0 (rank 1 passes zeros), and training from them equals
+    nn.Embedding.from_pretrained(matrix, sparse=True) with torch's sparse
+    optimizer in one process."""
+    steps = 8
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rows.pt")
+        code, log = run_job(WORKER, ["--optimizer", kind, "--steps", str(steps), "--out", out, "--pretrained"]
+                            + (["--bag"] if bag else []), ONE_HOST if hosts == 1 else None, hosts)
+        assert code == 0, log
+        got = torch.load(out)
+        starts = [torch.load("%s.initial%d" % (out, r)) for r in range(2)]
+    matrix = w.pretrained()
+    for start in starts:
+        assert torch.equal(start, matrix)
+    rows, head = reference(kind, bag, matrix, steps)
+    torch.testing.assert_close(got["final"], rows, rtol=0, atol=1e-5)
+    for name, value in head.items():
+        torch.testing.assert_close(got["head"][name], value, rtol=0, atol=1e-5)
+    assert (got["final"] - matrix).abs().max() > 1e-2
+
+
 def test_gradscaler_unscales_the_rows_too():
     """A scaled loss (1024x) trains the rows as the unscaled one does in one
     process: step() unscales the rows' gradients with the dense ones. The

@@ -43,6 +43,11 @@ def forward(table, head, ids, bag, sit_out=False):
     return head(features).squeeze(-1)
 
 
+def pretrained():
+    """Rows a table starts from (--pretrained)."""
+    return torch.randn(VOCAB, DIM, generator=torch.Generator().manual_seed(7)) * 0.5
+
+
 def steps_list(text):
     return [int(s) for s in text.split(",") if s]
 
@@ -56,15 +61,21 @@ def main():
     ap.add_argument("--sit-out", type=steps_list, default=[], help="steps whose forward leaves the table out")
     ap.add_argument("--scaler", action="store_true", help="a GradScaler (init_scale 1024) scales the loss")
     ap.add_argument("--unscale", action="store_true", help="with --scaler: scaler.unscale_(opt) before the step")
+    ap.add_argument("--pretrained", action="store_true",
+                    help="the table starts from pretrained() (rank 0's; the others pass zeros)")
     args = ap.parse_args()
     psrt.init()
     torch.manual_seed(0)
     head = torch.nn.Linear(DIM, 1)
-    if args.bag:
-        table = psrt.EmbeddingBag(VOCAB, DIM, mode="sum", name="table", **table_args(args.optimizer))
+    kind = psrt.EmbeddingBag if args.bag else psrt.Embedding
+    options = dict(table_args(args.optimizer), name="table", **({"mode": "sum"} if args.bag else {}))
+    if args.pretrained:
+        matrix = pretrained() if psrt.rank() == 0 else torch.zeros(VOCAB, DIM)
+        table = kind.from_pretrained(matrix, **options)
     else:
-        table = psrt.Embedding(VOCAB, DIM, name="table", **table_args(args.optimizer))
+        table = kind(VOCAB, DIM, **options)
     initial = table.rows(torch.arange(VOCAB))
+    torch.save(initial, "%s.initial%d" % (args.out, psrt.rank()))
     try:
         table(torch.tensor([[1.5, 2.0, 3.0]]))
     except psrt.PsrtError as e:

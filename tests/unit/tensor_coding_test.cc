@@ -257,8 +257,15 @@ TEST(TensorCodingTest, AlsoForMatchesProtobufPackedAndNot) {
   ASSERT_TRUE(ParsePushRequest(Sliced(packed, RandomCuts(packed.size(), 4)), &got).ok());
   EXPECT_EQ(got.also_for, also_for);
   EXPECT_EQ(got.worker_rank, 3);
+  EXPECT_FALSE(got.assign_rows);
+  ASSERT_TRUE(
+      ParsePushRequest(EncodePushRequest(3, 9, {key}, {}, /*assign_rows=*/true), &got).ok());
+  EXPECT_TRUE(got.assign_rows);
+  ASSERT_TRUE(pb.ParseFromString(Flatten(EncodePushRequest(3, 9, {key}, {}, true))));
+  EXPECT_TRUE(pb.assign_rows());
   ASSERT_TRUE(ParsePushRequest(EncodePushRequest(3, 9, {key}), &got).ok());
   EXPECT_TRUE(got.also_for.empty());  // a reused message starts empty
+  EXPECT_FALSE(got.assign_rows);
   v1::PushPullRequest pp;
   ASSERT_TRUE(pp.ParseFromString(Flatten(EncodePushPullRequest(3, 9, {key}, also_for))));
   EXPECT_EQ(pp.push().also_for_size(), 3);

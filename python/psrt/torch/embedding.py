@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import psrt
+from psrt.torch import _collective
 
 _OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
 _names = itertools.count()
@@ -106,6 +107,38 @@ class _Table(torch.nn.Module):
         self._finish_push()
         with torch.no_grad():
             return self._rows(ids.flatten(), self._step).view(*ids.shape, self.embedding_dim)
+
+    @classmethod
+    def from_pretrained(cls, embeddings, freeze=False, **kwargs):
+        """As ``nn.Embedding.from_pretrained(embeddings, sparse=True)``: a table of
+        ``embeddings.shape[0]`` rows that start as rank 0's ``embeddings`` on every
+        worker (its rows are sent once, in messages of a few MiB, before the first
+        step; the others' are not read) and train with the table's optimizer.
+        ``kwargs`` are the class's other arguments. A job restored from a
+        checkpoint starts from the checkpoint's rows instead. Sync jobs only:
+        the workers wait for rank 0's rows together."""
+        if freeze:
+            raise psrt.PsrtError(
+                "psrt.torch.%s.from_pretrained: freeze=True; a frozen table is never pushed, so keep it "
+                "as torch.nn.%s.from_pretrained(embeddings, freeze=True) on every worker" % (cls.__name__, cls.__name__))
+        embeddings = torch.as_tensor(embeddings)
+        if embeddings.dim() != 2 or not embeddings.is_floating_point():
+            raise psrt.PsrtError("psrt.torch.%s.from_pretrained: embeddings are a 2-D floating-point tensor "
+                                 "(rows x embedding_dim); got %s of shape %s"
+                                 % (cls.__name__, embeddings.dtype, tuple(embeddings.shape)))
+        client = psrt.client()
+        if not client.is_sync():
+            raise psrt.PsrtError("psrt.torch.%s.from_pretrained: the workers wait for rank 0's rows together, "
+                                 "which needs a sync job" % cls.__name__)
+        table = cls(embeddings.shape[0], embeddings.shape[1], **kwargs)
+        if client.restored_step() == 0:
+            if psrt.rank() == 0:
+                values = embeddings.detach().to("cpu", torch.float32).contiguous()
+                ids = torch.arange(values.shape[0], dtype=torch.int64)
+                client.assign_rows(table.table_name, ids.data_ptr(), ids.numel(), values.data_ptr())
+            # Nobody reads a row before rank 0's are in.
+            _collective.Exchange(table.table_name + "@pretrained").sum(torch.zeros(1))
+        return table
 
     def push(self, inv_scale=None):
         """Pushes this step's row gradients (DistributedOptimizer.step() does
