@@ -374,6 +374,9 @@ class Store {
   // A push whose assign_rows is set: rows' values for a table's part before
   // its first step.
   absl::Status AssignRows(const WireMessage& req);
+  // Whether key k takes pushes now: served here, registered by rank 0, not
+  // stopped (by a NaN with "nonfinite": "fail").
+  absl::Status Pushable(Key* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // Sync: how many of the workers a push counts for (the pusher and its
   // also_for) pushed for k's step already.
   int Counted(Key* k, const WireMessage& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);

@@ -139,12 +139,7 @@ absl::Status Store::Push(const WireMessage& req) {
                        "; a scale is finite and positive, at least 3e-39 (0 stands for 1)"));
     }
     absl::MutexLock lock(&k->mu);
-    if (!k->role.serving) return NotServing(k);
-    if (!k->initialized) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("key '", k->name, "' has no value yet: rank 0 has not registered it"));
-    }
-    if (!k->stopped.ok()) return k->stopped;
+    if (absl::Status s = Pushable(k); !s.ok()) return s;
     for (int r : Pushers(req)) {
       if (!k->active[r]) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -220,6 +215,15 @@ absl::Status Store::Push(const WireMessage& req) {
   return moved;
 }
 
+absl::Status Store::Pushable(Key* k) {
+  if (!k->role.serving) return NotServing(k);
+  if (!k->initialized) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("key '", k->name, "' has no value yet: rank 0 has not registered it"));
+  }
+  return k->stopped;
+}
+
 absl::Status Store::AssignRows(const WireMessage& req) {
   if (req.keys.size() != 1 || !req.also_for.empty()) {
     return absl::InvalidArgumentError(
@@ -240,12 +244,7 @@ absl::Status Store::AssignRows(const WireMessage& req) {
   }
   if (absl::Status s = k->value->CheckPush(kd.ids, kd.data.size(), 4, kd.dtype); !s.ok()) return s;
   absl::MutexLock lock(&k->mu);
-  if (!k->role.serving) return NotServing(k);
-  if (!k->initialized) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("key '", k->name, "' has no value yet: rank 0 has not registered it"));
-  }
-  if (!k->stopped.ok()) return k->stopped;
+  if (absl::Status s = Pushable(k); !s.ok()) return s;
   // Once a gradient is in, the rows are being trained: a value set then
   // would differ between the workers that pulled before and after it.
   if (k->version != 0 || kd.version != 0 || k->sync.contributions != 0) {

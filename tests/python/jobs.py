@@ -80,6 +80,18 @@ def trained_arrays(script, args, ps=None, hosts=2):
         return [saved["arr_%d" % i] for i in range(len(saved.files))]
 
 
+def shard_order(dataset, workers, rank, epochs):
+    """The samples `rank` of `workers` reads over `epochs`, as a
+    DistributedSampler (shuffled, seed 0, set_epoch each epoch) deals them."""
+    from torch.utils.data import DistributedSampler
+    order = []
+    for epoch in range(epochs):
+        sampler = DistributedSampler(dataset, workers, rank, shuffle=True, seed=0)
+        sampler.set_epoch(epoch)
+        order += list(sampler)
+    return order
+
+
 def job_and_reference(script, args, out, workers=2):
     """Runs `script` with `args` and `--out OUT` as every worker of a local
     job, then as one process with `--reference WORKERS` (the job's global
