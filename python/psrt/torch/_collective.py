@@ -12,44 +12,40 @@ order the workers call them, as torch.distributed's are.
 
 import pickle
 
+import numpy as np
 import torch
 
 import psrt
-from psrt import _job
+from psrt import _host
 
 
 class Exchange:
-    """Sums float32 vectors over the job's workers, through key `name`."""
+    """Sums float32 vectors over the job's workers, through key `name`
+    (HostVariables.agree, as the MXNet plugin's barrier does)."""
 
     _CHUNK = 4096  # floats a round trip carries
 
     def __init__(self, name):
-        self._client = psrt.client()
-        if not self._client.is_sync():
+        client = psrt.client()
+        if not client.is_sync():
             raise psrt.PsrtError("%s: collectives need a sync job (every worker takes part in "
                                  "each); this job's mode is async or ssp" % name)
         self._name = name
-        self._out = torch.zeros(self._CHUNK)
-        self._client.register_variable(name, [self._CHUNK], self._out.data_ptr(), {"name": "assign"},
-                                       psrt.Compression.none.value, psrt.Compression.none.value)
-        self._step = _job.first_step(self._client, name)
-        self._workers = self._client.num_workers()
+        self._vars = _host.HostVariables(client, psrt.Compression.none)
+        # agree() returns the mean where the servers average.
+        self._scale = client.num_workers() if client.averages() else 1
 
     def sum(self, values):
         """The sum over workers of `values` (any shape, as float32 on the CPU;
         exact for integers up to 2^24 / workers)."""
-        flat = values.detach().to("cpu", torch.float32).reshape(-1)
-        total = torch.empty_like(flat)
-        scale = self._workers if self._client.averages() else 1
-        for at in range(0, max(1, flat.numel()), self._CHUNK):
-            part = torch.zeros(self._CHUNK)
-            n = min(self._CHUNK, flat.numel() - at)
+        flat = values.detach().to("cpu", torch.float32).reshape(-1).numpy()
+        total = np.empty_like(flat)
+        for at in range(0, max(1, flat.size), self._CHUNK):
+            part = np.zeros(self._CHUNK, np.float32)
+            n = min(self._CHUNK, flat.size - at)
             part[:n] = flat[at:at + n]
-            handle = self._client.push_pull([self._name], [part.data_ptr()], [self._out.data_ptr()], self._step)
-            self._client.wait(handle)
-            self._step = _job.next_step(self._client, self._name, self._step)
-            total[at:at + n] = self._out[:n] * scale
-        return total.reshape(values.shape)
+            total[at:at + n] = self._vars.agree(self._name, part)[:n] * self._scale
+        return torch.from_numpy(total).reshape(values.shape)
 
     def broadcast(self, obj, src):
         """`obj` as rank `src` has it (pickled, byte by byte)."""
