@@ -4,9 +4,12 @@ counter, pulls of distinct rows and pushes of their gradients. The work
 happens in C++ behind the C API (psrt._psrt); psrt.torch.Embedding does the
 same on torch tensors (docs/sparse.md)."""
 
+import os
+
 import numpy as np
 
 import psrt
+from psrt import _host
 
 
 def int_ids(table, ids):
@@ -40,6 +43,36 @@ def merge(pieces):
     summed = np.zeros((ids.size, grads.shape[1]), dtype=np.float32)
     np.add.at(summed, inverse.reshape(-1), grads)
     return ids, summed
+
+
+_ASSIGN = {"name": "assign", "lr": 0.0}
+
+
+def start_from(client, table, rows):
+    """Starts `table`'s rows at rank 0's `rows()` (a float32 (n, dim) array
+    for ids 0..n-1, computed on rank 0 only), once per job; returns when
+    every row is in, on every rank.
+
+    Rank 0 sends the rows once (in messages of a few MiB) and only if the
+    servers have never started the table: a rank 0 that restarts, a job
+    restored from a checkpoint and a worker that joins later all find the
+    rows there (and maybe trained). Two one-float variables beside the table
+    decide it, through registration's own rule that rank 0's first value
+    wins: "<table>@start", which rank 0 registers with a random value (the
+    rows are rank 0's to send if its value won), and "<table>@started", which
+    rank 0 registers once the rows are in and which every other rank's
+    registration waits for (rank 0's value pulled, within the pull's
+    deadline). Registration is not a step, so sync, async and ssp jobs alike
+    start so; both variables are checkpointed with the table.
+    """
+    marks = _host.HostVariables(client, psrt.Compression.none)
+    if client.rank() == 0:
+        mine = np.frombuffer(os.urandom(4), np.uint32).astype(np.float32)
+        if np.array_equal(marks.register(table + "@start", mine, _ASSIGN), mine):
+            values = np.ascontiguousarray(rows(), dtype=np.float32)
+            ids = np.arange(values.shape[0], dtype=np.int64)
+            client.assign_rows(table, ids.ctypes.data, ids.size, values.ctypes.data)
+    marks.register(table + "@started", np.ones(1, np.float32), _ASSIGN)
 
 
 class HostTable:

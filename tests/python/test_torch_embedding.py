@@ -97,6 +97,30 @@ def test_a_table_from_pretrained_rows_starts_from_rank_0s_and_trains_as_one_proc
     assert (got["final"] - matrix).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_pretrained_rows_are_sent_once_a_job_and_a_restarted_rank_0_keeps_the_trained_ones(mode):
+    """Rank 0 fails at step 3 and is started again (restart_workers): its
+    from_pretrained finds the rows trained for 3 steps on the servers and
+    sends nothing. Async jobs start from pretrained rows too: registration,
+    not a step, orders the rows before every rank's first read."""
+    crash = 3
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rows.pt")
+        code, log = run_job(WORKER, ["--optimizer", "sgd", "--steps", "6", "--out", out, "--pretrained",
+                                     "--crash-at", str(crash)], {"mode": mode, "restart_workers": 1})
+        assert code == 0, log
+        assert "its agent restarts it" in log, log
+        starts = [torch.load("%s.initial%d" % (out, r)) for r in range(2)]
+        restarted = torch.load(out + ".restarted")
+    matrix = w.pretrained()
+    for start in starts:
+        assert torch.equal(start, matrix)
+    assert (restarted - matrix).abs().max() > 1e-2
+    if mode == "sync":
+        rows, _ = reference("sgd", False, matrix, crash)
+        torch.testing.assert_close(restarted, rows, rtol=0, atol=1e-5)
+
+
 def test_gradscaler_unscales_the_rows_too():
     """A scaled loss (1024x) trains the rows as the unscaled one does in one
     process: step() unscales the rows' gradients with the dense ones. The

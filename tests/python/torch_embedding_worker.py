@@ -8,6 +8,7 @@ and the head's final weights with torch.save to --out.
 """
 
 import argparse
+import os
 
 import torch
 
@@ -63,8 +64,12 @@ def main():
     ap.add_argument("--unscale", action="store_true", help="with --scaler: scaler.unscale_(opt) before the step")
     ap.add_argument("--pretrained", action="store_true",
                     help="the table starts from pretrained() (rank 0's; the others pass zeros)")
+    ap.add_argument("--crash-at", type=int, default=-1,
+                    help="rank 0 fails at this step; restarted, it saves the rows it finds to --out.restarted "
+                         "and leaves")
     args = ap.parse_args()
     psrt.init()
+    restarted = os.environ.get("PSRT_RESTART_COUNT", "0") != "0"
     torch.manual_seed(0)
     head = torch.nn.Linear(DIM, 1)
     kind = psrt.EmbeddingBag if args.bag else psrt.Embedding
@@ -75,6 +80,9 @@ def main():
     else:
         table = kind(VOCAB, DIM, **options)
     initial = table.rows(torch.arange(VOCAB))
+    if restarted:
+        torch.save(initial, args.out + ".restarted")
+        return
     torch.save(initial, "%s.initial%d" % (args.out, psrt.rank()))
     try:
         table(torch.tensor([[1.5, 2.0, 3.0]]))
@@ -86,6 +94,8 @@ def main():
     per = BATCH // size
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if args.scaler else None
     for step in range(psrt.restored_step(), args.steps):
+        if step == args.crash_at and rank == 0:
+            os._exit(3)
         ids, y = batch(step)
         ids, y = ids[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
         opt.zero_grad()

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import psrt
-from psrt.torch import _collective
+from psrt._tables import start_from
 
 _OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
 _names = itertools.count()
@@ -115,8 +115,8 @@ class _Table(torch.nn.Module):
         worker (its rows are sent once, in messages of a few MiB, before the first
         step; the others' are not read) and train with the table's optimizer.
         ``kwargs`` are the class's other arguments. A job restored from a
-        checkpoint starts from the checkpoint's rows instead. Sync jobs only:
-        the workers wait for rank 0's rows together."""
+        checkpoint, a restarted rank 0 and a worker that joins later find the
+        rows on the servers instead (``start_from``)."""
         if freeze:
             raise psrt.PsrtError(
                 "psrt.torch.%s.from_pretrained: freeze=True; a frozen table is never pushed, so keep it "
@@ -126,18 +126,9 @@ class _Table(torch.nn.Module):
             raise psrt.PsrtError("psrt.torch.%s.from_pretrained: embeddings are a 2-D floating-point tensor "
                                  "(rows x embedding_dim); got %s of shape %s"
                                  % (cls.__name__, embeddings.dtype, tuple(embeddings.shape)))
-        client = psrt.client()
-        if not client.is_sync():
-            raise psrt.PsrtError("psrt.torch.%s.from_pretrained: the workers wait for rank 0's rows together, "
-                                 "which needs a sync job" % cls.__name__)
         table = cls(embeddings.shape[0], embeddings.shape[1], **kwargs)
-        if client.restored_step() == 0:
-            if psrt.rank() == 0:
-                values = embeddings.detach().to("cpu", torch.float32).contiguous()
-                ids = torch.arange(values.shape[0], dtype=torch.int64)
-                client.assign_rows(table.table_name, ids.data_ptr(), ids.numel(), values.data_ptr())
-            # Nobody reads a row before rank 0's are in.
-            _collective.Exchange(table.table_name + "@pretrained").sum(torch.zeros(1))
+        start_from(psrt.client(), table.table_name,
+                   lambda: embeddings.detach().to("cpu", torch.float32).numpy())
         return table
 
     def push(self, inv_scale=None):
