@@ -48,10 +48,10 @@ def merge(pieces):
 _ASSIGN = {"name": "assign", "lr": 0.0}
 
 
-def start_from(client, table, rows):
-    """Starts `table`'s rows at rank 0's `rows()` (a float32 (n, dim) array
-    for ids 0..n-1, computed on rank 0 only), once per job; returns when
-    every row is in, on every rank.
+def start_from(client, table, dim, rows):
+    """Starts `table`'s rows at rank 0's `rows()` (ids and their float32
+    rows, computed on rank 0 only; other ids start as the table's options
+    say), once per job; returns when every row is in, on every rank.
 
     Rank 0 sends the rows once (in messages of a few MiB) and only if the
     servers have never started the table: a rank 0 that restarts, a job
@@ -69,9 +69,14 @@ def start_from(client, table, rows):
     if client.rank() == 0:
         mine = np.frombuffer(os.urandom(4), np.uint32).astype(np.float32)
         if np.array_equal(marks.register(table + "@start", mine, _ASSIGN), mine):
-            values = np.ascontiguousarray(rows(), dtype=np.float32)
-            ids = np.arange(values.shape[0], dtype=np.int64)
-            client.assign_rows(table, ids.ctypes.data, ids.size, values.ctypes.data)
+            ids, values = rows()
+            ids = np.ascontiguousarray(ids, dtype=np.int64)
+            values = np.ascontiguousarray(values, dtype=np.float32)
+            if values.shape != (ids.size, dim):
+                raise psrt.PsrtError("table '%s': %d ids with starting rows of shape %s; rows have %d values"
+                                     % (table, ids.size, values.shape, dim))
+            if ids.size:
+                client.assign_rows(table, ids.ctypes.data, ids.size, values.ctypes.data)
     marks.register(table + "@started", np.ones(1, np.float32), _ASSIGN)
 
 

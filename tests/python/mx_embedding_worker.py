@@ -13,6 +13,7 @@ rank checks the kvstore's table calls used directly instead.
 """
 
 import argparse
+import os
 import sys
 
 import mxnet as mx
@@ -52,6 +53,11 @@ class Net(gluon.Block):
 
     def forward(self, ids):
         return self.head(self.table(ids).mean(axis=1))
+
+
+def pretrained():
+    """Rows a table starts from (--pretrained)."""
+    return np.random.default_rng(11).standard_normal((VOCAB, DIM)).astype(np.float32) * 0.5
 
 
 def build_net(table):
@@ -108,6 +114,12 @@ def api_checks():
         raise AssertionError("a dense gradient was pushed to a table")
     except psrt.PsrtError as e:
         assert "push a row_sparse gradient" in str(e), e
+    # A table initialised with rows: rank 0's (rows 0 and 2) are everyone's,
+    # the rest zeros, as in the row_sparse value.
+    kv.init("p", mx.nd.sparse.row_sparse_array((np.full((2, 2), kv.rank + 5.0, np.float32), [0, 2]), shape=(4, 2)))
+    got = mx.nd.zeros((4, 2))
+    kv.pull("p", out=got)
+    assert np.array_equal(got.asnumpy(), [[5, 5], [0, 0], [5, 5], [0, 0]]), got
     print("rank %d: table checks passed" % kv.rank, flush=True)
     return 0
 
@@ -118,13 +130,20 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--api", action="store_true", help="check the kvstore's table API instead")
     ap.add_argument("--out")
+    ap.add_argument("--pretrained", action="store_true",
+                    help="rank 0's table starts as pretrained(), the others' at random")
     args = ap.parse_args()
     if args.api:
         return api_checks()
     if not args.out:
         ap.error("--out is required (or --api)")
-    psrt.mxnet.table_options(init_std=0.5, compression=psrt.Compression.none)
+    if args.pretrained:
+        psrt.mxnet.table_options(compression=psrt.Compression.none)
+    else:
+        psrt.mxnet.table_options(init_std=0.5, compression=psrt.Compression.none)
     net = build_net(gluon.contrib.nn.SparseEmbedding(VOCAB, DIM))
+    if args.pretrained and os.environ["PSRT_RANK"] == "0":  # the kvstore starts psrt later
+        net.table.weight.set_data(mx.nd.array(pretrained()).tostype("row_sparse"))
     name, params = OPTIMIZERS[args.optimizer]
     trainer = gluon.Trainer(trained_params(net, args.optimizer), name, params, kvstore="psrt")
     loss_fn = gluon.loss.L2Loss()
@@ -140,6 +159,7 @@ def main():
             loss = loss_fn(net(x), y)
         loss.backward()
         trainer.step(per)
+    np.save("%s.initial%d.npy" % (args.out, rank), initial)
     if rank == 0:
         final = net.table.weight.row_sparse_data(every).asnumpy()  # once every worker's last step is applied
         np.savez(args.out, initial=initial, final=final, head_kernel=net.head.weight.data().asnumpy(),

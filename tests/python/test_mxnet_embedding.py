@@ -73,6 +73,30 @@ def test_sync_two_workers_with_gluon_equal_one_process_with_mxnet_sparse_updates
     assert 0.35 < saved["initial"].std() < 0.65
 
 
+@pytest.mark.parametrize("hosts", [2, 1])
+def test_a_table_initialised_with_rows_starts_from_rank_0s_and_trains_as_one_process(hosts):
+    """SparseEmbedding's weight set to a matrix on rank 0 (rank 1's is
+    random): every rank's first rows are rank 0's, and training from them
+    equals one process from the matrix."""
+    steps = 8
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rows.npz")
+        code, log = run_job(os.path.join(HERE, "mx_embedding_worker.py"),
+                            ["--optimizer", "sgd", "--steps", str(steps), "--out", out, "--pretrained"],
+                            ONE_HOST if hosts == 1 else None, hosts)
+        assert code == 0, log
+        saved = dict(np.load(out))
+        starts = [np.load("%s.initial%d.npy" % (out, r)) for r in range(2)]
+    matrix = w.pretrained()
+    for start in starts:
+        np.testing.assert_array_equal(start, matrix)
+    rows, kernel, bias = reference("sgd", matrix, steps)
+    np.testing.assert_allclose(saved["final"], rows, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(saved["head_kernel"], kernel, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(saved["head_bias"], bias, rtol=0, atol=1e-5)
+    assert np.abs(saved["final"] - matrix).max() > 1e-2
+
+
 def test_kvstore_api_row_sparse_pull_push_pushpull():
     code, log = run_job(os.path.join(HERE, "mx_embedding_worker.py"), ["--api"])
     assert code == 0, log

@@ -40,12 +40,12 @@ Sparse tables (docs/sparse.md): a key initialised with a ``row_sparse``
 NDArray of shape (vocab, dim), as MXNet's dist kvstore takes row-sparse
 weights (Gluon's ``contrib.nn.SparseEmbedding`` with
 ``Trainer(..., kvstore="psrt")``), becomes a table whose rows live on the
-servers. A new row starts on the servers: as zeros when the init value is
-all zeros, or as N(0, init_std^2) drawn from (seed, id) once
-``table_options`` sets init_std (the init value then gives only the shape);
-other init values are refused, since the servers cannot start rows at given
-values. ``row_sparse_pull`` reads the rows of given ids; ``push`` (or
-``pushpull``) of a ``row_sparse`` gradient sends its rows, which the servers
+servers. Its rows start as rank 0's init value, sent once before anyone
+reads a row (``psrt._tables.start_from``; rows the value lacks start as
+zeros), or as N(0, init_std^2) drawn from (seed, id) once ``table_options``
+sets init_std (the init value then gives only the shape).
+``row_sparse_pull`` reads the rows of given ids; ``push`` (or ``pushpull``)
+of a ``row_sparse`` gradient sends its rows, which the servers
 update with the optimizer's row-wise form (sgd, adam with ``lazy_update``,
 adagrad, ftrl) on the mean over workers. In sync mode every worker pushes
 each table once per step, as Gluon's Trainer does. The step a table is
@@ -594,17 +594,14 @@ class Psrt(mx.kvstore.KVStore):
         opts = dict(_TABLE_DEFAULTS, compression=self._compression)
         opts.update(given)
         if "init_std" not in given:
-            # The servers start rows as zeros (init_std 0) or at random;
-            # they cannot start them at given values.
-            if value.data.size and np.any(value.data.asnumpy()):
-                raise psrt.PsrtError(
-                    "psrt kvstore: key %s: a table's rows start on the servers, as zeros or as N(0, init_std^2) "
-                    "drawn from (seed, id); they cannot start at this init value (not all zeros). Initialise "
-                    "the weight with zeros (mx.init.Zero()), or call psrt.mxnet.table_options(%r, "
-                    "init_std=...) to start its rows at random" % (key, key))
-            opts["init_std"] = 0.0
-        self._tables[key] = _tables.HostTable("psrt kvstore", self._name(key), value.shape[1], value.shape[0],
+            opts["init_std"] = 0.0  # rows the value lacks are zeros, as in a row_sparse array
+        name = self._name(key)
+        self._tables[key] = _tables.HostTable("psrt kvstore", name, value.shape[1], value.shape[0],
                                               _table_optimizer(self._optimizer), **opts)
+        if "init_std" not in given:
+            # Rank 0's value is the table's, as with a dense key.
+            _tables.start_from(psrt.client(), name, value.shape[1],
+                               lambda: (value.indices.asnumpy(), value.data.asnumpy()))
 
     def _move(self, key):
         """Moves a dense key's current value to a new variable with the

@@ -10,6 +10,7 @@ the servers (docs/sparse.md).
 import itertools
 import weakref
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -127,8 +128,8 @@ class _Table(torch.nn.Module):
                                  "(rows x embedding_dim); got %s of shape %s"
                                  % (cls.__name__, embeddings.dtype, tuple(embeddings.shape)))
         table = cls(embeddings.shape[0], embeddings.shape[1], **kwargs)
-        start_from(psrt.client(), table.table_name,
-                   lambda: embeddings.detach().to("cpu", torch.float32).numpy())
+        start_from(psrt.client(), table.table_name, table.embedding_dim,
+                   lambda: (np.arange(embeddings.shape[0]), embeddings.detach().to("cpu", torch.float32).numpy()))
         return table
 
     def push(self, inv_scale=None):
