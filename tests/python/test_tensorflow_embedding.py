@@ -118,6 +118,40 @@ def test_sync_two_workers_with_model_fit_equal_one_process_with_a_sparse_update(
     assert 0.035 < saved["initial"].std() < 0.065
 
 
+@pytest.mark.parametrize("hosts", [2, 1])
+def test_a_table_with_an_initializer_starts_from_rank_0s_rows_and_trains_as_one_process(hosts):
+    """embeddings_initializer differs per rank (its seed): every rank's
+    first rows are rank 0's initializer's, and model.fit from them equals one
+    process from them."""
+    steps = 8
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rows.npz")
+        code, log = run_job(os.path.join(HERE, "tf_embedding_worker.py"),
+                            ["--optimizer", "sgd", "--steps", str(steps), "--out", out, "--initializer"],
+                            ONE_HOST if hosts == 1 else None, hosts)
+        assert code == 0, log
+        saved = dict(np.load(out))
+        starts = [np.load("%s.initial%d.npy" % (out, r)) for r in range(2)]
+    matrix = keras.ops.convert_to_numpy(w.initializer(0)((w.VOCAB, w.DIM), "float32"))
+    assert not np.array_equal(matrix, keras.ops.convert_to_numpy(w.initializer(1)((w.VOCAB, w.DIM), "float32")))
+    for start in starts:
+        np.testing.assert_array_equal(start, matrix)
+    rows, head = reference("sgd", saved, steps)
+    np.testing.assert_allclose(saved["final"], rows, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(saved["head_kernel"], head[0], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(saved["head_bias"], head[1], rtol=0, atol=1e-5)
+    assert np.abs(saved["final"] - matrix).max() > 1e-2
+
+
+def test_an_initializer_needs_a_vocabulary_and_replaces_init_std():
+    import psrt
+    from psrt.tensorflow import layers
+    with pytest.raises(psrt.PsrtError, match=r"fixed vocabulary \(input_dim > 0; got 0\)"):
+        layers.Embedding(0, 4, embeddings_initializer="uniform")
+    with pytest.raises(psrt.PsrtError, match=r"replaces init_std \(got 0.1\)"):
+        layers.Embedding(10, 4, embeddings_initializer="uniform", init_std=0.1)
+
+
 def test_table_optimizers_take_keras_names_and_refuse_others():
     from psrt.tensorflow import layers
     import psrt

@@ -40,6 +40,11 @@ def table_args(kind):
     return {"optimizer": "sgd", "lr": 0.5}
 
 
+def initializer(rank):
+    """A seeded Keras initializer that differs per rank (--initializer)."""
+    return keras.initializers.RandomUniform(-0.5, 0.5, seed=rank + 1)
+
+
 def build_model(table):
     """ids -> table -> mean over the bag -> Dense(1); the head from seed 0."""
     keras.utils.set_random_seed(0)
@@ -57,10 +62,13 @@ def main():
     ap.add_argument("--optimizer", default="adam")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--initializer", action="store_true",
+                    help="the table starts from initializer(rank) (rank 0's, on every rank)")
     args = ap.parse_args()
     psrt.init()
+    start = {"embeddings_initializer": initializer(psrt.rank())} if args.initializer else {}
     table = psrt.keras.layers.Embedding(VOCAB, DIM, name="table", compression=psrt.Compression.none,
-                                        **table_args(args.optimizer))
+                                        **table_args(args.optimizer), **start)
     model = build_model(table)
     model.compile(optimizer=psrt.keras.DistributedOptimizer(keras.optimizers.SGD(0.1),
                                                             compression=psrt.Compression.none),
@@ -68,6 +76,7 @@ def main():
     rank, size = psrt.rank(), psrt.size()
     per = BATCH // size
     initial, initial_head = table.rows(np.arange(VOCAB)), head_weights(model)
+    np.save("%s.initial%d.npy" % (args.out, rank), initial)
     # Rank r's slices of every step, in order: fit's batches of `per`.
     batches = [batch(step) for step in range(args.steps)]
     x = np.concatenate([ids[rank * per:(rank + 1) * per] for ids, _ in batches])

@@ -146,15 +146,20 @@ class Embedding(keras.layers.Layer):
         do not reach it).
       seed, init_std: a new row is N(0, init_std^2) drawn from (seed, id);
         0.05 is Keras's RandomNormal default.
+      embeddings_initializer: instead, as Keras's Embedding takes it (a name,
+        an Initializer, or keras.initializers.Constant(matrix) for pretrained
+        rows): rank 0's initializer((input_dim, output_dim)) is every worker's
+        table, sent once a job (psrt._tables.start_from), so a fixed
+        input_dim is needed.
       max_rows, evict_after_steps, evict_min_count: open hash tables' cap per
         server and eviction (docs/sparse.md).
       compression: psrt.Compression for the rows and gradients on the wire.
       mask_zero: as Keras's Embedding.
     """
 
-    def __init__(self, input_dim, output_dim, name=None, optimizer="adam", lr=1e-3, seed=0, init_std=0.05,
+    def __init__(self, input_dim, output_dim, name=None, optimizer="adam", lr=1e-3, seed=0, init_std=None,
                  max_rows=0, evict_after_steps=0, evict_min_count=0, compression=psrt.Compression.job_default,
-                 mask_zero=False, **optimizer_args):
+                 mask_zero=False, embeddings_initializer=None, **optimizer_args):
         if isinstance(compression, str):
             compression = psrt.Compression[compression]
         name = name if name is not None else "embedding%d" % next(_names)
@@ -162,12 +167,27 @@ class Embedding(keras.layers.Layer):
         self.input_dim = int(input_dim or 0)
         self.output_dim = int(output_dim)
         self.mask_zero = bool(mask_zero)
+        initializer = None
+        if embeddings_initializer is not None:
+            if init_std is not None or not self.input_dim:
+                raise psrt.PsrtError(
+                    "psrt.keras.layers.Embedding '%s': embeddings_initializer starts the rows of a fixed "
+                    "vocabulary (input_dim > 0; got %d) and replaces init_std (got %s)"
+                    % (name, self.input_dim, init_std))
+            initializer = keras.initializers.get(embeddings_initializer)
+            embeddings_initializer = keras.initializers.serialize(initializer)
         self._settings = dict(optimizer=optimizer, lr=lr, seed=seed, init_std=init_std, max_rows=max_rows,
                               evict_after_steps=evict_after_steps, evict_min_count=evict_min_count,
-                              compression=compression.name, mask_zero=mask_zero, **optimizer_args)
+                              compression=compression.name, mask_zero=mask_zero,
+                              embeddings_initializer=embeddings_initializer, **optimizer_args)
         table = _tables.HostTable("psrt.keras.layers.Embedding", name, self.output_dim, self.input_dim,
-                                  _optimizer_config(optimizer, lr, optimizer_args), seed, init_std, max_rows,
+                                  _optimizer_config(optimizer, lr, optimizer_args), seed,
+                                  0.0 if initializer else 0.05 if init_std is None else init_std, max_rows,
                                   evict_after_steps, evict_min_count, compression)
+        if initializer is not None:
+            shape = (self.input_dim, self.output_dim)
+            _tables.start_from(psrt.client(), name, self.output_dim,
+                               lambda: (np.arange(shape[0]), keras.ops.convert_to_numpy(initializer(shape, "float32"))))
         self._lookups = _Lookups(table)
         self.push_trigger = self.add_weight(shape=(), initializer="zeros", trainable=True, autocast=False,
                                             name="push_trigger")
