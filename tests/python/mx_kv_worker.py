@@ -97,14 +97,17 @@ def two_bit():
 def table_init():
     kv = mx.kv.create("psrt")
     kv.set_optimizer(mx.optimizer.SGD(learning_rate=1.0))
-    # A table starts where its init value says when the servers can (zeros),
-    # and refuses a value they cannot start at.
+    # A table starts as rank 0's init value: zeros, or rows 0 and 2 of rank 0
+    # (rank 1's differ) and zeros for the rows the value lacks.
     kv.init("zeros", mx.nd.sparse.zeros("row_sparse", (6, 2)))
     full = mx.nd.ones((6, 2))
     kv.pull("zeros", out=full)
     assert (full.asnumpy() == 0).all(), full
-    msg = refused("a table's ones", kv.init, "ones", mx.nd.ones((6, 2)).tostype("row_sparse"))
-    assert "cannot start at this init value" in msg and "table_options('ones', init_std=" in msg, msg
+    kv.init("rows", mx.nd.sparse.row_sparse_array((np.full((2, 2), kv.rank + 5.0, np.float32), [0, 2]),
+                                                  shape=(4, 2)))
+    full = mx.nd.ones((4, 2))
+    kv.pull("rows", out=full)
+    assert np.array_equal(full.asnumpy(), [[5, 5], [0, 0], [5, 5], [0, 0]]), full
 
 
 def barrier():

@@ -99,8 +99,8 @@ def assert_both_ranks_passed(job, what):
 # plain_store: no set_optimizer, the servers keep the workers' mean; then
 # set_optimizer runs on the values the keys hold. compression: fp16 as
 # set_gradient_compression, 1-bit refused. two_bit: MXNet's 2-bit
-# quantization with its residual. table_init: a row_sparse key starts at its
-# zeros, a ones value is refused. barrier: kv._barrier() waits for every
+# quantization with its residual. table_init: a row_sparse key starts as rank
+# 0's value (rows it lacks as zeros). barrier: kv._barrier() waits for every
 # worker.
 # One host of two workers summing first: the kvstore's push then pull, and
 # Gluon's Trainer with BatchNorm, train as before.
