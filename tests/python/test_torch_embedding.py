@@ -172,14 +172,17 @@ def test_ids_of_a_float_dtype_are_refused_naming_the_table():
         assert _int_ids("user", torch.zeros(2, dtype=dtype)).dtype == dtype
 
 
-def test_a_checkpoint_holds_the_tables_and_restores_onto_another_number_of_servers():
+@pytest.mark.parametrize("start", [[], ["--pretrained"]])
+def test_a_checkpoint_holds_the_tables_and_restores_onto_another_number_of_servers(start):
     """6 steps on 2 servers and 2 workers, a checkpoint, then 6 more on 1
     server and 1 worker: the rows (and Adam's moments, or the last 6 steps
-    would differ) end as 12 uninterrupted steps would have them."""
+    would differ) end as 12 uninterrupted steps would have them. A table
+    from pretrained rows resumes from the checkpoint's rows (its rows are
+    not sent again)."""
     with tempfile.TemporaryDirectory() as d:
         ckpt = {"checkpoint": {"uri": "file://" + d + "/ckpt"}}
         out = os.path.join(d, "rows.pt")
-        code, log = run_job(WORKER, ["--steps", "6", "--out", out], ps=ckpt)
+        code, log = run_job(WORKER, ["--steps", "6", "--out", out] + start, ps=ckpt)
         assert code == 0, log
         initial = torch.load(out)["initial"]
         inspect = subprocess.run([os.path.join(BIN, "psrt-ckpt"), "inspect", "file://" + d + "/ckpt"],
@@ -189,7 +192,8 @@ def test_a_checkpoint_holds_the_tables_and_restores_onto_another_number_of_serve
         assert rows, inspect.stdout
         # Adam keeps 2 slots: 3 floats per value.
         assert int(rows.group(2)) == int(rows.group(1)) * 8 * 4 * 3, inspect.stdout
-        code, log = run_job(WORKER, ["--steps", "12", "--out", out], ps=dict(ckpt, restore="latest"), hosts=1)
+        code, log = run_job(WORKER, ["--steps", "12", "--out", out] + start, ps=dict(ckpt, restore="latest"),
+                            hosts=1)
         assert code == 0, log
         assert re.search(r"restored \d+ keys from \S+ \(step 6\)", log), log
         got = torch.load(out)
