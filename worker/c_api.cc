@@ -176,6 +176,13 @@ int64_t psrt_push_rows(psrt_client* c, const char* table, const int64_t* ids, in
   return static_cast<int64_t>(c->client->PushRows(table, ids, n, grads, version));
 }
 
+int psrt_every_worker_each_step(const psrt_client* c) {
+  if (c == nullptr)
+    return Fail(absl::InvalidArgumentError("psrt_every_worker_each_step: NULL client"));
+  if (absl::Status s = c->client->EveryWorkerEachStep(); !s.ok()) return Fail(s);
+  return 0;
+}
+
 int psrt_assign_rows(psrt_client* c, const char* table, const int64_t* ids, int64_t n,
                      const float* values) {
   if (c == nullptr || table == nullptr) {

@@ -46,6 +46,10 @@ int psrt_is_sync(const psrt_client* client);
 int psrt_averages(const psrt_client* client);
 /* The step a job started from a checkpoint resumes at; 0 for a fresh job. */
 int64_t psrt_restored_step(const psrt_client* client);
+/* 0 if every sync step waits for every worker's push (collectives through
+ * the servers sum over the job's workers); otherwise a negative status code,
+ * and psrt_last_error says which option of the job prevents it. */
+int psrt_every_worker_each_step(const psrt_client* client);
 
 /* How a variable's values travel (psrt_register). */
 enum {

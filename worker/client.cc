@@ -171,6 +171,26 @@ bool Client::sync() const { return impl_->config.mode() == "sync"; }
 bool Client::averages() const { return impl_->config.average_gradients(); }
 int64_t Client::restored_step() const { return impl_->config.restored_step(); }
 
+absl::Status Client::EveryWorkerEachStep() const {
+  const v1::JobConfig& c = impl_->config;
+  std::string why;
+  if (!sync()) {
+    why = absl::StrCat("the job's mode is ", c.mode(), ": each worker's push counts on its own");
+  } else if (c.backup_workers() > 0) {
+    why = absl::StrCat("\"backup_workers\": ", c.backup_workers(), " completes a step without the ",
+                       c.backup_workers(), " slowest workers' pushes");
+  } else if (c.min_workers() > 0) {
+    why = "\"elastic\": a step takes the workers active at it";
+  } else if (c.on_worker_failure() == "continue") {
+    why =
+        "\"on_worker_failure\": \"continue\": the steps after a loss go on without the lost worker";
+  } else {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("a sum over the job's workers needs every worker's push in each step; ", why));
+}
+
 absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64_t> shape,
                                       float* data, const OptimizerConfig& optimizer,
                                       Compression push, Compression pull) {

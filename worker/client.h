@@ -122,6 +122,11 @@ class Client {
   // otherwise): a training loop starts counting there. In sync mode it is
   // also the version RegisterVariable pulls.
   int64_t restored_step() const;
+  // OK where every sync step waits for every worker's push (no backup
+  // workers, not elastic, a lost worker ends the job), so a sum over a
+  // step's pushes is one over the job's workers: what collectives through
+  // the servers need. Otherwise FAILED_PRECONDITION saying which option.
+  absl::Status EveryWorkerEachStep() const;
 
   // Registers a float32 variable on the servers. Rank 0's `data` is the
   // initial value; then every rank's `data` is overwritten with the current

@@ -65,6 +65,7 @@ class Client {
   int num_servers() const { return psrt_num_servers(client_); }
   bool is_sync() const { return psrt_is_sync(client_) == 1; }
   bool averages() const { return psrt_averages(client_) == 1; }
+  void every_worker_each_step() const { Check(psrt_every_worker_each_step(client_)); }
   int64_t restored_step() const { return psrt_restored_step(client_); }
 
   // An optimizer dict ({"name": ..., "lr": ...}) over its defaults.
@@ -192,6 +193,8 @@ PYBIND11_MODULE(_psrt, m) {
       .def("num_servers", &Client::num_servers)
       .def("is_sync", &Client::is_sync)
       .def("averages", &Client::averages)
+      .def("every_worker_each_step", &Client::every_worker_each_step,
+           "Raises PsrtError unless every sync step waits for every worker's push.")
       .def("restored_step", &Client::restored_step)
       .def("register_variable", &Client::register_variable, py::arg("name"), py::arg("shape"),
            py::arg("data"), py::arg("optimizer"), py::arg("push_compression") = 0,

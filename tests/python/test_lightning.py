@@ -49,7 +49,12 @@ def test_lightning_on_two_workers_equals_one_process_on_the_mean_gradient(accumu
 @pytest.mark.parametrize("flags,ps,message", [
     (["--iterable"], None, "PsrtStrategy: an IterableDataset is not sharded by Lightning"),
     (["--resume", "/nonexistent.ckpt"], None, "PsrtStrategy: ckpt_path=/nonexistent.ckpt would load weights"),
-    ([], {"mode": "async"}, "PsrtStrategy: Lightning's barriers, broadcasts and sync_dist need every worker"),
+    ([], {"mode": "async"}, "PsrtStrategy: Lightning's barriers, broadcasts and sync_dist need every worker: "
+                            "FAILED_PRECONDITION: a sum over the job's workers needs every worker's push in each "
+                            "step; the job's mode is async"),
+    ([], {"backup_workers": 1}, "step; \"backup_workers\": 1 completes a step without the 1 slowest"),
+    ([], {"elastic": {"min_workers": 1, "max_workers": 2}}, "step; \"elastic\": a step takes the workers"),
+    ([], {"on_worker_failure": "continue"}, "step; \"on_worker_failure\": \"continue\": the steps after"),
 ])
 def test_what_lightning_cannot_match_is_refused(flags, ps, message):
     with tempfile.TemporaryDirectory() as d:

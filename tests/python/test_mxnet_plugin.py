@@ -122,6 +122,15 @@ def test_kvstore_api(kv_job, check):
     assert_both_ranks_passed(kv_job, check)
 
 
+def test_kvstore_api_barrier_is_refused_where_a_step_may_go_without_a_worker():
+    code, log = run_job(os.path.join(HERE, "mx_kv_worker.py"), ["barrier"], {"backup_workers": 1})
+    assert code == 0, log
+    for rank in (0, 1):
+        assert ("rank %d: barrier FAILED: PsrtError: psrt kvstore: _barrier() waits for every worker: "
+                "FAILED_PRECONDITION: a sum over the job's workers needs every worker's push in each step; "
+                "\"backup_workers\": 1" % rank) in log, log
+
+
 def gluon_job(cases, ps=None, args=(), hosts=2):
     """Runs mx_gluon_worker.py's `cases` in one 2-worker job; returns
     ((exit code, log), {case: [arrays of rank 0]})."""

@@ -505,10 +505,15 @@ class Psrt(mx.kvstore.KVStore):
 
     def _barrier(self):
         """Sync: returns once every worker reached it (a push-pull of a plain
-        key waits for every worker's push). Async and ssp have no such wait:
-        it only sends what is queued."""
+        key waits for every worker's push), refused where a step may go
+        without some (backup workers, elastic). Async and ssp have no such
+        wait: it only sends what is queued."""
         self._finish()
         if self._client.is_sync():
+            try:
+                self._client.every_worker_each_step()
+            except psrt.PsrtError as e:
+                raise psrt.PsrtError("psrt kvstore: _barrier() waits for every worker: %s" % e) from None
             self._vars.agree(self._name(".barrier"), np.zeros(1, np.float32))
 
     def _send_command_to_servers(self, head, body):

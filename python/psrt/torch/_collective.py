@@ -25,11 +25,13 @@ class Exchange:
 
     _CHUNK = 4096  # floats a round trip carries
 
-    def __init__(self, name):
+    def __init__(self, name, user):
+        """`user` names who needs the collectives, for a refusal."""
         client = psrt.client()
-        if not client.is_sync():
-            raise psrt.PsrtError("%s: collectives need a sync job (every worker takes part in "
-                                 "each); this job's mode is async or ssp" % name)
+        try:
+            client.every_worker_each_step()
+        except psrt.PsrtError as e:
+            raise psrt.PsrtError("%s need every worker: %s" % (user, e)) from None
         self._name = name
         self._vars = _host.HostVariables(client, psrt.Compression.none)
         # agree() returns the mean where the servers average.

@@ -23,8 +23,10 @@ worker under ``psrt-run`` is a process driving one device; the strategy:
   torch.distributed process group.
 
 Resuming from a Lightning checkpoint (``ckpt_path``) is refused: the servers
-hold the weights and optimizer state; resume from psrt's checkpoint. Async
-and ssp jobs are refused: Lightning's collectives need every worker at each.
+hold the weights and optimizer state; resume from psrt's checkpoint. So are
+jobs whose steps may go without a worker (async, ssp, backup_workers,
+elastic, on_worker_failure "continue"): Lightning's collectives are sums over
+every worker (Client::EveryWorkerEachStep).
 """
 
 import os
@@ -146,12 +148,10 @@ class PsrtStrategy(ParallelStrategy):
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     def setup_environment(self):
-        if not psrt.is_sync():
-            raise psrt.PsrtError("PsrtStrategy: Lightning's barriers, broadcasts and sync_dist need every "
-                                 "worker at each, which an async or ssp job does not give; use mode sync")
+        self._exchange = _collective.Exchange(
+            "lightning@collective", "PsrtStrategy: Lightning's barriers, broadcasts and sync_dist")
         super().setup_environment()
         rank_zero_only.rank = fabric_rank_zero_only.rank = self.global_rank
-        self._exchange = _collective.Exchange("lightning@collective")
 
     def setup(self, trainer):
         if type(self.precision_plugin) is MixedPrecision:
