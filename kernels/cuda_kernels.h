@@ -81,6 +81,12 @@ absl::Status CudaApplyUpdate(const OptimizerConfig& c, double lr, int64_t step,
 bool IsDevicePointer(const void* p);
 absl::Status CudaCopyToHost(const void* d_src, void* h_dst, size_t bytes);
 absl::Status CudaCopyToDevice(const void* h_src, void* d_dst, size_t bytes);
+// Page-locks host memory (cudaHostRegister, portable to every device), so
+// that copies between it and a GPU go by DMA without a staging copy; shared
+// memory may be registered by each process that maps it. Unpin before the
+// memory is unmapped.
+absl::Status CudaPinHost(void* h, size_t bytes);
+void CudaUnpinHost(void* h);
 
 // Encodes `n` float32 values in device memory into `h_out` (n uint16) as fp16
 // or bf16, converting on the device so that only half the bytes cross to the

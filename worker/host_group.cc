@@ -13,6 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/key_map.h"
+#include "common/logging.h"
+#ifdef PSRT_HAVE_CUDA
+#include "kernels/cuda_kernels.h"
+#endif
 
 namespace psrt {
 
@@ -75,6 +79,27 @@ int64_t HostGroup::Slots::CacheEntries(int64_t dim) {
 size_t HostGroup::Slots::Bytes(int64_t n, int64_t parts, int size, int64_t dim) {
   const int64_t table = dim > 0 ? kSegmentsBytes + 2 * CacheEntries(dim) * EntryBytes(dim) : 0;
   return ControlBytes(parts) + table + (size + 2) * RoundUp(n, 16) * 4;
+}
+
+void HostGroup::Slots::PinForDevice() {
+#ifdef PSRT_HAVE_CUDA
+  if (data_ == nullptr) return;  // a table's: rows are copied on the host
+  absl::call_once(pin_once_, [this] {
+    const size_t bytes = (size_ + 2) * stride_ * 4;
+    if (absl::Status s = CudaPinHost(data_, bytes); !s.ok()) {
+      LogWarning("the host group's slots stay pageable (GPU copies to and from them are staged): ",
+                 s.message());
+      return;
+    }
+    pinned_ = true;
+  });
+#endif
+}
+
+HostGroup::Slots::~Slots() {
+#ifdef PSRT_HAVE_CUDA
+  if (pinned_) CudaUnpinHost(data_);  // before region_ unmaps it
+#endif
 }
 
 absl::StatusOr<char*> HostGroup::Slots::RowsToWrite(int r, int64_t bytes) {

@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -88,6 +89,14 @@ class HostGroup {
     void set_summed(uint32_t part, int64_t v) { Store(&Control(part)[kSummed], v); }
     void set_sent(uint32_t part, int64_t v) { Store(&Control(part)[kSent], v); }
     void set_published(uint32_t part, int64_t v) { Store(&Control(part)[kPublished], v); }
+
+    // Page-locks this process's mapping of the gradient slots and weight
+    // buffers, once, the first time a GPU's tensors meet them: device
+    // copies to and from them then go by DMA, one copy each way. Where that
+    // fails (no GPU, a locked-memory limit) they stay pageable: slower, as
+    // right. A no-op in a build without CUDA.
+    void PinForDevice();
+    ~Slots();
 
     // Tables: local rank r's segment of at least `bytes`, made anew (and
     // named for the others) when the one it has is smaller; r writes there
@@ -157,6 +166,8 @@ class HostGroup {
     }
     char* cache_ = nullptr;
     int64_t cache_entries_ = 0, entry_bytes_ = 0, dim_ = 0;
+    absl::once_flag pin_once_;
+    bool pinned_ = false;  // set in pin_once_
 
     absl::Mutex mu_;
     std::unique_ptr<SharedRegion> written_ ABSL_GUARDED_BY(mu_);

@@ -114,6 +114,7 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
                kind)
           .first;
     }
+    if (OnDevice(t.grad) || (pull && OnDevice(t.out))) slots->PinForDevice();
     for (const Partition& p : var->parts) {
       (slots->owner(p.index) == me ? mine : theirs)->push_back({&t, p, slots});
     }
@@ -269,14 +270,16 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
             std::memcpy(sum, p.slots->grad(0) + at, n * 4);
           }
           if (!s.ok()) break;
-          std::unique_ptr<float[]> own;
           for (int r = 1; r < group->size(); ++r) {
             const float* x = p.slots->grad(r) + at;
             if (r == me) {
               if (OnDevice(p.tensor->grad)) {
-                own.reset(new float[n]);
-                if (s = CopyFloats(p.tensor->grad + at, own.get(), n); !s.ok()) break;
-                x = own.get();
+                // A GPU's gradient comes to the host once, into a buffer
+                // this thread keeps (fresh pages would cost a first touch).
+                thread_local std::vector<float> own;
+                if (own.size() < static_cast<size_t>(n)) own.resize(n);
+                if (s = CopyFloats(p.tensor->grad + at, own.data(), n); !s.ok()) break;
+                x = own.data();
               } else {
                 x = p.tensor->grad + at;
               }

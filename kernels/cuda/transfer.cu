@@ -67,6 +67,15 @@ absl::Status CudaCopyToDevice(const void* h_src, void* d_dst, size_t bytes) {
   return CudaStatus(cudaMemcpy(d_dst, h_src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");
 }
 
+absl::Status CudaPinHost(void* h, size_t bytes) {
+  if (absl::Status s = CheckAvailable("CudaPinHost"); !s.ok()) return s;
+  return CudaStatus(cudaHostRegister(h, bytes, cudaHostRegisterPortable), "cudaHostRegister");
+}
+
+void CudaUnpinHost(void* h) {
+  if (cudaHostUnregister(h) != cudaSuccess) cudaGetLastError();  // clear it: nothing to undo
+}
+
 absl::StatusOr<CudaEncoded> CudaEncodeToHost(const float* d_in, size_t n, bool fp16,
                                              float (*choose_scale)(float), uint16_t* h_out) {
   if (absl::Status s = CheckAvailable("CudaEncodeToHost"); !s.ok()) return s;

@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 
-from jobs import EXAMPLES, HERE, job_command, job_processes, run_job as _run_job
+from jobs import EXAMPLES, HERE, ONE_HOST, job_command, job_processes, run_job as _run_job
 import torch_worker
 
 
@@ -241,6 +241,25 @@ def test_cuda_parameters_train_like_cpu_ones():
     code, log = run_job(["--epochs", "4", "--threshold", "0.8"],
                         script=os.path.join(EXAMPLES, "torch_digits.py"))
     assert code == 0, log
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("hosts", [1, 2])
+def test_cuda_gradients_equal_one_process_summed_on_the_host_or_not(hosts):
+    """Two workers' CUDA gradients: on one host (sharing a GPU) each is
+    copied once into the host's page-locked slots and summed there; on two,
+    each pushes its own. Both equal one process on the mean gradient."""
+    steps = 10
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "final.pt")
+        code, log = run_job(["--optimizer", "sgd", "--steps", str(steps), "--out", out, "--device", "cuda"],
+                            ps=dict(ONE_HOST if hosts == 1 else {}, partition_bytes=4096), hosts=hosts)
+        assert code == 0, log
+        assert ("each host summing first" in log) == (hosts == 1), log
+        assert "slots stay pageable" not in log, log
+        got = torch.load(out)
+    for name, value in reference("sgd", steps, 2).items():
+        torch.testing.assert_close(got[name], value, rtol=0, atol=1e-5, msg=lambda m: name + ": " + m)
 
 
 def test_demo_default_log_level():

@@ -68,6 +68,7 @@ def main():
     p.add_argument("--late", help="elastic jobs: the last rank joins once rank 0 made its first step "
                    "and wrote this file")
     p.add_argument("--step-sleep", type=float, default=0, help="seconds each step takes longer")
+    p.add_argument("--device", default="cpu", help="where the model and its gradients live")
     args = p.parse_args()
     rank = int(__import__("os").environ["PSRT_RANK"])
     if args.late and rank == int(__import__("os").environ["PSRT_WORLD_SIZE"]) - 1:
@@ -76,7 +77,7 @@ def main():
     if not args.skip_init:
         psrt.init()
     torch.manual_seed(rank)  # rank 0's initial values must win
-    model = build_model()
+    model = build_model().to(args.device)
     opt, scheduler = make_optimizer(args.optimizer, model)
     named = build_model().named_parameters() if args.foreign_params else model.named_parameters()
     def scale_lr(old, new):
@@ -92,7 +93,7 @@ def main():
         opt.zero_grad()
         for k in range(args.passes):
             x, y = batch(step * args.passes + k, rank)
-            torch.nn.functional.mse_loss(model(x), y).backward()
+            torch.nn.functional.mse_loss(model(x.to(args.device)), y.to(args.device)).backward()
         opt.step()
         if args.late and rank == 0 and not __import__("os").path.exists(args.late):
             open(args.late, "w").close()  # the first step is made
@@ -102,7 +103,7 @@ def main():
         if scheduler is not None:
             scheduler.step()
     if rank == 0:
-        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out)
+        torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, args.out)
         # The wrapper's state is honest: hyperparameters here, the rest on the
         # servers; a local torch optimizer's per-parameter state is refused.
         state = opt.state_dict()
