@@ -59,9 +59,10 @@ static absl::Time Deadline(const grpc::ServerContextBase* ctx) {
 }
 
 grpc::Status PsService::RegisterKeys(grpc::ServerContext* ctx, const v1::RegisterKeysRequest* req,
-                                     v1::RegisterKeysResponse*) {
+                                     v1::RegisterKeysResponse* resp) {
   if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
-  return Finish(store_->RegisterKeys(*req, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }));
+  return Finish(store_->RegisterKeys(
+      *req, Deadline(ctx), [ctx] { return ctx->IsCancelled(); }, resp));
 }
 
 absl::Status PsService::ResolveShared(WireMessage* m) {

@@ -72,11 +72,13 @@ class Store {
   ~Store();
 
   // Waits (while the server restores a checkpoint) until `deadline` at the
-  // latest, or until `cancelled` says the caller went away.
+  // latest, or until `cancelled` says the caller went away. `resp` (if
+  // given) gets the keys' versions.
   using Cancelled = std::function<bool()>;
   absl::Status RegisterKeys(const v1::RegisterKeysRequest& req,
                             absl::Time deadline = absl::InfiniteFuture(),
-                            const Cancelled& cancelled = nullptr);
+                            const Cancelled& cancelled = nullptr,
+                            v1::RegisterKeysResponse* resp = nullptr);
 
   // ---- Replicas ("replicas": 1) ----
   // Sends one update of a key this server serves to its copy on the backup

@@ -125,7 +125,7 @@ absl::Status Store::CheckDenseSpec(const v1::KeySpec& spec, int32_t rank) const 
 }
 
 absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time deadline,
-                                 const Cancelled& cancelled) {
+                                 const Cancelled& cancelled, v1::RegisterKeysResponse* resp) {
   if (absl::Status s = CheckWorker(req.worker_rank()); !s.ok()) return s;
   if (req.keys().empty()) return absl::InvalidArgumentError("register request names no keys");
   if (req.has_owner() && (req.owner() < 0 || req.replica())) {
@@ -225,6 +225,7 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time 
         key->registered.first = absl::Now();
       }
       key->registered.by[req.worker_rank()] = 1;
+      if (resp != nullptr) resp->add_versions(key->version);
       bytes_in_->Add(spec.init().size());
       // Rank 0's value and optimizer settings win, once; a restarted rank 0
       // keeps the trained weights.

@@ -333,11 +333,20 @@ absl::Status Client::RegisterTable(const std::string& name, const TableOptions& 
     k->set_partition(static_cast<uint32_t>(s));
     // Part s is server s's ("max_servers": served elsewhere until it joins).
     if (impl_->config.started_servers() > 0) req->set_owner(s);
-    impl_->pool->Schedule([this, s, req, op = op] {
+    impl_->pool->Schedule([this, name, s, req, op = op] {
       v1::RegisterKeysResponse resp;
-      OpTracker::Done(op.get(), impl_->Call(s, "register", [&](grpc::ClientContext* ctx) {
+      absl::Status status = impl_->Call(s, "register", [&](grpc::ClientContext* ctx) {
         return impl_->Stub(s)->RegisterKeys(ctx, *req, &resp);
-      }));
+      });
+      if (status.ok() && resp.versions_size() == 1) {
+        // A running sync job's table: this worker's steps start there.
+        absl::MutexLock lock(&impl_->mu);
+        auto it = impl_->variables.find(name);
+        if (it != impl_->variables.end()) {
+          it->second.pulled_versions[s] = std::max(it->second.pulled_versions[s], resp.versions(0));
+        }
+      }
+      OpTracker::Done(op.get(), status);
     });
   }
   return Wait(handle);

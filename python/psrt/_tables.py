@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 import psrt
-from psrt import _host
+from psrt import _host, _job
 
 
 def int_ids(table, ids):
@@ -84,7 +84,8 @@ class HostTable:
     """A table registered with the servers, pulled and pushed from numpy.
 
     Keeps the step to pull at and push for: the servers' version in sync mode
-    (every worker pushes once per step) or this worker's clock otherwise,
+    (every worker pushes once per step; a worker restarted or joining a
+    running job starts where the table is) or this worker's clock otherwise,
     counted from the restored step, as psrt.torch.Embedding does.
     """
 
@@ -98,7 +99,7 @@ class HostTable:
         self._client.register_table(name, self.dim, self.vocab, int(seed), float(init_std), int(max_rows),
                                     int(evict_after_steps), int(evict_min_count), optimizer,
                                     compression.value, compression.value)
-        self.step = self._client.restored_step()
+        self.step = _job.first_step(self._client, name)
 
     def pull(self, ids):
         """The rows (n, dim) of n distinct ids at this worker's step (sync:

@@ -231,6 +231,35 @@ TEST_F(TableTest, AssignedRowsStartThereBeforeTheFirstStepAndAreRefusedAfter) {
       << "the refusal set nothing";
 }
 
+// A worker that registers a table of a running sync job (restarted, or
+// joining) learns where the table is: its steps start there, not at 0.
+TEST_F(TableTest, RegisteringARunningJobsTableTellsItsVersion) {
+  RegisterTable("v", kVocab);
+  for (int64_t step = 0; step < 3; ++step) {
+    for (int s = 0; s < 2; ++s) {
+      ASSERT_TRUE(Push(s, Rows("v", s, step, IdsOf(s, 1), std::vector<float>(kDim, 1.0f))).ok());
+    }
+  }
+  ClientOptions o;
+  o.coordinator = cluster_->coordinator_address();
+  o.token = cluster_->token();
+  o.rank = 0;
+  o.host = "127.0.0.1";
+  o.connect_timeout = absl::Seconds(20);
+  absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  TableOptions table;
+  table.dim = kDim;
+  table.vocab = kVocab;
+  table.seed = kSeed;
+  table.init_std = 1.0;
+  table.optimizer = DefaultOptimizer(OptimizerKind::kSgd, kLr);
+  ASSERT_TRUE((*c)->RegisterTable("v", table).ok());
+  absl::StatusOr<int64_t> version = (*c)->PulledVersion("v");
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_EQ(*version, 3);
+}
+
 // Client::AssignRows: a table bigger than a message goes in several (9.6 MB
 // of rows, requests of at most 4 MiB), and every row is where it was sent.
 TEST_F(TableTest, ATableBiggerThanAMessageIsAssignedInSeveral) {

@@ -101,17 +101,20 @@ def test_a_table_from_pretrained_rows_starts_from_rank_0s_and_trains_as_one_proc
 def test_pretrained_rows_are_sent_once_a_job_and_a_restarted_rank_0_keeps_the_trained_ones(mode):
     """Rank 0 fails at step 3 and is started again (restart_workers): its
     from_pretrained finds the rows trained for 3 steps on the servers and
-    sends nothing. Async jobs start from pretrained rows too: registration,
-    not a step, orders the rows before every rank's first read."""
-    crash = 3
+    sends nothing, and it goes on from step 3 (sync: the table's version on
+    the servers), so the job ends as an uninterrupted one. Async jobs start
+    from pretrained rows too: registration, not a step, orders the rows
+    before every rank's first read."""
+    crash, steps = 3, 6
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "rows.pt")
-        code, log = run_job(WORKER, ["--optimizer", "sgd", "--steps", "6", "--out", out, "--pretrained",
+        code, log = run_job(WORKER, ["--optimizer", "sgd", "--steps", str(steps), "--out", out, "--pretrained",
                                      "--crash-at", str(crash)], {"mode": mode, "restart_workers": 1})
         assert code == 0, log
         assert "its agent restarts it" in log, log
         starts = [torch.load("%s.initial%d" % (out, r)) for r in range(2)]
         restarted = torch.load(out + ".restarted")
+        got = torch.load(out)
     matrix = w.pretrained()
     for start in starts:
         assert torch.equal(start, matrix)
@@ -119,6 +122,10 @@ def test_pretrained_rows_are_sent_once_a_job_and_a_restarted_rank_0_keeps_the_tr
     if mode == "sync":
         rows, _ = reference("sgd", False, matrix, crash)
         torch.testing.assert_close(restarted, rows, rtol=0, atol=1e-5)
+        rows, head = reference("sgd", False, matrix, steps)
+        torch.testing.assert_close(got["final"], rows, rtol=0, atol=1e-5)
+        for name, value in head.items():
+            torch.testing.assert_close(got["head"][name], value, rtol=0, atol=1e-5)
 
 
 def test_gradscaler_unscales_the_rows_too():

@@ -66,7 +66,7 @@ def main():
                     help="the table starts from pretrained() (rank 0's; the others pass zeros)")
     ap.add_argument("--crash-at", type=int, default=-1,
                     help="rank 0 fails at this step; restarted, it saves the rows it finds to --out.restarted "
-                         "and leaves")
+                         "and goes on from the job's step")
     args = ap.parse_args()
     psrt.init()
     restarted = os.environ.get("PSRT_RESTART_COUNT", "0") != "0"
@@ -82,8 +82,8 @@ def main():
     initial = table.rows(torch.arange(VOCAB))
     if restarted:
         torch.save(initial, args.out + ".restarted")
-        return
-    torch.save(initial, "%s.initial%d" % (args.out, psrt.rank()))
+    else:
+        torch.save(initial, "%s.initial%d" % (args.out, psrt.rank()))
     try:
         table(torch.tensor([[1.5, 2.0, 3.0]]))
     except psrt.PsrtError as e:
@@ -93,8 +93,8 @@ def main():
     rank, size = psrt.rank(), psrt.size()
     per = BATCH // size
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if args.scaler else None
-    for step in range(psrt.restored_step(), args.steps):
-        if step == args.crash_at and rank == 0:
+    for step in range(opt.global_step, args.steps):
+        if step == args.crash_at and rank == 0 and not restarted:
             os._exit(3)
         ids, y = batch(step)
         ids, y = ids[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]

@@ -49,8 +49,8 @@ of a ``row_sparse`` gradient sends its rows, which the servers
 update with the optimizer's row-wise form (sgd, adam with ``lazy_update``,
 adagrad, ftrl) on the mean over workers. In sync mode every worker pushes
 each table once per step, as Gluon's Trainer does. The step a table is
-pulled at and pushed for is counted here per table, from
-``psrt.restored_step()``.
+pulled at and pushed for is counted here per table, from where the table is
+on the servers (sync) or from ``psrt.restored_step()`` (async, ssp).
 """
 
 import json

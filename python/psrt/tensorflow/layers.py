@@ -20,7 +20,8 @@ takes that scalar's gradient as an input). The optimizer does not send it to
 the servers.
 
 The step to pull at and push for is kept in Python (psrt._tables.HostTable):
-it starts at ``psrt.restored_step()`` and grows by one per push.
+it starts where the table is on the servers (sync) or at
+``psrt.restored_step()`` (async, ssp) and grows by one per push.
 """
 
 import itertools

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import psrt
+from psrt import _job
 from psrt._tables import start_from
 
 _OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
@@ -74,9 +75,10 @@ class _Table(torch.nn.Module):
             self.table_name, embedding_dim, num_embeddings, seed, init_std, max_rows, evict_after_steps,
             evict_min_count, _optimizer_config(optimizer, lr, optimizer_args), compression.value,
             compression.value)
-        # The step to pull at and push for: the servers' version (sync) or this
-        # worker's clock (async, ssp), counted from the restored step.
-        self._step = self._client.restored_step()
+        # The step to pull at and push for: the servers' version (sync: a
+        # worker restarted or joining a running job starts where the table
+        # is) or this worker's clock (async, ssp), counted from the restored step.
+        self._step = _job.first_step(self._client, self.table_name)
         self._looked_up = []  # (distinct ids, their rows as a leaf) per forward this step
         self._pushing = None  # (handle, buffers kept alive until its wait)
         _tables.add(self)
