@@ -65,7 +65,8 @@ def psrt_worker(args):
     psrt.init()
     model = build_model(torch)
     opt = psrt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4),
-                                    named_parameters=model.named_parameters())
+                                    named_parameters=model.named_parameters(),
+                                    mean_grads=False if args.mean_grads_off else None)
     train(torch, model, opt, args, psrt.rank(), opt.step)
 
 
@@ -126,6 +127,8 @@ def main():
     p.add_argument("--port", type=int, default=29519)
     p.add_argument("--clip", action="store_true")
     p.add_argument("--fp16-hook", action="store_true", help="ddp: with fp16_compress_hook")
+    p.add_argument("--mean-grads-off", action="store_true",
+                   help="psrt: mean_grads=False, so the first step checks no gradient for edits")
     args = p.parse_args()
     if run_role(args, psrt_worker, ddp_worker):
         return
@@ -147,6 +150,13 @@ def main():
                  "--"] + me + ["--role", "psrt"] + common, env)
             results["server_rss_mb"][name + suffix] = memory.stop()
             results["%s%s_vs_%s%s" % (name, suffix, baseline, suffix)] = results[name + suffix] / results[baseline + suffix]
+            if name == "psrt_fp32" and not clip:
+                # What the first step's check for edits (GradScaler's in-place
+                # unscale, .data edits) costs: the same job without it.
+                results["psrt_fp32_mean_grads_off"], _ = run(
+                    [os.path.join(build, "bin", "psrt-run"), "--local=2", "--distribution=" + json.dumps(dist),
+                     "--"] + me + ["--role", "psrt", "--mean-grads-off"] + common, env)
+                results["psrt_fp32_vs_mean_grads_off"] = results["psrt_fp32"] / results["psrt_fp32_mean_grads_off"]
         for name in ("psrt_fp32", "psrt_fp16", "ddp_gloo", "ddp_gloo_fp16"):
             if clip:
                 results[name + "_clip_vs_" + name] = results[name + "_clip"] / results[name]
@@ -159,6 +169,8 @@ def main():
             cost = "%.2fx" % results[name + "_clip_vs_" + name] if suffix else "-"
             rss = "%.0f" % results["server_rss_mb"][key] if key in results["server_rss_mb"] else "-"
             print("%-14s %12.1f %12s %10s %16s" % (key, results[key], vs, cost, rss))
+    print("psrt fp32 against mean_grads=False (no first-step check for edits): %.2fx"
+          % results["psrt_fp32_vs_mean_grads_off"])
     print("per step (ms): forward / backward / step")
     for name, ph in results["phases_ms"].items():
         print("  %-16s %9.1f %9.1f %9.1f" % (name, ph["forward_ms"], ph["backward_ms"], ph["step_ms"]))
