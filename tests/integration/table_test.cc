@@ -113,6 +113,18 @@ class TableTest : public ::testing::Test {
   }
 
   // The table on both servers.
+  // A real Client as the job's worker 0, beside the raw stubs.
+  absl::StatusOr<std::unique_ptr<Client>> ConnectWorker0() {
+    ClientOptions o;
+    o.coordinator = cluster_->coordinator_address();
+    o.token = cluster_->token();
+    o.rank = 0;
+    o.host = "127.0.0.1";
+    o.rpc_timeout = absl::Seconds(30);
+    o.connect_timeout = absl::Seconds(20);
+    return Client::Connect(o);
+  }
+
   void RegisterTable(const std::string& name, int64_t vocab, int64_t max_rows = 0,
                      int64_t evict_after = 0) {
     for (int s = 0; s < 2; ++s) {
@@ -240,13 +252,7 @@ TEST_F(TableTest, RegisteringARunningJobsTableTellsItsVersion) {
       ASSERT_TRUE(Push(s, Rows("v", s, step, IdsOf(s, 1), std::vector<float>(kDim, 1.0f))).ok());
     }
   }
-  ClientOptions o;
-  o.coordinator = cluster_->coordinator_address();
-  o.token = cluster_->token();
-  o.rank = 0;
-  o.host = "127.0.0.1";
-  o.connect_timeout = absl::Seconds(20);
-  absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(o);
+  absl::StatusOr<std::unique_ptr<Client>> c = ConnectWorker0();
   ASSERT_TRUE(c.ok()) << c.status();
   TableOptions table;
   table.dim = kDim;
@@ -263,14 +269,7 @@ TEST_F(TableTest, RegisteringARunningJobsTableTellsItsVersion) {
 // Client::AssignRows: a table bigger than a message goes in several (9.6 MB
 // of rows, requests of at most 4 MiB), and every row is where it was sent.
 TEST_F(TableTest, ATableBiggerThanAMessageIsAssignedInSeveral) {
-  ClientOptions o;
-  o.coordinator = cluster_->coordinator_address();
-  o.token = cluster_->token();
-  o.rank = 0;
-  o.host = "127.0.0.1";
-  o.rpc_timeout = absl::Seconds(30);
-  o.connect_timeout = absl::Seconds(20);
-  absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(o);
+  absl::StatusOr<std::unique_ptr<Client>> c = ConnectWorker0();
   ASSERT_TRUE(c.ok()) << c.status();
   constexpr int64_t kRows = 600000;
   TableOptions table;

@@ -5,6 +5,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -24,6 +27,18 @@ def run_job(script, args, ps=None, hosts=2, timeout=240):
     p = subprocess.run(job_command(script, args, ps, hosts), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, timeout=timeout)
     return p.returncode, p.stdout
+
+
+def run_table_job(script, args, hosts):
+    """Runs a table worker `script` that writes OUT (rank 0's arrays, .npz)
+    and OUT.initialR.npy (rank R's first rows) for --out OUT, on 2 workers
+    (hosts 1: one host of 2); returns (rank 0's arrays, every rank's first
+    rows)."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rows.npz")
+        code, log = run_job(script, list(args) + ["--out", out], ONE_HOST if hosts == 1 else None, hosts)
+        assert code == 0, log
+        return dict(np.load(out)), [np.load("%s.initial%d.npy" % (out, r)) for r in range(2)]
 
 
 def failure_text(log, tail=4000):

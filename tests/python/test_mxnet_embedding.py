@@ -11,7 +11,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from jobs import HERE, ONE_HOST, run_job
+from jobs import HERE, ONE_HOST, run_job, run_table_job
 
 mx = pytest.importorskip("mxnet", reason="mxnet is not installed (scripts/setup.sh frameworks makes .venv-mxnet)")
 from mxnet import autograd, gluon  # noqa: E402
@@ -79,14 +79,8 @@ def test_a_table_initialised_with_rows_starts_from_rank_0s_and_trains_as_one_pro
     random): every rank's first rows are rank 0's, and training from them
     equals one process from the matrix."""
     steps = 8
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "rows.npz")
-        code, log = run_job(os.path.join(HERE, "mx_embedding_worker.py"),
-                            ["--optimizer", "sgd", "--steps", str(steps), "--out", out, "--pretrained"],
-                            ONE_HOST if hosts == 1 else None, hosts)
-        assert code == 0, log
-        saved = dict(np.load(out))
-        starts = [np.load("%s.initial%d.npy" % (out, r)) for r in range(2)]
+    saved, starts = run_table_job(os.path.join(HERE, "mx_embedding_worker.py"),
+                                  ["--optimizer", "sgd", "--steps", str(steps), "--pretrained"], hosts)
     matrix = w.pretrained()
     for start in starts:
         np.testing.assert_array_equal(start, matrix)

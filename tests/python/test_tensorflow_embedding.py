@@ -11,7 +11,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from jobs import HERE, ONE_HOST, run_job
+from jobs import HERE, ONE_HOST, run_job, run_table_job
 
 tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed (scripts/setup.sh frameworks)")
 keras = pytest.importorskip("keras")
@@ -124,14 +124,8 @@ def test_a_table_with_an_initializer_starts_from_rank_0s_rows_and_trains_as_one_
     first rows are rank 0's initializer's, and model.fit from them equals one
     process from them."""
     steps = 8
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "rows.npz")
-        code, log = run_job(os.path.join(HERE, "tf_embedding_worker.py"),
-                            ["--optimizer", "sgd", "--steps", str(steps), "--out", out, "--initializer"],
-                            ONE_HOST if hosts == 1 else None, hosts)
-        assert code == 0, log
-        saved = dict(np.load(out))
-        starts = [np.load("%s.initial%d.npy" % (out, r)) for r in range(2)]
+    saved, starts = run_table_job(os.path.join(HERE, "tf_embedding_worker.py"),
+                                  ["--optimizer", "sgd", "--steps", str(steps), "--initializer"], hosts)
     matrix = keras.ops.convert_to_numpy(w.initializer(0)((w.VOCAB, w.DIM), "float32"))
     assert not np.array_equal(matrix, keras.ops.convert_to_numpy(w.initializer(1)((w.VOCAB, w.DIM), "float32")))
     for start in starts:
