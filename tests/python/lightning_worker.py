@@ -102,8 +102,15 @@ def main():
     L.seed_everything(0)
     data = Images()
     common = dict(max_steps=opts.steps, accumulate_grad_batches=opts.accumulation, gradient_clip_val=0.5,
-                  precision=opts.precision, accelerator="cpu", devices=1, enable_progress_bar=False,
-                  enable_model_summary=False, log_every_n_steps=1)
+                  accelerator="cpu", devices=1, enable_progress_bar=False, enable_model_summary=False,
+                  log_every_n_steps=1)
+    if opts.precision == "16-mixed-cpu-scaler":
+        # fp16 autocast with a GradScaler on the CPU (Lightning gives a CPU
+        # "16-mixed" no scaler): the path CUDA's AMP takes, with the clip.
+        from lightning.pytorch.plugins.precision import MixedPrecision
+        common["plugins"] = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=1024.0))]
+    else:
+        common["precision"] = opts.precision
     if opts.reference:
         model = Net(parts=opts.reference)
         loader = DataLoader(data, batch_size=PER_DEVICE * opts.reference, sampler=Interleaved(data, opts.reference))

@@ -18,7 +18,7 @@ WORKER = os.path.join(HERE, "lightning_worker.py")
 
 
 @pytest.mark.parametrize("accumulation,precision", [(1, "32-true"), (2, "32-true"), (1, "bf16-mixed"),
-                                                    (1, "16-mixed")])
+                                                    (1, "16-mixed-cpu-scaler"), (1, "16-mixed")])
 def test_lightning_on_two_workers_equals_one_process_on_the_mean_gradient(accumulation, precision):
     if precision == "16-mixed" and not torch.cuda.is_available():
         pytest.skip("fp16 autocast and its GradScaler need CUDA (Lightning runs bf16 on a CPU)")
