@@ -194,6 +194,14 @@ def _dense(value):
     return value.tostype("default") if _is_sparse(value) else value
 
 
+def _nonzero_rows(value):
+    """(ids, rows) of a row_sparse value's rows that are not all zeros (the
+    rows a table starting at zeros needs to be sent)."""
+    ids, rows = value.indices.asnumpy(), value.data.asnumpy()
+    keep = np.any(rows != 0, axis=1)
+    return ids[keep], rows[keep]
+
+
 def _first(value):
     """MXNet passes one NDArray or a list (one per device); psrt keeps one."""
     if isinstance(value, (list, tuple)):
@@ -605,8 +613,7 @@ class Psrt(mx.kvstore.KVStore):
                                               _table_optimizer(self._optimizer), **opts)
         if "init_std" not in given:
             # Rank 0's value is the table's, as with a dense key.
-            _tables.start_from(psrt.client(), name, value.shape[1],
-                               lambda: (value.indices.asnumpy(), value.data.asnumpy()))
+            _tables.start_from(psrt.client(), name, value.shape[1], lambda: _nonzero_rows(value))
 
     def _move(self, key):
         """Moves a dense key's current value to a new variable with the
