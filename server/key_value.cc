@@ -77,7 +77,7 @@ class DenseValue final : public KeyValue {
     // Decoded straight into the sum.
     DecodePayload(data, dtype, scale, accum_.data(), !first);
   }
-  bool Assign(absl::Span<const int64_t>, const float*) override { return false; }
+  void Assign(absl::Span<const int64_t>, const float*) override {}  // tables only
   Update StepSum(float scale) override {
     if (scale != 1) {
       for (float& v : accum_) v *= scale;
@@ -183,9 +183,8 @@ class TableValue final : public KeyValue {
                   bool, std::vector<float>* scratch) override {
     table_->Accumulate(ids, PayloadValues(data, dtype, scale, scratch));
   }
-  bool Assign(absl::Span<const int64_t> ids, const float* values) override {
+  void Assign(absl::Span<const int64_t> ids, const float* values) override {
     table_->Assign(ids, values);
-    return true;
   }
   Update StepSum(float scale) override {
     absl::Span<const int64_t> ids = table_->accumulated_ids();

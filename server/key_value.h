@@ -76,8 +76,9 @@ class KeyValue {
   // Sync: the step's sum, to be applied times `scale`, and then cleared.
   virtual Update StepSum(float scale) = 0;
   // Tables: the rows of `ids` take `values` (float32, row after row), with
-  // fresh optimizer state (PushRequest.assign_rows). False for a dense key.
-  virtual bool Assign(absl::Span<const int64_t> ids, const float* values) = 0;
+  // fresh optimizer state (PushRequest.assign_rows; Store::AssignRows
+  // refuses it for a dense key, whose value rank 0's registration sets).
+  virtual void Assign(absl::Span<const int64_t> ids, const float* values) = 0;
   virtual void ClearStepSum() = 0;
   // Applies an update with the optimizer at update `step` (1-based);
   // returns the rows it evicted.

@@ -606,13 +606,15 @@ class Psrt(mx.kvstore.KVStore):
         given = dict(_table_options.get(None, {}), **_table_options.get(key, {}))
         opts = dict(_TABLE_DEFAULTS, compression=self._compression)
         opts.update(given)
-        if "init_std" not in given:
-            opts["init_std"] = 0.0  # rows the value lacks are zeros, as in a row_sparse array
+        # Without init_std, rank 0's value is the table's, as with a dense
+        # key; rows the value lacks are zeros, as in a row_sparse array.
+        from_value = "init_std" not in given
+        if from_value:
+            opts["init_std"] = 0.0
         name = self._name(key)
         self._tables[key] = _tables.HostTable("psrt kvstore", name, value.shape[1], value.shape[0],
                                               _table_optimizer(self._optimizer), **opts)
-        if "init_std" not in given:
-            # Rank 0's value is the table's, as with a dense key.
+        if from_value:
             _tables.start_from(psrt.client(), name, value.shape[1], lambda: _nonzero_rows(value))
 
     def _move(self, key):
