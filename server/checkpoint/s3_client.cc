@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <fstream>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -18,165 +17,13 @@
 #include "absl/strings/strip.h"
 #include "common/failpoint.h"
 #include "common/logging.h"
+#include "server/checkpoint/aws_http.h"
 
 namespace psrt {
 namespace {
 
-std::string Getenv(const char* name) {
-  const char* value = std::getenv(name);
-  return value == nullptr ? std::string() : std::string(value);
-}
-
-std::string HomeFile(const char* env_override, const char* relative) {
-  std::string path = Getenv(env_override);
-  if (!path.empty()) return path;
-  std::string home = Getenv("HOME");
-  if (home.empty()) return "";
-  return absl::StrCat(home, "/", relative);
-}
-
-// The key/value pairs of section `section` of an INI file (~/.aws/*).
-std::optional<std::vector<std::pair<std::string, std::string>>> IniSection(
-    const std::string& path, absl::string_view section) {
-  if (path.empty()) return std::nullopt;
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::optional<std::vector<std::pair<std::string, std::string>>> result;
-  bool inside = false;
-  std::string line;
-  while (std::getline(in, line)) {
-    absl::string_view text = absl::StripAsciiWhitespace(line);
-    if (text.empty() || text[0] == '#' || text[0] == ';') continue;
-    if (text.front() == '[' && text.back() == ']') {
-      text.remove_prefix(1);
-      text.remove_suffix(1);
-      inside = absl::StripAsciiWhitespace(text) == section;
-      if (inside && !result) result.emplace();
-      continue;
-    }
-    if (!inside) continue;
-    const size_t eq = text.find('=');
-    if (eq == absl::string_view::npos) continue;
-    result->emplace_back(
-        std::string(absl::StripAsciiWhitespace(text.substr(0, eq))),
-        std::string(absl::StripAsciiWhitespace(text.substr(eq + 1))));
-  }
-  return result;
-}
-
-std::string Lookup(const std::vector<std::pair<std::string, std::string>>& kv,
-                   absl::string_view name) {
-  for (const auto& [k, v] : kv) {
-    if (k == name) return v;
-  }
-  return "";
-}
-
-std::string ProfileName(absl::string_view profile) {
-  if (!profile.empty()) return std::string(profile);
-  std::string env = Getenv("AWS_PROFILE");
-  return env.empty() ? "default" : env;
-}
-
-std::string XmlUnescape(absl::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '&') {
-      out.push_back(s[i]);
-      continue;
-    }
-    const size_t semi = s.find(';', i);
-    if (semi == absl::string_view::npos) {
-      out.push_back(s[i]);
-      continue;
-    }
-    absl::string_view entity = s.substr(i + 1, semi - i - 1);
-    uint32_t code = 0;
-    if (entity == "amp") {
-      out.push_back('&');
-    } else if (entity == "lt") {
-      out.push_back('<');
-    } else if (entity == "gt") {
-      out.push_back('>');
-    } else if (entity == "quot") {
-      out.push_back('"');
-    } else if (entity == "apos") {
-      out.push_back('\'');
-    } else if (absl::ConsumePrefix(&entity, "#x") ||
-                       absl::ConsumePrefix(&entity, "#X")
-                   ? absl::SimpleHexAtoi(entity, &code)
-                   : (absl::ConsumePrefix(&entity, "#") &&
-                      absl::SimpleAtoi(entity, &code))) {
-      // UTF-8 encode the code point.
-      if (code < 0x80) {
-        out.push_back(static_cast<char>(code));
-      } else if (code < 0x800) {
-        out.push_back(static_cast<char>(0xC0 | (code >> 6)));
-        out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-      } else if (code < 0x10000) {
-        out.push_back(static_cast<char>(0xE0 | (code >> 12)));
-        out.push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-        out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-      } else {
-        out.push_back(static_cast<char>(0xF0 | (code >> 18)));
-        out.push_back(static_cast<char>(0x80 | ((code >> 12) & 0x3F)));
-        out.push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-        out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-      }
-    } else {
-      absl::StrAppend(&out, s.substr(i, semi - i + 1));
-    }
-    i = semi;
-  }
-  return out;
-}
-
-std::string XmlEscape(absl::string_view s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out.push_back(c);
-    }
-  }
-  return out;
-}
-
-// The raw contents of each <tag>...</tag> block, in order.
-std::vector<absl::string_view> XmlBlocks(absl::string_view xml,
-                                         absl::string_view tag) {
-  std::vector<absl::string_view> blocks;
-  const std::string open = absl::StrCat("<", tag, ">");
-  const std::string close = absl::StrCat("</", tag, ">");
-  size_t pos = 0;
-  while (true) {
-    const size_t start = xml.find(open, pos);
-    if (start == absl::string_view::npos) break;
-    const size_t end = xml.find(close, start + open.size());
-    if (end == absl::string_view::npos) break;
-    blocks.push_back(
-        xml.substr(start + open.size(), end - start - open.size()));
-    pos = end + close.size();
-  }
-  return blocks;
-}
-
 absl::StatusCode CodeForHttp(long http, absl::string_view s3_code) {
-  if (s3_code == "BucketAlreadyOwnedByYou" ||
-      s3_code == "BucketAlreadyExists") {
+  if (s3_code == "BucketAlreadyOwnedByYou" || s3_code == "BucketAlreadyExists") {
     return absl::StatusCode::kAlreadyExists;
   }
   if (s3_code == "SlowDown" || s3_code == "RequestTimeout") {
@@ -204,19 +51,13 @@ absl::StatusCode CodeForHttp(long http, absl::string_view s3_code) {
     case 503:
       return absl::StatusCode::kUnavailable;
     default:
-      return http >= 500 ? absl::StatusCode::kUnavailable
-                         : absl::StatusCode::kUnknown;
+      return http >= 500 ? absl::StatusCode::kUnavailable : absl::StatusCode::kUnknown;
   }
 }
 
 bool Retryable(long http, absl::string_view s3_code) {
-  return http >= 500 || http == 429 || s3_code == "SlowDown" ||
-         s3_code == "RequestTimeout" || s3_code == "InternalError";
-}
-
-void CurlGlobalInit() {
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  return http >= 500 || http == 429 || s3_code == "SlowDown" || s3_code == "RequestTimeout" ||
+         s3_code == "InternalError";
 }
 
 size_t WriteBody(char* data, size_t size, size_t n, void* user) {
@@ -225,17 +66,14 @@ size_t WriteBody(char* data, size_t size, size_t n, void* user) {
 }
 
 size_t WriteHeader(char* data, size_t size, size_t n, void* user) {
-  auto* headers =
-      static_cast<std::vector<std::pair<std::string, std::string>>*>(user);
+  auto* headers = static_cast<std::vector<std::pair<std::string, std::string>>*>(user);
   absl::string_view line(data, size * n);
   const size_t colon = line.find(':');
   if (absl::StartsWith(line, "HTTP/")) {
     headers->clear();  // a new response (after 100 Continue or a redirect)
   } else if (colon != absl::string_view::npos) {
-    headers->emplace_back(
-        absl::AsciiStrToLower(
-            absl::StripAsciiWhitespace(line.substr(0, colon))),
-        std::string(absl::StripAsciiWhitespace(line.substr(colon + 1))));
+    headers->emplace_back(absl::AsciiStrToLower(absl::StripAsciiWhitespace(line.substr(0, colon))),
+                          std::string(absl::StripAsciiWhitespace(line.substr(colon + 1))));
   }
   return size * n;
 }
@@ -247,60 +85,6 @@ std::string Describe(absl::string_view bucket, absl::string_view key) {
 
 }  // namespace
 
-std::optional<std::string> XmlTagText(absl::string_view xml,
-                                      absl::string_view tag) {
-  std::vector<absl::string_view> blocks = XmlBlocks(xml, tag);
-  if (blocks.empty()) return std::nullopt;
-  return XmlUnescape(blocks.front());
-}
-
-absl::StatusOr<AwsCredentials> ResolveAwsCredentials(
-    absl::string_view profile) {
-  AwsCredentials credentials;
-  credentials.access_key_id = Getenv("AWS_ACCESS_KEY_ID");
-  credentials.secret_access_key = Getenv("AWS_SECRET_ACCESS_KEY");
-  if (!credentials.access_key_id.empty() &&
-      !credentials.secret_access_key.empty()) {
-    credentials.session_token = Getenv("AWS_SESSION_TOKEN");
-    return credentials;
-  }
-  const std::string name = ProfileName(profile);
-  const std::string path =
-      HomeFile("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials");
-  auto section = IniSection(path, name);
-  if (section) {
-    credentials.access_key_id = Lookup(*section, "aws_access_key_id");
-    credentials.secret_access_key = Lookup(*section, "aws_secret_access_key");
-    credentials.session_token = Lookup(*section, "aws_session_token");
-    if (!credentials.access_key_id.empty() &&
-        !credentials.secret_access_key.empty()) {
-      return credentials;
-    }
-  }
-  return absl::NotFoundError(absl::StrCat(
-      "no AWS credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY are unset "
-      "and profile [",
-      name, "] of ", path.empty() ? "~/.aws/credentials" : path,
-      " has no aws_access_key_id/aws_secret_access_key"));
-}
-
-std::string ResolveAwsRegion(absl::string_view profile) {
-  for (const char* var : {"AWS_REGION", "AWS_DEFAULT_REGION"}) {
-    std::string region = Getenv(var);
-    if (!region.empty()) return region;
-  }
-  const std::string name = ProfileName(profile);
-  const std::string path = HomeFile("AWS_CONFIG_FILE", ".aws/config");
-  auto section = IniSection(
-      path, name == "default" ? name : absl::StrCat("profile ", name));
-  if (!section && name != "default") section = IniSection(path, name);
-  if (section) {
-    std::string region = Lookup(*section, "region");
-    if (!region.empty()) return region;
-  }
-  return "us-east-1";
-}
-
 std::string S3Client::Response::Header(absl::string_view name) const {
   for (const auto& [k, v] : headers) {
     if (k == name) return v;
@@ -310,38 +94,40 @@ std::string S3Client::Response::Header(absl::string_view name) const {
 
 S3Client::S3Client(S3ClientOptions options) : options_(std::move(options)) {}
 
-absl::StatusOr<std::unique_ptr<S3Client>> S3Client::Create(
-    S3ClientOptions options) {
-  if (options.region.empty())
-    options.region = ResolveAwsRegion(options.profile);
-  if (!options.credentials) {
-    absl::StatusOr<AwsCredentials> credentials =
-        ResolveAwsCredentials(options.profile);
-    if (!credentials.ok()) return credentials.status();
-    options.credentials = *std::move(credentials);
+absl::StatusOr<std::unique_ptr<S3Client>> S3Client::Create(S3ClientOptions options) {
+  if (options.region.empty()) options.region = ResolveAwsRegion(options.profile);
+  std::shared_ptr<AwsCredentialsProvider> credentials = options.credentials_provider;
+  if (options.credentials) {
+    credentials = std::make_shared<AwsCredentialsProvider>(*options.credentials);
+  } else if (credentials == nullptr) {
+    AwsCredentialChainOptions chain;
+    chain.profile = options.profile;
+    chain.region = options.region;
+    absl::StatusOr<std::shared_ptr<AwsCredentialsProvider>> found =
+        AwsCredentialsProvider::FromChain(chain, options.credential_refresh);
+    if (!found.ok()) return found.status();
+    credentials = *std::move(found);
   }
-  if (options.part_size < kS3MinPartSize &&
-      !options.allow_small_parts_for_testing) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("S3 part_size ", options.part_size,
-                     " is below S3's minimum of ", kS3MinPartSize, " bytes"));
+  if (options.part_size < kS3MinPartSize && !options.allow_small_parts_for_testing) {
+    return absl::InvalidArgumentError(absl::StrCat("S3 part_size ", options.part_size,
+                                                   " is below S3's minimum of ", kS3MinPartSize,
+                                                   " bytes"));
   }
   if (options.part_size == 0) {
     return absl::InvalidArgumentError("S3 part_size must be positive");
   }
   if (options.parallel_parts < 1 || options.parallel_parts > 64) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "S3 parallel_parts ", options.parallel_parts, " is not in 1..64"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("S3 parallel_parts ", options.parallel_parts, " is not in 1..64"));
   }
   if (options.list_page_size < 1 || options.list_page_size > 1000) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "S3 list_page_size ", options.list_page_size, " is not in 1..1000"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("S3 list_page_size ", options.list_page_size, " is not in 1..1000"));
   }
   if (options.max_attempts < 1) options.max_attempts = 1;
   bool virtual_hosted = false;
   if (options.endpoint.empty()) {
-    options.endpoint =
-        absl::StrCat("https://s3.", options.region, ".amazonaws.com");
+    options.endpoint = absl::StrCat("https://s3.", options.region, ".amazonaws.com");
     virtual_hosted = true;
   }
   absl::string_view rest = options.endpoint;
@@ -351,34 +137,34 @@ absl::StatusOr<std::unique_ptr<S3Client>> S3Client::Create(
   } else if (absl::ConsumePrefix(&rest, "http://")) {
     scheme = "http";
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "S3 endpoint '", options.endpoint, "' is not http:// or https://"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("S3 endpoint '", options.endpoint, "' is not http:// or https://"));
   }
   while (absl::ConsumeSuffix(&rest, "/")) {
   }
   if (rest.empty() || rest.find('/') != absl::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "S3 endpoint '", options.endpoint, "' must be scheme://host[:port]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("S3 endpoint '", options.endpoint, "' must be scheme://host[:port]"));
   }
   // Default ports are left out of Host (and so of the signature), as curl does.
   if (scheme == "http") absl::ConsumeSuffix(&rest, ":80");
   if (scheme == "https") absl::ConsumeSuffix(&rest, ":443");
   CurlGlobalInit();
   std::unique_ptr<S3Client> client(new S3Client(std::move(options)));
+  client->credentials_ = std::move(credentials);
   client->virtual_hosted_ = virtual_hosted;
   client->scheme_ = scheme;
   client->hostport_ = std::string(rest);
   return client;
 }
 
-S3Client::Response S3Client::SendOnce(const Request& request,
-                                      std::string* transport_error,
+S3Client::Response S3Client::SendOnce(const Request& request, std::string* transport_error,
                                       absl::Duration timeout) const {
   Response response;
   // Virtual-hosted style unless the bucket name cannot be a DNS label in a
   // TLS wildcard (dots); path style for custom endpoints.
-  const bool hosted = virtual_hosted_ && !request.bucket.empty() &&
-                      request.bucket.find('.') == std::string::npos;
+  const bool hosted =
+      virtual_hosted_ && !request.bucket.empty() && request.bucket.find('.') == std::string::npos;
   SigV4Request sign;
   sign.method = request.method;
   if (hosted) {
@@ -386,26 +172,27 @@ S3Client::Response S3Client::SendOnce(const Request& request,
     sign.path = absl::StrCat("/", request.key);
   } else {
     sign.host = hostport_;
-    sign.path =
-        request.bucket.empty() ? "/" : absl::StrCat("/", request.bucket);
+    sign.path = request.bucket.empty() ? "/" : absl::StrCat("/", request.bucket);
     if (!request.key.empty()) absl::StrAppend(&sign.path, "/", request.key);
   }
   sign.query = request.query;
   sign.headers = request.headers;
   sign.payload_sha256 = Sha256Hex(request.body);
-  SigV4Signature signature =
-      SignV4(sign, *options_.credentials, options_.region, "s3", absl::Now());
+  absl::StatusOr<AwsCredentials> credentials = credentials_->Get();
+  if (!credentials.ok()) {
+    *transport_error = std::string(credentials.status().message());
+    return response;
+  }
+  SigV4Signature signature = SignV4(sign, *credentials, options_.region, "s3", absl::Now());
 
-  std::string url =
-      absl::StrCat(scheme_, "://", sign.host, S3UriEncode(sign.path, false));
+  std::string url = absl::StrCat(scheme_, "://", sign.host, S3UriEncode(sign.path, false));
   if (!sign.query.empty()) {
     absl::StrAppend(&url, "?", CanonicalQueryString(sign.query));
   }
 
   curl_slist* headers = nullptr;
   auto add = [&headers](absl::string_view name, absl::string_view value) {
-    headers =
-        curl_slist_append(headers, absl::StrCat(name, ": ", value).c_str());
+    headers = curl_slist_append(headers, absl::StrCat(name, ": ", value).c_str());
   };
   add("Host", sign.host);
   for (const auto& [name, value] : request.headers) add(name, value);
@@ -430,11 +217,10 @@ S3Client::Response S3Client::SendOnce(const Request& request,
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error_buffer);
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS,
-                   std::max<long>(1, absl::ToInt64Milliseconds(timeout)));
-  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
-                   std::max<long>(1, absl::ToInt64Milliseconds(std::min(
-                                         timeout, options_.connect_timeout))));
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, std::max<long>(1, absl::ToInt64Milliseconds(timeout)));
+  curl_easy_setopt(
+      curl, CURLOPT_CONNECTTIMEOUT_MS,
+      std::max<long>(1, absl::ToInt64Milliseconds(std::min(timeout, options_.connect_timeout))));
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, WriteBody);
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &response.body);
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, WriteHeader);
@@ -444,8 +230,7 @@ S3Client::Response S3Client::SendOnce(const Request& request,
   } else if (request.method == "PUT" || request.method == "POST") {
     curl_easy_setopt(curl, CURLOPT_POST, 1L);
     // Never NULL: curl would then read the body from stdin.
-    curl_easy_setopt(curl, CURLOPT_POSTFIELDS,
-                     request.body.empty() ? "" : request.body.data());
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, request.body.empty() ? "" : request.body.data());
     curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE,
                      static_cast<curl_off_t>(request.body.size()));
     curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, request.method.c_str());
@@ -454,8 +239,8 @@ S3Client::Response S3Client::SendOnce(const Request& request,
   }
   const CURLcode rc = curl_easy_perform(curl);
   if (rc != CURLE_OK) {
-    *transport_error = absl::StrCat(curl_easy_strerror(rc),
-                                    error_buffer[0] ? ": " : "", error_buffer);
+    *transport_error =
+        absl::StrCat(curl_easy_strerror(rc), error_buffer[0] ? ": " : "", error_buffer);
   } else {
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.http_status);
   }
@@ -464,13 +249,12 @@ S3Client::Response S3Client::SendOnce(const Request& request,
   return response;
 }
 
-absl::StatusOr<S3Client::Response> S3Client::Send(
-    const Request& request) const {
+absl::StatusOr<S3Client::Response> S3Client::Send(const Request& request) const {
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + options_.retry_deadline;
-  const std::string what = absl::StrCat("S3 ", request.operation, " ",
-                                        Describe(request.bucket, request.key),
-                                        " at ", options_.endpoint);
+  const std::string what =
+      absl::StrCat("S3 ", request.operation, " ", Describe(request.bucket, request.key), " at ",
+                   options_.endpoint);
   std::mt19937_64 rng(std::random_device{}());
   absl::Duration backoff = options_.initial_backoff;
   absl::Status last;
@@ -481,8 +265,7 @@ absl::StatusOr<S3Client::Response> S3Client::Send(
     std::string transport_error;
     Response response =
         SendOnce(request, &transport_error,
-                 std::min(options_.request_timeout,
-                          std::max(left, absl::Milliseconds(1))));
+                 std::min(options_.request_timeout, std::max(left, absl::Milliseconds(1))));
     bool retry = false;
     if (!transport_error.empty()) {
       last = absl::UnavailableError(absl::StrCat(what, ": ", transport_error));
@@ -494,18 +277,15 @@ absl::StatusOr<S3Client::Response> S3Client::Send(
         return response;
       }
       const std::string code = XmlTagText(response.body, "Code").value_or("");
-      const std::string message =
-          XmlTagText(response.body, "Message").value_or("");
-      last = absl::Status(code == "InternalError" || code == "SlowDown"
-                              ? absl::StatusCode::kUnavailable
-                              : absl::StatusCode::kInternal,
-                          absl::StrCat(what, ": HTTP ", response.http_status,
-                                       " ", code, ": ", message));
+      const std::string message = XmlTagText(response.body, "Message").value_or("");
+      last = absl::Status(
+          code == "InternalError" || code == "SlowDown" ? absl::StatusCode::kUnavailable
+                                                        : absl::StatusCode::kInternal,
+          absl::StrCat(what, ": HTTP ", response.http_status, " ", code, ": ", message));
       retry = Retryable(500, code);
     } else {
       const std::string code = XmlTagText(response.body, "Code").value_or("");
-      const std::string message =
-          XmlTagText(response.body, "Message").value_or("");
+      const std::string message = XmlTagText(response.body, "Message").value_or("");
       std::string text = absl::StrCat(what, ": HTTP ", response.http_status);
       if (!code.empty()) absl::StrAppend(&text, " ", code);
       if (!message.empty()) absl::StrAppend(&text, ": ", message);
@@ -523,11 +303,10 @@ absl::StatusOr<S3Client::Response> S3Client::Send(
     if (attempt >= options_.max_attempts || absl::Now() + sleep >= deadline) {
       return absl::Status(
           last.code(),
-          absl::StrCat(last.message(), " (gave up after ", attempt,
-                       attempt == 1 ? " attempt in " : " attempts in ",
-                       absl::FormatDuration(absl::Trunc(absl::Now() - start,
-                                                        absl::Milliseconds(1))),
-                       ")"));
+          absl::StrCat(
+              last.message(), " (gave up after ", attempt,
+              attempt == 1 ? " attempt in " : " attempts in ",
+              absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))), ")"));
     }
     LogWarning(last.message(), "; retrying in ",
                absl::FormatDuration(absl::Trunc(sleep, absl::Milliseconds(1))));
@@ -543,12 +322,10 @@ absl::Status S3Client::CreateBucket(absl::string_view bucket) const {
         "<CreateBucketConfiguration "
         "xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/"
         "\"><LocationConstraint>",
-        XmlEscape(options_.region),
-        "</LocationConstraint></CreateBucketConfiguration>");
+        XmlEscape(options_.region), "</LocationConstraint></CreateBucketConfiguration>");
   }
   Request request{"CreateBucket", "PUT", std::string(bucket), "", {}, {}, body};
-  if (!body.empty())
-    request.headers.emplace_back("content-type", "application/xml");
+  if (!body.empty()) request.headers.emplace_back("content-type", "application/xml");
   return Send(request).status();
 }
 
@@ -595,42 +372,36 @@ absl::Status S3Client::Put(absl::string_view bucket, absl::string_view key,
   if (!status.ok()) {
     absl::Status abort = AbortMultipartUpload(bucket, key, *upload_id);
     if (!abort.ok()) {
-      LogWarning("aborting multipart upload ", *upload_id, " of ",
-                 Describe(bucket, key), " failed: ", abort.message());
+      LogWarning("aborting multipart upload ", *upload_id, " of ", Describe(bucket, key),
+                 " failed: ", abort.message());
     }
   }
   return status;
 }
 
-absl::Status S3Client::PutObject(absl::string_view bucket,
-                                 absl::string_view key,
+absl::Status S3Client::PutObject(absl::string_view bucket, absl::string_view key,
                                  absl::string_view data) const {
-  Request request{"PutObject", "PUT", std::string(bucket), std::string(key), {},
-                  {},          data};
+  Request request{"PutObject", "PUT", std::string(bucket), std::string(key), {}, {}, data};
   return Send(request).status();
 }
 
 absl::StatusOr<std::string> S3Client::GetObject(absl::string_view bucket,
                                                 absl::string_view key) const {
-  Request request{"GetObject", "GET", std::string(bucket), std::string(key), {},
-                  {},          {}};
+  Request request{"GetObject", "GET", std::string(bucket), std::string(key), {}, {}, {}};
   absl::StatusOr<Response> response = Send(request);
   if (!response.ok()) return response.status();
   const std::string length = response->Header("content-length");
   uint64_t expected = 0;
-  if (!length.empty() && absl::SimpleAtoi(length, &expected) &&
-      expected != response->body.size()) {
-    return absl::DataLossError(
-        absl::StrCat("S3 GetObject ", Describe(bucket, key), ": got ",
-                     response->body.size(), " bytes of ", expected));
+  if (!length.empty() && absl::SimpleAtoi(length, &expected) && expected != response->body.size()) {
+    return absl::DataLossError(absl::StrCat("S3 GetObject ", Describe(bucket, key), ": got ",
+                                            response->body.size(), " bytes of ", expected));
   }
   return std::move(response->body);
 }
 
 absl::StatusOr<S3ObjectInfo> S3Client::HeadObject(absl::string_view bucket,
                                                   absl::string_view key) const {
-  Request request{
-      "HeadObject", "HEAD", std::string(bucket), std::string(key), {}, {}, {}};
+  Request request{"HeadObject", "HEAD", std::string(bucket), std::string(key), {}, {}, {}};
   absl::StatusOr<Response> response = Send(request);
   if (!response.ok()) return response.status();
   S3ObjectInfo info;
@@ -641,36 +412,27 @@ absl::StatusOr<S3ObjectInfo> S3Client::HeadObject(absl::string_view bucket,
   return info;
 }
 
-absl::Status S3Client::DeleteObject(absl::string_view bucket,
-                                    absl::string_view key) const {
-  Request request{"DeleteObject",
-                  "DELETE",
-                  std::string(bucket),
-                  std::string(key),
-                  {},
-                  {},
-                  {}};
+absl::Status S3Client::DeleteObject(absl::string_view bucket, absl::string_view key) const {
+  Request request{"DeleteObject", "DELETE", std::string(bucket), std::string(key), {}, {}, {}};
   return Send(request).status();
 }
 
-absl::StatusOr<std::vector<S3ObjectInfo>> S3Client::ListObjectsV2(
-    absl::string_view bucket, absl::string_view prefix) const {
+absl::StatusOr<std::vector<S3ObjectInfo>> S3Client::ListObjectsV2(absl::string_view bucket,
+                                                                  absl::string_view prefix) const {
   std::vector<S3ObjectInfo> objects;
   std::string token;
   while (true) {
-    Request request{
-        "ListObjectsV2", "GET", std::string(bucket), "", {}, {}, {}};
-    request.query = {{"list-type", "2"},
-                     {"max-keys", absl::StrCat(options_.list_page_size)}};
-    if (!prefix.empty())
-      request.query.emplace_back("prefix", std::string(prefix));
+    Request request{"ListObjectsV2", "GET", std::string(bucket), "", {}, {}, {}};
+    request.query = {{"list-type", "2"}, {"max-keys", absl::StrCat(options_.list_page_size)}};
+    if (!prefix.empty()) request.query.emplace_back("prefix", std::string(prefix));
     if (!token.empty()) request.query.emplace_back("continuation-token", token);
     absl::StatusOr<Response> response = Send(request);
     if (!response.ok()) return response.status();
     absl::StatusOr<S3ListPage> page = ParseListObjectsPage(response->body);
     if (!page.ok()) {
-      return absl::Status(page.status().code(), absl::StrCat("S3 ListObjectsV2 ", Describe(bucket, prefix),
-                                                             ": ", page.status().message()));
+      return absl::Status(page.status().code(),
+                          absl::StrCat("S3 ListObjectsV2 ", Describe(bucket, prefix), ": ",
+                                       page.status().message()));
     }
     for (S3ObjectInfo& info : page->objects) objects.push_back(std::move(info));
     token = page->next_token;
@@ -710,7 +472,8 @@ absl::StatusOr<std::vector<S3Client::Upload>> S3Client::ListMultipartUploads(
     absl::StatusOr<Response> response = Send(request);
     if (!response.ok()) return response.status();
     for (absl::string_view block : XmlBlocks(response->body, "Upload")) {
-      uploads.push_back({XmlTagText(block, "Key").value_or(""), XmlTagText(block, "UploadId").value_or("")});
+      uploads.push_back(
+          {XmlTagText(block, "Key").value_or(""), XmlTagText(block, "UploadId").value_or("")});
     }
     if (XmlTagText(response->body, "IsTruncated").value_or("false") != "true") break;
     key_marker = XmlTagText(response->body, "NextKeyMarker").value_or("");
@@ -723,8 +486,8 @@ absl::StatusOr<std::vector<S3Client::Upload>> S3Client::ListMultipartUploads(
   return uploads;
 }
 
-absl::StatusOr<std::string> S3Client::CreateMultipartUpload(
-    absl::string_view bucket, absl::string_view key) const {
+absl::StatusOr<std::string> S3Client::CreateMultipartUpload(absl::string_view bucket,
+                                                            absl::string_view key) const {
   Request request{"CreateMultipartUpload",
                   "POST",
                   std::string(bucket),
@@ -736,48 +499,41 @@ absl::StatusOr<std::string> S3Client::CreateMultipartUpload(
   if (!response.ok()) return response.status();
   std::optional<std::string> id = XmlTagText(response->body, "UploadId");
   if (!id || id->empty()) {
-    return absl::InternalError(absl::StrCat("S3 CreateMultipartUpload ",
-                                            Describe(bucket, key),
+    return absl::InternalError(absl::StrCat("S3 CreateMultipartUpload ", Describe(bucket, key),
                                             ": no UploadId in the response"));
   }
   return *id;
 }
 
-absl::StatusOr<std::string> S3Client::UploadPart(absl::string_view bucket,
-                                                 absl::string_view key,
-                                                 absl::string_view upload_id,
-                                                 int part_number,
+absl::StatusOr<std::string> S3Client::UploadPart(absl::string_view bucket, absl::string_view key,
+                                                 absl::string_view upload_id, int part_number,
                                                  absl::string_view data) const {
   Request request{"UploadPart",
                   "PUT",
                   std::string(bucket),
                   std::string(key),
-                  {{"partNumber", absl::StrCat(part_number)},
-                   {"uploadId", std::string(upload_id)}},
+                  {{"partNumber", absl::StrCat(part_number)}, {"uploadId", std::string(upload_id)}},
                   {},
                   data};
   absl::StatusOr<Response> response = Send(request);
   if (!response.ok()) return response.status();
   std::string etag = response->Header("etag");
   if (etag.empty()) {
-    return absl::InternalError(absl::StrCat("S3 UploadPart ", part_number,
-                                            " of ", Describe(bucket, key),
-                                            ": no ETag in the response"));
+    return absl::InternalError(absl::StrCat("S3 UploadPart ", part_number, " of ",
+                                            Describe(bucket, key), ": no ETag in the response"));
   }
   return etag;
 }
 
-absl::Status S3Client::CompleteMultipartUpload(
-    absl::string_view bucket, absl::string_view key,
-    absl::string_view upload_id,
-    const std::vector<S3CompletedPart>& parts) const {
+absl::Status S3Client::CompleteMultipartUpload(absl::string_view bucket, absl::string_view key,
+                                               absl::string_view upload_id,
+                                               const std::vector<S3CompletedPart>& parts) const {
   std::string body =
       "<CompleteMultipartUpload "
       "xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">";
   for (const S3CompletedPart& part : parts) {
-    absl::StrAppend(&body, "<Part><PartNumber>", part.part_number,
-                    "</PartNumber><ETag>", XmlEscape(part.etag),
-                    "</ETag></Part>");
+    absl::StrAppend(&body, "<Part><PartNumber>", part.part_number, "</PartNumber><ETag>",
+                    XmlEscape(part.etag), "</ETag></Part>");
   }
   body += "</CompleteMultipartUpload>";
   Request request{"CompleteMultipartUpload",
@@ -790,8 +546,7 @@ absl::Status S3Client::CompleteMultipartUpload(
   return Send(request).status();
 }
 
-absl::Status S3Client::AbortMultipartUpload(absl::string_view bucket,
-                                            absl::string_view key,
+absl::Status S3Client::AbortMultipartUpload(absl::string_view bucket, absl::string_view key,
                                             absl::string_view upload_id) const {
   Request request{"AbortMultipartUpload",
                   "DELETE",

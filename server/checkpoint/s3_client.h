@@ -18,6 +18,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/checkpoint/aws_credentials.h"
+#include "server/checkpoint/aws_xml.h"
 #include "server/checkpoint/sigv4.h"
 
 namespace psrt {
@@ -33,9 +35,12 @@ struct S3ClientOptions {
   // Empty: AWS_REGION, AWS_DEFAULT_REGION, the profile's region in
   // ~/.aws/config (AWS_CONFIG_FILE), else us-east-1.
   std::string region;
-  // Unset: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else
-  // the profile in ~/.aws/credentials (AWS_SHARED_CREDENTIALS_FILE).
+  // Fixed credentials; unset: `credentials_provider`, else the AWS SDKs'
+  // chain (server/checkpoint/aws_credentials.h), refreshed ahead of expiry
+  // as `credential_refresh` says.
   std::optional<AwsCredentials> credentials;
+  std::shared_ptr<AwsCredentialsProvider> credentials_provider;
+  AwsCredentialsProvider::Options credential_refresh;
   // Empty: AWS_PROFILE, else "default".
   std::string profile;
 
@@ -71,61 +76,47 @@ struct S3CompletedPart {
   std::string etag;
 };
 
-// The credentials S3ClientOptions::credentials unset stands for; NOT_FOUND
-// when neither the environment nor the credentials file has them.
-absl::StatusOr<AwsCredentials> ResolveAwsCredentials(absl::string_view profile);
-// The region S3ClientOptions::region empty stands for.
-std::string ResolveAwsRegion(absl::string_view profile);
-
 class S3Client {
  public:
   // Resolves the region and credentials and checks the options.
-  static absl::StatusOr<std::unique_ptr<S3Client>> Create(
-      S3ClientOptions options);
+  static absl::StatusOr<std::unique_ptr<S3Client>> Create(S3ClientOptions options);
 
   S3Client(const S3Client&) = delete;
   S3Client& operator=(const S3Client&) = delete;
 
   const std::string& region() const { return options_.region; }
   const std::string& endpoint() const { return options_.endpoint; }
+  const AwsCredentialsProvider& credentials() const { return *credentials_; }
 
   // ALREADY_EXISTS when the bucket exists (owned by anyone).
   absl::Status CreateBucket(absl::string_view bucket) const;
 
   // Stores `data` at bucket/key: one PutObject up to part_size, else a
   // multipart upload (aborted when a step fails).
-  absl::Status Put(absl::string_view bucket, absl::string_view key,
-                   absl::string_view data) const;
+  absl::Status Put(absl::string_view bucket, absl::string_view key, absl::string_view data) const;
 
   absl::Status PutObject(absl::string_view bucket, absl::string_view key,
                          absl::string_view data) const;
   // NOT_FOUND naming bucket/key when there is no such object.
-  absl::StatusOr<std::string> GetObject(absl::string_view bucket,
-                                        absl::string_view key) const;
-  absl::StatusOr<S3ObjectInfo> HeadObject(absl::string_view bucket,
-                                          absl::string_view key) const;
+  absl::StatusOr<std::string> GetObject(absl::string_view bucket, absl::string_view key) const;
+  absl::StatusOr<S3ObjectInfo> HeadObject(absl::string_view bucket, absl::string_view key) const;
   // OK also when the key does not exist (as S3 itself).
-  absl::Status DeleteObject(absl::string_view bucket,
-                            absl::string_view key) const;
+  absl::Status DeleteObject(absl::string_view bucket, absl::string_view key) const;
   // Every object whose key starts with `prefix`, in key order, following
   // continuation tokens.
-  absl::StatusOr<std::vector<S3ObjectInfo>> ListObjectsV2(
-      absl::string_view bucket, absl::string_view prefix) const;
+  absl::StatusOr<std::vector<S3ObjectInfo>> ListObjectsV2(absl::string_view bucket,
+                                                          absl::string_view prefix) const;
 
   // Multipart upload steps; Put() uses them.
-  absl::StatusOr<std::string> CreateMultipartUpload(
-      absl::string_view bucket, absl::string_view key) const;
-  absl::StatusOr<std::string> UploadPart(absl::string_view bucket,
-                                         absl::string_view key,
-                                         absl::string_view upload_id,
-                                         int part_number,
+  absl::StatusOr<std::string> CreateMultipartUpload(absl::string_view bucket,
+                                                    absl::string_view key) const;
+  absl::StatusOr<std::string> UploadPart(absl::string_view bucket, absl::string_view key,
+                                         absl::string_view upload_id, int part_number,
                                          absl::string_view data) const;
-  absl::Status CompleteMultipartUpload(
-      absl::string_view bucket, absl::string_view key,
-      absl::string_view upload_id,
-      const std::vector<S3CompletedPart>& parts) const;
-  absl::Status AbortMultipartUpload(absl::string_view bucket,
-                                    absl::string_view key,
+  absl::Status CompleteMultipartUpload(absl::string_view bucket, absl::string_view key,
+                                       absl::string_view upload_id,
+                                       const std::vector<S3CompletedPart>& parts) const;
+  absl::Status AbortMultipartUpload(absl::string_view bucket, absl::string_view key,
                                     absl::string_view upload_id) const;
   // Multipart uploads begun and neither completed nor aborted, of keys
   // starting with `prefix`: what a writer that died left behind.
@@ -133,8 +124,8 @@ class S3Client {
     std::string key;
     std::string upload_id;
   };
-  absl::StatusOr<std::vector<Upload>> ListMultipartUploads(
-      absl::string_view bucket, absl::string_view prefix) const;
+  absl::StatusOr<std::vector<Upload>> ListMultipartUploads(absl::string_view bucket,
+                                                           absl::string_view prefix) const;
 
   struct Response {
     long http_status = 0;
@@ -164,6 +155,7 @@ class S3Client {
                     absl::Duration timeout) const;
 
   S3ClientOptions options_;
+  std::shared_ptr<AwsCredentialsProvider> credentials_;
   bool virtual_hosted_ = false;
   std::string scheme_;    // "https"
   std::string hostport_;  // "s3.us-east-1.amazonaws.com", "127.0.0.1:9000"
@@ -177,11 +169,6 @@ struct S3ListPage {
   std::string next_token;
 };
 absl::StatusOr<S3ListPage> ParseListObjectsPage(absl::string_view xml);
-
-// Exposed for tests: the text of the first <tag>...</tag> in `xml`,
-// unescaped; nullopt when absent.
-std::optional<std::string> XmlTagText(absl::string_view xml,
-                                      absl::string_view tag);
 
 }  // namespace psrt
 

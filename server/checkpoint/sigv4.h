@@ -17,6 +17,8 @@ struct AwsCredentials {
   std::string access_key_id;
   std::string secret_access_key;
   std::string session_token;  // empty when the credentials are long-lived
+  // When temporary credentials stop working; long-lived ones never do.
+  absl::Time expiration = absl::InfiniteFuture();
 };
 
 // One request to sign. Names and values are unencoded; the signer encodes

@@ -187,7 +187,12 @@ TEST(S3HelpersTest, CredentialsAndRegionFromFiles) {
       d("AWS_REGION", nullptr), e("AWS_DEFAULT_REGION", nullptr),
       f("AWS_PROFILE", nullptr),
       g("AWS_SHARED_CREDENTIALS_FILE", credentials_file.c_str()),
-      h("AWS_CONFIG_FILE", config_file.c_str());
+      h("AWS_CONFIG_FILE", config_file.c_str()),
+      // Nothing beyond the files: no web identity, container or EC2.
+      i("AWS_WEB_IDENTITY_TOKEN_FILE", nullptr),
+      j("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", nullptr),
+      k("AWS_CONTAINER_CREDENTIALS_FULL_URI", nullptr),
+      l("AWS_EC2_METADATA_DISABLED", "true");
 
   absl::StatusOr<AwsCredentials> def = ResolveAwsCredentials("");
   ASSERT_TRUE(def.ok()) << def.status();
