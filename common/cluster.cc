@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "common/distribution.h"
 #include "common/net.h"
+#include "common/slurm.h"
 
 namespace psrt {
 namespace {
@@ -303,7 +304,8 @@ absl::StatusOr<ClusterSpec> ResolveCluster(
     // said; ignoring it would hide a mistake.
     return Error("--current", absl::StrCat(
         "'", flag_current, "' was given without --hosts; pass --hosts too, "
-        "or drop --current to take the cluster from SM_HOSTS/TF_CONFIG"));
+        "or drop --current to take the cluster from SM_HOSTS, TF_CONFIG or "
+        "Slurm"));
   }
   const absl::string_view sm_hosts = GetEnv(getenv_fn, "SM_HOSTS");
   if (!sm_hosts.empty()) {
@@ -311,6 +313,7 @@ absl::StatusOr<ClusterSpec> ResolveCluster(
   }
   const absl::string_view tf_config = GetEnv(getenv_fn, "TF_CONFIG");
   if (!tf_config.empty()) return FromTfConfig(tf_config);
+  if (InSlurmJob(getenv_fn)) return ClusterFromSlurm(getenv_fn);
   ClusterSpec spec;
   spec.hosts = {"localhost"};
   spec.current = 0;

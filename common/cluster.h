@@ -1,9 +1,9 @@
 // Which hosts a job runs on and which of them this process is on.
 //
 // The same binary is started by hand (--hosts), by SageMaker (SM_HOSTS and
-// SM_CURRENT_HOST) and by TensorFlow-style launchers (TF_CONFIG), so all three
-// are understood; a process started with none of them runs alone on
-// "localhost".
+// SM_CURRENT_HOST), by TensorFlow-style launchers (TF_CONFIG) and by Slurm's
+// srun (SLURM_STEP_NODELIST, common/slurm.h), so all four are understood; a
+// process started with none of them runs alone on "localhost".
 
 #ifndef PSRT_COMMON_CLUSTER_H_
 #define PSRT_COMMON_CLUSTER_H_
@@ -23,8 +23,12 @@ struct ClusterSpec {
   std::vector<std::string> hosts;
   // Index into `hosts` of the host this process runs on.
   int current = 0;
-  // Where the spec came from: "--hosts", "SM_HOSTS", "TF_CONFIG" or "local".
+  // Where the spec came from: "--hosts", "SM_HOSTS", "TF_CONFIG", "Slurm" or
+  // "local".
   std::string source;
+  // GPUs a host has for the job as the environment says (Slurm's
+  // SLURM_GPUS_ON_NODE); 0: it does not say.
+  int gpus_per_host = 0;
 };
 
 // Resolves the cluster, first match wins:
@@ -35,7 +39,12 @@ struct ClusterSpec {
 //     "task": {"type": ..., "index": ...}}. hosts are the distinct host names
 //     (":port" stripped) of the chief, worker and ps entries in that order;
 //     current is the host of the task.
-//  4. {"localhost"}, current 0.
+//  4. Slurm, when SLURM_JOB_ID is set: the step's nodes (ClusterFromSlurm in
+//     common/slurm.h). After the others because Slurm sets its variables for
+//     every process of a job while the others are set on purpose; a Slurm
+//     environment that cannot give a job of its nodes is an error rather than
+//     a job of this host alone.
+//  5. {"localhost"}, current 0.
 // Environment variables set to an empty string count as unset. flag_current
 // without flag_hosts is an error rather than being silently ignored.
 // getenv_fn is injected so tests need not touch the process environment; an

@@ -10,7 +10,10 @@
 #                             Python benchmarks (`make bench`)
 #   scripts/setup.sh s3       that, plus moto's standalone S3 server
 #                             (moto[server]) in .venv, for the S3 checkpoint
-#                             integration test (tests/integration/s3_test.cc)
+#                             integration test (tests/integration/s3_test.cc),
+#                             and Slurm (slurmctld, slurmd, munge) for
+#                             tests/python/test_slurm.py; `make test` runs it
+#   scripts/setup.sh slurm    that, plus Slurm alone
 #   scripts/setup.sh tsan     that, plus Debian's source packages in apt
 #                             (for Abseil's source: scripts/sanitize.sh thread)
 #   scripts/setup.sh fuzz     that, plus clang 16, its runtimes (libFuzzer,
@@ -89,6 +92,13 @@ setup_s3() {
     echo "setup: installing moto[server] into $venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check 'moto[server]'
   fi
+}
+
+# Slurm's daemons and commands and munge (its authentication), for the
+# Slurm jobs of tests/python/test_slurm.py, which starts and stops them
+# itself; the packages' own services are not used.
+setup_slurm() {
+  install_missing slurmctld slurmd slurm-client munge
 }
 
 # The Python package's build (pybind11) and the framework plugins' tests and
@@ -180,6 +190,11 @@ case "${1:-}" in
   s3)
     install_missing "${packages[@]}"
     setup_s3
+    setup_slurm
+    ;;
+  slurm)
+    install_missing "${packages[@]}"
+    setup_slurm
     ;;
   frameworks)
     install_missing "${packages[@]}"
@@ -197,7 +212,7 @@ case "${1:-}" in
     setup_debian_sources
     ;;
   *)
-    echo "usage: $0 [bazel|python|s3|frameworks|wheel|fuzz|tsan]" >&2
+    echo "usage: $0 [bazel|python|s3|slurm|frameworks|wheel|fuzz|tsan]" >&2
     exit 2
     ;;
 esac

@@ -162,7 +162,7 @@ std::string DescribeLaunch(const LaunchOptions& o) {
   const int n = static_cast<int>(hosts.size());
   std::string out = absl::StrCat(
       "psrt-run --dry-run: nothing is started\n", "hosts: ", n,
-      local ? " simulated on this machine over loopback" : "",
+      local ? " simulated on this machine over loopback" : absl::StrCat(" from ", o.cluster.source),
       local
           ? ""
           : absl::StrCat(", this is host ", o.cluster.current, " (", hosts[o.cluster.current], ")"),

@@ -1,6 +1,7 @@
 // psrt-run: starts a psrt job (coordinator, servers, agents) on this host.
 #include <cstdio>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "common/cluster.h"
@@ -11,7 +12,56 @@
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/process.h"
+#include "common/slurm.h"
 #include "worker/launcher.h"
+
+namespace {
+
+// The training processes a host runs: --workers, else the distribution's
+// workers_per_host, else the GPUs Slurm gave the node, else 1. The choice is
+// written into the distribution, which host 0's coordinator hands to every
+// host. Returns an error naming a conflict.
+absl::Status ChooseWorkers(int flag_workers, const psrt::ClusterSpec& cluster,
+                           psrt::LaunchOptions* o) {
+  nlohmann::json root = nlohmann::json::parse(o->distribution);  // checked already
+  nlohmann::json& ps = root["parameter_server"];
+  const bool in_json = ps.contains("workers_per_host");
+  int workers = 0;
+  if (flag_workers > 0) {
+    if (in_json && o->ps.workers_per_host != flag_workers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--workers=", flag_workers, " and --distribution's \"workers_per_host\": ",
+                       o->ps.workers_per_host, " disagree; give one of them"));
+    }
+    workers = flag_workers;
+  } else if (!in_json && cluster.gpus_per_host > 0) {
+    workers = cluster.gpus_per_host;
+    psrt::LogNotice(workers, " training processes a host, one per GPU (SLURM_GPUS_ON_NODE)");
+  }
+  if (workers == 0 || workers == o->ps.workers_per_host) return absl::OkStatus();
+  ps["workers_per_host"] = workers;
+  o->distribution = root.dump();
+  absl::StatusOr<psrt::PsOptions> parsed = psrt::ParseDistribution(o->distribution);
+  if (!parsed.ok()) return parsed.status();
+  o->ps = *parsed;
+  return absl::OkStatus();
+}
+
+// --local starts a whole job on this machine; run by several tasks of a
+// Slurm step it would start one such job on each.
+absl::Status CheckLocalInSlurm() {
+  if (!psrt::InSlurmJob(std::getenv)) return absl::OkStatus();
+  absl::StatusOr<psrt::ClusterSpec> slurm = psrt::ClusterFromSlurm(std::getenv);
+  if (!slurm.ok()) return slurm.status();
+  if (slurm->hosts.size() == 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--local runs the whole job on this machine, but this Slurm step runs on ",
+                   slurm->hosts.size(),
+                   " nodes, each of which would train alone; drop --local to train on "
+                   "all of them"));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   psrt::LaunchOptions o;
@@ -19,19 +69,26 @@ int main(int argc, char** argv) {
   o.token = psrt::EnvOr("PSRT_JOB_TOKEN", "");
   o.bin_dir = psrt::SelfDirectory();
   std::string hosts, current_host;
+  int workers = 0;
   std::string interface = psrt::EnvOr("PSRT_INTERFACE", "");
   double stop_grace_s = 30;
   o.advertise_address = psrt::EnvOr("PSRT_ADVERTISE_ADDRESS", "");
   psrt::Flags flags(
       "psrt-run",
-      "--distribution=JSON [--local=N | --hosts=H1,H2 --current-host=H] -- COMMAND [ARGS...]\n\n"
+      "--distribution=JSON [--workers=N] [--local=N | --hosts=H1,H2 --current-host=H] -- "
+      "COMMAND [ARGS...]\n\n"
       "Runs the same on every host: each starts its parameter servers and its agent,\n"
       "host 0 also the coordinator. Hosts come from --hosts, else SM_HOSTS and\n"
-      "SM_CURRENT_HOST (SageMaker), else TF_CONFIG, else this host alone.\n\n"
+      "SM_CURRENT_HOST (SageMaker), else TF_CONFIG, else Slurm (srun --ntasks-per-node=1\n"
+      "psrt-run ...: SLURM_STEP_NODELIST), else this host alone.\n\n"
       "Distribution keys (inside \"parameter_server\"):\n" +
           psrt::DistributionHelp());
   flags.Add("distribution", &o.distribution,
             "JSON with SageMaker's shape: {\"parameter_server\": {\"enabled\": true, ...}}.");
+  flags.Add("workers", &workers,
+            "Training processes a host runs, e.g. one per GPU (same as \"workers_per_host\"; "
+            "default: that, else Slurm's SLURM_GPUS_ON_NODE, else 1). Each gets PSRT_LOCAL_RANK "
+            "0..N-1 and sees the host's GPUs: use device PSRT_LOCAL_RANK.");
   flags.Add("local", &o.local_hosts,
             "Simulate this many hosts on this machine over loopback (0: off).");
   flags.Add("hosts", &hosts,
@@ -97,6 +154,7 @@ int main(int argc, char** argv) {
   }
   o.ps = *ps;
   if (o.local_hosts < 0 || o.local_hosts > 64) return fail("--local must be in 0..64");
+  if (workers < 0 || workers > 1024) return fail("--workers must be in 1..1024");
   if (!(stop_grace_s >= 0 && stop_grace_s <= 86400))
     return fail("--stop-grace must be in 0..86400 seconds");
   o.stop_grace = absl::Seconds(stop_grace_s);
@@ -108,6 +166,11 @@ int main(int argc, char** argv) {
     if (!cluster.ok()) return fail(std::string(cluster.status().message()));
     o.cluster = *cluster;
     if (o.cluster.hosts.size() == 1 && o.cluster.hosts[0] == "localhost") o.local_hosts = 1;
+  } else if (absl::Status s = CheckLocalInSlurm(); !s.ok()) {
+    return fail(std::string(s.message()));
+  }
+  if (absl::Status s = ChooseWorkers(workers, o.cluster, &o); !s.ok()) {
+    return fail(std::string(s.message()));
   }
   if (!interface.empty() && !o.advertise_address.empty()) {
     return fail(
