@@ -47,7 +47,10 @@ def split(x, y):
 
 
 def device():
-    return torch.device("cuda", psrt.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
+    # psrt-run gives each training process its own GPU (CUDA_VISIBLE_DEVICES);
+    # with --bind-gpus=false every process sees all of them.
+    return (torch.device("cuda", psrt.local_rank() % torch.cuda.device_count()) if torch.cuda.is_available()
+            else torch.device("cpu"))
 
 
 def build_model(hidden):

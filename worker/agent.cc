@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/coordinator_link.h"
 #include "common/daemon.h"
+#include "common/gpus.h"
 #include "common/logging.h"
 #include "common/process.h"
 #include "common/shared_memory.h"
@@ -144,6 +145,9 @@ int RunAgent(const AgentOptions& options) {
         // not run (docs/frameworks.md).
     };
     if (group != nullptr) env["PSRT_HOST_GROUP"] = group->name();
+    if (std::string gpu = GpuForWorker(options.gpus, local_rank); !gpu.empty()) {
+      env["CUDA_VISIBLE_DEVICES"] = gpu;
+    }
     return spawn(v1::ROLE_WORKER, rank, absl::StrCat("worker ", rank), options.command, env);
   };
   auto start_all = [&] {

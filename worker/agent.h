@@ -23,6 +23,9 @@ struct AgentOptions {
   std::string server_host;  // empty: `host`
   std::string server_bind = "0.0.0.0";
   int server_metrics_port = -1;
+  // The GPUs this host's training processes use, one each by local rank
+  // (CUDA_VISIBLE_DEVICES; common/gpus.h); empty: their environment's.
+  std::vector<std::string> gpus;
 };
 
 // psrt-worker's job on one host: start the host's training processes (and

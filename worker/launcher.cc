@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "common/coordinator_link.h"
 #include "common/daemon.h"
+#include "common/gpus.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/process.h"
@@ -180,9 +181,16 @@ std::string DescribeLaunch(const LaunchOptions& o) {
                                                         : std::string(", a free port"),
                       "\n");
     }
+    // GPUs are known for this machine only.
+    const std::vector<std::string> gpus =
+        local || h == o.cluster.current
+            ? GpusOfHost(o.gpus, local ? h : 0, local ? n : 1, ps.workers_per_host)
+            : std::vector<std::string>();
     for (int i = 0; i < ps.workers_per_host; ++i) {
+      const std::string gpu = GpuForWorker(gpus, i);
       absl::StrAppend(&out, "  worker: PSRT_RANK ", h * ps.workers_per_host + i,
-                      ", PSRT_LOCAL_RANK ", i, "\n");
+                      ", PSRT_LOCAL_RANK ", i,
+                      gpu.empty() ? "" : absl::StrCat(", CUDA_VISIBLE_DEVICES ", gpu), "\n");
     }
   }
   absl::StrAppend(&out, "training command (PSRT_WORLD_SIZE ", n * ps.workers_per_host,
@@ -330,6 +338,9 @@ int RunLauncher(const LaunchOptions& o) {
                                                           : o.advertise_address)};
     if (local) argv.push_back("--server-bind=127.0.0.1");
     if (o.metrics_port >= 0) argv.push_back("--server-metrics-port=0");
+    const std::vector<std::string> gpus =
+        GpusOfHost(o.gpus, local ? h : 0, my_hosts.size(), o.ps.workers_per_host);
+    if (!gpus.empty()) argv.push_back("--gpus=" + absl::StrJoin(gpus, ","));
     argv.push_back("--");
     argv.insert(argv.end(), o.command.begin(), o.command.end());
     return argv;

@@ -31,6 +31,9 @@ struct LaunchOptions {
   absl::Duration stop_grace = absl::Seconds(30);
   // Host 0 also writes the job's summary here as JSON (empty: not written).
   std::string summary_json;
+  // This machine's GPUs, handed out one per training process
+  // (common/gpus.h); empty: training processes see what psrt-run sees.
+  std::vector<std::string> gpus;
 };
 
 // What RunLauncher would start, for `psrt-run --dry-run`: the hosts, the

@@ -8,6 +8,7 @@
 #include "common/daemon.h"
 #include "common/distribution.h"
 #include "common/flags.h"
+#include "common/gpus.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
 #include "common/net.h"
@@ -70,6 +71,7 @@ int main(int argc, char** argv) {
   o.bin_dir = psrt::SelfDirectory();
   std::string hosts, current_host;
   int workers = 0;
+  bool bind_gpus = true;
   std::string interface = psrt::EnvOr("PSRT_INTERFACE", "");
   double stop_grace_s = 30;
   o.advertise_address = psrt::EnvOr("PSRT_ADVERTISE_ADDRESS", "");
@@ -88,7 +90,11 @@ int main(int argc, char** argv) {
   flags.Add("workers", &workers,
             "Training processes a host runs, e.g. one per GPU (same as \"workers_per_host\"; "
             "default: that, else Slurm's SLURM_GPUS_ON_NODE, else 1). Each gets PSRT_LOCAL_RANK "
-            "0..N-1 and sees the host's GPUs: use device PSRT_LOCAL_RANK.");
+            "0..N-1 and, with --bind-gpus, a GPU of its own.");
+  flags.Add("bind-gpus", &bind_gpus,
+            "Give each training process of a host its own GPU through CUDA_VISIBLE_DEVICES (its "
+            "slice of psrt-run's CUDA_VISIBLE_DEVICES, else of the host's GPUs); false: each sees "
+            "every GPU psrt-run sees. A host of one training process keeps every GPU.");
   flags.Add("local", &o.local_hosts,
             "Simulate this many hosts on this machine over loopback (0: off).");
   flags.Add("hosts", &hosts,
@@ -202,6 +208,7 @@ int main(int argc, char** argv) {
       psrt::LogWarning("no job token (--token or PSRT_JOB_TOKEN): RPCs are not authenticated");
     }
   }
+  if (bind_gpus) o.gpus = psrt::VisibleGpus(std::getenv);
   if (dry_run) {
     std::fputs(psrt::DescribeLaunch(o).c_str(), stdout);
     return 0;

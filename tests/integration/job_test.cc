@@ -122,7 +122,7 @@ TEST(JobTest, DryRunPrintsTheClusterAndStartsNothing) {
   ASSERT_EQ(dry.Wait(absl::Seconds(30), "psrt-run --dry-run"), 0) << dry.Output();
   const std::string out = dry.Output();
   for (const char* line :
-       {"hosts: 2, this is host 1 (algo-2)", "coordinator: on host 0 at algo-1:7070",
+       {"hosts: 2 from --hosts, this is host 1 (algo-2)", "coordinator: on host 0 at algo-1:7070",
         "psrt-server[3] at algo-2:9001", "worker: PSRT_RANK 3, PSRT_LOCAL_RANK 1",
         "training command (PSRT_WORLD_SIZE 4): python train.py",
         "checkpoints: file:///ckpt/job every 100 steps", "restore: latest",
