@@ -28,6 +28,7 @@ enum KeyField {
   kPullDType = 8,
   kShared = 9,
   kIds = 10,
+  kNoGradient = 11,
 };
 
 // ---- Writing --------------------------------------------------------------
@@ -74,6 +75,7 @@ void PutKeyHeader(std::string* out, const OutKey& k) {
     out->append(b, 4);
   }
   PutVarintField(out, kNonfinite, k.nonfinite ? 1 : 0);
+  PutVarintField(out, kNoGradient, k.no_gradient ? 1 : 0);
   PutVarintField(out, kPullDType, static_cast<uint64_t>(static_cast<int64_t>(k.pull_dtype)));
   if (k.has_shared) {
     const uint64_t span[] = {k.shared.region, static_cast<uint64_t>(k.shared.offset),
@@ -353,6 +355,9 @@ std::string ReadKey(SliceReader* r, int64_t len, WireKey* k) {
               break;
             case kNonfinite:
               k->nonfinite = v != 0;
+              break;
+            case kNoGradient:
+              k->no_gradient = v != 0;
               break;
             case kPullDType:
               k->pull_dtype = static_cast<v1::DType>(static_cast<int32_t>(v));

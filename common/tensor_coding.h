@@ -77,6 +77,7 @@ struct WireKey {
   Payload data;
   float scale = 0;
   bool nonfinite = false;
+  bool no_gradient = false;  // psrt.v1.KeyData.no_gradient
   v1::DType pull_dtype = v1::DTYPE_UNSPECIFIED;
   bool has_shared = false;
   SharedSpan shared;
@@ -97,7 +98,7 @@ struct WireKey {
     version = 0;
     dtype = pull_dtype = v1::DTYPE_UNSPECIFIED;
     scale = 0;
-    nonfinite = has_shared = false;
+    nonfinite = no_gradient = has_shared = false;
     shared = SharedSpan();
     shared_at = nullptr;
   }
@@ -133,6 +134,7 @@ struct OutKey {
   v1::DType dtype = v1::DTYPE_UNSPECIFIED;
   float scale = 0;
   bool nonfinite = false;
+  bool no_gradient = false;  // a push's: psrt.v1.KeyData.no_gradient
   v1::DType pull_dtype = v1::DTYPE_UNSPECIFIED;
   const char* data = nullptr;
   int64_t size = 0;

@@ -248,6 +248,8 @@ absl::StatusOr<std::vector<Store::RestoredKey>> LoadServerKeys(const CheckpointR
         // Keys cut from several records (async) take the most updates.
         dst.version = std::max(dst.version, rec.version);
         dst.learning_rate = rec.learning_rate;
+        // A variable's partitions skip the same steps (no gradient).
+        dst.step_counters = rec.step_counters;
         filled[i] += len;
       }
     }

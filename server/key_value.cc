@@ -51,6 +51,7 @@ class DenseValue final : public KeyValue {
   void Start(absl::string_view init) override {
     std::memcpy(weights_.data(), init.data(), n_ * 4);
     InitSlots(optimizer_, slot_ptrs_.data(), n_);
+    skipped_ = 0;
   }
   absl::Status Restore(const OptimizerConfig& optimizer, KeyRecord* r) override {
     if (NumSlots(optimizer) != static_cast<int>(r->slots.size()) ||
@@ -59,6 +60,13 @@ class DenseValue final : public KeyValue {
           "key '", name_, "' does not fit its optimizer ", OptimizerName(optimizer.kind), " (",
           r->slots.size(), " slots, ", r->weights.size(), " weights for ", n_, " elements)"));
     }
+    // step_counters: the steps skipped for want of a gradient (none: none).
+    const int64_t skipped = r->step_counters.empty() ? 0 : r->step_counters[0];
+    if (r->step_counters.size() > 1 || skipped < 0 || skipped > r->version) {
+      return absl::DataLossError(absl::StrCat(
+          "key '", name_, "' has step counters that do not fit ", "its version ", r->version));
+    }
+    skipped_ = skipped;
     weights_ = std::move(r->weights);
     slots_ = std::move(r->slots);
     Init(optimizer);  // keeps them
@@ -86,15 +94,18 @@ class DenseValue final : public KeyValue {
   }
   void ClearStepSum() override {}  // the step's first push overwrites it
   int64_t Apply(const Update& u, double lr, int64_t step) override {
-    ApplyUpdate(optimizer_, lr, step, weights_.data(), u.values, slot_ptrs_.data(), n_);
+    ApplyUpdate(optimizer_, lr, step - skipped_, weights_.data(), u.values, slot_ptrs_.data(), n_);
     return 0;
   }
+  void SkipStep() override { ++skipped_; }
   float Write(absl::Span<const int64_t>, int64_t, v1::DType dtype, char* to) override {
     // The one copy of the weights on the way out, fused with the conversion.
     return EncodeValues(weights_.data(), n_, dtype, to).scale;
   }
   void Save(KeyRecord* r) const override {
     r->num_elements = n_;
+    r->step_counters.clear();
+    if (skipped_ > 0) r->step_counters.push_back(skipped_);
     r->weights.assign(weights_.begin(), weights_.end());
     r->slots.resize(slots_.size());
     for (size_t i = 0; i < slots_.size(); ++i)
@@ -104,11 +115,13 @@ class DenseValue final : public KeyValue {
   bool kept_as_copy() const override { return true; }
   void WriteCopy(v1::SeedRequest* req) const override {
     req->set_weights(reinterpret_cast<const char*>(weights_.data()), n_ * 4);
+    req->set_skipped_steps(skipped_);
     for (const auto& slot : slots_)
       req->add_slots(reinterpret_cast<const char*>(slot.data()), n_ * 4);
   }
   void TakeCopy(const v1::SeedRequest& req) override {
     std::memcpy(weights_.data(), req.weights().data(), n_ * 4);
+    skipped_ = req.skipped_steps();
     for (int i = 0; i < req.slots_size(); ++i)
       std::memcpy(slots_[i].data(), req.slots(i).data(), n_ * 4);
   }
@@ -138,6 +151,9 @@ class DenseValue final : public KeyValue {
   std::vector<float> weights_;
   std::vector<std::vector<float>> slots_;
   std::vector<float*> slot_ptrs_;
+  // Versions made without an update (SkipStep): the optimizer's update
+  // count is the version less these.
+  int64_t skipped_ = 0;
   std::vector<float> accum_;
 };
 
@@ -206,6 +222,7 @@ class TableValue final : public KeyValue {
     table_->Gather(ids, step, rows.data());
     return EncodeValues(rows.data(), Size(ids), dtype, to).scale;
   }
+  void SkipStep() override {}  // each row counts its own pushes
   void Save(KeyRecord* r) const override { table_->Save(r); }
 
   bool kept_as_copy() const override { return false; }

@@ -80,9 +80,14 @@ class KeyValue {
   // refuses it for a dense key, whose value rank 0's registration sets).
   virtual void Assign(absl::Span<const int64_t> ids, const float* values) = 0;
   virtual void ClearStepSum() = 0;
-  // Applies an update with the optimizer at update `step` (1-based);
-  // returns the rows it evicted.
+  // Applies an update that makes version `step` (1-based); returns the
+  // rows it evicted.
   virtual int64_t Apply(const Update& update, double lr, int64_t step) = 0;
+  // Sync: version `step` is made without an update, as no worker had a
+  // gradient (KeyData.no_gradient). A dense value's optimizer then counts one
+  // update fewer (Adam's bias correction follows the updates, as torch's
+  // per-parameter step does); a table's rows count their own pushes.
+  virtual void SkipStep() = 0;
   // Writes the values of `ids` as `dtype` at `to` (Size(ids) of them);
   // returns the encoding's scale. A table makes the rows it lacks, seen at
   // `step`.

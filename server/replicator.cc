@@ -205,6 +205,7 @@ Store::Forwarded Replicator::Forward(int owner, const std::string& variable, uin
   req.set_variable(variable);
   req.set_partition(partition);
   req.set_version(version);
+  req.set_no_gradient(grad == nullptr);  // a sync step without a gradient
   if (origin.worker >= 0) {
     req.set_from_push(true);
     req.set_worker(origin.worker);
@@ -218,7 +219,8 @@ Store::Forwarded Replicator::Forward(int owner, const std::string& variable, uin
     // Written from `grad` before Call returns, while the caller applies the
     // update here only after: the socket's buffer takes the first part at
     // once, and the copy holder reads and applies while this server does.
-    grpc::Slice slice(grad, bytes, grpc::Slice::STATIC_SLICE);
+    grpc::Slice slice(grad != nullptr ? static_cast<const void*>(grad) : "", bytes,
+                      grpc::Slice::STATIC_SLICE);
     channel->Call(
         FrameKind::kReplicate, grpc::ByteBuffer(&slice, 1), kCallTimeout, &call->answer,
         [call](grpc::Status s) {
@@ -230,7 +232,7 @@ Store::Forwarded Replicator::Forward(int owner, const std::string& variable, uin
     call->status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "no address yet");
     call->done.Notify();
   } else {
-    req.set_gradient(reinterpret_cast<const char*>(grad), bytes);
+    if (grad != nullptr) req.set_gradient(reinterpret_cast<const char*>(grad), bytes);
     // A blocking call on a thread of its own: the caller may be one of
     // gRPC's callback threads, which an asynchronous call's completion
     // could need while the caller waits for it.
@@ -246,7 +248,7 @@ Store::Forwarded Replicator::Forward(int owner, const std::string& variable, uin
       return absl::UnavailableError(
           "the update was never sent to the copy (the server is stopping)");
     }
-    if (!call->status.ok() && call->req.gradient().empty()) {
+    if (!call->status.ok() && grad != nullptr && call->req.gradient().empty()) {
       // Retries go by gRPC, with the gradient in the request.
       call->req.set_gradient(reinterpret_cast<const char*>(grad), bytes);
     }

@@ -227,6 +227,9 @@ class Store {
       // Who sent this version's pushes so far (their sum is the value's).
       std::vector<char> contributed;
       int contributions = 0;
+      // Those of the contributions that carried a gradient (the others
+      // said KeyData.no_gradient); none: the step makes no update.
+      int gradients = 0;
       // The last version each worker pushed for, to tell a retry of an
       // applied step from a backup worker's late push.
       std::vector<int64_t> last_step;
@@ -342,7 +345,9 @@ class Store {
   // One update of key's value (forwarded to its copy, where it has one).
   void Apply(Key* key, const Update& update, const Origin& origin)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
-  // After an update: the version moves on (and a checkpoint may copy it).
+  // The version moves on (and a checkpoint may copy it): after an update
+  // (Applied, which counts it), or a step that made none.
+  void NextVersion(Key* key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   void Applied(Key* key, absl::Time start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   // A gradient with NaN or Inf is not applied: true, and the key skips the
   // version or stops ("nonfinite").
@@ -379,6 +384,8 @@ class Store {
   // Whether key k takes pushes now: served here, registered by rank 0, not
   // stopped (by a NaN with "nonfinite": "fail").
   absl::Status Pushable(Key* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
+  // A push's key that says it has no gradient carries nothing else.
+  static absl::Status CheckNoGradient(const Key* k, const WireKey& kd);
   // Sync: how many of the workers a push counts for (the pusher and its
   // also_for) pushed for k's step already.
   int Counted(Key* k, const WireMessage& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);

@@ -53,10 +53,20 @@ void Store::Apply(Key* key, const Update& update, const Origin& origin) {
     forwarded = forward_(key->role.copy_of, key->spec.variable(), key->spec.partition(),
                          key->version, update.values, update.n, origin);
   }
+  const absl::Time start = absl::Now();
+  if (update.values == nullptr) {
+    // A sync step without a gradient from any worker.
+    key->value->SkipStep();
+    if (forwarded) {
+      if (absl::Status s = forwarded(); !s.ok())
+        LogWarning("key '", key->name, "': its replica was not updated: ", s.message());
+    }
+    NextVersion(key);
+    return;
+  }
   // An assign key's value is data, not an update: NaN and Inf in it are what
   // the workers must see (GradScaler finds the overflow in the mean gradient).
   const bool skip = !key->FreeRunning() && !AllFinite(update.values, update.n);
-  const absl::Time start = absl::Now();
   if (!skip) {
     BytesHeld held(&bytes_stored_, *key->value);
     const int64_t evicted = key->value->Apply(update, key->lr, key->version + 1);
@@ -73,10 +83,14 @@ void Store::Apply(Key* key, const Update& update, const Origin& origin) {
   Applied(key, start);
 }
 
-void Store::Applied(Key* key, absl::Time start) {
+void Store::NextVersion(Key* key) {
   ++key->version;
   if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->role.serving)
     CopyForSnapshot(key);
+}
+
+void Store::Applied(Key* key, absl::Time start) {
+  NextVersion(key);
   updates_->Add();
   update_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
 }
@@ -98,9 +112,7 @@ bool Store::SkipNonfinite(Key* key, const float* grad, int64_t n) {
     }
     if (key->nonfinite == 1)
       LogWarning(what, ": skipped (\"nonfinite\": \"skip\"); later ones are counted only");
-    ++key->version;
-    if (key->version == snapshot_step_.load(std::memory_order_relaxed) && key->role.serving)
-      CopyForSnapshot(key);
+    NextVersion(key);
     return true;
   }
   return false;
@@ -123,14 +135,16 @@ absl::Status Store::Push(const WireMessage& req) {
       return absl::InvalidArgumentError(
           absl::StrCat("key '", k->name, "' appears twice in one push; send one gradient per key"));
     }
-    const int bpv = BytesPerValue(kd.dtype);
-    if (bpv == 0) {
+    if (kd.no_gradient) {
+      if (absl::Status s = CheckNoGradient(k, kd); !s.ok()) return s;
+    } else if (const int bpv = BytesPerValue(kd.dtype); bpv == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("push to key '", k->name, "' has dtype ", DTypeName(kd.dtype),
                        "; gradients are float32, float16 or bfloat16"));
-    }
-    if (absl::Status s = k->value->CheckPush(kd.ids, kd.data.size(), bpv, kd.dtype); !s.ok())
+    } else if (absl::Status s = k->value->CheckPush(kd.ids, kd.data.size(), bpv, kd.dtype);
+               !s.ok()) {
       return s;
+    }
     // Values are divided by the scale: its inverse must be finite too.
     if (!std::isfinite(kd.scale) || kd.scale < 0 ||
         (kd.scale != 0 && !std::isfinite(1.0f / kd.scale))) {
@@ -213,6 +227,16 @@ absl::Status Store::Push(const WireMessage& req) {
   }
   absl::MutexLock lock(&moved_mu);
   return moved;
+}
+
+absl::Status Store::CheckNoGradient(const Key* k, const WireKey& kd) {
+  if (kd.data.size() != 0 || !kd.ids.empty() || kd.nonfinite || kd.scale != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push to key '", k->name,
+                     "' says it has no gradient (no_gradient) but carries values, ids, a scale "
+                     "or the nonfinite mark; send one or the other"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Store::Pushable(Key* k) {
@@ -300,6 +324,8 @@ void Store::ApplyPush(Key* k, const WireMessage& req, const WireKey& kd) {
     }
     const Origin origin{w, push_id, kd.version + 1};
     RecordPush(k, origin);
+    // No gradient: the worker's clock moves, nothing is applied.
+    if (kd.no_gradient) return;
     // A float32 gradient in one aligned piece is applied where it lies;
     // anything else is decoded once into the key's scratch buffer.
     Apply(k, Gradient(k, kd), origin);
@@ -323,11 +349,14 @@ void Store::ApplyPush(Key* k, const WireMessage& req, const WireKey& kd) {
       (kd.scale == 0 || kd.scale == 1)) {
     // The step's one gradient (a single worker): applied from where it
     // lies, as an async push is, without the pass through the step's sum.
-    Apply(k, Gradient(k, kd), Origin());
+    Apply(k, kd.no_gradient ? Update() : Gradient(k, kd), Origin());
     return;
   }
-  k->value->Accumulate(kd.ids, kd.data, kd.dtype, kd.scale, k->sync.contributions == 0,
-                       &k->window.scratch);
+  if (!kd.no_gradient) {
+    k->value->Accumulate(kd.ids, kd.data, kd.dtype, kd.scale, k->sync.gradients == 0,
+                         &k->window.scratch);
+    k->sync.gradients += pushers;
+  }
   for (int r : Pushers(req)) k->sync.contributed[r] = 1;
   k->sync.contributions += pushers;
   MaybeFinishStep(k);
@@ -359,12 +388,19 @@ void Store::RecordPush(Key* k, const Origin& origin) {
 
 void Store::MaybeFinishStep(Key* k) {
   if (k->sync.contributions == 0 || k->sync.contributions < k->sync.required) return;
+  // The mean is over every contribution: a worker without a gradient adds
+  // zero to it, as under DDP (and as one process on the global batch).
   const float scale =
       options_.average_gradients && k->sync.contributions > 1 ? 1.0f / k->sync.contributions : 1.0f;
-  Apply(k, k->value->StepSum(scale), Origin());
-  k->value->ClearStepSum();
+  if (k->sync.gradients == 0) {
+    Apply(k, Update(), Origin());
+  } else {
+    Apply(k, k->value->StepSum(scale), Origin());
+    k->value->ClearStepSum();
+  }
   std::fill(k->sync.contributed.begin(), k->sync.contributed.end(), 0);
   k->sync.contributions = 0;
+  k->sync.gradients = 0;
 }
 
 }  // namespace psrt

@@ -70,7 +70,12 @@ absl::Status Store::Replicate(const v1::ReplicateRequest& req, absl::string_view
       return absl::FailedPreconditionError(
           absl::StrCat("key '", k->name, "' is not a replica on this server"));
     }
-    if (static_cast<int64_t>(gradient.size()) != k->n * 4) {
+    if (req.no_gradient() && (!options_.sync || req.from_push() || !gradient.empty())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replica update of key '", k->name,
+          "' says no worker had a gradient, but carries one or is not of a sync step"));
+    }
+    if (!req.no_gradient() && static_cast<int64_t>(gradient.size()) != k->n * 4) {
       return absl::InvalidArgumentError(absl::StrCat("replica update of key '", k->name, "' has ",
                                                      gradient.size(), " bytes; the key holds ",
                                                      k->n, " float32"));
@@ -93,13 +98,17 @@ absl::Status Store::Replicate(const v1::ReplicateRequest& req, absl::string_view
       origin = {req.worker(), req.push_id(), req.clock()};
       RecordPush(k, origin);
     }
-    const float* grad = reinterpret_cast<const float*>(gradient.data());
-    if (reinterpret_cast<uintptr_t>(grad) % alignof(float) != 0) {
-      k->window.scratch.resize(k->n);
-      std::memcpy(k->window.scratch.data(), gradient.data(), k->n * 4);
-      grad = k->window.scratch.data();
+    Update update;  // none: no worker had a gradient
+    if (!req.no_gradient()) {
+      const float* grad = reinterpret_cast<const float*>(gradient.data());
+      if (reinterpret_cast<uintptr_t>(grad) % alignof(float) != 0) {
+        k->window.scratch.resize(k->n);
+        std::memcpy(k->window.scratch.data(), gradient.data(), k->n * 4);
+        grad = k->window.scratch.data();
+      }
+      update = {{}, grad, k->n, 1};
     }
-    Apply(k, {{}, grad, k->n, 1}, origin);
+    Apply(k, update, origin);
     NotifyWaiters(k, &completed);
   }
   for (const auto& p : completed) Complete(p.get());
@@ -143,6 +152,11 @@ absl::Status Store::CheckHandover(const v1::SeedRequest& req, const std::string&
     return absl::InvalidArgumentError(
         absl::StrCat("seed of key '", name, "' does not fit this job's workers"));
   }
+  if (req.step_gradients() < 0 || req.step_gradients() > options_.num_workers ||
+      req.skipped_steps() < 0 || req.skipped_steps() > req.version()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("seed of key '", name, "' has step counts that do not fit its version"));
+  }
   for (int32_t next : req.recent_next()) {
     if (next < 0 || next >= kPushWindow)
       return absl::InvalidArgumentError("seed push window out of range");
@@ -161,6 +175,7 @@ void Store::TakeHandover(Key* k, const v1::SeedRequest& req) {
     k->sync.contributed[w] = req.contributed(w);
     k->sync.contributions += req.contributed(w);
   }
+  k->sync.gradients = req.step_gradients();
   for (int w = 0; w < req.last_step_size(); ++w) k->sync.last_step[w] = req.last_step(w);
   if (!options_.sync) {
     for (int i = 0; i < req.recent_push_ids_size(); ++i)
@@ -287,7 +302,8 @@ void Store::FillSeed(const Key* k, int primary, v1::SeedRequest* req) const {
 void Store::FillHandover(const Key* k, v1::SeedRequest* req) const {
   req->set_handover(true);
   if (options_.sync) {
-    if (k->sync.contributions > 0) k->value->WriteStepSum(req);
+    if (k->sync.gradients > 0) k->value->WriteStepSum(req);
+    req->set_step_gradients(k->sync.gradients);
     for (char c : k->sync.contributed) req->add_contributed(c != 0);
     for (int64_t step : k->sync.last_step) req->add_last_step(step);
   } else {

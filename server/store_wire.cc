@@ -33,6 +33,7 @@ WireKey ToWire(const v1::KeyData& kd) {
   k.data.Add(kd.data());
   k.scale = kd.scale();
   k.nonfinite = kd.nonfinite();
+  k.no_gradient = kd.no_gradient();
   k.pull_dtype = kd.pull_dtype();
   k.ids.assign(kd.ids().begin(), kd.ids().end());
   return k;

@@ -64,7 +64,7 @@ OptimizerConfig DefaultOptimizer(OptimizerKind kind, double lr);
 // the device before the device-to-host copy.
 struct TensorRef {
   std::string name;
-  const float* grad = nullptr;  // pushed (Push, PushPull)
+  const float* grad = nullptr;  // pushed (Push, PushPull); none: no gradient this step
   float* out = nullptr;         // filled (Pull, PushPull)
 };
 

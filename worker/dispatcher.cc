@@ -272,6 +272,12 @@ absl::StatusOr<std::vector<OutKey>> Dispatcher::Encode(const Shard& shard, int64
     }
     k.dtype = it.push_dtype;
     k.pull_dtype = it.pull_dtype;
+    if (it.grad == nullptr) {
+      // No gradient this step: the push says so and carries no values.
+      k.no_gradient = true;
+      if (lease->link != nullptr) at += Room(it, push, pull);
+      continue;
+    }
     const float* grad = it.grad + it.part.offset;
     const int64_t n = it.part.num_elements;
     k.size = n * BytesPerValue(it.push_dtype);

@@ -105,12 +105,24 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
                kind)
           .first;
     }
-    if (t.grad == nullptr || (pull && t.out == nullptr)) {
+    if (t.grad == nullptr) {
+      // The host's sum has a slot per process, each filled every step.
       return ops
           .New(0,
-               absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has no ",
-                                                       t.grad == nullptr ? "gradient" : "output",
-                                                       " buffer")),
+               absl::FailedPreconditionError(absl::StrCat(
+                   "tensor '", t.name,
+                   "' has no gradient this step, and this host's processes sum their gradients "
+                   "before pushing (local_aggregation), which takes one from every process; turn "
+                   "local_aggregation off for a model whose parameters go without a gradient on "
+                   "some steps")),
+               kind)
+          .first;
+    }
+    if (pull && t.out == nullptr) {
+      return ops
+          .New(0,
+               absl::InvalidArgumentError(
+                   absl::StrCat("tensor '", t.name, "' has no output buffer")),
                kind)
           .first;
     }

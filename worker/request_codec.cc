@@ -18,7 +18,9 @@ absl::StatusOr<std::vector<Shard>> SplitTensors(
   for (const TensorRef& t : tensors) {
     absl::StatusOr<Variable> var = find(t.name);
     if (!var.ok()) return var.status();
-    if ((with_grad && t.grad == nullptr) || (with_out && t.out == nullptr)) {
+    // A push without a gradient buffer says the tensor has no gradient
+    // this step (Encode).
+    if (with_out && t.out == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has no buffer"));
     }
     for (const Partition& p : var->parts) {

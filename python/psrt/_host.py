@@ -70,19 +70,21 @@ class HostVariables:
 
     def push_pull(self, names, grads, lr=None):
         """Pushes every gradient, waits for the new weights; returns them.
-        All names must be at the same step (one step of a model)."""
+        All names must be at the same step (one step of a model). A None
+        gradient says the variable has none this step: the servers leave it
+        alone where no worker had one."""
         if lr is not None:
             self.set_learning_rate(lr)
         for n in names:
             if n not in self._out:
                 raise psrt.PsrtError("variable '%s' was never registered with psrt" % n)
-        grads = [np.ascontiguousarray(g, dtype=np.float32) for g in grads]
+        grads = [None if g is None else np.ascontiguousarray(g, dtype=np.float32) for g in grads]
         outs = [self._out[n] for n in names]
         for n, g, o in zip(names, grads, outs):
-            if g.size != o.size:
+            if g is not None and g.size != o.size:
                 raise psrt.PsrtError("gradient of '%s' has %d values; the variable has %d" % (n, g.size, o.size))
         step = self._step_of(names)
-        handle = self._client.push_pull(list(names), [g.ctypes.data for g in grads],
+        handle = self._client.push_pull(list(names), [0 if g is None else g.ctypes.data for g in grads],
                                         [o.ctypes.data for o in outs], step)
         self._client.wait(handle)
         for n in names:

@@ -74,6 +74,55 @@ def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, passes, o
     assert max((got[n] - initial[n]).abs().max().item() for n in initial) > 1e-2
 
 
+def two_heads_reference(kind, steps, workers, clip, missing_as_zeros=False):
+    """One process on the global batch: the mean of the workers'
+    gradients, a worker without one adding zero, and .grad None where no
+    worker had one (torch's optimizer then skips the parameter).
+    missing_as_zeros: a missing gradient is zeros, so the optimizer steps
+    every parameter at every step."""
+    torch.manual_seed(0)
+    model = torch_worker.TwoHeads()
+    opt = torch_worker.make_two_heads_optimizer(kind, model)
+    for step in range(steps):
+        grads = []
+        for rank in range(workers):
+            model.zero_grad(set_to_none=True)
+            torch_worker.two_heads_loss(model, step, rank).backward()
+            grads.append([None if p.grad is None else p.grad.clone() for p in model.parameters()])
+        for i, p in enumerate(model.parameters()):
+            given = [g[i] for g in grads if g[i] is not None]
+            p.grad = sum(given) / workers if given else None
+            if p.grad is None and missing_as_zeros:
+                p.grad = torch.zeros_like(p)
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("kind,clip", [("adam", 0), ("sgd", 0), ("adamw", 0), ("adam", 0.05)])
+def test_a_parameter_without_a_gradient_on_some_steps_trains_as_in_one_process(kind, clip):
+    """The auxiliary head has a gradient on every rank, on rank 0 only, or
+    on none, step by step. Where none has one, Adam's moments and step
+    count, SGD's momentum and weight decay leave it alone, as torch's
+    optimizer does; where rank 0 alone has one, rank 1 counts as zeros in
+    the mean. With a clip (mean_grads) the head's .grad is None where no
+    worker had one. 7 steps: each case twice and more."""
+    steps = 7
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "final.pt")
+        code, log = run_job(["--unused-head", "--optimizer", kind, "--steps", str(steps), "--out", out]
+                            + (["--clip", str(clip)] if clip else []))
+        assert code == 0, log
+        got = torch.load(out)
+    want = two_heads_reference(kind, steps, 2, clip)
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=0, atol=1e-5, msg=lambda m: name + ": " + m)
+    # A run that pushed zeros for the missing gradient ends elsewhere.
+    zeros = two_heads_reference(kind, steps, 2, clip, missing_as_zeros=True)
+    assert (got["aux.weight"] - zeros["aux.weight"]).abs().max().item() > 1e-4
+
+
 @pytest.mark.parametrize("mode", [{"mode": "async"}, {"mode": "ssp", "staleness": 1}])
 def test_async_and_ssp_train_the_digits_to_a_stated_accuracy(mode):
     # Each worker's gradient is applied as it comes, computed at weights some

@@ -41,6 +41,63 @@ def make_optimizer(kind, model):
     raise ValueError(kind)
 
 
+class TwoHeads(torch.nn.Module):
+    """A trunk with a main head and an auxiliary one that is used on some
+    steps by some ranks only (its .grad is None on the others), as with a
+    multi-task head or a mixture of experts' routing."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh())
+        self.main = torch.nn.Linear(16, 1)
+        self.aux = torch.nn.Linear(16, 1)
+
+    def forward(self, x, use_aux):
+        h = self.trunk(x)
+        return self.main(h), self.aux(h) if use_aux else None
+
+
+def uses_aux(step, rank):
+    """Every rank on steps 0, 3, ...; rank 0 alone on 1, 4, ...; none on 2, 5, ..."""
+    return step % 3 == 0 or (step % 3 == 1 and rank == 0)
+
+
+def two_heads_loss(model, step, rank):
+    x, y = batch(step, rank)
+    out, aux = model(x, uses_aux(step, rank))
+    loss = torch.nn.functional.mse_loss(out, y)
+    return loss if aux is None else loss + torch.nn.functional.mse_loss(aux, -y)
+
+
+def make_two_heads_optimizer(kind, model):
+    if kind == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-2)
+    if kind == "adam":
+        return torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=1e-3)
+    if kind == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    raise ValueError(kind)
+
+
+def train_two_heads(args, rank):
+    """--unused-head: TwoHeads, the auxiliary head without a gradient on
+    some steps; --clip: a clip of the global norm after backward()."""
+    torch.manual_seed(rank)  # rank 0's initial values must win
+    model = TwoHeads()
+    opt = psrt.DistributedOptimizer(make_two_heads_optimizer(args.optimizer, model),
+                                    named_parameters=model.named_parameters(),
+                                    compression=psrt.Compression.none)
+    for step in range(args.steps):
+        opt.zero_grad()
+        two_heads_loss(model, step, rank).backward()
+        if args.clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        opt.step()
+    if rank == 0:
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out)
+    return 0
+
+
 def check_overlap(model, opt):
     """step() has not waited: the layers still hold the old weights. The
     first layer's forward lands its own and only its own; synchronize()
@@ -69,8 +126,14 @@ def main():
                    "and wrote this file")
     p.add_argument("--step-sleep", type=float, default=0, help="seconds each step takes longer")
     p.add_argument("--device", default="cpu", help="where the model and its gradients live")
+    p.add_argument("--unused-head", action="store_true",
+                   help="TwoHeads: a head without a gradient on some steps and ranks")
+    p.add_argument("--clip", type=float, default=0, help="--unused-head: clip_grad_norm_ to this")
     args = p.parse_args()
     rank = int(__import__("os").environ["PSRT_RANK"])
+    if args.unused_head:
+        psrt.init()
+        return train_two_heads(args, rank)
     if args.late and rank == int(__import__("os").environ["PSRT_WORLD_SIZE"]) - 1:
         while not __import__("os").path.exists(args.late):
             time.sleep(0.05)

@@ -55,6 +55,47 @@ OptimizerConfig Sgd(double lr) {
   return c;
 }
 
+TEST(KeyValueTest, ADenseValueCountsItsSkippedStepsThroughCheckpointsAndCopies) {
+  OptimizerConfig adam = Sgd(0.5);
+  adam.kind = OptimizerKind::kAdam;
+  const std::vector<float> grad = {0.5, -1, 2};
+  auto fresh = [&] {
+    std::unique_ptr<KeyValue> v = KeyValue::New("w#0", DenseSpec(3), /*sync=*/true);
+    v->Init(adam);
+    v->Start(Bytes({1, 2, 3}));
+    return v;
+  };
+  // One update after a skipped step is Adam's first update.
+  std::unique_ptr<KeyValue> skipped = fresh(), direct = fresh();
+  skipped->SkipStep();
+  KeyRecord saved;
+  saved.version = 1;
+  skipped->Save(&saved);
+  EXPECT_EQ(saved.step_counters, std::vector<int64_t>{1});
+  v1::SeedRequest seed;
+  seed.set_version(1);
+  skipped->WriteCopy(&seed);
+  EXPECT_EQ(seed.skipped_steps(), 1);
+
+  skipped->Apply({{}, grad.data(), 3, 1}, 0.5, 2);
+  direct->Apply({{}, grad.data(), 3, 1}, 0.5, 1);
+  EXPECT_EQ(Read(skipped.get(), {}), Read(direct.get(), {}));
+  // The checkpoint's and the copy's values do the same.
+  std::unique_ptr<KeyValue> restored = fresh(), copied = fresh();
+  ASSERT_TRUE(restored->Restore(adam, &saved).ok());
+  copied->TakeCopy(seed);
+  restored->Apply({{}, grad.data(), 3, 1}, 0.5, 2);
+  copied->Apply({{}, grad.data(), 3, 1}, 0.5, 2);
+  EXPECT_EQ(Read(restored.get(), {}), Read(direct.get(), {}));
+  EXPECT_EQ(Read(copied.get(), {}), Read(direct.get(), {}));
+  // More skipped steps than versions cannot be.
+  KeyRecord bad;
+  skipped->Save(&bad);
+  bad.version = 0;
+  bad.step_counters = {1};
+  EXPECT_EQ(fresh()->Restore(adam, &bad).code(), absl::StatusCode::kDataLoss);
+}
+
 TEST(KeyValueTest, ADenseValueChecksItsShapeAndHoldsWeightsSlotsAndTheStepsSum) {
   std::unique_ptr<KeyValue> v = KeyValue::New("w#0", DenseSpec(3), /*sync=*/true);
   const std::vector<int64_t> ids = {1};

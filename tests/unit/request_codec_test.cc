@@ -87,9 +87,13 @@ TEST_F(SplitTest, ExactPullsAreFloat32) {
 TEST_F(SplitTest, AnUnknownTensorOrAMissingBufferIsAnError) {
   absl::StatusOr<std::vector<Shard>> unknown = Split({{"c", a_.data(), a_.data()}}, {1000, 1000});
   EXPECT_TRUE(absl::IsNotFound(unknown.status())) << unknown.status();
-  absl::StatusOr<std::vector<Shard>> bufferless = Split({{"a", nullptr, a_.data()}}, {1000, 1000});
+  absl::StatusOr<std::vector<Shard>> bufferless = Split({{"a", a_.data(), nullptr}}, {1000, 1000});
   EXPECT_TRUE(absl::IsInvalidArgument(bufferless.status())) << bufferless.status();
   EXPECT_NE(bufferless.status().message().find("tensor 'a' has no buffer"), std::string::npos);
+  // No gradient buffer: the tensor has no gradient this step (Encode says so).
+  absl::StatusOr<std::vector<Shard>> no_gradient = Split({{"a", nullptr, a_.data()}}, {1000, 1000});
+  ASSERT_TRUE(no_gradient.ok()) << no_gradient.status();
+  EXPECT_EQ((*no_gradient)[0].items[0].grad, nullptr);
 }
 
 TEST(WireDTypeTest, AVariablesChoiceOrTheJobs) {

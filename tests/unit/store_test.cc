@@ -492,6 +492,75 @@ TEST(StoreTest, ANonFiniteStepIsSkippedOrStopsTheKeyAsTheJobSays) {
   }
 }
 
+v1::KeyData NoGradient(const std::string& variable, int64_t version) {
+  v1::KeyData kd;
+  kd.set_variable(variable);
+  kd.set_version(version);
+  kd.set_no_gradient(true);
+  return kd;
+}
+
+TEST(StoreTest, AStepWithoutAGradientFromAnyWorkerLeavesTheKeyAsItWas) {
+  // Adam: "a" goes a step without gradient and then takes kG0; "b" takes
+  // kG0 at once. Both took one update, so both hold the same weights (the
+  // bias correction counts updates, not versions), a version apart.
+  for (int workers : {1, 2}) {
+    Metrics m("t");
+    Store store(Sync(workers), &m);
+    std::vector<v1::KeySpec> specs = {Spec("a", 0, {3}, 0, 3, kW0, "adam"),
+                                      Spec("b", 0, {3}, 0, 3, kW0, "adam")};
+    ASSERT_TRUE(store.RegisterKeys(RegReq(0, specs)).ok());
+    for (int w = 0; w < workers; ++w)
+      ASSERT_TRUE(store.Push(PushReq(w, 1, {NoGradient("a", 0), Grad("b", 0, kG0)})).ok());
+    EXPECT_KEY(store, "a", 1, kW0);
+    EXPECT_EQ(Metric(m, "t_updates_total"), 1);  // b's
+    for (int w = 0; w < workers; ++w)
+      ASSERT_TRUE(store.Push(PushReq(w, 2, {Grad("a", 1, kG0)})).ok());
+    absl::StatusOr<Pulled> a = PullOne(store, 0, "a", 2);
+    absl::StatusOr<Pulled> b = PullOne(store, 0, "b", 1);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    EXPECT_EQ(a->version, 2);
+    EXPECT_NE(a->weights, kW0);
+    EXPECT_EQ(a->weights, b->weights) << "workers " << workers;
+  }
+}
+
+TEST(StoreTest, AWorkerWithoutAGradientCountsAsZerosInTheMean) {
+  Metrics m("t");
+  Store store(Sync(2), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+  ASSERT_TRUE(store.Push(PushReq(0, 1, {NoGradient("w", 0)})).ok());
+  ASSERT_TRUE(store.Push(PushReq(1, 1, {Grad("w", 0, kG1)})).ok());
+  // w - 0.5 * (0 + kG1) / 2
+  EXPECT_KEY(store, "w", 1, (std::vector<float>{0.625f, -1.25f, 2.5f}));
+  // A step's first gradient after a worker without one starts the sum.
+  ASSERT_TRUE(store.Push(PushReq(1, 2, {NoGradient("w", 1)})).ok());
+  ASSERT_TRUE(store.Push(PushReq(0, 2, {Grad("w", 1, kG0)})).ok());
+  EXPECT_KEY(store, "w", 2, (std::vector<float>{0.5f, -1.5f, 3.0f}));
+}
+
+TEST(StoreTest, ANoGradientPushCarriesNothingElseAndAsyncOnlyMovesTheClock) {
+  {
+    Metrics m("t");
+    Store store(Sync(1), &m);
+    ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+    v1::KeyData with_values = NoGradient("w", 0);
+    with_values.set_data(Bytes(kG0));
+    absl::Status s = store.Push(PushReq(0, 1, {with_values}));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_HAS(s, "says it has no gradient (no_gradient) but carries values");
+    EXPECT_KEY(store, "w", 0, kW0);
+  }
+  {
+    Metrics m("t");
+    Store store(Async(1), &m);
+    ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("w", kW0)})).ok());
+    ASSERT_TRUE(store.Push(PushReq(0, 1, {NoGradient("w", 0)})).ok());
+    EXPECT_KEY(store, "w", 0, kW0);
+    EXPECT_EQ(store.WorkerClocks(), std::vector<int64_t>{1});
+  }
+}
+
 TEST(StoreTest, LimitsRefuseWhatWouldExceedThemAndSayWhich) {
   Metrics m("t");
   StoreOptions o = Sync(1);

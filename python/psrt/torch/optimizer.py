@@ -70,6 +70,11 @@ def _server_optimizer(optimizer, group):
     return cfg
 
 
+def _address(tensor):
+    """A tensor's address for the C API; 0 (no gradient) for None."""
+    return tensor.data_ptr() if tensor is not None else 0
+
+
 class _Variable:
     """One tensor as the servers know it: a trainable parameter, or a
     floating-point buffer the servers average."""
@@ -428,10 +433,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._pushing = True
         g = v.param.grad
         v.sent = (g, g._version, None) if g is not None else None
-        v.grad = (g if g is not None else torch.zeros_like(v.param)).detach().contiguous()
+        # No gradient (unused this step) goes out as such: the servers leave
+        # a parameter no worker had one for alone, as torch's optimizer does.
+        v.grad = g.detach().contiguous() if g is not None else None
         v.queued = True
         self._bucket.append(v)
-        self._bucket_bytes += v.grad.numel() * 4
+        self._bucket_bytes += v.param.numel() * 4
         if self._bucket_bytes >= self._fusion_bytes:
             self._flush()
 
@@ -439,7 +446,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not self._bucket:
             return
         handle = self._client.push_pull([v.name for v in self._bucket],
-                                        [v.grad.data_ptr() for v in self._bucket],
+                                        [_address(v.grad) for v in self._bucket],
                                         [v.pulled.data_ptr() for v in self._bucket],
                                         self._step if step is None else step)
         inflight = _InFlight(self._client, handle)
@@ -466,22 +473,32 @@ class DistributedOptimizer(torch.optim.Optimizer):
             v.passes = 0
 
     def _exchange_mean_grads(self):
+        """Each .grad becomes the mean over workers, a worker without one
+        counting as zeros (as under DDP); a parameter no worker had a
+        gradient for keeps .grad None, as in one process. Which is which
+        travels in one more key, <first>@has_grad (a float per parameter)."""
         if self._grad_step is None:
             for v in self._variables:
                 v.scratch = torch.zeros_like(v.pulled)
                 self._register_tensor(v.name + "@grad", v.scratch, {"name": "assign"})
-            self._grad_step = min(self._client.pulled_version(v.name + "@grad") for v in self._variables)
-        grads = []
-        for v in self._variables:
-            g = v.param.grad
-            grads.append((g if g is not None else torch.zeros_like(v.param)).detach().contiguous())
-        handle = self._client.push_pull([v.name + "@grad" for v in self._variables],
-                                        [g.data_ptr() for g in grads],
-                                        [v.scratch.data_ptr() for v in self._variables], self._grad_step)
+            self._has_grad = torch.zeros(len(self._variables))
+            self._register_tensor(self._variables[0].name + "@has_grad", self._has_grad, {"name": "assign"})
+            self._grad_step = min(self._client.pulled_version(v.name + "@grad")
+                                  for v in self._variables)
+        grads = [v.param.grad.detach().contiguous() if v.param.grad is not None else None
+                 for v in self._variables]
+        had = torch.tensor([g is not None for g in grads], dtype=torch.float32)
+        handle = self._client.push_pull(
+            [v.name + "@grad" for v in self._variables] + [self._variables[0].name + "@has_grad"],
+            [_address(g) for g in grads] + [had.data_ptr()],
+            [v.scratch.data_ptr() for v in self._variables] + [self._has_grad.data_ptr()],
+            self._grad_step)
         self._client.wait(handle)
         self._grad_step += 1
-        for v in self._variables:
-            if v.param.grad is None:
+        for v, anyone in zip(self._variables, self._has_grad.tolist()):
+            if anyone == 0:
+                v.param.grad = None
+            elif v.param.grad is None:
                 v.param.grad = v.scratch.clone()
             else:
                 v.param.grad.copy_(v.scratch)
@@ -672,8 +689,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._end_step()
             return loss
         inv_scale = self._unscale(scale) if scale is not None else None
-        # A parameter whose gradient never came (unused this step) pushes
-        # zeros: in sync mode every key advances every step.
+        # A parameter whose gradient never came (unused this step) says so:
+        # in sync mode every key advances every step, and the servers leave
+        # one that no worker had a gradient for alone.
         for v in self._variables:
             if not v.queued:
                 self._push(v)
