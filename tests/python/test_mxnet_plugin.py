@@ -190,7 +190,8 @@ def initial_arrays(case):
 
 @pytest.fixture(scope="module")
 def trainer_job():
-    return gluon_job(["string", "object", "devices", "local_update", "clip", "sparse", "mults", "load", "resnet"])
+    return gluon_job(["string", "object", "devices", "local_update", "clip", "sparse", "mults", "load", "resnet",
+                      "module"])
 
 
 # string/object: kvstore="psrt" as a string and as the object; devices: two
@@ -277,6 +278,16 @@ def module_reference(workers=2, epochs=2, batch=16):
             vb = m * vb - lr * gb_sum / (batch * workers)
             w, b = w + vw, b + vb
     return [w, b]
+
+
+def test_module_fit_with_averaging_servers_ends_where_dist_sync_does(trainer_job):
+    """Module divides by the global batch, as for servers that sum; with the
+    default mean the plugin scales it back, so the steps are not
+    num_workers times smaller."""
+    job, got = trainer_job
+    assert_both_ranks_passed(job, "case module")
+    want = module_reference()
+    assert_trained_like(got["module"], want, [0 * a for a in want], 1e-5)
 
 
 def test_gluon_with_summed_gradients_equals_one_process_on_their_sum():

@@ -20,7 +20,8 @@ keras = pytest.importorskip("keras")
 import tf_worker  # noqa: E402
 
 
-def reference(steps, workers, kind="sgd", model="mlp", clip=None, mixed=False, fit=False, loss_scale_factor=None):
+def reference(steps, workers, kind="sgd", model="mlp", clip=None, mixed=False, fit=False, loss_scale_factor=None,
+              tape_clip=None):
     """One process, the same Keras optimizer, on the mean gradient over the
     workers' batches; BatchNormalization's statistics are the mean of what
     each worker's forward pass makes of them. Returns what tf_worker saves
@@ -49,8 +50,12 @@ def reference(steps, workers, kind="sgd", model="mlp", clip=None, mixed=False, f
                 stats.append([v.numpy() for v in moving])
             for i, v in enumerate(moving):
                 v.assign(sum(s[i] for s in stats) / np.float32(workers))
-            mean = [sum(g[i] for g in grads) / workers for i in range(len(grads[0]))]
-            if mixed and not all(np.isfinite(g.numpy()).all() for g in mean):
+            # A gradient no worker had stays None (Keras skips the variable).
+            mean = [None if all(g[i] is None for g in grads) else
+                    sum(g[i] for g in grads if g[i] is not None) / workers for i in range(len(grads[0]))]
+            if tape_clip:
+                mean, _ = tf.clip_by_global_norm(mean, tape_clip)
+            if mixed and not all(np.isfinite(g.numpy()).all() for g in mean if g is not None):
                 skipped += 1
             opt.apply_gradients(zip(mean, net.trainable_variables))
         return tf_worker.saved(net, opt), skipped
@@ -94,6 +99,35 @@ def test_sync_two_workers_on_real_layers_equal_one_process(model, fit, atol):
     assert_trained_like(got, want, initial(model), atol)
 
 
+# A head without a gradient at every step and AdamW excluding the biases
+# from weight decay: Keras leaves the head alone (no decay either) and
+# decays the kernels only; so must the servers. (Keras's Adam puts epsilon
+# elsewhere than the servers, hence 5e-4, as above.)
+def test_a_variable_without_a_gradient_and_excluded_from_weight_decay_train_as_in_one_process():
+    steps = 6
+    got = trained_arrays(os.path.join(HERE, "tf_worker.py"),
+                         ["--model", "unused", "--optimizer", "adamw", "--steps", str(steps)])
+    want, _ = reference(steps, 2, kind="adamw", model="unused")
+    start = initial("unused")
+    assert_trained_like(got, want, start, 5e-4)
+    # The head is where it started, as one process leaves it.
+    head = [i for i, w in enumerate(want) if w.shape == (16, 1) and np.array_equal(w, start[i])]
+    assert head, "the reference moved the unused head"
+    # Decaying the biases too would end elsewhere.
+    keras_decays_all = reference(steps, 2, kind="adamw-all", model="unused")[0]
+    assert max(np.abs(a - b).max() for a, b in zip(keras_decays_all, want)) > 2e-3
+
+
+# A constraint Keras applies after each update cannot reach the servers'
+# weights: refused when the optimizer builds, naming the variable.
+def test_a_constrained_variable_is_refused_with_the_reason():
+    with tempfile.TemporaryDirectory() as d:
+        code, log = run_job(os.path.join(HERE, "tf_worker.py"),
+                            ["--model", "nonneg", "--steps", "2", "--out", os.path.join(d, "x.npz")], None, 2)
+    assert code != 0
+    assert "has a constraint (kernel_constraint, bias_constraint, ...)" in log, log
+
+
 # One host of two workers summing first: the same training.
 def test_one_host_summing_first_equals_one_process():
     steps = 6
@@ -112,6 +146,18 @@ def test_sync_two_workers_clip_the_mean_gradient(clip):
     steps = 8
     got = trained_arrays(os.path.join(HERE, "tf_worker.py"), ["--clip", clip, "--steps", str(steps)])
     want, _ = reference(steps, 2, clip=clip)
+    unclipped, _ = reference(steps, 2)
+    assert max(np.abs(w - u).max() for w, u in zip(want, unclipped)) > 1e-2
+    assert_trained_like(got, want, initial(), 1e-5)
+
+
+# A custom loop that clips after the tape clips the mean gradient where the
+# tape is a DistributedGradientTape (as with Horovod's); clipping each
+# worker's own gradient ends elsewhere.
+def test_a_clip_after_a_distributed_gradient_tape_clips_the_mean_gradient():
+    steps = 6
+    got = trained_arrays(os.path.join(HERE, "tf_worker.py"), ["--tape-clip", "0.05", "--steps", str(steps)])
+    want, _ = reference(steps, 2, tape_clip=0.05)
     unclipped, _ = reference(steps, 2)
     assert max(np.abs(w - u).max() for w, u in zip(want, unclipped)) > 1e-2
     assert_trained_like(got, want, initial(), 1e-5)

@@ -22,7 +22,7 @@ import keras  # noqa: E402
 
 import psrt.tensorflow as psrt  # noqa: E402
 
-MODELS = ("mlp", "mha", "bn", "frozen")
+MODELS = ("mlp", "mha", "bn", "frozen", "unused", "nonneg")
 # Under --mixed: a scale at which rank 1's gradients overflow float16 and
 # rank 0's do not, and growth after two good steps, so that some steps are
 # skipped, on one rank's account only, and the scale moves both ways.
@@ -31,7 +31,21 @@ MIXED_GROWTH = 2
 
 
 def input_shape(model):
-    return {"mlp": (8,), "bn": (8,), "mha": (4, 8), "frozen": (32, 32, 3)}[model]
+    return {"mlp": (8,), "bn": (8,), "mha": (4, 8), "frozen": (32, 32, 3), "unused": (8,), "nonneg": (8,)}[model]
+
+
+class WithUnusedHead(keras.Model):
+    """A model and a head it never calls: the head's gradient is None at
+    every step (Keras's optimizer then leaves it alone, weight decay too)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.head = keras.layers.Dense(1, name="unused_head")
+        self.head.build((None, 16))
+
+    def call(self, x, training=False):
+        return self.inner(x, training=training)
 
 
 def build_model(seed, model="mlp", mixed=False, backbone_seed=0):
@@ -39,8 +53,10 @@ def build_model(seed, model="mlp", mixed=False, backbone_seed=0):
     `backbone_seed`."""
     keras.utils.set_random_seed(seed)
     inputs = keras.Input(input_shape(model))
-    if model == "mlp":
-        hidden = keras.layers.Dense(16, activation="tanh")(inputs)
+    if model in ("mlp", "unused", "nonneg"):
+        # "unused": biases from ones, so that decaying them would show.
+        hidden = keras.layers.Dense(16, activation="tanh",
+                                    bias_initializer="ones" if model == "unused" else "zeros")(inputs)
     elif model == "bn":
         hidden = keras.layers.Dense(16)(inputs)
         hidden = keras.layers.Activation("tanh")(keras.layers.BatchNormalization(momentum=0.8)(hidden))
@@ -59,8 +75,10 @@ def build_model(seed, model="mlp", mixed=False, backbone_seed=0):
         hidden = keras.layers.LayerNormalization(epsilon=1e-24, center=False, scale=False)(hidden)
         hidden = keras.layers.Rescaling(3.0)(keras.layers.UnitNormalization()(hidden))
     # Under mixed_float16 the output stays float32, as Keras's guide has it.
-    outputs = keras.layers.Dense(1, dtype="float32" if mixed else None)(hidden)
-    return keras.Model(inputs, outputs)
+    constraint = keras.constraints.NonNeg() if model == "nonneg" else None
+    outputs = keras.layers.Dense(1, dtype="float32" if mixed else None, kernel_constraint=constraint)(hidden)
+    net = keras.Model(inputs, outputs)
+    return WithUnusedHead(net) if model == "unused" else net
 
 
 def batch(step, rank, model="mlp", mixed=False, n=16):
@@ -81,6 +99,10 @@ def make_optimizer(kind, clip=None, mixed=False, loss_scale_factor=None):
         opt = keras.optimizers.SGD(learning_rate=0.1, momentum=0.9, nesterov=True, **kwargs)
     elif kind == "adam":
         opt = keras.optimizers.Adam(learning_rate=1e-2, **kwargs)
+    elif kind in ("adamw", "adamw-all"):
+        opt = keras.optimizers.AdamW(learning_rate=1e-2, weight_decay=0.5, **kwargs)
+        if kind == "adamw":
+            opt.exclude_from_weight_decay(var_names=["bias"])  # as BERT's recipe has it
     else:
         raise ValueError(kind)
     if mixed:
@@ -112,6 +134,8 @@ def main():
     p.add_argument("--eager", action="store_true")
     p.add_argument("--backbone-seed", type=int, default=0, help="-1: the rank")
     p.add_argument("--fixed", action="store_true", help="the same two batches over and over (to see learning)")
+    p.add_argument("--tape-clip", type=float, help="custom loop: DistributedGradientTape, then "
+                   "tf.clip_by_global_norm to this")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     psrt.init()
@@ -140,7 +164,11 @@ def main():
             with tf.GradientTape() as tape:
                 # The loss scale's (or loss_scale_factor's); else unchanged.
                 loss = opt.scale_loss(tf.reduce_mean(tf.square(model(x, training=True) - y)))
+            if args.tape_clip:
+                tape = psrt.keras.DistributedGradientTape(tape)
             grads = tape.gradient(loss, model.trainable_variables)
+            if args.tape_clip:
+                grads, _ = tf.clip_by_global_norm(grads, args.tape_clip)
             opt.apply_gradients(zip(grads, model.trainable_variables))
             return loss
 

@@ -837,6 +837,26 @@ _mx_check_and_rescale_grad = getattr(mxnet.gluon.Trainer._check_and_rescale_grad
 _check_and_rescale_grad._psrt_original = _mx_check_and_rescale_grad
 mxnet.gluon.Trainer._check_and_rescale_grad = _check_and_rescale_grad
 
+def _module_init_optimizer(module, *args, **kwargs):
+    """Module.init_optimizer divides the gradients by the global batch
+    (batch size times workers) on a dist_sync store, whose servers sum.
+    Servers that average (gradient_aggregation "mean", the default) would
+    then take steps num_workers times too small: the optimizer's
+    rescale_grad is multiplied back, so Module ends where MXNet's dist_sync
+    does either way."""
+    _mx_module_init_optimizer(module, *args, **kwargs)
+    kv, opt = module._kvstore, module._optimizer
+    if (isinstance(kv, Psrt) and kv._client.is_sync() and kv._client.averages()
+            and not getattr(opt, "_psrt_rescaled", False)):
+        opt.rescale_grad *= kv.num_workers
+        opt._psrt_rescaled = True
+
+
+_mx_module_init_optimizer = getattr(mxnet.module.Module.init_optimizer, "_psrt_original",
+                                    mxnet.module.Module.init_optimizer)
+_module_init_optimizer._psrt_original = _mx_module_init_optimizer
+mxnet.module.Module.init_optimizer = _module_init_optimizer
+
 _mx_create_kvstore = getattr(mxnet.model._create_kvstore, "_psrt_original", mxnet.model._create_kvstore)
 _create_kvstore._psrt_original = _mx_create_kvstore
 for _module in (mxnet.model, mxnet.gluon.trainer, mxnet.module.module):

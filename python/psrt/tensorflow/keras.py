@@ -44,6 +44,7 @@ import keras
 import psrt
 from psrt import _host
 from psrt.tensorflow import layers
+from psrt.tensorflow.tape import DistributedGradientTape, _fill, _given  # noqa: F401
 
 _CLIPPING = ("clipnorm", "global_clipnorm", "clipvalue")
 _ASSIGN = "assign"
@@ -170,7 +171,9 @@ class _Keys:
         for i, (name, v) in enumerate(zip(names, dense + moving + fixed)):
             value = keras.ops.convert_to_numpy(v).astype(np.float32)
             if i < len(dense):
-                value = host.register(name, value, config)
+                # exclude_from_weight_decay, per variable as Keras decides it.
+                decays = not config.get("weight_decay") or opt._use_weight_decay(v)
+                value = host.register(name, value, config if decays else dict(config, weight_decay=0.0))
             else:
                 # Statistics and frozen weights travel exactly: every worker
                 # holds the same bits. Frozen weights are never pushed.
@@ -194,14 +197,15 @@ class _Keys:
                 self.count = float(out.pop()[0])
             return out
         stats = self.host.push_pull(self.moving_names, stats) if self.moving_names else []
-        return [np.asarray(g, np.float32) for g in grads] + stats
+        return [np.asarray(g if g is not None else (), np.float32) for g in grads] + stats
 
     def update(self, lr, grads, stats):
         """Pushes the gradients (after `mean`, each worker its share of the
         aggregate, so that the servers' aggregate is the clipped aggregate)
         and `stats` if `mean` has not; returns the new weights and means."""
         if self.averaged and self.count != 1.0:
-            grads = [np.asarray(g, np.float32) / np.float32(self.count) for g in grads]
+            grads = [None if g is None else np.asarray(g, np.float32) / np.float32(self.count)
+                     for g in grads]
         names = self.names + (self.moving_names if len(stats) else [])
         if not names:
             return [np.float32(0.0)]
@@ -218,9 +222,10 @@ class _Keys:
         return [np.float32(0.0)]
 
 
-def _float_grads(grads, variables):
-    return [tf.zeros(v.shape, tf.float32) if g is None else tf.cast(tf.convert_to_tensor(g), tf.float32)
-            for g, v in zip(grads, variables)]
+def _float_grads(grads):
+    """float32 gradients; None stays None: the variable has no gradient this
+    step, which the servers skip where no worker had one, as Keras does."""
+    return [None if g is None else tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
 
 
 def _assign(variables, values):
@@ -248,6 +253,20 @@ class _Distributed:
         if keys is not None:
             return
         dense = [v for v in variables if layers.table_of(v) is None]
+        overwritten = [v.path for v in dense if getattr(v, "overwrite_with_gradient", False)]
+        if overwritten:
+            # Float8 layers' scales take their "gradient" as the new value.
+            raise _refuse("%s takes its gradient as its new value (overwrite_with_gradient, float8 "
+                          "training), which the servers would apply as a gradient; train without "
+                          "float8 layers" % ", ".join(overwritten))
+        constrained = [v.path for v in dense if getattr(v, "constraint", None) is not None]
+        if constrained:
+            # Keras applies a constraint to the weights after each update;
+            # the servers hold the weights and apply the update.
+            raise _refuse("%s has a constraint (kernel_constraint, bias_constraint, ...), which Keras "
+                          "applies to the weights after each update; the servers hold the weights and "
+                          "apply the update, so it would not reach them. Train it without the "
+                          "constraint" % ", ".join(constrained))
         if len(dense) < len(variables) and (any(getattr(self, k, None) for k in _CLIPPING) or
                                             self._psrt_loss_scale is not None or self.loss_scale_factor):
             raise _refuse("clipnorm, global_clipnorm, clipvalue and loss scaling do not reach "
@@ -269,11 +288,14 @@ class _Distributed:
         if not keys.averaged and not keys.moving:
             return dense
         stats = [tf.cast(v.value, tf.float32) for v in keys.moving]
-        out = tf.numpy_function(lambda *a: keys.mean(a[:len(dense)], a[len(dense):]), dense + stats,
-                                [tf.float32] * (len(dense) + len(stats)), stateful=True)
+        given = _given(dense)
+        out = tf.numpy_function(
+            lambda *a: keys.mean(_fill(a[:len(given)], given, len(dense)), a[len(given):]),
+            [dense[i] for i in given] + stats, [tf.float32] * (len(dense) + len(stats)), stateful=True)
         with tf.control_dependencies(out):
             _assign(keys.moving, out[len(dense):])
-        return [tf.ensure_shape(tf.reshape(g, tf.shape(d)), d.shape) for g, d in zip(out, dense)]
+        return [None if d is None else tf.ensure_shape(tf.reshape(g, tf.shape(d)), d.shape)
+                for g, d in zip(out, dense)]
 
     def _psrt_update(self, dense_grads, variables, grads, stats):
         """Pushes `dense_grads` (clipped here as Keras clips) with the
@@ -286,16 +308,18 @@ class _Distributed:
         dense = [v for v, t in zip(variables, tables) if t is None]
         # A trigger's gradient is an input of the round trip, so the layer's
         # gradient function has kept the rows' gradient before it runs.
-        triggers = [g for g, t in zip(grads, tables) if t is not None]
+        triggers = [g for g, t in zip(grads, tables) if t is not None and g is not None]
         tables = [t for t in tables if t is not None]
+        given = _given(dense_grads)
 
         def round_trip(lr_value, *values):
             # Every table pushes once per step, rows or not (sync mode).
             for t in tables:
                 t.push()
-            return keys.update(lr_value, values[:len(dense)], values[len(dense):len(dense) + len(stats)])
+            return keys.update(lr_value, _fill(values[:len(given)], given, len(dense)),
+                               values[len(given):len(given) + len(stats)])
 
-        new = tf.numpy_function(round_trip, [lr] + list(dense_grads) + stats + triggers,
+        new = tf.numpy_function(round_trip, [lr] + [dense_grads[i] for i in given] + stats + triggers,
                                 [tf.float32] * max(len(dense) + len(stats), 1), stateful=True)
         with tf.control_dependencies(new):
             _assign(dense + keys.moving[:len(stats)], new)
@@ -311,9 +335,9 @@ class _Distributed:
             list(self._trainable_variables)
         if getattr(self, "_psrt_keys", None) is None:
             self.build(variables)
-        grads = _float_grads(grads, variables)
+        grads = _float_grads(grads)
         if self.loss_scale_factor:
-            grads = [g / self.loss_scale_factor for g in grads]
+            grads = [None if g is None else g / self.loss_scale_factor for g in grads]
         keys = self._psrt_keys
         if self._psrt_loss_scale is not None:
             # The loss scale optimizer has averaged and unscaled them, and
@@ -342,7 +366,7 @@ class _DistributedLossScale:
         inner = self.inner_optimizer
         variables = list(trainable_variables) if trainable_variables is not None else \
             list(self._trainable_variables)
-        grads = inner._psrt_mean(_float_grads(grads, variables), variables)
+        grads = inner._psrt_mean(_float_grads(grads), variables)
         tf.cond(self.check_finite(grads),
                 lambda: self._stateful_handle_finite_grads(grads, trainable_variables),
                 self._stateful_handle_non_finite_grads)
@@ -388,6 +412,11 @@ def DistributedOptimizer(optimizer, compression=psrt.Compression.job_default, mo
     config = _server_optimizer(optimizer)
     cls = type("Distributed" + type(optimizer).__name__, (_Distributed, type(optimizer)), {})
     wrapped = cls.from_config(optimizer.get_config())
+    # exclude_from_weight_decay(), called on `optimizer`, is no part of its
+    # config.
+    for attr in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
+        if hasattr(optimizer, attr):
+            _set(wrapped, attr, getattr(optimizer, attr))
     wrapped._psrt_config = config
     wrapped._psrt_compression = compression
     _set(wrapped, "_psrt_model", model)
