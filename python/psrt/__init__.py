@@ -20,6 +20,7 @@ try:
     from psrt import _psrt
 finally:
     sys.setdlopenflags(_flags)
+from psrt import _alone  # noqa: E402
 
 PsrtError = _psrt.PsrtError
 
@@ -40,16 +41,18 @@ def init():
 
     Reads what ``psrt-run`` and its agents put in the environment
     (``PSRT_COORDINATOR``, ``PSRT_RANK``, ``PSRT_JOB_TOKEN``), registers with
-    the coordinator and waits at the readiness barrier.
+    the coordinator and waits at the readiness barrier. In a process psrt-run
+    did not start (``python train.py``) it first starts a job of one worker
+    on this machine in the background (psrt/_alone.py), as ``hvd.init()``
+    makes a job of one: the script trains as it would in a job.
     """
     global _client
     if _client is None:
         if not os.environ.get("PSRT_COORDINATOR"):
-            raise PsrtError(
-                "psrt.init(): this process was not started by psrt-run "
-                "(PSRT_COORDINATOR is not set); launch the script with "
-                "`psrt-run --local=2 --distribution='{\"parameter_server\": "
-                "{\"enabled\": true}}' -- python train.py`")
+            print("psrt.init(): not started by psrt-run: training as a job of one worker on this "
+                  "machine (psrt-run --local=1 in the background; $PSRT_DISTRIBUTION sets its "
+                  "distribution). Launch with psrt-run for more workers.", file=sys.stderr, flush=True)
+            _alone.start(PsrtError)
         _client = _psrt.Client()
         # The job's summary gets this process's totals as it exits (the
         # interpreter may never destroy the client).

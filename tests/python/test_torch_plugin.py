@@ -262,12 +262,42 @@ def test_parameters_that_are_not_the_models_are_refused():
     assert "not in named_parameters" in log, log
 
 
-def test_outside_psrt_run_init_says_how_to_start():
+def _alone_env():
+    """The environment of `python train.py`: no job, psrt's programs found."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PSRT_")}
-    p = subprocess.run([sys.executable, "-c", "import psrt.torch as psrt; psrt.init()"], env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
-    assert p.returncode != 0
-    assert "not started by psrt-run" in p.stdout, p.stdout
+    env["PSRT_BIN_DIR"] = os.environ["PSRT_BIN_DIR"]
+    return env
+
+
+def _alone_jobs_left():
+    """psrt-run processes of jobs of one (their relay's directory names them)."""
+    out = subprocess.run(["ps", "-eo", "args"], stdout=subprocess.PIPE, text=True).stdout
+    return [line for line in out.splitlines() if "psrt-alone-" in line]
+
+
+def test_outside_psrt_run_init_trains_as_a_job_of_one():
+    """`python train.py` without psrt-run: psrt.init() says it makes a job
+    of one worker and trains through the servers as one process does; the
+    background job ends with the script. An uncaught exception after init()
+    fails the job, which ends too."""
+    steps = 5
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "final.pt")
+        p = subprocess.run([sys.executable, os.path.join(HERE, "torch_worker.py"), "--optimizer", "sgd",
+                            "--steps", str(steps), "--out", out], env=_alone_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout
+        assert "training as a job of one worker" in p.stdout, p.stdout
+        got = torch.load(out)
+    for name, value in reference("sgd", steps, 1).items():
+        torch.testing.assert_close(got[name], value, rtol=0, atol=1e-5, msg=lambda m: name + ": " + m)
+    p = subprocess.run([sys.executable, "-c", "import psrt.torch as psrt; psrt.init(); raise SystemError('boom')"],
+                       env=_alone_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert p.returncode != 0 and "boom" in p.stdout, p.stdout
+    deadline = time.monotonic() + 30
+    while _alone_jobs_left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alone_jobs_left(), _alone_jobs_left()
 
 
 def test_unsupported_optimizers_and_foreign_state_are_refused_clearly():

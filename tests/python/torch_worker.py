@@ -130,7 +130,8 @@ def main():
                    help="TwoHeads: a head without a gradient on some steps and ranks")
     p.add_argument("--clip", type=float, default=0, help="--unused-head: clip_grad_norm_ to this")
     args = p.parse_args()
-    rank = int(__import__("os").environ["PSRT_RANK"])
+    # Outside psrt-run (no PSRT_RANK) psrt.init() makes a job of one.
+    rank = int(__import__("os").environ.get("PSRT_RANK", "0"))
     if args.unused_head:
         psrt.init()
         return train_two_heads(args, rank)

@@ -29,18 +29,13 @@ coordinator as it would a training process's exit. Each program an actor
 starts dies with the actor.
 """
 
-import collections
-import ctypes
 import gc
 import json
 import os
 import secrets
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 
@@ -48,38 +43,12 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from psrt import _relay
 from psrt._programs import find_programs
 
 __all__ = ["RayExecutor", "TrainingError"]
 
 _PROGRAMS = ("psrt-coordinator", "psrt-server", "psrt-worker")
-_PR_SET_PDEATHSIG = 1
-_TAIL_LINES = 40
-# How long stopped programs get to exit before SIGKILL.
-_STOP_GRACE_S = 5.0
-
-# The agent's training process: hands its environment to the worker actor
-# on the same node (through the job's directory) and exits with the code the
-# actor writes once the training function has returned, so that the agent
-# reports the function's end to the coordinator. The agent stops it when the
-# job fails, and it dies with the agent.
-_RELAY = r"""
-import json, os, sys, time
-d, local = sys.argv[1], os.environ["PSRT_LOCAL_RANK"]
-env = {k: v for k, v in os.environ.items() if k.startswith("PSRT_")}
-with open(os.path.join(d, "env.%s.tmp" % local), "w") as f:
-    json.dump(env, f)
-os.rename(os.path.join(d, "env.%s.tmp" % local), os.path.join(d, "env.%s.json" % local))
-code = os.path.join(d, "exit.%s" % local)
-while not os.path.exists(code):
-    if not os.path.isdir(d):
-        sys.exit(1)
-    time.sleep(0.05)
-with open(code) as f:
-    sys.exit(int(f.read()))
-"""
-
-
 class TrainingError(RuntimeError):
     """A training function raised (or its actor died). ``rank`` and ``host``
     say where; ``cause`` is the exception itself when it could travel to the
@@ -90,77 +59,6 @@ class TrainingError(RuntimeError):
         self.rank = rank
         self.host = host
         self.cause = cause
-
-
-def _write_atomically(path, text):
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.rename(path + ".tmp", path)
-
-
-def _end_relay(job_dir, local_rank, code):
-    """Lets the relay of `local_rank` exit with `code`, once."""
-    path = os.path.join(job_dir, "exit.%d" % local_rank)
-    if os.path.isdir(job_dir) and not os.path.exists(path):
-        _write_atomically(path, str(code))
-
-
-class _Process:
-    """A psrt program run by an actor. Its output goes to the actor's (Ray
-    shows it at the driver), the last lines are kept for error messages, and
-    it gets SIGTERM when the actor dies."""
-
-    def __init__(self, name, argv, env, on_exit=None):
-        self.name = name
-        self.tail = collections.deque(maxlen=_TAIL_LINES)
-        libc = ctypes.CDLL(None, use_errno=True)
-        parent = os.getpid()
-
-        def die_with_parent():
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-            if os.getppid() != parent:  # the actor died before prctl
-                os._exit(127)
-
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
-                                     text=True, errors="replace")
-        self._reader = threading.Thread(target=self._pass_on, args=(on_exit,), daemon=True)
-        self._reader.start()
-
-    def _pass_on(self, on_exit):
-        for line in self.proc.stdout:
-            self.tail.append(line)
-            sys.stdout.write(line)
-            sys.stdout.flush()
-        code = self.proc.wait()
-        if on_exit is not None:
-            on_exit(code, self.output())
-
-    def output(self):
-        return "".join(self.tail)
-
-    def status(self):
-        """{"name", "code" (None while it runs), "output" (its last lines)}."""
-        return {"name": self.name, "code": self.proc.poll(), "output": self.output()}
-
-    def wait(self, timeout_s):
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-        self._reader.join(timeout=1.0)
-        return self.status()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=_STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._reader.join(timeout=1.0)
-        return self.status()
 
 
 class _Daemon:
@@ -202,7 +100,7 @@ class _CoordinatorActor(_Daemon):
         port_file = os.path.join(self._dir, "port")
         argv = [os.path.join(self._bin, "psrt-coordinator"), "--hosts=" + ",".join(hosts),
                 "--distribution=" + distribution, "--bind=0.0.0.0", "--port=0", "--port-file=" + port_file]
-        self._process = _Process("psrt-coordinator", argv, dict(os.environ, PSRT_JOB_TOKEN=token))
+        self._process = _relay.Process("psrt-coordinator", argv, dict(os.environ, PSRT_JOB_TOKEN=token))
         try:
             return self._address(port_file, timeout_s)
         finally:
@@ -237,14 +135,14 @@ class _HostActor(_Daemon):
         argv = [os.path.join(self._bin, "psrt-worker"), "--coordinator=" + coordinator,
                 "--host-index=%d" % index, "--host=" + name, "--connect-timeout=%g" % connect_timeout_s,
                 "--servers", "--server-host=" + ray.util.get_node_ip_address(),
-                "--", sys.executable, "-c", _RELAY, job_dir]
+                "--", sys.executable, "-c", _relay.RELAY, job_dir]
 
         def tell_workers(code, output):
             # A worker actor still waiting for its relay stops waiting.
             if os.path.isdir(job_dir):
-                _write_atomically(os.path.join(job_dir, "agent.exit"), json.dumps([code, output]))
+                _relay.write_atomically(os.path.join(job_dir, "agent.exit"), json.dumps([code, output]))
 
-        self._process = _Process("psrt-worker[%d]" % index, argv, dict(os.environ, PSRT_JOB_TOKEN=token),
+        self._process = _relay.Process("psrt-worker[%d]" % index, argv, dict(os.environ, PSRT_JOB_TOKEN=token),
                                  on_exit=tell_workers)
         return job_dir
 
@@ -253,7 +151,7 @@ class _HostActor(_Daemon):
         could not report its end (it died): the job ends now rather than at
         a timeout."""
         if self._dir is not None:
-            _end_relay(self._dir, local_rank, 1)
+            _relay.end_relay(self._dir, local_rank, 1)
 
 
 class _WorkerActor:
@@ -288,7 +186,7 @@ class _WorkerActor:
             gc.collect()
             os.environ.clear()
             os.environ.update(saved)
-            _end_relay(job_dir, local_rank, code)
+            _relay.end_relay(job_dir, local_rank, code)
         return outcome
 
     @staticmethod
@@ -565,7 +463,7 @@ class RayExecutor:
 
     def _stop_job(self, actors):
         refs = [d.stop.remote() for d, _ in actors.daemons()]
-        deadline = time.monotonic() + 2 * _STOP_GRACE_S + 10
+        deadline = time.monotonic() + 2 * _relay.STOP_GRACE_S + 10
         for ref in refs:  # each on its own: a dead actor's error must not cut the others' stop short
             try:
                 ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
