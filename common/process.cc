@@ -41,7 +41,8 @@ std::string DescribeExitCode(int code) {
 }
 
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
-                            const std::map<std::string, std::string>& env, bool own_process_group) {
+                            const std::map<std::string, std::string>& env, bool own_process_group,
+                            ChildStdio stdio) {
   if (argv.empty()) return absl::InvalidArgumentError("no command to start");
   // Build everything before fork: only async-signal-safe calls after it.
   std::vector<char*> args;
@@ -58,7 +59,8 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
   for (std::string& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
   int pipefd[2];
-  if (pipe2(pipefd, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  if (pipe2(pipefd, O_CLOEXEC) != 0)
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
@@ -72,6 +74,9 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
     sigprocmask(SIG_SETMASK, &all, nullptr);
     signal(SIGPIPE, SIG_DFL);
     if (own_process_group) setpgid(0, 0);
+    // dup2 clears close-on-exec on the copy.
+    if (stdio.out >= 0 && dup2(stdio.out, STDOUT_FILENO) < 0) _exit(127);
+    if (stdio.err >= 0 && dup2(stdio.err, STDERR_FILENO) < 0) _exit(127);
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(127);
     execvpe(args[0], args.data(), envp.data());

@@ -12,15 +12,22 @@
 
 namespace psrt {
 
+// Where a child's stdout and stderr go: these descriptors, or (-1) this
+// process's.
+struct ChildStdio {
+  int out = -1;
+  int err = -1;
+};
+
 // Starts `argv` with this process's environment plus `env`. The child dies
 // with its parent (PR_SET_PDEATHSIG), so no process of a job outlives the one
 // that started it, and gets default signal handling back. With
 // `own_process_group` it leads a process group of its own, so a terminal's
 // Ctrl-C (SIGINT to the foreground group) reaches the parent alone, which
-// decides how its children stop.
+// decides how its children stop. `stdio` becomes its stdout and stderr.
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
                             const std::map<std::string, std::string>& env,
-                            bool own_process_group = false);
+                            bool own_process_group = false, ChildStdio stdio = {});
 
 // One child that ended.
 struct Exit {

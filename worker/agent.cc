@@ -13,6 +13,7 @@
 #include "common/daemon.h"
 #include "common/gpus.h"
 #include "common/logging.h"
+#include "common/output_relay.h"
 #include "common/process.h"
 #include "common/shared_memory.h"
 #include "worker/host_group.h"
@@ -61,6 +62,8 @@ int RunAgent(const AgentOptions& options) {
   const int servers_here = options.servers ? started / std::max(1, config.num_hosts()) : 0;
   int64_t generation = (*link)->generation();
 
+  // Before the children: it drains their last lines when this returns.
+  OutputRelay relay(options.tag_output);
   std::map<pid_t, Child> children;     // running
   std::map<int, int> restarts;         // per rank, restarts made so far
   std::map<int, int> server_restarts;  // per server index, this generation
@@ -80,7 +83,16 @@ int RunAgent(const AgentOptions& options) {
     c.id.set_index(index);
     c.name = name;
     c.generation = generation;
-    absl::StatusOr<pid_t> pid = Spawn(argv, env);
+    // Training processes print through the relay, in whole lines.
+    ChildStdio stdio;
+    if (role == v1::ROLE_WORKER) {
+      absl::StatusOr<ChildStdio> pipes = relay.Open(absl::StrCat(index));
+      if (pipes.ok()) stdio = *pipes;
+      if (!pipes.ok())
+        LogWarning(name, " prints straight to this output: ", pipes.status().message());
+    }
+    absl::StatusOr<pid_t> pid = Spawn(argv, env, /*own_process_group=*/false, stdio);
+    relay.Started(stdio);
     if (!pid.ok()) {
       LogError(name, ": ", pid.status().message());
       report_exit(c, 127, std::string(pid.status().message()), false);
@@ -140,6 +152,9 @@ int RunAgent(const AgentOptions& options) {
         {"PSRT_HOST", options.host},
         {"PSRT_RESTART_COUNT", absl::StrCat(restarts[rank])},
         {"PSRT_GENERATION", absl::StrCat(generation)},
+        // Its output goes through a pipe (the relay): Python would hold it
+        // back in blocks, a terminal's user would see nothing for a while.
+        {"PYTHONUNBUFFERED", EnvOr("PYTHONUNBUFFERED", "1")},
         // Not RANK, LOCAL_RANK or WORLD_SIZE: libraries read those as "start
         // torch.distributed" (accelerate, Lightning), which a psrt job does
         // not run (docs/frameworks.md).

@@ -26,6 +26,10 @@ struct AgentOptions {
   // The GPUs this host's training processes use, one each by local rank
   // (CUDA_VISIBLE_DEVICES; common/gpus.h); empty: their environment's.
   std::vector<std::string> gpus;
+  // Training processes' output reaches this agent's stdout and stderr in
+  // whole lines (common/output_relay.h); with tag_output each line starts
+  // with "[RANK]<stdout>:" or "[RANK]<stderr>:".
+  bool tag_output = false;
 };
 
 // psrt-worker's job on one host: start the host's training processes (and

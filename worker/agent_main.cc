@@ -39,6 +39,8 @@ int main(int argc, char** argv) {
   flags.Add("gpus", &gpus,
             "Comma-separated GPUs (CUDA_VISIBLE_DEVICES entries) for the training processes, one "
             "each by local rank (round-robin when fewer); empty: they keep the environment's.");
+  flags.Add("tag-output", &options.tag_output,
+            "Start each line a training process prints with [RANK]<stdout>: or [RANK]<stderr>:.");
   flags.ParseOrExit(argc, argv);
   if (!gpus.empty()) options.gpus = absl::StrSplit(gpus, ',', absl::SkipEmpty());
   if (options.coordinator.empty() || options.host_index < 0 || flags.command().empty() ||

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
@@ -24,6 +25,7 @@
 #include "common/gpus.h"
 #include "common/grpc_util.h"
 #include "common/logging.h"
+#include "common/output_relay.h"
 #include "common/process.h"
 
 namespace psrt {
@@ -253,6 +255,10 @@ int RunLauncher(const LaunchOptions& o) {
     my_hosts.push_back(o.cluster.current);
   }
   const std::map<std::string, std::string> env = {{"PSRT_JOB_TOKEN", o.token}};
+  // Several hosts' agents here share this output: their lines come through
+  // a relay, whole. Before `children`, so it drains after they ended.
+  std::unique_ptr<OutputRelay> relay;
+  if (my_hosts.size() > 1) relay = std::make_unique<OutputRelay>(/*tag=*/false);
   std::vector<Child> children;
   // What psrt-run saw die, in the order it learned of it: its own children
   // and, from the coordinator, servers and training processes (with their
@@ -261,7 +267,13 @@ int RunLauncher(const LaunchOptions& o) {
   // Its own process group each: a terminal's Ctrl-C reaches psrt-run alone,
   // which stops the job in order.
   auto start = [&](const std::string& name, std::vector<std::string> argv, int host = -1) -> bool {
-    absl::StatusOr<pid_t> pid = Spawn(argv, env, /*own_process_group=*/true);
+    ChildStdio stdio;
+    if (relay != nullptr && host >= 0) {
+      absl::StatusOr<ChildStdio> pipes = relay->Open(name);
+      if (pipes.ok()) stdio = *pipes;
+    }
+    absl::StatusOr<pid_t> pid = Spawn(argv, env, /*own_process_group=*/true, stdio);
+    if (relay != nullptr) relay->Started(stdio);
     if (!pid.ok()) {
       LogError("cannot start ", name, ": ", pid.status().message());
       return false;
@@ -338,6 +350,7 @@ int RunLauncher(const LaunchOptions& o) {
                                                           : o.advertise_address)};
     if (local) argv.push_back("--server-bind=127.0.0.1");
     if (o.metrics_port >= 0) argv.push_back("--server-metrics-port=0");
+    if (o.tag_output) argv.push_back("--tag-output");
     const std::vector<std::string> gpus =
         GpusOfHost(o.gpus, local ? h : 0, my_hosts.size(), o.ps.workers_per_host);
     if (!gpus.empty()) argv.push_back("--gpus=" + absl::StrJoin(gpus, ","));

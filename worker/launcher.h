@@ -34,6 +34,9 @@ struct LaunchOptions {
   // This machine's GPUs, handed out one per training process
   // (common/gpus.h); empty: training processes see what psrt-run sees.
   std::vector<std::string> gpus;
+  // Each line a training process prints starts with "[RANK]<stdout>:" or
+  // "[RANK]<stderr>:" (lines are whole either way).
+  bool tag_output = false;
 };
 
 // What RunLauncher would start, for `psrt-run --dry-run`: the hosts, the

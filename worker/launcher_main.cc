@@ -95,6 +95,10 @@ int main(int argc, char** argv) {
             "Give each training process of a host its own GPU through CUDA_VISIBLE_DEVICES (its "
             "slice of psrt-run's CUDA_VISIBLE_DEVICES, else of the host's GPUs); false: each sees "
             "every GPU psrt-run sees. A host of one training process keeps every GPU.");
+  flags.Add("tag-output", &o.tag_output,
+            "Start each line a training process prints with its rank and stream, "
+            "[RANK]<stdout>: or [RANK]<stderr>: (as mpirun --tag-output); lines are whole either "
+            "way.");
   flags.Add("local", &o.local_hosts,
             "Simulate this many hosts on this machine over loopback (0: off).");
   flags.Add("hosts", &hosts,
