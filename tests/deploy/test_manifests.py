@@ -282,6 +282,30 @@ def test_the_jobs_hosts_are_its_pods_stable_names():
     assert "--current-host=$(PSRT_HOST_INDEX)" in container["command"]
 
 
+def _quantity_bytes(q):
+    units = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9}
+    m = re.fullmatch(r"(\d+)([KMG]i?)?", str(q))
+    assert m, "unreadable quantity %r" % q
+    return int(m.group(1)) * units.get(m.group(2) or "", 1)
+
+
+def test_every_pod_gives_dev_shm_memory_beyond_the_containers_64_mb():
+    """A host's training processes sum in /dev/shm, and every worker keeps
+    its transport region there (32 MiB): a container's default 64 MB is
+    too small past one process. Each pod mounts a memory-backed emptyDir
+    there, sized."""
+    pods = workload_pods()
+    assert pods
+    for label, pod in pods:
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for c in pod["containers"]:
+            mounts = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
+            assert len(mounts) == 1, "%s: container %s mounts nothing at /dev/shm" % (label, c["name"])
+            volume = volumes.get(mounts[0]["name"])
+            assert volume and volume.get("emptyDir", {}).get("medium") == "Memory", (label, volume)
+            assert _quantity_bytes(volume["emptyDir"]["sizeLimit"]) >= 256 * 2 ** 20, (label, volume)
+
+
 def test_ports_are_the_ones_psrt_listens_on():
     coordinator_port = psrt_default("coordinator-port")
     for label, pod in workload_pods():

@@ -25,7 +25,9 @@ It refuses what it cannot match: samplers that are not rank-aware
 (``group_by_length``), iterable datasets (the Trainer cannot shard them),
 several GPUs in one process, DeepSpeed and FSDP, and resuming from the
 Trainer's own checkpoints (psrt's servers hold the weights and optimizer
-state: resume with the job's ``checkpoint_dir``). docs/frameworks.md has
+state: resume the job from psrt's checkpoints, the distribution's
+``"restore": "latest"`` beside its ``"checkpoint": {"uri": ...}``).
+docs/frameworks.md has
 the details.
 """
 
@@ -110,8 +112,8 @@ class Trainer(transformers.Trainer):
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         if resume_from_checkpoint:
             _refuse("resume_from_checkpoint would load weights into this worker only; the servers "
-                    "hold the model and its optimizer state: resume the job from psrt's checkpoint "
-                    "(the distribution's checkpoint_dir)")
+                    "hold the model and its optimizer state: resume the job from psrt's checkpoints "
+                    "(the distribution's \"restore\": \"latest\" beside its \"checkpoint\": {\"uri\": ...})")
         return super().train(None, *args, **kwargs)
 
 

@@ -190,8 +190,8 @@ class PsrtStrategy(ParallelStrategy):
     def load_checkpoint(self, checkpoint_path, weights_only=None):
         raise psrt.PsrtError(
             "PsrtStrategy: ckpt_path=%s would load weights into this worker only; the servers hold the "
-            "model and its optimizer state: resume the job from psrt's checkpoint (the distribution's "
-            "checkpoint_dir)" % checkpoint_path)
+            "model and its optimizer state: resume the job from psrt's checkpoints (the distribution's "
+            "\"restore\": \"latest\" beside its \"checkpoint\": {\"uri\": ...})" % checkpoint_path)
 
     # --- collectives, through the servers ----------------------------------
 
