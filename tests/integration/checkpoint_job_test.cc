@@ -19,6 +19,7 @@
 #include "absl/strings/str_replace.h"
 #include "server/checkpoint/catalog.h"
 #include "server/checkpoint/s3_client.h"
+#include "tests/integration/credentials_endpoint.h"
 #include "tests/integration/job_util.h"
 #include "tests/integration/moto_server.h"
 
@@ -438,6 +439,56 @@ TEST_F(S3CheckpointJobTest, BadDestinationsFailTheJobAtStart) {
   EXPECT_NE(b.code, 0);
   EXPECT_TRUE(absl::StrContains(b.output, "cannot read checkpoint destination s3://psrt-jobs/x")) << b.output;
   EXPECT_FALSE(absl::StrContains(b.output, " loss ")) << b.output;
+}
+
+// SageMaker, ECS and EKS Pod Identity give a container no keys, only a
+// credentials endpoint. Its credentials live 2 s here and rank 1 joins 3 s
+// late, so every checkpoint is written after the first credentials of every
+// process expired: with refreshed ones, or not at all.
+TEST_F(S3CheckpointJobTest, ContainerCredentialsExpireAndAreRefreshedDuringTheJob) {
+  CredentialsEndpoint endpoint(absl::Seconds(2), "Bearer job-token");
+  const std::string dir = TempDir(), root = "s3://psrt-jobs/runs/refresh";
+  Job job;
+  job.steps = 30;
+  job.trainer = absl::StrCat(kTrainer, " --late-rank=1 --late-seconds=3");
+  job.ps = absl::StrCat(R"("checkpoint":{"uri":")", root, R"(","every_steps":5,"keep":0})");
+  job.env = absl::StrCat(
+      "-u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE "
+      "AWS_SHARED_CREDENTIALS_FILE=/nonexistent AWS_CONFIG_FILE=/nonexistent "
+      "AWS_EC2_METADATA_DISABLED=true AWS_REGION=us-east-1 AWS_ENDPOINT_URL=",
+      moto_.endpoint(), " AWS_CONTAINER_CREDENTIALS_FULL_URI=", endpoint.url(),
+      " AWS_CONTAINER_AUTHORIZATION_TOKEN='Bearer job-token'");
+  Ran r = RunJob(job, dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(endpoint.refused(), 0);
+  EXPECT_FALSE(absl::StrContains(r.output, "checkpoint failed")) << r.output;
+  EXPECT_FALSE(absl::StrContains(r.output, "refreshing AWS credentials failed")) << r.output;
+  // The coordinator and both servers fetched once at start and refreshed
+  // while the job ran.
+  int refreshed = 0;
+  for (size_t at = r.output.find("AWS credentials refreshed from container endpoint");
+       at != std::string::npos;
+       at = r.output.find("AWS credentials refreshed from container endpoint", at + 1)) {
+    ++refreshed;
+  }
+  EXPECT_GE(refreshed, 3) << r.output;
+  EXPECT_GE(endpoint.served(), 3 + refreshed);
+  // Every checkpoint the job took landed whole (a multiple of 5 that fast
+  // steps passed while the previous write ran is skipped by design): as many
+  // manifests as the summary counts, the final one LATEST, all verifying
+  // with psrt-ckpt, which finds its credentials the same way.
+  std::smatch taken;
+  ASSERT_TRUE(std::regex_search(r.output, taken, std::regex(R"((\d+) checkpoints \()"))) << r.output;
+  absl::StatusOr<std::vector<S3ObjectInfo>> objects = client_->ListObjectsV2("psrt-jobs", "runs/refresh/");
+  ASSERT_TRUE(objects.ok()) << objects.status();
+  int manifests = 0;
+  for (const S3ObjectInfo& o : *objects) manifests += absl::EndsWith(o.key, "/MANIFEST.json");
+  EXPECT_EQ(manifests, std::stoi(taken[1])) << r.output;
+  EXPECT_GE(manifests, 2) << r.output;
+  EXPECT_EQ(client_->GetObject("psrt-jobs", "runs/refresh/LATEST").value_or(""), "step-000000000030\n");
+  Ran verify = Ckpt("verify " + root, job.env);
+  EXPECT_EQ(verify.code, 0) << verify.output;
+  EXPECT_EQ(endpoint.refused(), 0);
 }
 
 TEST(S3CheckpointAuthTest, WrongCredentialsFailTheJobAtStart) {
