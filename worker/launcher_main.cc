@@ -175,7 +175,12 @@ int main(int argc, char** argv) {
         psrt::ResolveCluster(hosts, current_host, std::getenv);
     if (!cluster.ok()) return fail(std::string(cluster.status().message()));
     o.cluster = *cluster;
-    if (o.cluster.hosts.size() == 1 && o.cluster.hosts[0] == "localhost") o.local_hosts = 1;
+    // A job of this host alone (a Slurm allocation of one node too) runs as
+    // --local=1: loopback, a free coordinator port, a token made up.
+    if (o.cluster.hosts.size() == 1 &&
+        (o.cluster.hosts[0] == "localhost" || o.cluster.source == "Slurm")) {
+      o.local_hosts = 1;
+    }
   } else if (absl::Status s = CheckLocalInSlurm(); !s.ok()) {
     return fail(std::string(s.message()));
   }

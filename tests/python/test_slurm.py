@@ -179,6 +179,14 @@ def test_sbatch_runs_one_job_over_both_nodes(slurm, tmp_path):
     assert_two_workers(log)
 
 
+def test_a_step_of_one_node_is_a_job_of_this_host(slurm):
+    p = slurm.run(["srun", "-N1", "--ntasks-per-node=1", "--time=1"] + psrt_run("--workers=2"))
+    assert p.returncode == 0, p.stdout + slurm.log()
+    assert "job succeeded" in p.stdout and "on 2 workers" in p.stdout, p.stdout
+    # As --local=1: a token made up, nothing announced beyond loopback.
+    assert "no job token" not in p.stdout, p.stdout
+
+
 def test_several_tasks_per_node_are_refused(slurm):
     p = slurm.run(["srun", "-N1", "-n2", "--time=1"] + psrt_run())
     assert p.returncode != 0, p.stdout
