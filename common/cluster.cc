@@ -293,6 +293,29 @@ absl::StatusOr<ClusterSpec> FromTfConfig(absl::string_view tf_config) {
 
 }  // namespace
 
+absl::Status CheckNotOneOfSeveral(
+    const std::function<const char*(const char*)>& getenv_fn) {
+  if (InSlurmJob(getenv_fn)) {
+    absl::StatusOr<ClusterSpec> slurm = ClusterFromSlurm(getenv_fn);
+    if (!slurm.ok()) return slurm.status();
+    if (slurm->hosts.size() > 1) {
+      return Error("Slurm", absl::StrCat("this step runs on ", slurm->hosts.size(),
+                                         " nodes, each of which would train alone"));
+    }
+  }
+  // mpirun -np N psrt-run: N jobs of one host each.
+  for (const char* size_var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
+    int size = 0;
+    if (absl::SimpleAtoi(GetEnv(getenv_fn, size_var), &size) && size > 1) {
+      return Error("MPI", absl::StrCat(
+          "this process is one of ", size, " that MPI started (", size_var, "=", size,
+          "), and nothing says the job's hosts, so each would train alone; run psrt-run once "
+          "per host with --hosts and --current-host (or under Slurm's srun)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ClusterSpec> ResolveCluster(
     absl::string_view flag_hosts, absl::string_view flag_current,
     const std::function<const char*(const char*)>& getenv_fn) {
@@ -314,6 +337,8 @@ absl::StatusOr<ClusterSpec> ResolveCluster(
   const absl::string_view tf_config = GetEnv(getenv_fn, "TF_CONFIG");
   if (!tf_config.empty()) return FromTfConfig(tf_config);
   if (InSlurmJob(getenv_fn)) return ClusterFromSlurm(getenv_fn);
+  absl::Status s = CheckNotOneOfSeveral(getenv_fn);
+  if (!s.ok()) return s;
   ClusterSpec spec;
   spec.hosts = {"localhost"};
   spec.current = 0;

@@ -44,12 +44,20 @@ struct ClusterSpec {
 //     every process of a job while the others are set on purpose; a Slurm
 //     environment that cannot give a job of its nodes is an error rather than
 //     a job of this host alone.
-//  5. {"localhost"}, current 0.
+//  5. {"localhost"}, current 0, unless CheckNotOneOfSeveral objects.
 // Environment variables set to an empty string count as unset. flag_current
 // without flag_hosts is an error rather than being silently ignored.
 // getenv_fn is injected so tests need not touch the process environment; an
 // empty std::function means std::getenv.
 // Errors are InvalidArgumentError naming the source and the problem.
+// An InvalidArgumentError where the environment says this process is one of
+// several that a launcher started for one job, each of which would train a
+// job of its own if it ran alone: a Slurm step of several nodes (or one
+// ClusterFromSlurm refuses), several MPI processes (OMPI_COMM_WORLD_SIZE,
+// PMI_SIZE or PMIX_SIZE > 1). psrt-run --local checks it.
+absl::Status CheckNotOneOfSeveral(
+    const std::function<const char*(const char*)>& getenv_fn);
+
 absl::StatusOr<ClusterSpec> ResolveCluster(
     absl::string_view flag_hosts, absl::string_view flag_current,
     const std::function<const char*(const char*)>& getenv_fn);

@@ -13,7 +13,6 @@
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/process.h"
-#include "common/slurm.h"
 #include "worker/launcher.h"
 
 namespace {
@@ -46,20 +45,6 @@ absl::Status ChooseWorkers(int flag_workers, const psrt::ClusterSpec& cluster,
   if (!parsed.ok()) return parsed.status();
   o->ps = *parsed;
   return absl::OkStatus();
-}
-
-// --local starts a whole job on this machine; run by several tasks of a
-// Slurm step it would start one such job on each.
-absl::Status CheckLocalInSlurm() {
-  if (!psrt::InSlurmJob(std::getenv)) return absl::OkStatus();
-  absl::StatusOr<psrt::ClusterSpec> slurm = psrt::ClusterFromSlurm(std::getenv);
-  if (!slurm.ok()) return slurm.status();
-  if (slurm->hosts.size() == 1) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("--local runs the whole job on this machine, but this Slurm step runs on ",
-                   slurm->hosts.size(),
-                   " nodes, each of which would train alone; drop --local to train on "
-                   "all of them"));
 }
 
 }  // namespace
@@ -181,8 +166,10 @@ int main(int argc, char** argv) {
         (o.cluster.hosts[0] == "localhost" || o.cluster.source == "Slurm")) {
       o.local_hosts = 1;
     }
-  } else if (absl::Status s = CheckLocalInSlurm(); !s.ok()) {
-    return fail(std::string(s.message()));
+  } else if (absl::Status s = psrt::CheckNotOneOfSeveral(std::getenv); !s.ok()) {
+    // Each of them would start a whole job on its machine.
+    return fail(absl::StrCat("--local runs the whole job on this machine, but ", s.message(),
+                             "; drop --local"));
   }
   if (absl::Status s = ChooseWorkers(workers, o.cluster, &o); !s.ok()) {
     return fail(std::string(s.message()));

@@ -194,6 +194,14 @@ def test_several_tasks_per_node_are_refused(slurm):
     assert "final loss" not in p.stdout, p.stdout
 
 
+def test_local_in_a_step_of_two_nodes_is_refused(slurm):
+    p = slurm.run(["srun", "-N2", "--ntasks-per-node=1", "--time=1"] + psrt_run("--local=1"))
+    assert p.returncode != 0, p.stdout
+    assert p.stdout.count("--local runs the whole job on this machine, but Slurm: this step runs on 2 nodes") == 2, \
+        p.stdout
+    assert "final loss" not in p.stdout, p.stdout
+
+
 def test_the_batch_script_alone_is_refused(slurm, tmp_path):
     script = tmp_path / "alone.sh"
     out = tmp_path / "alone.out"

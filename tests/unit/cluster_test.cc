@@ -307,5 +307,15 @@ TEST(ResolveClusterTest, SmCurrentHostAloneDoesNotSelectSageMaker) {
   EXPECT_EQ(ResolveOk("", "", env).source, "TF_CONFIG");
 }
 
+TEST(ResolveClusterTest, OneOfSeveralMpiProcessesWithoutHostsIsRefused) {
+  EXPECT_THAT(ResolveError("", "", FakeEnv({{"OMPI_COMM_WORLD_SIZE", "4"}})),
+              AllOf(HasSubstr("one of 4 that MPI started (OMPI_COMM_WORLD_SIZE=4)"),
+                    HasSubstr("each would train alone")));
+  EXPECT_THAT(ResolveError("", "", FakeEnv({{"PMI_SIZE", "2"}})), HasSubstr("PMI_SIZE=2"));
+  // One rank is a job of one; a host list says what the job is.
+  EXPECT_EQ(ResolveOk("", "", FakeEnv({{"OMPI_COMM_WORLD_SIZE", "1"}})).source, "local");
+  EXPECT_EQ(ResolveOk("a,b", "a", FakeEnv({{"OMPI_COMM_WORLD_SIZE", "2"}})).source, "--hosts");
+}
+
 }  // namespace
 }  // namespace psrt
