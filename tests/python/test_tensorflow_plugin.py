@@ -21,7 +21,7 @@ import tf_worker  # noqa: E402
 
 
 def reference(steps, workers, kind="sgd", model="mlp", clip=None, mixed=False, fit=False, loss_scale_factor=None,
-              tape_clip=None):
+              tape_clip=None, aggregation="mean"):
     """One process, the same Keras optimizer, on the mean gradient over the
     workers' batches; BatchNormalization's statistics are the mean of what
     each worker's forward pass makes of them. Returns what tf_worker saves
@@ -51,8 +51,9 @@ def reference(steps, workers, kind="sgd", model="mlp", clip=None, mixed=False, f
             for i, v in enumerate(moving):
                 v.assign(sum(s[i] for s in stats) / np.float32(workers))
             # A gradient no worker had stays None (Keras skips the variable).
+            divide = workers if aggregation == "mean" else 1
             mean = [None if all(g[i] is None for g in grads) else
-                    sum(g[i] for g in grads if g[i] is not None) / workers for i in range(len(grads[0]))]
+                    sum(g[i] for g in grads if g[i] is not None) / divide for i in range(len(grads[0]))]
             if tape_clip:
                 mean, _ = tf.clip_by_global_norm(mean, tape_clip)
             if mixed and not all(np.isfinite(g.numpy()).all() for g in mean if g is not None):
@@ -116,6 +117,20 @@ def test_a_variable_without_a_gradient_and_excluded_from_weight_decay_train_as_i
     # Decaying the biases too would end elsewhere.
     keras_decays_all = reference(steps, 2, kind="adamw-all", model="unused")[0]
     assert max(np.abs(a - b).max() for a, b in zip(keras_decays_all, want)) > 2e-3
+
+
+# Servers that sum (gradient_aggregation "sum", MXNet's way): the model
+# takes the sum of the workers' gradients, and BatchNormalization's
+# statistics are still the workers' mean, in model.fit and in a custom loop
+# with a clip (the mean gradients' round trip).
+@pytest.mark.parametrize("fit,clip", [(True, None), (False, "global_clipnorm=0.3")])
+def test_servers_that_sum_give_keras_the_summed_gradient_and_the_mean_statistics(fit, clip):
+    steps = 4
+    got = trained_arrays(os.path.join(HERE, "tf_worker.py"),
+                         ["--model", "bn", "--steps", str(steps)] + (["--fit"] if fit else ["--clip", clip]),
+                         {"gradient_aggregation": "sum"})
+    want, _ = reference(steps, 2, model="bn", fit=fit, clip=clip, aggregation="sum")
+    assert_trained_like(got, want, initial("bn"), 1e-5)
 
 
 # A constraint Keras applies after each update cannot reach the servers'

@@ -300,6 +300,14 @@ def test_outside_psrt_run_init_trains_as_a_job_of_one():
     assert not _alone_jobs_left(), _alone_jobs_left()
 
 
+def test_servers_that_sum_are_refused_at_start():
+    """DistributedOptimizer trains on the mean (DDP's); a job whose servers
+    sum (gradient_aggregation "sum") is refused before the first step."""
+    code, log = run_job(["--steps", "2", "--out", "/nonexistent/final.pt"], ps={"gradient_aggregation": "sum"})
+    assert code != 0
+    assert 'gradient_aggregation is "sum"; PyTorch\'s optimizer trains on the mean' in log, log
+
+
 def test_unsupported_optimizers_and_foreign_state_are_refused_clearly():
     import psrt
     from psrt.torch import optimizer as popt

@@ -158,10 +158,11 @@ class _Keys:
         self.averaged = sync and (self.clip or opt._psrt_loss_scale is not None)
         self.grad_names = [n + "@grad" for n in self.names] if self.averaged else []
         # Servers that sum (gradient_aggregation "sum"): each worker pushes 1
-        # to the control key with its gradients, and their sum is the number
-        # of workers that pushed (_job.aggregation). Servers that average
+        # to the control key with the mean gradients or the statistics, and
+        # their sum is the number of workers that pushed, which makes the
+        # statistics a mean again (_job.aggregation). Servers that average
         # need no count.
-        self.counted = self.averaged and not client.averages()
+        self.counted = sync and not client.averages() and (self.averaged or bool(moving))
         self.control_name = (self.names[0] if self.names else "keras") + "@workers"
         self.count = 1.0
         self.shapes = [tuple(v.shape) for v in dense]
@@ -185,18 +186,28 @@ class _Keys:
             host.register(self.control_name, np.ones((1,), np.float32), assign, exact)
         _claimed.update(id(v) for v in dense + moving + fixed)
 
+    def _counted(self, names, values, lr=None):
+        """push_pull; where the servers sum, with the control key, whose
+        aggregate (the number of workers that pushed) becomes self.count."""
+        if self.counted:
+            names, values = list(names) + [self.control_name], list(values) + [np.ones((1,), np.float32)]
+        out = self.host.push_pull(names, values, lr)
+        if self.counted:
+            self.count = float(out.pop()[0])
+        return out
+
+    def _mean_stats(self, stats):
+        """The statistics' aggregate as their mean over the workers."""
+        return [s / np.float32(self.count) for s in stats] if self.counted else stats
+
     def mean(self, grads, stats):
         """Sync with companions: the workers' aggregated gradient and the
         mean statistics. Otherwise the statistics only; the gradients stay
         this worker's."""
         if self.averaged:
-            control = [self.control_name] if self.counted else []
-            out = self.host.push_pull(self.grad_names + self.moving_names + control,
-                                      list(grads) + list(stats) + [np.ones((1,), np.float32)] * len(control))
-            if self.counted:
-                self.count = float(out.pop()[0])
-            return out
-        stats = self.host.push_pull(self.moving_names, stats) if self.moving_names else []
+            out = self._counted(self.grad_names + self.moving_names, list(grads) + list(stats))
+            return out[:len(grads)] + self._mean_stats(out[len(grads):])
+        stats = self._mean_stats(self._counted(self.moving_names, stats)) if self.moving_names else []
         return [np.asarray(g if g is not None else (), np.float32) for g in grads] + stats
 
     def update(self, lr, grads, stats):
@@ -206,10 +217,10 @@ class _Keys:
         if self.averaged and self.count != 1.0:
             grads = [None if g is None else np.asarray(g, np.float32) / np.float32(self.count)
                      for g in grads]
-        names = self.names + (self.moving_names if len(stats) else [])
-        if not names:
-            return [np.float32(0.0)]
-        return self.host.push_pull(names, list(grads) + list(stats), float(lr))
+        if not len(stats):
+            return self.host.push_pull(self.names, grads, float(lr)) if self.names else [np.float32(0.0)]
+        out = self._counted(self.names + self.moving_names, list(grads) + list(stats), float(lr))
+        return out[:len(self.names)] + self._mean_stats(out[len(self.names):])
 
     def skip(self, lr):
         """A step that the loss scale skips. Sync: every worker skips it, so

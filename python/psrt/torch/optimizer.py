@@ -224,6 +224,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._landing = 0      # tensors still waiting for their new values
         self._watched = set()  # modules whose state_dict() synchronizes first
         client = psrt.client()
+        if client.is_sync() and not client.averages():
+            # The mean-gradient round trip, the buffers' averages and the
+            # first step's decision all take the servers' aggregate to be the
+            # mean; on the sum they would train neither as one process on the
+            # mean nor on the sum.
+            raise psrt.PsrtError(
+                "psrt.DistributedOptimizer: the job's gradient_aggregation is \"sum\"; PyTorch's "
+                "optimizer trains on the mean of the workers' gradients, as DDP does. Leave "
+                "gradient_aggregation out (\"mean\"), and scale the learning rate for a sum")
         named = list(named_parameters)
         names = [n for n, _ in named]
         if len(set(names)) != len(names):
