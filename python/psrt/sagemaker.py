@@ -38,6 +38,14 @@ directory, else ``<base>/code`` when it holds files, else
 unpacked into ``<base>/code``). ``SM_MODEL_DIR``, ``SM_OUTPUT_DATA_DIR`` and
 ``SM_CHANNEL_<NAME>`` already set are kept.
 
+Spot training: where the estimator set ``checkpoint_s3_uri`` (the
+CheckpointConfig of ``input/config/trainingjobconfig.json``, else the presence
+of ``<base>/checkpoints``), checkpoints go to its local path
+(``/opt/ml/checkpoints``, which SageMaker keeps in step with S3) unless
+``psrt_distribution`` names a ``checkpoint.uri``, and a job that finds a
+committed checkpoint there (SageMaker restored it for a restarted job)
+restores the latest.
+
 On success ``<base>/output/success`` is written; on any failure
 ``<base>/output/failure`` holds the reason (SageMaker shows its first 1024
 characters as the job's FailureReason) and the exit status is non-zero: 2 for
@@ -265,6 +273,50 @@ def code_directory(environ, base, submit):
     return code
 
 
+def checkpoint_dir(base, config_dir):
+    """The local directory SageMaker keeps in step with the estimator's
+    checkpoint_s3_uri (downloading it before a restarted spot job starts,
+    uploading what is written there), or None. trainingjobconfig.json holds
+    the job's CheckpointConfig where SageMaker writes that file; without it,
+    the directory's presence tells, since SageMaker makes it only for a job
+    with checkpoint_s3_uri."""
+    default = os.path.join(base, "checkpoints")
+    path = os.path.join(config_dir, "trainingjobconfig.json")
+    if not os.path.exists(path):
+        return default if os.path.isdir(default) else None
+    job = read_json(path, "trainingjobconfig.json")
+    config = job.get("CheckpointConfig") if isinstance(job, dict) else None
+    if config is None:
+        return None
+    if not isinstance(config, dict) or not isinstance(config.get("S3Uri"), str):
+        raise SageMakerError('trainingjobconfig.json: "CheckpointConfig" in %s must be an object with "S3Uri", got %s'
+                             % (path, json.dumps(config)))
+    local = config.get("LocalPath") or "/opt/ml/checkpoints"
+    if not isinstance(local, str) or not os.path.isabs(local):
+        raise SageMakerError('trainingjobconfig.json: "CheckpointConfig" "LocalPath" in %s must be an absolute '
+                             "path, got %s" % (path, json.dumps(local)))
+    # Under SAGEMAKER_BASE_DIR, /opt/ml's paths move with it.
+    if local == "/opt/ml" or local.startswith("/opt/ml/"):
+        local = os.path.join(base, os.path.relpath(local, "/opt/ml"))
+    return local
+
+
+def checkpoint_options(options, local):
+    """Checkpoints to `local` unless psrt_distribution names a checkpoint.uri;
+    a job that finds a committed checkpoint there (a restarted spot job)
+    restores the latest unless psrt_distribution says what to restore."""
+    checkpoint = options.get("checkpoint", {})
+    if not isinstance(checkpoint, dict):
+        raise SageMakerError("hyperparameters.json: %s: \"checkpoint\" must be a JSON object, got %s"
+                             % (PSRT_DISTRIBUTION, json.dumps(checkpoint)))
+    if checkpoint.get("uri"):
+        return options
+    options = dict(options, checkpoint=dict(checkpoint, uri="file://" + local))
+    if "restore" not in options and os.path.isfile(os.path.join(local, "LATEST")):
+        options["restore"] = "latest"
+    return options
+
+
 def find_psrt_run(environ):
     """The path of psrt-run (psrt._programs.find_programs says where)."""
     try:
@@ -317,6 +369,10 @@ def prepare(environ):
     if not os.path.isfile(script):
         raise SageMakerError("the entry point %s is not in the code directory %s (from SM_MODULE_DIR, "
                              "%s/code or sagemaker_submit_directory)" % (entry, code, base))
+
+    local_checkpoints = checkpoint_dir(base, config_dir) if enabled else None
+    if local_checkpoints:
+        options = checkpoint_options(options, local_checkpoints)
 
     gpus = num_gpus()
     if enabled and gpus > 1 and "workers_per_host" not in options:

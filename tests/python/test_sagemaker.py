@@ -207,6 +207,107 @@ def test_sigterm_stops_the_whole_job(tmp_path):
     assert "training failed: psrt-run exited with status %d" % code in failure(base)
 
 
+def checkpoint_config(base, local=None):
+    """trainingjobconfig.json as SageMaker writes it for an estimator with
+    checkpoint_s3_uri (and checkpoint_local_path)."""
+    config = {"TrainingJobName": "psrt-test", "CheckpointConfig": {"S3Uri": "s3://bucket/psrt-test/checkpoints"}}
+    if local:
+        config["CheckpointConfig"]["LocalPath"] = local
+    write_json(config_file(base, "trainingjobconfig.json"), config)
+
+
+def latest_step(base):
+    with open(os.path.join(base, "checkpoints", "LATEST")) as f:
+        return int(f.read().strip().split("-")[1])
+
+
+def run_until_stopped(base, token, log_path, wait_for):
+    """psrt-sagemaker as SageMaker starts it, stopped with SIGTERM (a spot
+    interruption's notice) once its log holds `wait_for`; returns the log."""
+    env = dict(os.environ, SAGEMAKER_BASE_DIR=base, PSRT_BIN_DIR=BIN, PSRT_JOB_TOKEN=token)
+    with open(log_path, "w+") as log:
+        job = subprocess.Popen([sys.executable, "-m", "psrt.sagemaker"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 180
+            while wait_for not in open(log_path).read():
+                assert job.poll() is None and time.monotonic() < deadline, open(log_path).read()
+                time.sleep(0.1)
+            job.send_signal(signal.SIGTERM)
+            job.wait(timeout=90)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+    assert job_processes(token) == {}
+    return open(log_path).read()
+
+
+def test_a_spot_job_started_again_resumes_from_opt_ml_checkpoints(tmp_path):
+    # A spot interruption: SIGTERM, then (later) the same job started again
+    # with /opt/ml/checkpoints as SageMaker downloaded it from
+    # checkpoint_s3_uri. Same hyperparameters both times, as SageMaker does.
+    assert coordinator_port_free(), "port 7070 (psrt-run's coordinator) is in use on this machine"
+    base = str(tmp_path / "ml")
+    scripts = [os.path.join(EXAMPLES, "sagemaker_digits.py"), os.path.join(EXAMPLES, "torch_digits.py")]
+    sagemaker_root(base, ["127.0.0.1"], "127.0.0.1",
+                   sdk_hyperparameters("sagemaker_digits.py", epochs=1000, **{"log-every": 5}), code=scripts)
+    checkpoint_config(base)
+    token = "sm-spot-%d" % os.getpid()
+    first = run_until_stopped(base, token, str(tmp_path / "log1"), "step 10/")
+    assert "from step 0" in first, first
+    assert '"checkpoint": {"uri": "file://%s/checkpoints"}' % base in first, first
+    stopped_at = latest_step(base)  # the final checkpoint the SIGTERM asked for
+    assert stopped_at >= 10, first
+
+    ahead = (stopped_at // 5 + 3) * 5  # a logged step (every 5th) at least 10 past the restored one
+    again = run_until_stopped(base, token, str(tmp_path / "log2"), "step %d/" % ahead)
+    assert '"restore": "latest"' in again, again
+    assert "restoring file://%s/checkpoints/step-%012d" % (base, stopped_at) in again, again
+    assert "from step %d" % stopped_at in again, again
+    assert latest_step(base) >= ahead, again
+
+
+def distribution(out):
+    arg = [a for a in out["command"] if a.startswith("--distribution=")][0]
+    return json.loads(arg[len("--distribution="):])["parameter_server"]
+
+
+def test_checkpoint_s3_uri_means_checkpoints_in_opt_ml_checkpoints(tmp_path):
+    base = str(tmp_path / "ml")
+    sagemaker_root(base, ["algo-1", "algo-2"], "algo-1", sdk_hyperparameters("train.py"),
+                   code=[os.path.join(EXAMPLES, "sagemaker_digits.py")])
+    os.rename(os.path.join(base, "code", "sagemaker_digits.py"), os.path.join(base, "code", "train.py"))
+    local = os.path.join(base, "checkpoints")
+    assert "checkpoint" not in distribution(dry_run(base))  # no checkpoint_s3_uri
+    checkpoint_config(base)
+    ps = distribution(dry_run(base))
+    assert ps["checkpoint"] == {"uri": "file://" + local} and "restore" not in ps  # nothing to resume yet
+    # Started again: SageMaker downloaded a committed checkpoint first.
+    os.makedirs(os.path.join(local, "step-000000000040"))
+    put(os.path.join(local, "LATEST"), "step-000000000040\n")
+    assert distribution(dry_run(base))["restore"] == "latest"
+    # What psrt_distribution says stays.
+    set_hyperparameter(base, "psrt_distribution", {"checkpoint": {"every_steps": 100}, "restore": ""})
+    ps = distribution(dry_run(base))
+    assert ps["checkpoint"] == {"every_steps": 100, "uri": "file://" + local} and ps["restore"] == ""
+    set_hyperparameter(base, "psrt_distribution", {"checkpoint": {"uri": "s3://mine/x"}})
+    ps = distribution(dry_run(base))
+    assert ps["checkpoint"] == {"uri": "s3://mine/x"} and "restore" not in ps
+    set_hyperparameter(base, "psrt_distribution", {})
+    # checkpoint_local_path: under /opt/ml it moves with the root.
+    checkpoint_config(base, "/opt/ml/spot")
+    assert distribution(dry_run(base))["checkpoint"] == {"uri": "file://%s/spot" % base}
+    checkpoint_config(base, "/scratch/ckpt")
+    assert distribution(dry_run(base))["checkpoint"] == {"uri": "file:///scratch/ckpt"}
+    # A job config without CheckpointConfig: the directory does not count.
+    write_json(config_file(base, "trainingjobconfig.json"), {"TrainingJobName": "psrt-test"})
+    assert "checkpoint" not in distribution(dry_run(base))
+    # Without the file, the directory SageMaker made tells.
+    os.remove(config_file(base, "trainingjobconfig.json"))
+    ps = distribution(dry_run(base))
+    assert ps["checkpoint"] == {"uri": "file://" + local} and ps["restore"] == "latest"
+
+
 def test_the_command_and_variables_follow_the_toolkit(tmp_path):
     # Host 2 of 2 with an interface; SM_MODEL_DIR set by the container is
     # kept; user hyperparameters become sorted arguments.
@@ -368,6 +469,15 @@ BAD_INPUTS = {
         lambda base: set_hyperparameters(base, psrt_distribution={"mode": "async"},
                                          sagemaker_parameter_server_enabled=False),
         "hyperparameters.json: psrt_distribution is set but sagemaker_parameter_server_enabled is not true"),
+    "CheckpointConfig not an object": (
+        lambda base: write_json(config_file(base, "trainingjobconfig.json"), {"CheckpointConfig": "s3://b/x"}),
+        'trainingjobconfig.json: "CheckpointConfig" in {base}/input/config/trainingjobconfig.json must be an '
+        'object with "S3Uri", got "s3://b/x"'),
+    "CheckpointConfig LocalPath relative": (
+        lambda base: write_json(config_file(base, "trainingjobconfig.json"),
+                                {"CheckpointConfig": {"S3Uri": "s3://b/x", "LocalPath": "ckpt"}}),
+        'trainingjobconfig.json: "CheckpointConfig" "LocalPath" in {base}/input/config/trainingjobconfig.json '
+        'must be an absolute path, got "ckpt"'),
     "script not in the code": (
         lambda base: set_hyperparameter(base, "sagemaker_program", "missing.py"),
         "the entry point missing.py is not in the code directory {base}/code"),
