@@ -104,8 +104,8 @@ int psrt_assign_rows(psrt_client* client, const char* table, const int64_t* ids,
  * gradient this step (its parameter took no part in the loss): in a sync
  * step no worker had one for, its weights and optimizer state stay as they
  * were (as a framework's optimizer skips it) while its version advances;
- * where some workers had one, the others count as zeros in the mean.
- * Refused where the host's processes sum first (local_aggregation). */
+ * where some workers had one, the others count as zeros in the mean (a
+ * host's processes summing first add only those that had one). */
 int64_t psrt_push(psrt_client* client, int n, const char* const* names, const float* const* grads,
                   int64_t version);
 int64_t psrt_pull(psrt_client* client, int n, const char* const* names, float* const* out,

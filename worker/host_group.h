@@ -89,6 +89,11 @@ class HostGroup {
     void set_summed(uint32_t part, int64_t v) { Store(&Control(part)[kSummed], v); }
     void set_sent(uint32_t part, int64_t v) { Store(&Control(part)[kSent], v); }
     void set_published(uint32_t part, int64_t v) { Store(&Control(part)[kPublished], v); }
+    // The step+1 of local rank r's last hand-over without a gradient (the
+    // tensor took no part in its loss): its slot then holds nothing of it.
+    // Written before the hand-over's word.
+    int64_t empty(uint32_t part, int r) const { return Load(&Control(part)[kEmpty + r]); }
+    void set_empty(uint32_t part, int r, int64_t v) { Store(&Control(part)[kEmpty + r], v); }
 
     // Page-locks this process's mapping of the gradient slots and weight
     // buffers, once, the first time a GPU's tensors meet them: device
@@ -144,7 +149,14 @@ class HostGroup {
     static constexpr int64_t kCacheBytes = 4 << 20;
     static int64_t EntryBytes(int64_t dim) { return 16 + (dim * 4 + 15) / 16 * 16; }
     static int64_t CacheEntries(int64_t dim);
-    enum { kSummed = 0, kSent = 1, kPublished = 2, kHanded = 3, kWords = kHanded + kMaxLocal };
+    enum {
+      kSummed = 0,
+      kSent = 1,
+      kPublished = 2,
+      kHanded = 3,
+      kEmpty = kHanded + kMaxLocal,
+      kWords = kEmpty + kMaxLocal
+    };
     static int64_t Load(const int64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
     static void Store(int64_t* w, int64_t v) { __atomic_store_n(w, v, __ATOMIC_RELEASE); }
     int64_t* Control(uint32_t part) const { return control_ + part * kWords; }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "worker/dispatcher.h"
@@ -105,19 +106,6 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
                kind)
           .first;
     }
-    if (t.grad == nullptr) {
-      // The host's sum has a slot per process, each filled every step.
-      return ops
-          .New(0,
-               absl::FailedPreconditionError(absl::StrCat(
-                   "tensor '", t.name,
-                   "' has no gradient this step, and this host's processes sum their gradients "
-                   "before pushing (local_aggregation), which takes one from every process; turn "
-                   "local_aggregation off for a model whose parameters go without a gradient on "
-                   "some steps")),
-               kind)
-          .first;
-    }
     if (pull && t.out == nullptr) {
       return ops
           .New(0,
@@ -126,7 +114,7 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
                kind)
           .first;
     }
-    if (OnDevice(t.grad) || (pull && OnDevice(t.out))) slots->PinForDevice();
+    if ((t.grad != nullptr && OnDevice(t.grad)) || (pull && OnDevice(t.out))) slots->PinForDevice();
     for (const Partition& p : var->parts) {
       (slots->owner(p.index) == me ? mine : theirs)->push_back({&t, p, slots});
     }
@@ -181,7 +169,11 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
           for (const Piece& p : *theirs) {
             if (!s.ok()) break;
             const int64_t at = p.part.offset;
-            s = CopyFloats(p.tensor->grad + at, p.slots->grad(me) + at, p.part.num_elements);
+            if (p.tensor->grad == nullptr) {
+              p.slots->set_empty(p.part.index, me, step);  // no gradient this step
+            } else {
+              s = CopyFloats(p.tensor->grad + at, p.slots->grad(me) + at, p.part.num_elements);
+            }
             if (s.ok()) p.slots->set_handed(p.part.index, me, step);
           }
           if (s.ok()) group->Ring();
@@ -262,6 +254,8 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
       [this, mine, refs, me, step, version, pull, op = op, who,
        ticket](const absl::Status& status) {
         absl::Status s = status;
+        // The tensors no process of the host had a gradient of this step.
+        absl::flat_hash_set<std::string> empty_tensors;
         // Sum in local-rank order, this process's gradient in its place.
         for (const Piece& p : *mine) {
           if (!s.ok()) break;
@@ -276,13 +270,24 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
             }
           }
           if (!s.ok()) break;
-          if (me == 0) {
-            s = CopyFloats(p.tensor->grad + at, sum, n);
-          } else {
-            std::memcpy(sum, p.slots->grad(0) + at, n * 4);
+          // The processes with a gradient of this step; none: the host's
+          // push says so.
+          std::vector<int> given;
+          for (int r = 0; r < group->size(); ++r) {
+            if (r == me ? p.tensor->grad != nullptr : p.slots->empty(p.part.index, r) != step)
+              given.push_back(r);
           }
-          if (!s.ok()) break;
-          for (int r = 1; r < group->size(); ++r) {
+          if (given.empty()) empty_tensors.insert(p.tensor->name);
+          for (size_t g = 0; g < given.size() && s.ok(); ++g) {
+            const int r = given[g];
+            if (g == 0) {
+              if (r == me) {
+                s = CopyFloats(p.tensor->grad + at, sum, n);
+              } else {
+                std::memcpy(sum, p.slots->grad(r) + at, n * 4);
+              }
+              continue;
+            }
             const float* x = p.slots->grad(r) + at;
             if (r == me) {
               if (OnDevice(p.tensor->grad)) {
@@ -304,13 +309,15 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
         group->Ring();
         // One push for the host, of the partitions summed here, in the
         // order of the operations (see InTurn).
-        InTurn(ticket, [this, mine, refs, me, step, version, pull, op] {
+        InTurn(ticket, [this, mine, refs, me, step, version, pull, op,
+                        empty_tensors = std::move(empty_tensors)] {
           absl::flat_hash_map<std::string, std::vector<const Piece*>> by_name;
           std::vector<TensorRef> sums;
           for (const Piece& p : *mine) {
             auto& list = by_name[p.tensor->name];
             if (list.empty()) {
-              sums.push_back({p.tensor->name, p.slots->grad(me),
+              const bool empty = empty_tensors.contains(p.tensor->name);
+              sums.push_back({p.tensor->name, empty ? nullptr : p.slots->grad(me),
                               pull ? p.slots->weights(version + 1) : nullptr});
             }
             list.push_back(&p);

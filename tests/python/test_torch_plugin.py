@@ -100,19 +100,25 @@ def two_heads_reference(kind, steps, workers, clip, missing_as_zeros=False):
     return model.state_dict()
 
 
-@pytest.mark.parametrize("kind,clip", [("adam", 0), ("sgd", 0), ("adamw", 0), ("adam", 0.05)])
-def test_a_parameter_without_a_gradient_on_some_steps_trains_as_in_one_process(kind, clip):
+@pytest.mark.parametrize("kind,clip,hosts", [("adam", 0, 2), ("sgd", 0, 2), ("adamw", 0, 2), ("adam", 0.05, 2),
+                                             ("adam", 0, 1), ("adam", 0.05, 1)])
+def test_a_parameter_without_a_gradient_on_some_steps_trains_as_in_one_process(kind, clip, hosts):
     """The auxiliary head has a gradient on every rank, on rank 0 only, or
     on none, step by step. Where none has one, Adam's moments and step
     count, SGD's momentum and weight decay leave it alone, as torch's
     optimizer does; where rank 0 alone has one, rank 1 counts as zeros in
     the mean. With a clip (mean_grads) the head's .grad is None where no
-    worker had one. 7 steps: each case twice and more."""
+    worker had one. On one host the two processes sum first: the host's
+    sum takes rank 0's alone, or says none. 7 steps: each case twice and
+    more."""
     steps = 7
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "final.pt")
         code, log = run_job(["--unused-head", "--optimizer", kind, "--steps", str(steps), "--out", out]
-                            + (["--clip", str(clip)] if clip else []))
+                            + (["--clip", str(clip)] if clip else []), ps=ONE_HOST if hosts == 1 else None,
+                            hosts=hosts)
+        if hosts == 1:
+            assert "each host summing first" in log, log
         assert code == 0, log
         got = torch.load(out)
     want = two_heads_reference(kind, steps, 2, clip)
