@@ -273,7 +273,8 @@ TEST_F(AwsSourcesTest, ProviderRefreshesBeforeExpiry) {
 }
 
 TEST_F(AwsSourcesTest, ARefreshInFlightNeverHoldsUpARequest) {
-  CredentialsEndpoint endpoint(absl::Seconds(4), "");
+  // Refreshed at 3 s, expiring at 6 s: the request below comes in between.
+  CredentialsEndpoint endpoint(absl::Seconds(6), "");
   env_.Set("AWS_CONTAINER_CREDENTIALS_FULL_URI", endpoint.url());
   AwsCredentialChainOptions chain;
   chain.http_timeout = absl::Seconds(30);  // the held refresh waits
