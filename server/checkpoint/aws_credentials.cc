@@ -375,6 +375,20 @@ Probe ProbeWebIdentity(const AwsCredentialChainOptions& options) {
   return std::make_unique<WebIdentitySource>(file, role, session, Sts::For(options));
 }
 
+// The profile's static keys; NOT_FOUND when it has none.
+Probe ProfileKeys(const AwsProfile& profile) {
+  AwsCredentials keys{profile.Get("aws_access_key_id"), profile.Get("aws_secret_access_key"),
+                      profile.Get("aws_session_token")};
+  if (keys.access_key_id.empty() && keys.secret_access_key.empty()) {
+    return absl::NotFoundError(absl::StrCat(profile.Describe(), " has no keys"));
+  }
+  if (keys.access_key_id.empty() || keys.secret_access_key.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        profile.Describe(), " must have both aws_access_key_id and aws_secret_access_key"));
+  }
+  return std::make_unique<StaticProfileSource>(profile.Describe(), keys);
+}
+
 Probe ProfileSource(const AwsCredentialChainOptions& options, const std::string& name,
                     std::set<std::string>* seen);
 
@@ -390,14 +404,12 @@ Probe RoleBase(const AwsCredentialChainOptions& options, const AwsProfile& profi
   if (!source_profile.empty()) {
     if (source_profile == profile.name) {
       // A profile with keys and a role names itself: its keys sign.
-      const AwsProfile self = profile;
-      AwsCredentials keys{self.Get("aws_access_key_id"), self.Get("aws_secret_access_key"),
-                          self.Get("aws_session_token")};
-      if (keys.access_key_id.empty() || keys.secret_access_key.empty()) {
+      Probe keys = ProfileKeys(profile);
+      if (absl::IsNotFound(keys.status())) {
         return absl::InvalidArgumentError(
-            absl::StrCat(self.Describe(), " is its own source_profile but has no keys"));
+            absl::StrCat(profile.Describe(), " is its own source_profile but has no keys"));
       }
-      return std::make_unique<StaticProfileSource>(self.Describe(), keys);
+      return keys;
     }
     Probe base = ProfileSource(options, source_profile, seen);
     if (absl::IsNotFound(base.status())) {
@@ -460,15 +472,8 @@ Probe ProfileSource(const AwsCredentialChainOptions& options, const std::string&
   if (!profile.Get("role_arn").empty()) {
     return AssumeRoleFromProfile(options, profile, seen);
   }
-  AwsCredentials keys{profile.Get("aws_access_key_id"), profile.Get("aws_secret_access_key"),
-                      profile.Get("aws_session_token")};
-  if (!keys.access_key_id.empty() || !keys.secret_access_key.empty()) {
-    if (keys.access_key_id.empty() || keys.secret_access_key.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          profile.Describe(), " must have both aws_access_key_id and aws_secret_access_key"));
-    }
-    return std::make_unique<StaticProfileSource>(profile.Describe(), keys);
-  }
+  Probe keys = ProfileKeys(profile);
+  if (!absl::IsNotFound(keys.status())) return keys;
   if (!profile.Get("credential_process").empty()) {
     return std::make_unique<ProcessSource>(profile.Describe(), profile.Get("credential_process"),
                                            options.process_timeout);

@@ -124,6 +124,18 @@ TEST_F(AwsSourcesTest, ProfileRoleThroughMotoAssumeRole) {
   EXPECT_LT(found->credentials.expiration, absl::Now() + absl::Minutes(16));
   EXPECT_GT(found->credentials.expiration, absl::Now() + absl::Minutes(14));
   ExpectS3Works(moto_.endpoint());
+
+  // A profile with keys that names itself as its source: its keys sign.
+  Write("credentials",
+        "[self]\naws_access_key_id = AKIASELFKEY0000000\n"
+        "aws_secret_access_key = self-secret\n"
+        "role_arn = arn:aws:iam::123456789012:role/self\nsource_profile = self\n");
+  env_.Set("AWS_PROFILE", "self");
+  found = FindAwsCredentials({});
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_TRUE(absl::StrContains(found->source->Name(), "role/self (from profile [self]"))
+      << found->source->Name();
+  EXPECT_NE(found->credentials.access_key_id, "AKIASELFKEY0000000");
 }
 
 TEST_F(AwsSourcesTest, InstanceMetadataFromMoto) {
