@@ -47,6 +47,29 @@ absl::Status ChooseWorkers(int flag_workers, const psrt::ClusterSpec& cluster,
   return absl::OkStatus();
 }
 
+// The job's hosts and which is this one (--local: simulated here).
+absl::Status PlaceHosts(const std::string& hosts, const std::string& current_host,
+                        psrt::LaunchOptions* o) {
+  if (o->local_hosts > 0) {
+    // Started as one of several, each would run a whole job on its machine.
+    absl::Status s = psrt::CheckNotOneOfSeveral(std::getenv);
+    if (s.ok()) return s;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--local runs the whole job on this machine, but ", s.message(), "; drop --local"));
+  }
+  absl::StatusOr<psrt::ClusterSpec> cluster =
+      psrt::ResolveCluster(hosts, current_host, std::getenv);
+  if (!cluster.ok()) return cluster.status();
+  o->cluster = *cluster;
+  // A job of this host alone (a Slurm allocation of one node too) runs as
+  // --local=1: loopback, a free coordinator port, a token made up.
+  if (o->cluster.hosts.size() == 1 &&
+      (o->cluster.hosts[0] == "localhost" || o->cluster.source == "Slurm")) {
+    o->local_hosts = 1;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -155,21 +178,8 @@ int main(int argc, char** argv) {
   o.stop_grace = absl::Seconds(stop_grace_s);
   if (o.coordinator_port <= 0 || o.coordinator_port > 65535)
     return fail("--coordinator-port must be in 1..65535");
-  if (o.local_hosts == 0) {
-    absl::StatusOr<psrt::ClusterSpec> cluster =
-        psrt::ResolveCluster(hosts, current_host, std::getenv);
-    if (!cluster.ok()) return fail(std::string(cluster.status().message()));
-    o.cluster = *cluster;
-    // A job of this host alone (a Slurm allocation of one node too) runs as
-    // --local=1: loopback, a free coordinator port, a token made up.
-    if (o.cluster.hosts.size() == 1 &&
-        (o.cluster.hosts[0] == "localhost" || o.cluster.source == "Slurm")) {
-      o.local_hosts = 1;
-    }
-  } else if (absl::Status s = psrt::CheckNotOneOfSeveral(std::getenv); !s.ok()) {
-    // Each of them would start a whole job on its machine.
-    return fail(absl::StrCat("--local runs the whole job on this machine, but ", s.message(),
-                             "; drop --local"));
+  if (absl::Status s = PlaceHosts(hosts, current_host, &o); !s.ok()) {
+    return fail(std::string(s.message()));
   }
   if (absl::Status s = ChooseWorkers(workers, o.cluster, &o); !s.ok()) {
     return fail(std::string(s.message()));
