@@ -284,8 +284,12 @@ absl::StatusOr<AwsCredentials> EndpointSource::FetchImds() const {
   put.timeout = timeout_;
   std::string token;
   absl::StatusOr<HttpReply> reply = HttpExchange(put);
-  if (!reply.ok()) return reply.status();  // nothing there: not on EC2
-  if (reply->status == 200) {
+  if (absl::IsDeadlineExceeded(reply.status())) {
+    // Connected, but the answer never came back: a container behind a hop
+    // limit of 1, where only IMDSv1 answers (the SDKs go on without a token).
+  } else if (!reply.ok()) {
+    return reply.status();  // nothing there: not on EC2
+  } else if (reply->status == 200) {
     token = std::string(absl::StripAsciiWhitespace(reply->body));
   } else if (reply->status != 403 && reply->status != 404 && reply->status != 405) {
     return absl::UnavailableError(

@@ -51,13 +51,18 @@ absl::StatusOr<HttpReply> HttpExchange(const HttpCall& call) {
     curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, call.method.c_str());
   }
   const CURLcode rc = curl_easy_perform(curl);
+  curl_off_t connected_us = 0;
   if (rc == CURLE_OK) {
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &reply.status);
+  } else {
+    curl_easy_getinfo(curl, CURLINFO_CONNECT_TIME_T, &connected_us);
   }
   curl_easy_cleanup(curl);
   curl_slist_free_all(headers);
   if (rc != CURLE_OK) {
-    return absl::UnavailableError(
+    const bool no_answer = rc == CURLE_OPERATION_TIMEDOUT && connected_us > 0;
+    return absl::Status(
+        no_answer ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnavailable,
         absl::StrCat(call.method, " ", call.url, ": ", curl_easy_strerror(rc), error[0] ? ": " : "",
                      error, " (deadline ", absl::FormatDuration(call.timeout), ")"));
   }

@@ -31,8 +31,9 @@ struct HttpCall {
   absl::Duration timeout = absl::Seconds(5);  // the whole exchange
 };
 
-// Any HTTP status is a reply; UNAVAILABLE (curl's reason, the URL and the
-// deadline) when no answer came: refused, unreachable or timed out.
+// Any HTTP status is a reply. Else curl's reason, the URL and the deadline:
+// DEADLINE_EXCEEDED when connected but no answer came in time, UNAVAILABLE
+// when no connection was made (refused, unreachable, timed out).
 absl::StatusOr<HttpReply> HttpExchange(const HttpCall& call);
 
 }  // namespace psrt
