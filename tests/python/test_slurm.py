@@ -192,15 +192,13 @@ class Slurm:
         return subprocess.run(self.client + argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               timeout=timeout)
 
-
     def psrt_run(self, *args):
         """psrt-run of the example: in namespaces with psrt's default and
         fixed ports on both nodes, on loopback with free ones."""
-        ports = ([] if self.ns else ["--coordinator-port=%d" % free_port()])
+        ports = [] if self.ns else ["--coordinator-port=%d" % free_port()]
         ps = PS % (', "server_port_base": 7100' if self.ns else "")
-        return [os.path.join(BIN, "psrt-run")] + ports + ["--distribution=" + ps, *args, "--",
-                                                           os.path.join(BIN, "psrt-example-linreg"),
-                                                           "--steps=20", "--log-every=10"]
+        example = [os.path.join(BIN, "psrt-example-linreg"), "--steps=20", "--log-every=10"]
+        return [os.path.join(BIN, "psrt-run")] + ports + ["--distribution=" + ps, *args, "--"] + example
 
 
 @pytest.fixture(scope="module", params=["loopback", "netns"])
