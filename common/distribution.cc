@@ -292,7 +292,8 @@ const std::vector<KeySpec>& ParameterServerKeys() {
        }},
       {"server_port_base", "int", "0",
        "fixed ports for firewalls and Kubernetes Services: a host's servers "
-       "listen on this port, the next, ... (1..65535); 0: free ports",
+       "listen on this port, the next, ... and their data channels on the "
+       "ports after those (1..65535); 0: free ports",
        [](const Json& v, PsOptions* o) {
          return SetInt(v, "server_port_base", 0, 65535, &o->server_port_base);
        }},
@@ -550,7 +551,7 @@ absl::Status ValidateCombination(const Json& ps, const PsOptions& o) {
         "'on_worker_failure' and 'backup_workers'");
   }
   if (o.server_port_base > 0 &&
-      o.server_port_base + o.servers_per_host - 1 > 65535) {
+      o.server_port_base + 2 * o.servers_per_host - 1 > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
         "'server_port_base' ", o.server_port_base, " with ", o.servers_per_host,
         " servers per host runs past port 65535; lower server_port_base"));

@@ -51,14 +51,16 @@ struct DataServer::Connection {
 };
 
 absl::StatusOr<std::unique_ptr<DataServer>> DataServer::Start(const std::string& bind,
-                                                              std::string token, Handler handler) {
+                                                              int listen_port, std::string token,
+                                                              Handler handler) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
   const std::string host = HostOf(bind);
-  if (int e = getaddrinfo(host.c_str(), "0", &hints, &found); e != 0) {
+  const std::string service = std::to_string(listen_port);
+  if (int e = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); e != 0) {
     return absl::UnavailableError(
         absl::StrCat("the data port cannot listen on ", bind, ": ", gai_strerror(e)));
   }
@@ -66,6 +68,10 @@ absl::StatusOr<std::unique_ptr<DataServer>> DataServer::Start(const std::string&
   std::string why;
   for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
     fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    // A fixed port is taken again by the next generation of a recovered job
+    // while the last one's connections linger in TIME_WAIT.
+    const int one = 1;
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (fd >= 0 && (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0)) {
       why = std::strerror(errno);
       close(fd);
@@ -74,7 +80,10 @@ absl::StatusOr<std::unique_ptr<DataServer>> DataServer::Start(const std::string&
   }
   freeaddrinfo(found);
   if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat("the data port cannot listen on ", bind, ": ", why));
+    return absl::UnavailableError(absl::StrCat("the data port cannot listen on ", bind,
+                                               listen_port > 0 ? absl::StrCat(" port ", listen_port)
+                                                               : std::string(),
+                                               ": ", why));
   }
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);

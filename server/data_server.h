@@ -36,8 +36,8 @@ class DataServer {
                                      const grpc::ByteBuffer& request, absl::Time deadline,
                                      std::function<bool()> cancelled, Done done)>;
 
-  // Listens on bind:0. UNAVAILABLE when it cannot.
-  static absl::StatusOr<std::unique_ptr<DataServer>> Start(const std::string& bind,
+  // Listens on bind:port (0: a free port). UNAVAILABLE when it cannot.
+  static absl::StatusOr<std::unique_ptr<DataServer>> Start(const std::string& bind, int port,
                                                            std::string token, Handler handler);
   // Closes every connection and waits for their threads. Answers still to
   // come (pulls waiting for a version) find their connection closed.

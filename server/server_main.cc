@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   std::string token = psrt::EnvOr("PSRT_JOB_TOKEN", "");
   std::string host = psrt::HostName();
   std::string bind = "0.0.0.0";
-  int index = -1, port = 0, metrics_port = -1;
+  int index = -1, port = 0, data_port = 0, metrics_port = -1;
   double connect_timeout_s = 60;
   int64_t generation = 0;
   psrt::Flags flags("psrt-server", "--coordinator=HOST:PORT --index=N [flags]");
@@ -38,14 +38,17 @@ int main(int argc, char** argv) {
   flags.Add("host", &host, "Host name other processes use to reach this server.");
   flags.Add("bind", &bind, "Address to listen on.");
   flags.Add("port", &port, "Port to listen on; 0 picks a free one.");
+  flags.Add("data-port", &data_port,
+            "Port of the data channel (tensors beside gRPC); 0 picks a free one.");
   flags.Add("token", &token, "Job token every RPC must carry (env PSRT_JOB_TOKEN); empty disables the check.");
   flags.Add("metrics-port", &metrics_port, "Port for Prometheus /metrics; 0 picks one, -1 disables.");
   flags.Add("connect-timeout", &connect_timeout_s, "Seconds to wait for the coordinator at start.");
   flags.Add("generation", &generation,
             "The job generation this server is started for (by psrt-worker after a recovery); 0: the current one.");
   flags.ParseOrExit(argc, argv);
-  if (coordinator.empty() || index < 0 || port < 0 || port > 65535 || connect_timeout_s <= 0 || generation < 0) {
-    std::fprintf(stderr, "psrt-server: need --coordinator, --index >= 0, --port in 0..65535, --connect-timeout > 0 and --generation >= 0 (see --help)\n");
+  if (coordinator.empty() || index < 0 || port < 0 || port > 65535 || data_port < 0 ||
+      data_port > 65535 || connect_timeout_s <= 0 || generation < 0) {
+    std::fprintf(stderr, "psrt-server: need --coordinator, --index >= 0, --port and --data-port in 0..65535, --connect-timeout > 0 and --generation >= 0 (see --help)\n");
     return 2;
   }
   psrt::InitProcess(absl::StrCat("psrt-server[", index, "]"));
@@ -144,7 +147,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<psrt::DataServer> data;
   if (!psrt::TlsEnabled()) {
     absl::StatusOr<std::unique_ptr<psrt::DataServer>> started =
-        psrt::DataServer::Start(bind, token, absl::bind_front(&psrt::PsService::ServeData, &service));
+        psrt::DataServer::Start(bind, data_port, token,
+                                absl::bind_front(&psrt::PsService::ServeData, &service));
     if (!started.ok()) {
       psrt::LogError(started.status().message());
       return 1;

@@ -117,6 +117,11 @@ int RunAgent(const AgentOptions& options) {
         absl::StrCat("--port=", config.server_port_base() > 0
                                     ? config.server_port_base() + index - host_index * servers_here
                                     : 0),
+        // The data ports follow the host's gRPC ports (server_port_base).
+        absl::StrCat("--data-port=",
+                     config.server_port_base() > 0
+                         ? config.server_port_base() + servers_here + index - host_index * servers_here
+                         : 0),
         absl::StrCat("--generation=", generation),
         absl::StrCat("--connect-timeout=", absl::ToDoubleSeconds(options.connect_timeout))};
     return spawn(v1::ROLE_SERVER, index, absl::StrCat("psrt-server[", index, "]"), argv,

@@ -179,8 +179,10 @@ std::string DescribeLaunch(const LaunchOptions& o) {
     absl::StrAppend(&out, "host ", h, " (", hosts[h], "):\n");
     for (int i = 0; i < ps.servers_per_host; ++i) {
       absl::StrAppend(&out, "  psrt-server[", h * ps.servers_per_host + i, "] at ", address,
-                      ps.server_port_base > 0 && !local ? absl::StrCat(":", ps.server_port_base + i)
-                                                        : std::string(", a free port"),
+                      ps.server_port_base > 0 && !local
+                          ? absl::StrCat(":", ps.server_port_base + i, ", data port ",
+                                         ps.server_port_base + ps.servers_per_host + i)
+                          : std::string(", free ports"),
                       "\n");
     }
     // GPUs are known for this machine only.

@@ -122,7 +122,7 @@ Server* Start() {
       MakeChannel("127.0.0.1:" + std::to_string(s->serving.port)));
   PsService* service = s->service.get();
   absl::StatusOr<std::unique_ptr<DataServer>> data =
-      DataServer::Start("127.0.0.1", kToken, absl::bind_front(&PsService::ServeData, service));
+      DataServer::Start("127.0.0.1", 0, kToken, absl::bind_front(&PsService::ServeData, service));
   if (!data.ok()) std::abort();
   s->data = *std::move(data);
   absl::StatusOr<std::shared_ptr<DataChannel>> channel =

@@ -123,7 +123,7 @@ TEST(JobTest, DryRunPrintsTheClusterAndStartsNothing) {
   const std::string out = dry.Output();
   for (const char* line :
        {"hosts: 2 from --hosts, this is host 1 (algo-2)", "coordinator: on host 0 at algo-1:7070",
-        "psrt-server[3] at algo-2:9001", "worker: PSRT_RANK 3, PSRT_LOCAL_RANK 1",
+        "psrt-server[3] at algo-2:9001, data port 9003", "worker: PSRT_RANK 3, PSRT_LOCAL_RANK 1",
         "training command (PSRT_WORLD_SIZE 4): python train.py",
         "checkpoints: file:///ckpt/job every 100 steps", "restore: latest",
         "local aggregation: on (each host's 2 training processes"}) {
@@ -314,6 +314,43 @@ TEST(JobTest, MissingServerFailsTheBarrierNamingIt) {
     EXPECT_EQ(a.Wait(absl::Seconds(30), "psrt-worker"), 1);
     EXPECT_NE(a.Output().find("server 1 on hostB"), std::string::npos) << a.Output();
   }
+}
+
+// Whether nothing listens on 127.0.0.1:port now.
+bool PortFree(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  close(fd);
+  return free;
+}
+
+// server_port_base fixes the data channel's port too, the one after the
+// host's gRPC ports: a firewall opens both. The training command (started
+// beside the server) connects to each, within 20 s, before it trains; a port
+// that never listens fails it, and the job.
+TEST(JobTest, ServerPortBaseFixesTheDataPortsToo) {
+  int base = 0;
+  for (int i = 0; i < 20 && base == 0; ++i) {
+    const int p = PickFreePort();
+    if (p < 65535 && PortFree(p + 1)) base = p;
+  }
+  ASSERT_NE(base, 0) << "no two free ports in a row";
+  const std::string dir = TempDir();
+  const std::string connect = absl::StrCat(
+      "for p in ", base, " ", base + 1,
+      "; do for i in $(seq 200); do (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && break; sleep 0.1; done; "
+      "(exec 3<>/dev/tcp/127.0.0.1/$p) || exit 3; echo port $p listens; done; exec ",
+      kBin, "/psrt-example-linreg --steps=20");
+  Proc run = Proc::Start(absl::StrCat(kBin, "/psrt-run --local=1 --distribution='",
+                                      R"({"parameter_server": {"enabled": true, "server_port_base": )", base,
+                                      "}}' -- bash -c '", connect, "'"),
+                         dir + "/log");
+  EXPECT_EQ(run.Wait(absl::Seconds(120), "psrt-run with server_port_base"), 0) << run.Output();
+  EXPECT_TRUE(absl::StrContains(run.Output(), absl::StrCat("port ", base + 1, " listens"))) << run.Output();
 }
 
 TEST(JobTest, MetricsOverHttpAndSignalsStopTheWholeJob) {

@@ -179,10 +179,11 @@ TEST(ParseDistributionTest, PartitionBytesBounds) {
 TEST(ParseDistributionTest, ServerPortBaseLeavesRoomForEveryServerOfAHost) {
   EXPECT_EQ(ParseOk(Ps("")).server_port_base, 0);
   EXPECT_EQ(ParseOk(Ps(R"("server_port_base": 7100)")).server_port_base, 7100);
-  EXPECT_EQ(ParseOk(Ps(R"("server_port_base": 65534, "servers_per_host": 2)")).server_port_base,
-            65534);
-  EXPECT_THAT(ParseError(Ps(R"("server_port_base": 65535, "servers_per_host": 2)")),
-              AllOf(HasSubstr("'server_port_base' 65535"), HasSubstr("65535")));
+  // Two servers: gRPC ports 65532 and 65533, data ports 65534 and 65535.
+  EXPECT_EQ(ParseOk(Ps(R"("server_port_base": 65532, "servers_per_host": 2)")).server_port_base,
+            65532);
+  EXPECT_THAT(ParseError(Ps(R"("server_port_base": 65533, "servers_per_host": 2)")),
+              AllOf(HasSubstr("'server_port_base' 65533"), HasSubstr("65535")));
   EXPECT_THAT(ParseError(Ps(R"("server_port_base": 70000)")), HasSubstr("'server_port_base'"));
   EXPECT_THAT(ParseError(Ps(R"("server_port_base": -1)")), HasSubstr("'server_port_base'"));
 }
