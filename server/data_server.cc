@@ -80,10 +80,9 @@ absl::StatusOr<std::unique_ptr<DataServer>> DataServer::Start(const std::string&
   }
   freeaddrinfo(found);
   if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat("the data port cannot listen on ", bind,
-                                               listen_port > 0 ? absl::StrCat(" port ", listen_port)
-                                                               : std::string(),
-                                               ": ", why));
+    return absl::UnavailableError(absl::StrCat(
+        "the data port cannot listen on ", bind,
+        listen_port > 0 ? absl::StrCat(" port ", listen_port) : std::string(), ": ", why));
   }
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);

@@ -107,6 +107,9 @@ int RunAgent(const AgentOptions& options) {
     return true;
   };
   auto start_server = [&](int index) {
+    // server_port_base: the host's gRPC ports, then its data ports.
+    const int base = config.server_port_base();
+    const int local = index - host_index * servers_here;
     const std::vector<std::string> argv = {
         SelfDirectory() + "/psrt-server",
         "--coordinator=" + options.coordinator,
@@ -114,14 +117,8 @@ int RunAgent(const AgentOptions& options) {
         "--host=" + (options.server_host.empty() ? options.host : options.server_host),
         "--bind=" + options.server_bind,
         absl::StrCat("--metrics-port=", options.server_metrics_port),
-        absl::StrCat("--port=", config.server_port_base() > 0
-                                    ? config.server_port_base() + index - host_index * servers_here
-                                    : 0),
-        // The data ports follow the host's gRPC ports (server_port_base).
-        absl::StrCat("--data-port=",
-                     config.server_port_base() > 0
-                         ? config.server_port_base() + servers_here + index - host_index * servers_here
-                         : 0),
+        absl::StrCat("--port=", base > 0 ? base + local : 0),
+        absl::StrCat("--data-port=", base > 0 ? base + servers_here + local : 0),
         absl::StrCat("--generation=", generation),
         absl::StrCat("--connect-timeout=", absl::ToDoubleSeconds(options.connect_timeout))};
     return spawn(v1::ROLE_SERVER, index, absl::StrCat("psrt-server[", index, "]"), argv,
