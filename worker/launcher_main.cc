@@ -1,8 +1,10 @@
 // psrt-run: starts a psrt job (coordinator, servers, agents) on this host.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/cluster.h"
 #include "common/daemon.h"
@@ -16,6 +18,25 @@
 #include "worker/launcher.h"
 
 namespace {
+
+// --workers: a count, or "gpus" for one per GPU this host has (as
+// torchrun's --nproc-per-node=gpu); 0 when not given.
+absl::StatusOr<int> ParseWorkers(const std::string& flag) {
+  if (flag.empty()) return 0;
+  if (flag == "gpus") {
+    const size_t gpus = psrt::VisibleGpus(std::getenv).size();
+    if (gpus > 0) return static_cast<int>(std::min<size_t>(gpus, 1024));
+    return absl::InvalidArgumentError(
+        "--workers=gpus: this host has no GPUs (CUDA_VISIBLE_DEVICES, else the NVIDIA driver's "
+        "/proc/driver/nvidia/gpus); give a count");
+  }
+  int n = 0;
+  if (!absl::SimpleAtoi(flag, &n) || n < 1 || n > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--workers must be a count in 1..1024 or \"gpus\", got '", flag, "'"));
+  }
+  return n;
+}
 
 // The training processes a host runs: --workers, else the distribution's
 // workers_per_host, else the GPUs Slurm gave the node, else 1. The choice is
@@ -78,14 +99,14 @@ int main(int argc, char** argv) {
   o.token = psrt::EnvOr("PSRT_JOB_TOKEN", "");
   o.bin_dir = psrt::SelfDirectory();
   std::string hosts, current_host;
-  int workers = 0;
+  std::string workers;
   bool bind_gpus = true;
   std::string interface = psrt::EnvOr("PSRT_INTERFACE", "");
   double stop_grace_s = 30;
   o.advertise_address = psrt::EnvOr("PSRT_ADVERTISE_ADDRESS", "");
   psrt::Flags flags(
       "psrt-run",
-      "--distribution=JSON [--workers=N] [--local=N | --hosts=H1,H2 --current-host=H] -- "
+      "--distribution=JSON [--workers=N|gpus] [--local=N | --hosts=H1,H2 --current-host=H] -- "
       "COMMAND [ARGS...]\n\n"
       "Runs the same on every host: each starts its parameter servers and its agent,\n"
       "host 0 also the coordinator. Hosts come from --hosts, else SM_HOSTS and\n"
@@ -96,9 +117,9 @@ int main(int argc, char** argv) {
   flags.Add("distribution", &o.distribution,
             "JSON with SageMaker's shape: {\"parameter_server\": {\"enabled\": true, ...}}.");
   flags.Add("workers", &workers,
-            "Training processes a host runs, e.g. one per GPU (same as \"workers_per_host\"; "
-            "default: that, else Slurm's SLURM_GPUS_ON_NODE, else 1). Each gets PSRT_LOCAL_RANK "
-            "0..N-1 and, with --bind-gpus, a GPU of its own.");
+            "Training processes a host runs: a count, or gpus for one per GPU of the host (same as "
+            "\"workers_per_host\"; default: that, else Slurm's SLURM_GPUS_ON_NODE, else 1). Each "
+            "gets PSRT_LOCAL_RANK 0..N-1 and, with --bind-gpus, a GPU of its own.");
   flags.Add("bind-gpus", &bind_gpus,
             "Give each training process of a host its own GPU through CUDA_VISIBLE_DEVICES (its "
             "slice of psrt-run's CUDA_VISIBLE_DEVICES, else of the host's GPUs); false: each sees "
@@ -172,7 +193,8 @@ int main(int argc, char** argv) {
   }
   o.ps = *ps;
   if (o.local_hosts < 0 || o.local_hosts > 64) return fail("--local must be in 0..64");
-  if (workers < 0 || workers > 1024) return fail("--workers must be in 1..1024");
+  absl::StatusOr<int> worker_count = ParseWorkers(workers);
+  if (!worker_count.ok()) return fail(std::string(worker_count.status().message()));
   if (!(stop_grace_s >= 0 && stop_grace_s <= 86400))
     return fail("--stop-grace must be in 0..86400 seconds");
   o.stop_grace = absl::Seconds(stop_grace_s);
@@ -181,7 +203,7 @@ int main(int argc, char** argv) {
   if (absl::Status s = PlaceHosts(hosts, current_host, &o); !s.ok()) {
     return fail(std::string(s.message()));
   }
-  if (absl::Status s = ChooseWorkers(workers, o.cluster, &o); !s.ok()) {
+  if (absl::Status s = ChooseWorkers(*worker_count, o.cluster, &o); !s.ok()) {
     return fail(std::string(s.message()));
   }
   if (!interface.empty() && !o.advertise_address.empty()) {

@@ -64,12 +64,21 @@ def test_no_gpus_leave_the_environment_alone():
     assert shown(p.stdout) == {0: (0, 2, ""), 1: (1, 2, "")}, p.stdout
 
 
+def test_workers_gpus_counts_the_hosts_gpus():
+    p = psrt_run(["--workers=gpus"], ["sh", "-c", SHOW], visible="3,5,7")
+    assert p.returncode == 0, p.stdout
+    assert shown(p.stdout) == {0: (0, 3, "3"), 1: (1, 3, "5"), 2: (2, 3, "7")}, p.stdout
+    p = psrt_run(["--workers=gpus"], ["true"], visible="")
+    assert p.returncode == 2 and "--workers=gpus: this host has no GPUs" in p.stdout, p.stdout
+
+
 def test_workers_flag_and_workers_per_host_must_agree():
     ps = '{"parameter_server": {"enabled": true, "workers_per_host": 2}}'
     p = subprocess.run([os.path.join(BIN, "psrt-run"), "--distribution=" + ps, "--workers=4", "--", "true"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
     assert p.returncode == 2, p.stdout
     assert "--workers=4 and --distribution's \"workers_per_host\": 2 disagree" in p.stdout, p.stdout
-    for bad in ("--workers=-1", "--workers=5000"):
-        p = psrt_run([bad], ["true"])
-        assert p.returncode == 2 and "--workers must be in 1..1024" in p.stdout, p.stdout
+    for bad in ("-1", "0", "5000", "all"):
+        p = psrt_run(["--workers=" + bad], ["true"])
+        assert p.returncode == 2, p.stdout
+        assert "--workers must be a count in 1..1024 or \"gpus\", got '%s'" % bad in p.stdout, p.stdout
