@@ -14,12 +14,10 @@ The distribution is $PSRT_DISTRIBUTION when set, else psrt-run's default
 """
 
 import atexit
-import json
 import os
 import shutil
 import sys
 import tempfile
-import time
 
 from psrt import _relay
 from psrt._programs import find_programs
@@ -54,24 +52,19 @@ class Job:
         return self._environment()
 
     def _environment(self):
-        path = os.path.join(self._dir, "env.0.json")
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if os.path.exists(path):
-                with open(path) as f:
-                    env = json.load(f)
-                os.remove(path)  # it holds the job token
-                return env
-            if self._run.proc.poll() is not None:
-                status = self._run.wait(1.0)
-                self._cleanup()
-                raise self._error("psrt.init(): psrt-run --local=1 (a job of one) exited with code %d "
-                                  "before its training process started:\n%s" % (status["code"], status["output"]))
-            time.sleep(0.05)
-        self._run.stop()
-        self._cleanup()
-        raise self._error("psrt.init(): psrt-run --local=1 (a job of one) did not start its training "
-                          "process within %g s (waited for %s)" % (START_TIMEOUT_S, path))
+        def gone():
+            if self._run.proc.poll() is None:
+                return None
+            status = self._run.wait(1.0)
+            return "exited with code %d before its training process started:\n%s" % (status["code"],
+                                                                                       status["output"])
+
+        try:
+            return _relay.take_environment(self._dir, 0, START_TIMEOUT_S, gone, "it")
+        except (RuntimeError, TimeoutError) as e:
+            self._run.stop()
+            self._cleanup()
+            raise self._error("psrt.init(): psrt-run --local=1 (a job of one): %s" % e) from None
 
     def end(self, code):
         """This process is done: the relay exits with `code`, and the job

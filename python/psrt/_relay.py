@@ -10,11 +10,13 @@ the coordinator as it would a training process's exit.
 
 import collections
 import ctypes
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 
 _PR_SET_PDEATHSIG = 1
 _TAIL_LINES = 40
@@ -44,6 +46,27 @@ while not os.path.exists(code):
 with open(code) as f:
     sys.exit(int(f.read()))
 """
+
+
+def take_environment(job_dir, local_rank, timeout_s, gone, starter):
+    """The environment the relay of `local_rank` left in `job_dir`, removed
+    once read (it holds the job token). `gone()` says why it never will come
+    (the program that starts the relay exited), else None: RuntimeError
+    with that; TimeoutError after timeout_s, naming `starter`."""
+    path = os.path.join(job_dir, "env.%d.json" % local_rank)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            with open(path) as f:
+                env = json.load(f)
+            os.remove(path)
+            return env
+        why = gone()
+        if why:
+            raise RuntimeError(why)
+        time.sleep(0.05)
+    raise TimeoutError("%s did not start the training process of local rank %d within %g s (waited for %s)"
+                       % (starter, local_rank, timeout_s, path))
 
 
 def write_atomically(path, text):

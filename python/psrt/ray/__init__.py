@@ -191,23 +191,17 @@ class _WorkerActor:
 
     @staticmethod
     def _environment(job_dir, local_rank, agent_name, timeout_s):
-        path = os.path.join(job_dir, "env.%d.json" % local_rank)
         agent_exit = os.path.join(job_dir, "agent.exit")
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if os.path.exists(path):
-                with open(path) as f:
-                    env = json.load(f)
-                os.remove(path)  # it holds the job token
-                return env
-            if os.path.exists(agent_exit):
-                with open(agent_exit) as f:
-                    code, output = json.load(f)
-                raise RuntimeError("%s exited with code %d before it started the training process of local rank "
-                                   "%d:\n%s" % (agent_name, code, local_rank, output))
-            time.sleep(0.05)
-        raise TimeoutError("%s did not start the training process of local rank %d within %g s (waited for %s)"
-                           % (agent_name, local_rank, timeout_s, path))
+
+        def gone():
+            if not os.path.exists(agent_exit):
+                return None
+            with open(agent_exit) as f:
+                code, output = json.load(f)
+            return "%s exited with code %d before it started the training process of local rank %d:\n%s" % (
+                agent_name, code, local_rank, output)
+
+        return _relay.take_environment(job_dir, local_rank, timeout_s, gone, agent_name)
 
 
 _Coordinator = ray.remote(_CoordinatorActor)
