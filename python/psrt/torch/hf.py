@@ -74,8 +74,8 @@ class Trainer(transformers.Trainer):
         a.__class__ = _arguments_for_psrt(type(a))
         if a.n_gpu > 1:
             _refuse("this process sees %d GPUs and the Trainer would replicate the model over them; "
-                    "psrt runs one worker per GPU: set workers_per_host to the GPUs a host has and "
-                    "CUDA_VISIBLE_DEVICES per worker (PSRT_LOCAL_RANK)" % a.n_gpu)
+                    "psrt runs one worker per GPU: psrt-run --workers=N (N the host's GPUs, or "
+                    "--workers=gpus) gives each its own GPU" % a.n_gpu)
         if a.deepspeed or a.fsdp:
             _refuse("DeepSpeed and FSDP shard the model across processes themselves; psrt's servers "
                     "hold it whole")
