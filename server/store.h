@@ -276,8 +276,8 @@ class Store {
     std::string name;  // "variable#partition"
     v1::KeySpec spec;  // as first registered, without the initial value
     // Its kind (dense or a table's part), made with the key; what it holds is
-    // guarded by mu.
-    std::unique_ptr<KeyValue> value;
+    // guarded by mu (the pointer itself never changes).
+    std::unique_ptr<KeyValue> value ABSL_PT_GUARDED_BY(mu);
     OptimizerConfig optimizer ABSL_GUARDED_BY(mu);  // rank 0's, once it registered
     int64_t n = 0;
     bool initialized ABSL_GUARDED_BY(mu) = false;

@@ -250,7 +250,12 @@ void Store::PullAsync(const WireMessage& req, absl::Time deadline, Cancelled can
                   {});
     }
     if (absl::Status s = CheckPullDtype((*key)->name, kd.dtype); !s.ok()) return done(s, {});
-    if (absl::Status s = (*key)->value->CheckPull(kd.ids); !s.ok()) return done(s, {});
+    absl::Status checked;
+    {
+      absl::MutexLock lock(&(*key)->mu);
+      checked = (*key)->value->CheckPull(kd.ids);
+    }
+    if (!checked.ok()) return done(checked, {});
     p->keys.push_back(*key);
     p->ids.push_back(kd.ids);
     p->min_version.push_back(kd.version);

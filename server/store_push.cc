@@ -135,6 +135,14 @@ absl::Status Store::Push(const WireMessage& req) {
       return absl::InvalidArgumentError(
           absl::StrCat("key '", k->name, "' appears twice in one push; send one gradient per key"));
     }
+    // Values are divided by the scale: its inverse must be finite too.
+    if (!std::isfinite(kd.scale) || kd.scale < 0 ||
+        (kd.scale != 0 && !std::isfinite(1.0f / kd.scale))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push to key '", k->name, "' has scale ", kd.scale,
+                       "; a scale is finite and positive, at least 3e-39 (0 stands for 1)"));
+    }
+    absl::MutexLock lock(&k->mu);
     if (kd.no_gradient) {
       if (absl::Status s = CheckNoGradient(k, kd); !s.ok()) return s;
     } else if (const int bpv = BytesPerValue(kd.dtype); bpv == 0) {
@@ -145,14 +153,6 @@ absl::Status Store::Push(const WireMessage& req) {
                !s.ok()) {
       return s;
     }
-    // Values are divided by the scale: its inverse must be finite too.
-    if (!std::isfinite(kd.scale) || kd.scale < 0 ||
-        (kd.scale != 0 && !std::isfinite(1.0f / kd.scale))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push to key '", k->name, "' has scale ", kd.scale,
-                       "; a scale is finite and positive, at least 3e-39 (0 stands for 1)"));
-    }
-    absl::MutexLock lock(&k->mu);
     if (absl::Status s = Pushable(k); !s.ok()) return s;
     for (int r : Pushers(req)) {
       if (!k->active[r]) {
@@ -266,8 +266,8 @@ absl::Status Store::AssignRows(const WireMessage& req) {
                                                    DTypeName(kd.dtype),
                                                    "; assigned rows travel as float32, unscaled"));
   }
-  if (absl::Status s = k->value->CheckPush(kd.ids, kd.data.size(), 4, kd.dtype); !s.ok()) return s;
   absl::MutexLock lock(&k->mu);
+  if (absl::Status s = k->value->CheckPush(kd.ids, kd.data.size(), 4, kd.dtype); !s.ok()) return s;
   if (absl::Status s = Pushable(k); !s.ok()) return s;
   // Once a gradient is in, the rows are being trained: a value set then
   // would differ between the workers that pulled before and after it.
