@@ -10,6 +10,10 @@ optimizer: ``opt.apply_gradients(zip(tape.gradient(loss, vars), vars))``
 after ``opt.build(vars)`` (which registers the variables with the servers,
 eagerly: rank 0's values become everyone's).
 
+``psrt.keras.DistributedGradientTape(tape)`` makes ``tape.gradient`` return
+the mean over the workers (sync), so that a clip in the loop after it clips
+what one process would.
+
 Embedding tables whose rows live on the servers (docs/sparse.md):
 
     emb = psrt.keras.layers.Embedding(vocab, 16, name="user", optimizer="adam", lr=1e-3)
