@@ -40,14 +40,7 @@ bool WaitFor(F done, absl::Duration timeout) {
 class AwsSourcesTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    // Per test and process: ctest runs the cases in parallel.
-    dir_ = absl::StrCat(::testing::TempDir(), "/aws_sources_test-",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
-                        getpid());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-    env_.Set("AWS_SHARED_CREDENTIALS_FILE", dir_ + "/credentials");
-    env_.Set("AWS_CONFIG_FILE", dir_ + "/config");
+    dir_ = env_.UseFilesIn("aws_sources_test");
     env_.Set("AWS_REGION", "us-east-1");
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }

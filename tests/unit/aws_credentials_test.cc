@@ -136,14 +136,7 @@ TEST(AwsCredentialParsingTest, ContainerUrlRules) {
 class AwsChainTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    // Per test and process: ctest runs the cases in parallel.
-    dir_ = absl::StrCat(::testing::TempDir(), "/aws_chain_test-",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
-                        getpid());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-    env_.Set("AWS_SHARED_CREDENTIALS_FILE", dir_ + "/credentials");
-    env_.Set("AWS_CONFIG_FILE", dir_ + "/config");
+    dir_ = env_.UseFilesIn("aws_chain_test");
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
   void Write(const std::string& name, const std::string& text) {

@@ -3,10 +3,15 @@
 #ifndef PSRT_TESTS_UNIT_AWS_ENV_H_
 #define PSRT_TESTS_UNIT_AWS_ENV_H_
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
+
+#include <gtest/gtest.h>
 
 namespace psrt {
 
@@ -38,6 +43,20 @@ class AwsTestEnv {
 
   void Set(const char* name, const std::string& value) { setenv(name, value.c_str(), 1); }
   void Unset(const char* name) { unsetenv(name); }
+
+  // A fresh directory for the running test's shared credentials and config
+  // files, which the chain is pointed at; per test and process, since
+  // ctest runs the cases in parallel. The caller removes it.
+  std::string UseFilesIn(const std::string& prefix) {
+    const std::string dir = ::testing::TempDir() + "/" + prefix + "-" +
+                            ::testing::UnitTest::GetInstance()->current_test_info()->name() +
+                            "-" + std::to_string(getpid());
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    Set("AWS_SHARED_CREDENTIALS_FILE", dir + "/credentials");
+    Set("AWS_CONFIG_FILE", dir + "/config");
+    return dir;
+  }
 
  private:
   static constexpr const char* kNames[] = {
