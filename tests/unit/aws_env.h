@@ -3,6 +3,7 @@
 #ifndef PSRT_TESTS_UNIT_AWS_ENV_H_
 #define PSRT_TESTS_UNIT_AWS_ENV_H_
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -10,8 +11,6 @@
 #include <map>
 #include <optional>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace psrt {
 
@@ -49,8 +48,8 @@ class AwsTestEnv {
   // ctest runs the cases in parallel. The caller removes it.
   std::string UseFilesIn(const std::string& prefix) {
     const std::string dir = ::testing::TempDir() + "/" + prefix + "-" +
-                            ::testing::UnitTest::GetInstance()->current_test_info()->name() +
-                            "-" + std::to_string(getpid());
+                            ::testing::UnitTest::GetInstance()->current_test_info()->name() + "-" +
+                            std::to_string(getpid());
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     Set("AWS_SHARED_CREDENTIALS_FILE", dir + "/credentials");
