@@ -6,9 +6,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/client.h"
+#include "worker/reducer.h"
 
 struct psrt_client {
+  explicit psrt_client(std::unique_ptr<psrt::Client> c)
+      : client(std::move(c)), reducer(client.get()) {}
   std::unique_ptr<psrt::Client> client;
+  psrt::Reducer reducer;
 };
 
 namespace {
@@ -112,7 +116,7 @@ psrt_client* psrt_connect_from_env(void) {
     return nullptr;
   }
   last_error.clear();
-  return new psrt_client{std::move(*client)};
+  return new psrt_client(std::move(*client));
 }
 
 void psrt_close(psrt_client* client) { delete client; }
@@ -229,6 +233,31 @@ int64_t psrt_pulled_version(psrt_client* c, const char* name) {
 int psrt_set_learning_rate(psrt_client* c, const char* variable, double lr) {
   if (c == nullptr) return Fail(absl::InvalidArgumentError("client is NULL"));
   return static_cast<int>(Result(c->client->SetLearningRate(lr, variable == nullptr ? "" : variable)));
+}
+
+int psrt_allreduce(psrt_client* c, int n, const char* const* names, const int64_t* sizes,
+                   const float* const* in, float* const* out, int* given, int op, int compression) {
+  if (absl::Status s = CheckArgs(c, n, names); !s.ok()) return Fail(s);
+  if (sizes == nullptr || in == nullptr || out == nullptr) {
+    return Fail(absl::InvalidArgumentError("psrt_allreduce: NULL sizes, inputs or outputs"));
+  }
+  if (op != PSRT_REDUCE_MEAN && op != PSRT_REDUCE_SUM) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("psrt_allreduce: op must be PSRT_REDUCE_MEAN or PSRT_REDUCE_SUM; got ", op)));
+  }
+  psrt::Compression push, pull;
+  if (absl::Status s = ToCompression(compression, PSRT_COMPRESSION_NONE, &push, &pull); !s.ok()) {
+    return Fail(s);
+  }
+  std::vector<psrt::ReduceRef> refs(n);
+  for (int i = 0; i < n; ++i) refs[i] = {names[i], sizes[i], in[i], out[i]};
+  const psrt::ReduceOp how = op == PSRT_REDUCE_SUM ? psrt::ReduceOp::kSum : psrt::ReduceOp::kMean;
+  if (absl::Status s = c->reducer.Reduce(absl::MakeSpan(refs), how, push); !s.ok()) return Fail(s);
+  if (given != nullptr) {
+    for (int i = 0; i < n; ++i) given[i] = refs[i].given ? 1 : 0;
+  }
+  last_error.clear();
+  return 0;
 }
 
 const char* psrt_last_error(void) { return last_error.c_str(); }

@@ -118,6 +118,22 @@ int psrt_wait(psrt_client* client, int64_t handle);
  * next); negative on error. */
 int64_t psrt_pulled_version(psrt_client* client, const char* name);
 
+/* How psrt_allreduce combines the workers' tensors. */
+enum { PSRT_REDUCE_MEAN = 0, PSRT_REDUCE_SUM = 1 };
+
+/* The workers' mean (a worker without the tensor counting as zeros, as
+ * under DDP) or sum of n float32 tensors of sizes[i] values each: the one
+ * rule behind every plugin's mean gradient, its collectives and the
+ * decisions the workers take together (worker/reducer.h). in[i] NULL says
+ * this worker has none this step; out[i] is host memory; given[i] (given may
+ * be NULL) becomes 1 where any worker had the tensor, else 0 with out[i]
+ * zeros. Blocks until every worker's share is in. Sync jobs only; a group is
+ * known by names[0] and is the same tensors each call; PSRT_REDUCE_SUM on
+ * averaging servers needs every worker each step. `compression` is how the
+ * shares travel (PSRT_COMPRESSION_*); the result comes back exact. */
+int psrt_allreduce(psrt_client* client, int n, const char* const* names, const int64_t* sizes,
+                   const float* const* in, float* const* out, int* given, int op, int compression);
+
 /* Sets the learning rate of `variable`, or of every variable when NULL. */
 int psrt_set_learning_rate(psrt_client* client, const char* variable, double lr);
 

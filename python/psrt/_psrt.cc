@@ -110,6 +110,26 @@ class Client {
     return Check(psrt_push_pull(client_, static_cast<int>(n.size()), n.data(), g.data(), o.data(), version));
   }
 
+  // The workers' mean or sum of float32 tensors (psrt_allreduce); returns,
+  // per tensor, whether any worker had one.
+  std::vector<bool> allreduce(const std::vector<std::string>& names, const std::vector<int64_t>& sizes,
+                              const std::vector<uintptr_t>& ins, const std::vector<uintptr_t>& outs, int op,
+                              int compression) {
+    std::vector<const char*> n = Names(names);
+    std::vector<const float*> in = Pointers<const float>(ins, names.size(), "allreduce");
+    std::vector<float*> out = Pointers<float>(outs, names.size(), "allreduce");
+    if (sizes.size() != names.size()) throw PsrtError("allreduce: one size per name is needed");
+    std::vector<int> given(names.size());
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = psrt_allreduce(client_, static_cast<int>(n.size()), n.data(), sizes.data(), in.data(), out.data(),
+                          given.data(), op, compression);
+    }
+    Check(rc);
+    return std::vector<bool>(given.begin(), given.end());
+  }
+
   int64_t push(const std::vector<std::string>& names, const std::vector<uintptr_t>& grads, int64_t version) {
     std::vector<const char*> n = Names(names);
     std::vector<const float*> g = Pointers<const float>(grads, names.size(), "push");
@@ -200,6 +220,7 @@ PYBIND11_MODULE(_psrt, m) {
            py::arg("data"), py::arg("optimizer"), py::arg("push_compression") = 0,
            py::arg("pull_compression") = 0)
       .def("push_pull", &Client::push_pull)
+      .def("allreduce", &Client::allreduce)
       .def("push", &Client::push)
       .def("pull", &Client::pull)
       .def("register_table", &Client::register_table, py::arg("name"), py::arg("dim"),

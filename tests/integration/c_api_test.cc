@@ -27,6 +27,40 @@ int failures = 0;
     }                                                                        \
   } while (0)
 
+// psrt_allreduce over the job's 2 workers (servers that average): "a" from
+// both, "b" from rank 1 only (rank 0 counts as zeros), "c" from neither; the
+// group spans several keys (2,000 floats, 4 KiB partitions).
+void CheckAllreduce(psrt_client* c, int rank) {
+  constexpr int kA = 2000;
+  std::vector<float> a(kA), b(3, 4.f), c_in(2, 9.f), a_out(kA, -1.f), b_out(3, -1.f), c_out(2, -1.f);
+  for (int i = 0; i < kA; ++i) a[i] = (rank + 1.f) * i;
+  const char* names[3] = {"a", "b", "c"};
+  const int64_t sizes[3] = {kA, 3, 2};
+  const float* in[3] = {a.data(), rank == 1 ? b.data() : nullptr, nullptr};
+  float* out[3] = {a_out.data(), b_out.data(), c_out.data()};
+  int given[3] = {-1, -1, -1};
+  for (int op : {PSRT_REDUCE_MEAN, PSRT_REDUCE_SUM}) {
+    const float factor = op == PSRT_REDUCE_MEAN ? 1.f : 2.f;  // the sum is twice the mean
+    CHECK_OR_COUNT(psrt_allreduce(c, 3, names, sizes, in, out, given, op, PSRT_COMPRESSION_NONE) == 0,
+                   "allreduce op %d", op);
+    for (int i = 0; i < kA; ++i) {
+      CHECK_OR_COUNT(a_out[i] == 1.5f * i * factor, "a[%d] = %g (op %d)", i, a_out[i], op);
+    }
+    for (float v : b_out) CHECK_OR_COUNT(v == 2.f * factor, "b = %g (op %d)", v, op);
+    for (float v : c_out) CHECK_OR_COUNT(v == 0.f, "c = %g where no worker gave one", v);
+    CHECK_OR_COUNT(given[0] == 1 && given[1] == 1 && given[2] == 0, "given %d %d %d", given[0],
+                   given[1], given[2]);
+  }
+  // A group is the same tensors each time: a changed one is refused and
+  // leaves the outputs alone.
+  a_out[0] = -7.f;
+  CHECK_OR_COUNT(psrt_allreduce(c, 2, names, sizes, in, out, given, PSRT_REDUCE_MEAN, 0) == -3,
+                 "a changed group accepted");
+  CHECK_OR_COUNT(std::strstr(psrt_last_error(), "had 3 tensors and now has 2") != nullptr, "message");
+  CHECK_OR_COUNT(a_out[0] == -7.f, "a refused reduction wrote its output");
+  CHECK_OR_COUNT(psrt_allreduce(c, 1, names, sizes, in, out, given, 5, 0) == -3, "op 5 accepted");
+}
+
 // The training process: returns its exit code.
 int Train() {
   psrt_client* c = psrt_connect_from_env();
@@ -83,6 +117,7 @@ int Train() {
   for (int i = 0; i < kN; ++i) {
     CHECK_OR_COUNT(w[i] == i * 0.25f - 0.75f - 0.375f, "w[%d] = %g after step 1", i, w[i]);
   }
+  CheckAllreduce(c, rank);
   psrt_close(c);
   std::fprintf(stderr, "c_api_test rank %d: %d failed checks\n", rank, failures);
   return failures == 0 ? 0 : 1;

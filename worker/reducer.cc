@@ -1,0 +1,130 @@
+#include "worker/reducer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace psrt {
+
+namespace {
+
+constexpr char kTensorSuffix[] = "@reduce";
+constexpr char kGroupSuffix[] = "@given";
+
+}  // namespace
+
+absl::Status Reducer::Check(absl::Span<const ReduceRef> tensors, ReduceOp op) const {
+  if (!client_->sync()) {
+    return absl::FailedPreconditionError(
+        "a reduction over the workers is a sync step's; this job's mode has none (each "
+        "worker's push is applied alone)");
+  }
+  if (tensors.empty()) return absl::InvalidArgumentError("a reduction needs at least one tensor");
+  absl::flat_hash_set<std::string> names;
+  for (const ReduceRef& t : tensors) {
+    if (t.name.empty() || t.size <= 0 || t.out == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("reduction of '", t.name,
+                                                     "': a tensor needs a name, a size > 0 (got ",
+                                                     t.size, ") and an output buffer"));
+    }
+    if (!names.insert(t.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name, "' appears twice in one reduction"));
+    }
+  }
+  if (op == ReduceOp::kSum && client_->averages()) {
+    // The servers' mean times the workers is the sum only if every worker
+    // pushed.
+    if (absl::Status s = client_->EveryWorkerEachStep(); !s.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("a sum over the workers needs every worker each step: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Reducer::Register(const std::string& key, int64_t size, Compression compression) {
+  if (steps_.contains(key)) return absl::OkStatus();
+  std::vector<float> value(size, 0.0f);
+  if (absl::Status s = client_->RegisterVariable(key, {size}, value.data(),
+                                                 DefaultOptimizer(OptimizerKind::kAssign, 0.0),
+                                                 compression, Compression::kNone);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<int64_t> version = client_->PulledVersion(key);
+  if (!version.ok()) return version.status();
+  steps_[key] = *version;
+  return absl::OkStatus();
+}
+
+absl::Status Reducer::Reduce(absl::Span<ReduceRef> tensors, ReduceOp op, Compression compression) {
+  if (absl::Status s = Check(tensors, op); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  const size_t n = tensors.size();
+  const std::string group = tensors[0].name + kGroupSuffix;
+  if (auto it = groups_.find(group); it != groups_.end() && it->second != n) {
+    return absl::InvalidArgumentError(absl::StrCat("the reduction group of '", tensors[0].name,
+                                                   "' had ", it->second, " tensors and now has ", n,
+                                                   "; a group is the same tensors each time"));
+  }
+  std::vector<std::string> keys;
+  keys.reserve(n + 1);
+  for (const ReduceRef& t : tensors) {
+    keys.push_back(t.name + kTensorSuffix);
+    if (absl::Status s = Register(keys.back(), t.size, compression); !s.ok()) return s;
+  }
+  keys.push_back(group);
+  if (absl::Status s = Register(group, static_cast<int64_t>(n) + 1, Compression::kNone); !s.ok()) {
+    return s;
+  }
+  groups_[group] = n;
+
+  // The group's flags: which tensors this worker has, and a 1 whose
+  // aggregate on summing servers is the number of workers that pushed.
+  flags_in_.assign(n + 1, 1.0f);
+  flags_out_.assign(n + 1, 0.0f);
+  std::vector<TensorRef> refs;
+  refs.reserve(n + 1);
+  int64_t version = steps_[group];
+  for (size_t i = 0; i < n; ++i) {
+    flags_in_[i] = tensors[i].in != nullptr ? 1.0f : 0.0f;
+    refs.push_back({keys[i], tensors[i].in, tensors[i].out});
+    version = std::min(version, steps_[keys[i]]);
+  }
+  refs.push_back({group, flags_in_.data(), flags_out_.data()});
+  if (absl::Status s = client_->Wait(client_->PushPull(std::move(refs), version)); !s.ok()) {
+    return s;
+  }
+  for (const std::string& key : keys) {
+    absl::StatusOr<int64_t> next = client_->PulledVersion(key);
+    if (!next.ok()) return next.status();
+    steps_[key] = *next;
+  }
+
+  const bool averages = client_->averages();
+  const float pushers = std::round(flags_out_[n]);
+  if (!averages && pushers < 1) {
+    return absl::InternalError(absl::StrCat("the reduction group of '", tensors[0].name,
+                                            "' came back with no worker's push in it"));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    ReduceRef& t = tensors[i];
+    t.given = flags_out_[i] > 0;
+    float* out = t.out;
+    if (!t.given) {
+      // The key kept its last value (a step without gradients).
+      std::fill(out, out + t.size, 0.0f);
+    } else if (!averages && op == ReduceOp::kMean) {
+      for (int64_t j = 0; j < t.size; ++j) out[j] /= pushers;
+    } else if (averages && op == ReduceOp::kSum) {
+      const float workers = static_cast<float>(client_->num_workers());
+      for (int64_t j = 0; j < t.size; ++j) out[j] *= workers;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace psrt
