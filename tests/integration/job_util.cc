@@ -3,9 +3,13 @@
 #include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -115,6 +119,35 @@ int Leftovers(const std::string& token) {
     absl::SleepFor(absl::Milliseconds(100));
   for (pid_t p : left) kill(p, SIGKILL);
   return static_cast<int>(left.size());
+}
+
+std::string SharedResult(const std::string& key, const std::function<std::string()>& make) {
+  std::string identity = key;
+  for (const char* program :
+       {"psrt-run", "psrt-coordinator", "psrt-server", "psrt-worker", "psrt-example-linreg"}) {
+    const std::string path = absl::StrCat(kBin, "/", program);
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0) return make();  // not a build we can name: no sharing
+    absl::StrAppend(&identity, "\n", path, " ", st.st_size, " ", st.st_mtim.tv_sec, ".",
+                    st.st_mtim.tv_nsec);
+  }
+  const std::string dir = "/tmp/psrt-shared-results";
+  mkdir(dir.c_str(), 0755);
+  const std::string path =
+      absl::StrCat(dir, "/", std::hash<std::string>()(identity), "-", identity.size());
+  // The identity is kept beside the result, so a hash collision is seen.
+  std::string kept = ReadFile(path);
+  const size_t end = kept.find('\0');
+  if (end != std::string::npos && kept.compare(0, end, identity) == 0) return kept.substr(end + 1);
+  const std::string made = make();
+  if (made.empty()) return made;
+  // Written aside and renamed: cases running at once each see a whole file.
+  const std::string part = absl::StrCat(path, ".", getpid());
+  std::ofstream out(part, std::ios::binary);
+  out << identity << '\0' << made;
+  out.close();
+  if (!out || std::rename(part.c_str(), path.c_str()) != 0) std::remove(part.c_str());
+  return made;
 }
 
 }  // namespace psrt

@@ -45,6 +45,15 @@ pid_t ServerProcess(const std::string& token, int index);
 // returns those that are not.
 int Leftovers(const std::string& token);
 
+// What `make` returns (a job's result file, e.g. the weights of a job run
+// without failures, which several cases compare with), made once per build
+// of the programs: ctest runs each case in a process of its own, so the
+// result is kept under /tmp, named by `key` (what `make` runs: its flags) and
+// by the size and modification time of psrt-run, the daemons and the example
+// trainer, and made again whenever one of them changes. `make` returns ""
+// when it failed (and says so); that is not kept.
+std::string SharedResult(const std::string& key, const std::function<std::string()>& make);
+
 }  // namespace psrt
 
 #endif  // PSRT_TESTS_INTEGRATION_JOB_UTIL_H_

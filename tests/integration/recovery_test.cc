@@ -46,16 +46,18 @@ Proc StartJob(const std::string& dist, const std::string& token, const std::stri
       dir + "/log");
 }
 
-// Rank 0's final weights of the same job run without any failure.
-const std::string& UninterruptedWeights() {
-  static const std::string* weights = [] {
+// Rank 0's final weights of the same job run without any failure: one job
+// per build that every case compares with.
+std::string UninterruptedWeights() {
+  static constexpr char kPlain[] =
+      R"({"parameter_server":{"enabled":true,"partition_bytes":4096}})";
+  return SharedResult(absl::StrCat("recovery_test ", kPlain, " ", kTrainer, " ", kSteps), [] {
     const std::string dir = TempDir();
-    Proc run = StartJob(R"({"parameter_server":{"enabled":true,"partition_bytes":4096}})",
-                        RandomToken(), dir);
-    EXPECT_EQ(run.Wait(absl::Seconds(120), "the uninterrupted job"), 0) << run.Output();
-    return new std::string(ReadFile(dir + "/r.rank0.weights"));
-  }();
-  return *weights;
+    Proc run = StartJob(kPlain, RandomToken(), dir);
+    const int code = run.Wait(absl::Seconds(120), "the uninterrupted job");
+    EXPECT_EQ(code, 0) << run.Output();
+    return code == 0 ? ReadFile(dir + "/r.rank0.weights") : std::string();
+  });
 }
 
 // How long psrt-run may take to exit once both ranks printed their final

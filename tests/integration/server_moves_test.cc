@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
-#include <map>
 #include <regex>
 #include <string>
 
@@ -47,16 +46,18 @@ Proc StartJob(const std::string& dist, const std::string& token, const std::stri
 }
 
 // Rank 0's final weights (and table rows) of the same training with the
-// servers it starts with, none joining or leaving.
-const std::string& UninterruptedWeights(const std::string& trainer = "") {
-  static auto* weights = new std::map<std::string, std::string>;
-  if (weights->count(trainer) == 0) {
-    const std::string dir = TempDir();
-    Proc run = StartJob(Distribution(""), RandomToken(), dir, kSteps, trainer);
-    EXPECT_EQ(run.Wait(absl::Seconds(120), "the uninterrupted job"), 0) << run.Output();
-    (*weights)[trainer] = ReadFile(dir + "/r.rank0.weights");
-  }
-  return weights->at(trainer);
+// servers it starts with, none joining or leaving: one job per build that
+// every case compares with.
+std::string UninterruptedWeights(const std::string& trainer = "") {
+  return SharedResult(
+      absl::StrCat("server_moves_test ", Distribution(""), " ", kTrainer, trainer, " ", kSteps),
+      [&] {
+        const std::string dir = TempDir();
+        Proc run = StartJob(Distribution(""), RandomToken(), dir, kSteps, trainer);
+        const int code = run.Wait(absl::Seconds(120), "the uninterrupted job");
+        EXPECT_EQ(code, 0) << run.Output();
+        return code == 0 ? ReadFile(dir + "/r.rank0.weights") : std::string();
+      });
 }
 
 // Rank 0's final weights in `dir` are the uninterrupted run's; `out`: the
