@@ -236,7 +236,8 @@ int psrt_set_learning_rate(psrt_client* c, const char* variable, double lr) {
 }
 
 int psrt_allreduce(psrt_client* c, int n, const char* const* names, const int64_t* sizes,
-                   const float* const* in, float* const* out, int* given, int op, int compression) {
+                   const float* const* in, float* const* out, int* given, int op, int compression,
+                   int* factor) {
   if (absl::Status s = CheckArgs(c, n, names); !s.ok()) return Fail(s);
   if (sizes == nullptr || in == nullptr || out == nullptr) {
     return Fail(absl::InvalidArgumentError("psrt_allreduce: NULL sizes, inputs or outputs"));
@@ -252,7 +253,8 @@ int psrt_allreduce(psrt_client* c, int n, const char* const* names, const int64_
   std::vector<psrt::ReduceRef> refs(n);
   for (int i = 0; i < n; ++i) refs[i] = {names[i], sizes[i], in[i], out[i]};
   const psrt::ReduceOp how = op == PSRT_REDUCE_SUM ? psrt::ReduceOp::kSum : psrt::ReduceOp::kMean;
-  if (absl::Status s = c->reducer.Reduce(absl::MakeSpan(refs), how, push); !s.ok()) return Fail(s);
+  if (absl::Status s = c->reducer.Reduce(absl::MakeSpan(refs), how, push, factor);
+      !s.ok()) return Fail(s);
   if (given != nullptr) {
     for (int i = 0; i < n; ++i) given[i] = refs[i].given ? 1 : 0;
   }

@@ -127,12 +127,15 @@ enum { PSRT_REDUCE_MEAN = 0, PSRT_REDUCE_SUM = 1 };
  * decisions the workers take together (worker/reducer.h). in[i] NULL says
  * this worker has none this step; out[i] is host memory; given[i] (given may
  * be NULL) becomes 1 where any worker had the tensor, else 0 with out[i]
- * zeros. Blocks until every worker's share is in. Sync jobs only; a group is
- * known by names[0] and is the same tensors each call; PSRT_REDUCE_SUM on
+ * zeros. Blocks until every worker's share is in. Sync jobs only; every
+ * worker makes the same calls in the same order; PSRT_REDUCE_SUM on
  * averaging servers needs every worker each step. `compression` is how the
- * shares travel (PSRT_COMPRESSION_*); the result comes back exact. */
+ * shares travel (PSRT_COMPRESSION_*); the result comes back exact. *factor
+ * (may be NULL) becomes the servers' aggregate over the workers' mean: 1
+ * where they average, the number of workers that pushed where they sum. */
 int psrt_allreduce(psrt_client* client, int n, const char* const* names, const int64_t* sizes,
-                   const float* const* in, float* const* out, int* given, int op, int compression);
+                   const float* const* in, float* const* out, int* given, int op, int compression,
+                   int* factor);
 
 /* Sets the learning rate of `variable`, or of every variable when NULL. */
 int psrt_set_learning_rate(psrt_client* client, const char* variable, double lr);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -60,44 +61,54 @@ absl::Status Reducer::Register(const std::string& key, int64_t size, Compression
   return absl::OkStatus();
 }
 
-absl::Status Reducer::Reduce(absl::Span<ReduceRef> tensors, ReduceOp op, Compression compression) {
+// The flags key of a set of tensors: its first name, and a hash of all
+// (FNV-1a, the same in every process) where there are several, so that any
+// set the workers reduce together has one.
+std::string GroupKey(absl::Span<const ReduceRef> tensors) {
+  if (tensors.size() == 1) return tensors[0].name + kGroupSuffix;
+  uint64_t h = 14695981039346656037ull;
+  for (const ReduceRef& t : tensors) {
+    for (const char c : t.name + '\0') h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  }
+  return absl::StrCat(tensors[0].name, kGroupSuffix, "/", tensors.size(), "/", absl::Hex(h));
+}
+
+absl::Status Reducer::Reduce(absl::Span<ReduceRef> tensors, ReduceOp op, Compression compression,
+                             int* factor) {
   if (absl::Status s = Check(tensors, op); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   const size_t n = tensors.size();
-  const std::string group = tensors[0].name + kGroupSuffix;
-  if (auto it = groups_.find(group); it != groups_.end() && it->second != n) {
-    return absl::InvalidArgumentError(absl::StrCat("the reduction group of '", tensors[0].name,
-                                                   "' had ", it->second, " tensors and now has ", n,
-                                                   "; a group is the same tensors each time"));
-  }
   std::vector<std::string> keys;
   keys.reserve(n + 1);
   for (const ReduceRef& t : tensors) {
     keys.push_back(t.name + kTensorSuffix);
     if (absl::Status s = Register(keys.back(), t.size, compression); !s.ok()) return s;
   }
-  keys.push_back(group);
-  if (absl::Status s = Register(group, static_cast<int64_t>(n) + 1, Compression::kNone); !s.ok()) {
+  keys.push_back(GroupKey(tensors));
+  if (absl::Status s = Register(keys.back(), static_cast<int64_t>(n) + 1, Compression::kNone);
+      !s.ok()) {
     return s;
   }
-  groups_[group] = n;
 
-  // The group's flags: which tensors this worker has, and a 1 whose
-  // aggregate on summing servers is the number of workers that pushed.
+  // The set's flags: which tensors this worker has, and a 1 whose aggregate
+  // on summing servers is the number of workers that pushed.
   flags_in_.assign(n + 1, 1.0f);
   flags_out_.assign(n + 1, 0.0f);
-  std::vector<TensorRef> refs;
-  refs.reserve(n + 1);
-  int64_t version = steps_[group];
+  // Keys reduced in other sets before may be at other versions: one
+  // push-pull per version, all in flight at once.
+  std::map<int64_t, std::vector<TensorRef>> by_version;
   for (size_t i = 0; i < n; ++i) {
     flags_in_[i] = tensors[i].in != nullptr ? 1.0f : 0.0f;
-    refs.push_back({keys[i], tensors[i].in, tensors[i].out});
-    version = std::min(version, steps_[keys[i]]);
+    by_version[steps_[keys[i]]].push_back({keys[i], tensors[i].in, tensors[i].out});
   }
-  refs.push_back({group, flags_in_.data(), flags_out_.data()});
-  if (absl::Status s = client_->Wait(client_->PushPull(std::move(refs), version)); !s.ok()) {
-    return s;
+  by_version[steps_[keys[n]]].push_back({keys[n], flags_in_.data(), flags_out_.data()});
+  std::vector<Client::Handle> handles;
+  for (auto& [version, refs] : by_version) {
+    handles.push_back(client_->PushPull(std::move(refs), version));
   }
+  absl::Status status;
+  for (Client::Handle h : handles) status.Update(client_->Wait(h));
+  if (!status.ok()) return status;
   for (const std::string& key : keys) {
     absl::StatusOr<int64_t> next = client_->PulledVersion(key);
     if (!next.ok()) return next.status();
@@ -110,6 +121,7 @@ absl::Status Reducer::Reduce(absl::Span<ReduceRef> tensors, ReduceOp op, Compres
     return absl::InternalError(absl::StrCat("the reduction group of '", tensors[0].name,
                                             "' came back with no worker's push in it"));
   }
+  if (factor != nullptr) *factor = averages ? 1 : static_cast<int>(pushers);
   for (size_t i = 0; i < n; ++i) {
     ReduceRef& t = tensors[i];
     t.given = flags_out_[i] > 0;

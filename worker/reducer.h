@@ -7,11 +7,11 @@
 // and behind the collectives and the decisions the workers take together.
 //
 // It goes through keys of kind assign on the servers, registered at first
-// use: "<name>@reduce" per tensor and "<first name>@given" per group, whose
-// value says which tensors any worker had and, on servers that sum, how many
-// workers pushed. Every worker pushes its share for the key's next version,
-// the servers aggregate once every worker's push is in, and every worker
-// pulls the same bytes, in one round trip per server.
+// use: "<name>@reduce" per tensor and "<first name>@given..." per set of
+// tensors reduced together, whose value says which tensors any worker had
+// and, on servers that sum, how many workers pushed. Every worker pushes its share for the key's
+// next version, the servers aggregate once every worker's push is in, and every worker pulls the
+// same bytes, in one round trip per server.
 //
 //   psrt::Reducer reducer(client.get());
 //   std::vector<psrt::ReduceRef> t = {{"w", w_grad.size(), w_grad.data(), mean.data()}};
@@ -53,12 +53,15 @@ class Reducer {
 
   // Fills every `out` with the workers' aggregate and `given` with whether
   // any worker had the tensor; blocks until every worker's share is in (the
-  // pull's deadline). Sync jobs only. A group is known by its first name and
-  // is the same tensors (names, sizes, order) each time. kSum on servers that
+  // pull's deadline). Sync jobs only; every worker reduces the same tensors
+  // (names, sizes, order) in the same order of calls. kSum on servers that
   // average needs every worker in each step (Client::EveryWorkerEachStep).
   // `compression` is how the shares travel (the result comes back exact).
+  // `factor` (optional) receives the servers' aggregate over the workers'
+  // mean this step: 1 where they average, the number of workers that pushed
+  // where they sum (backup workers and elastic membership make it vary).
   absl::Status Reduce(absl::Span<ReduceRef> tensors, ReduceOp op,
-                      Compression compression = Compression::kNone);
+                      Compression compression = Compression::kNone, int* factor = nullptr);
 
  private:
   absl::Status Check(absl::Span<const ReduceRef> tensors, ReduceOp op) const;
@@ -71,8 +74,6 @@ class Reducer {
   absl::Mutex mu_;
   // Key -> the version its next push is for.
   absl::flat_hash_map<std::string, int64_t> steps_ ABSL_GUARDED_BY(mu_);
-  // Group key -> its number of tensors.
-  absl::flat_hash_map<std::string, size_t> groups_ ABSL_GUARDED_BY(mu_);
   std::vector<float> flags_in_ ABSL_GUARDED_BY(mu_), flags_out_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -9,6 +9,27 @@ import psrt
 from psrt import _job
 
 
+MEAN, SUM = 0, 1  # psrt_allreduce's ops
+
+
+def allreduce(client, names, values, shapes, op=MEAN, compression=psrt.Compression.none):
+    """The workers' mean (or sum) of float32 arrays of the given shapes, a
+    None among `values` saying this worker has none this step (it counts as
+    zeros): psrt_allreduce (worker/reducer.h), the rule every plugin shares.
+    Returns the results, None where no worker had one, and the servers'
+    aggregate over the mean (1 where they average, the number of workers that
+    pushed where they sum)."""
+    ins = [None if v is None else np.ascontiguousarray(v, np.float32).reshape(-1) for v in values]
+    outs = [np.empty(shape, np.float32) for shape in shapes]
+    for name, v, o in zip(names, ins, outs):
+        if v is not None and v.size != o.size:
+            raise psrt.PsrtError("'%s' has %d values; its reduction takes %d" % (name, v.size, o.size))
+    given, factor = client.allreduce(list(names), [o.size for o in outs],
+                                     [0 if v is None else v.ctypes.data for v in ins],
+                                     [o.ctypes.data for o in outs], op, compression.value)
+    return [o if g else None for o, g in zip(outs, given)], factor
+
+
 def unique_names(names):
     """`names`, made unique by suffixes where they repeat."""
     seen, out = {}, []
@@ -44,22 +65,16 @@ class HostVariables:
         return name in self._out
 
     @property
+    def compression(self):
+        return self._compression
+
+    @property
     def step(self):
         """The step the next push is for (the least over the variables)."""
         return min(self._steps.values()) if self._steps else 0
 
     def set_learning_rate(self, lr):
         self._rates.set(lr)
-
-    def agree(self, name, value):
-        """The servers' aggregate of every worker's `value` (sync: their
-        mean, or their sum under gradient_aggregation "sum"), through an
-        assign key registered at first use: how the workers decide something
-        together. Exact: no compression."""
-        value = np.asarray(value, np.float32)
-        if not self.registered(name):
-            self.register(name, np.zeros_like(value), {"name": "assign", "lr": 0.0}, psrt.Compression.none)
-        return self.push_pull([name], [value])[0]
 
     def _step_of(self, names):
         """The step a push of `names` is for: the least of theirs. A worker

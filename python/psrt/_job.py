@@ -1,7 +1,7 @@
 """What every plugin does with the job's other workers: the step a push is
-for, the learning rates the servers follow, and the factor between what the
-servers aggregate and the workers' mean. The plugins' own modules keep only
-what their framework needs."""
+for and the learning rates the servers follow (the mean over the workers is
+psrt_allreduce's, _host.allreduce). The plugins' own modules keep only what
+their framework needs."""
 
 
 def first_step(client, name):
@@ -16,15 +16,6 @@ def next_step(client, name, step):
     """The step of a variable's next push after one for `step`: sync, the
     version its pull returned (the servers' step); otherwise one on."""
     return client.pulled_version(name) if client.is_sync() else step + 1
-
-
-def aggregation(client, count):
-    """1 where the servers average a sync step's pushes (the job's
-    gradient_aggregation "mean", which the job's settings say); else the
-    number of pushes they sum, from `count()`: each worker pushes 1 to a key
-    the servers aggregate the same way, which counts the workers that took
-    part in that step (backup workers and elastic membership make it vary)."""
-    return 1.0 if client.averages() else float(count())
 
 
 class LearningRates:

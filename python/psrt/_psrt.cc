@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "worker/c_api.h"
@@ -111,8 +112,9 @@ class Client {
   }
 
   // The workers' mean or sum of float32 tensors (psrt_allreduce); returns,
-  // per tensor, whether any worker had one.
-  std::vector<bool> allreduce(const std::vector<std::string>& names, const std::vector<int64_t>& sizes,
+  // per tensor, whether any worker had one, and the servers' aggregate over
+  // the mean.
+  std::pair<std::vector<bool>, int> allreduce(const std::vector<std::string>& names, const std::vector<int64_t>& sizes,
                               const std::vector<uintptr_t>& ins, const std::vector<uintptr_t>& outs, int op,
                               int compression) {
     std::vector<const char*> n = Names(names);
@@ -120,14 +122,14 @@ class Client {
     std::vector<float*> out = Pointers<float>(outs, names.size(), "allreduce");
     if (sizes.size() != names.size()) throw PsrtError("allreduce: one size per name is needed");
     std::vector<int> given(names.size());
-    int rc;
+    int factor = 1, rc;
     {
       py::gil_scoped_release release;
       rc = psrt_allreduce(client_, static_cast<int>(n.size()), n.data(), sizes.data(), in.data(), out.data(),
-                          given.data(), op, compression);
+                          given.data(), op, compression, &factor);
     }
     Check(rc);
-    return std::vector<bool>(given.begin(), given.end());
+    return {std::vector<bool>(given.begin(), given.end()), factor};
   }
 
   int64_t push(const std::vector<std::string>& names, const std::vector<uintptr_t>& grads, int64_t version) {

@@ -41,8 +41,11 @@ void CheckAllreduce(psrt_client* c, int rank) {
   int given[3] = {-1, -1, -1};
   for (int op : {PSRT_REDUCE_MEAN, PSRT_REDUCE_SUM}) {
     const float factor = op == PSRT_REDUCE_MEAN ? 1.f : 2.f;  // the sum is twice the mean
-    CHECK_OR_COUNT(psrt_allreduce(c, 3, names, sizes, in, out, given, op, PSRT_COMPRESSION_NONE) == 0,
+    int servers_factor = -1;
+    CHECK_OR_COUNT(psrt_allreduce(c, 3, names, sizes, in, out, given, op, PSRT_COMPRESSION_NONE,
+                                  &servers_factor) == 0,
                    "allreduce op %d", op);
+    CHECK_OR_COUNT(servers_factor == 1, "factor %d on servers that average", servers_factor);
     for (int i = 0; i < kA; ++i) {
       CHECK_OR_COUNT(a_out[i] == 1.5f * i * factor, "a[%d] = %g (op %d)", i, a_out[i], op);
     }
@@ -51,14 +54,25 @@ void CheckAllreduce(psrt_client* c, int rank) {
     CHECK_OR_COUNT(given[0] == 1 && given[1] == 1 && given[2] == 0, "given %d %d %d", given[0],
                    given[1], given[2]);
   }
-  // A group is the same tensors each time: a changed one is refused and
-  // leaves the outputs alone.
+  // Another set with some of the same tensors: "b" alone, whose key is a
+  // step ahead of "a"'s now.
+  for (int round = 0; round < 2; ++round) {
+    CHECK_OR_COUNT(psrt_allreduce(c, 1, names + 1, sizes + 1, in + 1, out + 1, given, PSRT_REDUCE_MEAN,
+                                  PSRT_COMPRESSION_NONE, nullptr) == 0, "b alone");
+    for (float v : b_out) CHECK_OR_COUNT(v == 2.f, "b alone = %g", v);
+  }
+  CHECK_OR_COUNT(psrt_allreduce(c, 3, names, sizes, in, out, given, PSRT_REDUCE_MEAN, PSRT_COMPRESSION_NONE,
+                                nullptr) == 0, "the three again");
+  CHECK_OR_COUNT(a_out[kA - 1] == 1.5f * (kA - 1) && b_out[0] == 2.f, "the three again: %g %g",
+                 a_out[kA - 1], b_out[0]);
+  // A refused call leaves the outputs alone.
   a_out[0] = -7.f;
-  CHECK_OR_COUNT(psrt_allreduce(c, 2, names, sizes, in, out, given, PSRT_REDUCE_MEAN, 0) == -3,
-                 "a changed group accepted");
-  CHECK_OR_COUNT(std::strstr(psrt_last_error(), "had 3 tensors and now has 2") != nullptr, "message");
+  const int64_t bad_sizes[3] = {kA, 0, 2};
+  CHECK_OR_COUNT(psrt_allreduce(c, 3, names, bad_sizes, in, out, given, PSRT_REDUCE_MEAN, 0, nullptr) == -3,
+                 "a size of 0 accepted");
+  CHECK_OR_COUNT(std::strstr(psrt_last_error(), "a size > 0") != nullptr, "message");
   CHECK_OR_COUNT(a_out[0] == -7.f, "a refused reduction wrote its output");
-  CHECK_OR_COUNT(psrt_allreduce(c, 1, names, sizes, in, out, given, 5, 0) == -3, "op 5 accepted");
+  CHECK_OR_COUNT(psrt_allreduce(c, 1, names, sizes, in, out, given, 5, 0, nullptr) == -3, "op 5 accepted");
 }
 
 // The training process: returns its exit code.

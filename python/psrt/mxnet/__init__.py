@@ -272,7 +272,6 @@ class Psrt(mx.kvstore.KVStore):
         self._names = {}    # dense key -> its server variable
         self._configs = {}  # dense key -> the optimizer its variable has
         self._generation = {}  # dense key -> how often set_optimizer moved it
-        self._clip_names = {}  # dense key -> its plain twin, for clip_gradient in sync mode
         self._pushed = set()   # dense keys ever pushed
         self._aux = {}         # key -> arrays Gluon broadcasts without a gradient (a plain key)
         self._aux_names = None  # key -> its variable, for those averaged; decided once
@@ -522,7 +521,7 @@ class Psrt(mx.kvstore.KVStore):
                 self._client.every_worker_each_step()
             except psrt.PsrtError as e:
                 raise psrt.PsrtError("psrt kvstore: _barrier() waits for every worker: %s" % e) from None
-            self._vars.agree(self._name(".barrier"), np.zeros(1, np.float32))
+            _host.allreduce(self._client, [self._name(".barrier")], [np.zeros(1)], [(1,)])
 
     def _send_command_to_servers(self, head, body):
         raise psrt.PsrtError("psrt kvstore: psrt's servers take no MXNet server commands")
@@ -626,7 +625,6 @@ class Psrt(mx.kvstore.KVStore):
         name = "%s#%d" % (self._name(key), self._generation[key])
         self._vars.register(name, value, config)
         self._registered(key, name, config, value)
-        self._clip_names.pop(key, None)
 
     def _registered(self, key, name, config, value):
         self._names[key], self._configs[key] = name, config
@@ -704,10 +702,12 @@ class Psrt(mx.kvstore.KVStore):
         if opt.clip_gradient is not None:
             clip = float(opt.clip_gradient)
             if self._client.is_sync():
-                twins = [self._clip_twin(keys[i], grads[i]) for i in idx]
-                for i, total in zip(idx, self._vars.push_pull(twins, [grads[i] for i in idx])):
+                # The servers' aggregate, as they would apply it.
+                op = _host.MEAN if self._client.averages() else _host.SUM
+                totals, divide = _host.allreduce(self._client, [self._names[keys[i]] for i in idx],
+                                                 [grads[i] for i in idx], [grads[i].shape for i in idx], op)
+                for i, total in zip(idx, totals):
                     grads[i] = np.clip(total, -clip, clip)
-                divide = self._aggregation()
             else:
                 for i in idx:
                     grads[i] = np.clip(grads[i], -clip, clip)
@@ -725,21 +725,12 @@ class Psrt(mx.kvstore.KVStore):
                 grads[i] = grads[i] / np.float32(divide)
         return grads
 
-    def _clip_twin(self, key, like):
-        name = self._clip_names.get(key)
-        if name is None:
-            name = self._names[key] + "/aggregate"
-            self._vars.register(name, np.zeros_like(like), _ASSIGN)
-            self._clip_names[key] = name
-        return name
-
     def _aggregation(self):
         """1 if the servers average a sync step's pushes, the number of
         workers if they sum them (the job's gradient_aggregation); counted
         once, with every worker, where they sum."""
         if self._factor is None:
-            self._factor = _job.aggregation(
-                self._client, lambda: self._vars.agree(self._name(".aggregation"), np.ones(1, np.float32))[0])
+            _, self._factor = _host.allreduce(self._client, [self._name(".aggregation")], [np.ones(1)], [(1,)])
         return self._factor
 
     def _average_aux(self):
@@ -758,7 +749,8 @@ class Psrt(mx.kvstore.KVStore):
             changed = np.array([float(not np.array_equal(self._aux[k][0].asnumpy().reshape(-1),
                                                          start[k].reshape(-1))) for k in candidates],
                                dtype=np.float32)
-            changed = self._vars.agree(self._name(".aux_changed"), changed)
+            (changed,), _ = _host.allreduce(self._client, [self._name(".aux_changed")], [changed],
+                                            [changed.shape])
             self._aux_names = {k: self._names[k] for k, c in zip(candidates, changed) if c > 0}
         keys = [k for k in self._aux_names if k in self._aux and k not in self._pushed]
         if keys:

@@ -158,13 +158,15 @@ class _Keys:
         self.averaged = sync and (self.clip or opt._psrt_loss_scale is not None)
         self.grad_names = [n + "@grad" for n in self.names] if self.averaged else []
         # Servers that sum (gradient_aggregation "sum"): each worker pushes 1
-        # to the control key with the mean gradients or the statistics, and
-        # their sum is the number of workers that pushed, which makes the
-        # statistics a mean again (_job.aggregation). Servers that average
-        # need no count.
-        self.counted = sync and not client.averages() and (self.averaged or bool(moving))
+        # to the control key with the statistics, and their sum is the number
+        # of workers that pushed, which makes the statistics a mean again.
+        # Servers that average need no count.
+        self.counted = sync and not client.averages() and bool(moving)
         self.control_name = (self.names[0] if self.names else "keras") + "@workers"
+        # The servers' aggregate over the workers' mean, as the step's
+        # reduction or control key said.
         self.count = 1.0
+        self.client = client
         self.shapes = [tuple(v.shape) for v in dense]
         assign = {"name": _ASSIGN, "lr": config["lr"]}  # the rate is unused
         exact = psrt.Compression.none
@@ -180,8 +182,6 @@ class _Keys:
                 # holds the same bits. Frozen weights are never pushed.
                 value = host.register(name, value, assign, exact)
             v.assign(tf.cast(value.reshape(v.shape), v.dtype))
-        for name, v in zip(self.grad_names, dense):
-            host.register(name, np.zeros(v.shape, np.float32), assign)
         if self.counted:
             host.register(self.control_name, np.ones((1,), np.float32), assign, exact)
         _claimed.update(id(v) for v in dense + moving + fixed)
@@ -201,14 +201,17 @@ class _Keys:
         return [s / np.float32(self.count) for s in stats] if self.counted else stats
 
     def mean(self, grads, stats):
-        """Sync with companions: the workers' aggregated gradient and the
-        mean statistics. Otherwise the statistics only; the gradients stay
-        this worker's."""
+        """Sync with companions: the workers' aggregated gradient (as the
+        servers aggregate: their mean, or their sum under gradient_aggregation
+        "sum"; psrt_allreduce) and the mean statistics. Otherwise the
+        statistics only; the gradients stay this worker's."""
         if self.averaged:
-            out = self._counted(self.grad_names + self.moving_names, list(grads) + list(stats))
-            return out[:len(grads)] + self._mean_stats(out[len(grads):])
+            op = _host.MEAN if self.client.averages() else _host.SUM
+            grads, self.count = _host.allreduce(self.client, self.grad_names, grads, self.shapes, op,
+                                                self.host.compression)
+        grads = [np.asarray(g if g is not None else (), np.float32) for g in grads]
         stats = self._mean_stats(self._counted(self.moving_names, stats)) if self.moving_names else []
-        return [np.asarray(g if g is not None else (), np.float32) for g in grads] + stats
+        return grads + stats
 
     def update(self, lr, grads, stats):
         """Pushes the gradients (after `mean`, each worker its share of the

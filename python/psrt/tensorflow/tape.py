@@ -10,10 +10,10 @@ what one process on the global batch sees.
     grads, _ = tf.clip_by_global_norm(grads, 1.0)
     opt.apply_gradients(zip(grads, model.trainable_variables))
 
-The mean travels through keys of kind assign beside the weights
-(``<path>@tape``): each worker pushes its gradients, the servers take their
-mean once every worker's are in, every worker pulls the same bytes. Sync
-jobs only: async and ssp have no step-wide mean.
+The mean is psrt_allreduce's (worker/reducer.h), the rule every plugin
+shares: each worker pushes its gradients, the servers aggregate them once
+every worker's are in, every worker pulls the same bytes. Sync jobs only:
+async and ssp have no step-wide mean.
 """
 
 import numpy as np
@@ -23,7 +23,6 @@ import psrt
 from psrt import _host
 
 _SUFFIX = "@tape"
-_keys = None  # the HostVariables every tape of this process shares
 
 
 def _given(values):
@@ -54,12 +53,7 @@ class DistributedGradientTape:
         except psrt.PsrtError as e:
             raise psrt.PsrtError("psrt.keras.DistributedGradientTape needs every worker: %s" % e) from None
         self._tape = tape
-        global _keys
-        if _keys is None:  # one set of keys a process: a loop makes a tape a step
-            _keys = _host.HostVariables(client, psrt.Compression.none)
-        self._host = _keys
-        # The servers' aggregate is the mean, or the sum (gradient_aggregation).
-        self._scale = 1.0 if client.averages() else 1.0 / client.num_workers()
+        self._client = client
 
     def __getattr__(self, name):
         return getattr(self._tape, name)
@@ -82,8 +76,5 @@ class DistributedGradientTape:
         return tf.nest.pack_sequence_as(grads, out)
 
     def _mean(self, names, shapes, grads, given):
-        for name, shape in zip(names, shapes):
-            if not self._host.registered(name):
-                self._host.register(name, np.zeros(shape, np.float32), {"name": "assign", "lr": 0.0})
-        out = self._host.push_pull(names, grads)
-        return [out[i] * np.float32(self._scale) for i in given]
+        means, _ = _host.allreduce(self._client, names, grads, shapes)
+        return [means[i] for i in given]

@@ -3,11 +3,10 @@
 A framework's bookkeeping asks its processes to agree now and then (a
 barrier, rank 0's checkpoint path, whether any worker wants to stop, a
 logged metric's mean). A psrt job starts no torch.distributed process group,
-so these go through one key on the servers whose optimizer is "assign":
-every worker pushes its values for the key's next step, the servers take
-their mean (or their sum, by the job's gradient_aggregation) once every
-worker's push is in, and every worker pulls it. One round trip each, in the
-order the workers call them, as torch.distributed's are.
+so these go through psrt_allreduce (worker/reducer.h): every worker pushes
+its values, the servers aggregate them once every worker's push is in, and
+every worker pulls the same sum. One round trip each, in the order the
+workers call them, as torch.distributed's are.
 """
 
 import pickle
@@ -20,8 +19,7 @@ from psrt import _host
 
 
 class Exchange:
-    """Sums float32 vectors over the job's workers, through key `name`
-    (HostVariables.agree, as the MXNet plugin's barrier does)."""
+    """Sums float32 vectors over the job's workers, as reduction group `name`."""
 
     _CHUNK = 4096  # floats a round trip carries
 
@@ -33,9 +31,7 @@ class Exchange:
         except psrt.PsrtError as e:
             raise psrt.PsrtError("%s need every worker: %s" % (user, e)) from None
         self._name = name
-        self._vars = _host.HostVariables(client, psrt.Compression.none)
-        # agree() returns the mean where the servers average.
-        self._scale = client.num_workers() if client.averages() else 1
+        self._client = client
 
     def sum(self, values):
         """The sum over workers of `values` (any shape, as float32 on the CPU;
@@ -46,7 +42,8 @@ class Exchange:
             part = np.zeros(self._CHUNK, np.float32)
             n = min(self._CHUNK, flat.size - at)
             part[:n] = flat[at:at + n]
-            total[at:at + n] = self._vars.agree(self._name, part)[:n] * self._scale
+            (got,), _ = _host.allreduce(self._client, [self._name], [part], [part.shape], _host.SUM)
+            total[at:at + n] = got[:n]
         return torch.from_numpy(total).reshape(values.shape)
 
     def broadcast(self, obj, src):

@@ -33,7 +33,7 @@ from torch.nn.modules import module as _module
 from torch.overrides import TorchFunctionMode
 
 import psrt
-from psrt import _job
+from psrt import _host, _job
 from psrt.torch import embedding
 
 _SUPPORTED = {
@@ -284,7 +284,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._decision = None  # mean_grads=None: where the workers agree on it
         if mean_grads is None and self._variables:
             self._join_decision()
-        self._grad_step = None     # the mean-gradient keys' step (registered when first needed)
         self._exchange_queued = False
         # Buffers are found at the first forward of a module holding these
         # parameters (named_parameters does not name them).
@@ -484,28 +483,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _exchange_mean_grads(self):
         """Each .grad becomes the mean over workers, a worker without one
         counting as zeros (as under DDP); a parameter no worker had a
-        gradient for keeps .grad None, as in one process. Which is which
-        travels in one more key, <first>@has_grad (a float per parameter)."""
-        if self._grad_step is None:
-            for v in self._variables:
-                v.scratch = torch.zeros_like(v.pulled)
-                self._register_tensor(v.name + "@grad", v.scratch, {"name": "assign"})
-            self._has_grad = torch.zeros(len(self._variables))
-            self._register_tensor(self._variables[0].name + "@has_grad", self._has_grad, {"name": "assign"})
-            self._grad_step = min(self._client.pulled_version(v.name + "@grad")
-                                  for v in self._variables)
+        gradient for keeps .grad None, as in one process (psrt_allreduce)."""
+        if not self._variables:
+            return
+        for v in self._variables:
+            if v.scratch is None:
+                v.scratch = torch.empty_like(v.pulled)
         grads = [v.param.grad.detach().contiguous() if v.param.grad is not None else None
                  for v in self._variables]
-        had = torch.tensor([g is not None for g in grads], dtype=torch.float32)
-        handle = self._client.push_pull(
-            [v.name + "@grad" for v in self._variables] + [self._variables[0].name + "@has_grad"],
-            [_address(g) for g in grads] + [had.data_ptr()],
-            [v.scratch.data_ptr() for v in self._variables] + [self._has_grad.data_ptr()],
-            self._grad_step)
-        self._client.wait(handle)
-        self._grad_step += 1
-        for v, anyone in zip(self._variables, self._has_grad.tolist()):
-            if anyone == 0:
+        given, _ = self._client.allreduce([v.name for v in self._variables],
+                                          [v.scratch.numel() for v in self._variables],
+                                          [_address(g) for g in grads],
+                                          [v.scratch.data_ptr() for v in self._variables],
+                                          _host.MEAN, self._compression.value)
+        for v, anyone in zip(self._variables, given):
+            if not anyone:
                 v.param.grad = None
             elif v.param.grad is None:
                 v.param.grad = v.scratch.clone()
