@@ -27,57 +27,77 @@ struct CheckpointerOptions {
   absl::Duration save_timeout = absl::Minutes(10);
 };
 
+// What a Job (server/job.h) asks of its checkpoints; Checkpointer below
+// writes them, unit tests fake them. The methods are Checkpointer's.
+class CheckpointControl {
+ public:
+  virtual ~CheckpointControl() = default;
+  virtual void Start(const std::vector<std::string>& server_addresses, int64_t start_step) = 0;
+  virtual absl::StatusOr<v1::CheckpointResponse> SaveNow(absl::Time deadline) = 0;
+  virtual absl::StatusOr<v1::CheckpointResponse> Finish(
+      const std::vector<std::string>& server_addresses) = 0;
+  virtual void Abort(absl::Duration grace) = 0;
+  virtual void StopTriggers() = 0;
+  virtual void Cancel() = 0;
+  virtual std::optional<v1::CheckpointResponse> LastCommitted() = 0;
+  virtual int64_t saved() const = 0;
+  virtual double saved_seconds() const = 0;
+  virtual absl::Status WriteRecord(int64_t generation, const std::string& uri, int64_t step,
+                                   const std::vector<int>& hosts) = 0;
+};
+
 // The coordinator's side of checkpoints. Every checkpoint goes the same way:
 // each server saves its shard (in parallel; sync mode: every key exactly at
 // one step), then the manifest is written (the commit point), then LATEST,
 // then checkpoints beyond `keep` are removed. A crash at any moment leaves
 // the previous checkpoint as it was.
-class Checkpointer {
+class Checkpointer final : public CheckpointControl {
  public:
   // Opens the destination and reads it once, so a bad bucket, endpoint or
   // credentials fail the job at start rather than at its first checkpoint.
   static absl::StatusOr<std::unique_ptr<Checkpointer>> Open(CheckpointerOptions options,
                                                             Metrics* metrics);
-  ~Checkpointer();
+  ~Checkpointer() override;
 
   // Begins the every_steps / every_seconds triggers for these servers, from
   // `start_step` (the restored step, if any). May follow Stop or Abort (a
   // recovered job's new servers).
-  void Start(const std::vector<std::string>& server_addresses, int64_t start_step);
+  void Start(const std::vector<std::string>& server_addresses, int64_t start_step) override;
   // The servers the next checkpoint asks (servers joined or left since Start).
   void Retarget(const std::vector<std::string>& server_addresses);
   // Writes a checkpoint now (sync: at the step the fastest key is at) and
   // answers once it is committed, or with why not by `deadline`.
-  absl::StatusOr<v1::CheckpointResponse> SaveNow(absl::Time deadline);
+  absl::StatusOr<v1::CheckpointResponse> SaveNow(absl::Time deadline) override;
   // Stops the triggers (their checkpoint in progress ends first), then
   // writes the job's final checkpoint from these servers. Every worker has
   // finished: a key some never registered is taken as it is at once, and a
   // server that does not answer at once is asked again for a while.
-  absl::StatusOr<v1::CheckpointResponse> Finish(const std::vector<std::string>& server_addresses);
+  absl::StatusOr<v1::CheckpointResponse> Finish(
+      const std::vector<std::string>& server_addresses) override;
   // Stops the triggers (a checkpoint in progress ends at its next poll).
   void Stop();
   // Stops the triggers; a checkpoint in progress gets `grace` to commit (its
   // shards may all be written already), then is cancelled: its servers are
   // gone or about to be replaced. The final checkpoint (Finish) is not
   // cancelled. Returns once nothing is being written.
-  void Abort(absl::Duration grace);
+  void Abort(absl::Duration grace) override;
   // Stop the triggers without waiting (callable under a caller's lock): no
   // periodic checkpoint is armed after it. StopTriggers lets one being
   // written go on, and SaveNow still works (a final checkpoint); Cancel also
   // cancels whatever is being written and refuses more (the job failed).
   // Start arms them again.
-  void StopTriggers();
-  void Cancel();
+  void StopTriggers() override;
+  void Cancel() override;
   // The newest checkpoint this job committed (uri and step), if any.
-  std::optional<v1::CheckpointResponse> LastCommitted();
+  std::optional<v1::CheckpointResponse> LastCommitted() override;
   // Checkpoints committed so far, and the seconds they took together.
-  int64_t saved() const { return saved_->value(); }
-  double saved_seconds() const { return seconds_->sum(); }
+  int64_t saved() const override { return saved_->value(); }
+  double saved_seconds() const override { return seconds_->sum(); }
 
   // The job's record next to its checkpoints (JOB): its generation and the
   // checkpoint a recovery returns to; every commit updates the latter.
   absl::Status WriteRecord(int64_t generation, const std::string& uri, int64_t step,
-                           const std::vector<int>& hosts);
+                           const std::vector<int>& hosts) override;
   // This job's record (NOT_FOUND without one; FAILED_PRECONDITION when it is
   // another job's).
   absl::StatusOr<v1::JobRecord> ReadRecord();
@@ -107,9 +127,9 @@ class Checkpointer {
   absl::StatusOr<v1::CheckpointResponse> Save(absl::Time deadline, bool final);
   // What the triggers' loop carries from one turn to the next.
   struct LoopState {
-    int64_t target = -1;          // the step of the next periodic checkpoint
-    bool target_checked = false;  // whether it is known not to be committed
-    int64_t warned = -1;          // the step whose failure was last logged
+    int64_t target = -1;                           // the step of the next periodic checkpoint
+    bool target_checked = false;                   // whether it is known not to be committed
+    int64_t warned = -1;                           // the step whose failure was last logged
     std::vector<v1::SaveShardResponse> responses;  // of the target's rounds
     absl::Time last;                               // the last checkpoint's end
   };
@@ -143,8 +163,8 @@ class Checkpointer {
   // recovery that began just before the end) does not cancel it; Cancel
   // (the job failed) does.
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
-  bool job_failed_ ABSL_GUARDED_BY(mu_) = false;  // Cancel was called
-  bool looping_ ABSL_GUARDED_BY(mu_) = false;  // the triggers' thread runs
+  bool job_failed_ ABSL_GUARDED_BY(mu_) = false;                  // Cancel was called
+  bool looping_ ABSL_GUARDED_BY(mu_) = false;                     // the triggers' thread runs
   std::vector<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);  // server calls in flight
   std::optional<v1::CheckpointResponse> last_committed_ ABSL_GUARDED_BY(mu_);
   absl::Mutex record_mu_;

@@ -2,6 +2,7 @@
 
 #include "absl/time/clock.h"
 #include "common/grpc_util.h"
+#include "psrt/v1/ps.grpc.pb.h"
 
 namespace psrt {
 namespace {
@@ -39,9 +40,9 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const std::str
   return Answer(ctx, s);
 }
 
-// The caller's deadline, at most `cap` away.
-absl::Time Deadline(const grpc::ServerContextBase* ctx, absl::Duration cap) {
-  return absl::Now() + TimeLeft(ctx, cap);
+// The caller's deadline, at most `cap` away, on the job's clock.
+absl::Time Deadline(const Job& job, const grpc::ServerContextBase* ctx, absl::Duration cap) {
+  return job.Now() + TimeLeft(ctx, cap);
 }
 
 // The longest a blocking call waits, whatever its caller's deadline.
@@ -66,7 +67,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Barrier(grpc::CallbackServerContex
   if (grpc::Status s = Decode(*in, &req); !s.ok()) return Answer(ctx, s);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   job_->Barrier(
-      req, Deadline(ctx, absl::InfiniteDuration()), [ctx] { return ctx->IsCancelled(); },
+      req, Deadline(*job_, ctx, absl::InfiniteDuration()), [ctx] { return ctx->IsCancelled(); },
       [reactor, out](const absl::Status& s, std::shared_ptr<const std::string> answer) {
         if (answer != nullptr) {
           grpc::Slice slice(answer->data(), answer->size());
@@ -107,7 +108,7 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJobStatus(grpc::CallbackServerC
 grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext* ctx, const v1::CheckpointRequest*,
                                             v1::CheckpointResponse* resp) {
   if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
-  return ToGrpc(job_->Checkpoint(Deadline(ctx, kLongestWait), resp));
+  return ToGrpc(job_->Checkpoint(Deadline(*job_, ctx, kLongestWait), resp));
 }
 
 grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx,
@@ -115,7 +116,17 @@ grpc::Status CoordinatorService::RemoveServer(grpc::ServerContext* ctx,
                                               v1::RemoveServerResponse* resp) {
   if (grpc::Status s = CheckToken(ctx, token_); !s.ok()) return s;
   return ToGrpc(job_->RemoveServer(
-      *req, Deadline(ctx, kLongestWait), [ctx] { return ctx->IsCancelled(); }, resp));
+      *req, Deadline(*job_, ctx, kLongestWait), [ctx] { return ctx->IsCancelled(); }, resp));
+}
+
+absl::StatusOr<v1::StatsResponse> GrpcServerCalls::Stats(const std::string& address,
+                                                         absl::Duration timeout) {
+  auto stub = v1::ParameterServer::NewStub(MakeControlChannel(address));
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx, token_, timeout);
+  v1::StatsResponse stats;
+  if (grpc::Status s = stub->Stats(&ctx, v1::StatsRequest(), &stats); !s.ok()) return FromGrpc(s);
+  return stats;
 }
 
 }  // namespace psrt

@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "psrt/v1/coordinator.grpc.pb.h"
 #include "server/job.h"
 
@@ -23,6 +25,17 @@ using CoordinatorBase = v1::Coordinator::WithRawCallbackMethod_Register<
         v1::Coordinator::WithRawCallbackMethod_ReportExit<
             v1::Coordinator::WithRawCallbackMethod_GetJobStatus<v1::Coordinator::Service>>>>>;
 
+// The calls a Job makes to the servers, over gRPC with the job's token.
+class GrpcServerCalls final : public ServerCalls {
+ public:
+  explicit GrpcServerCalls(std::string token) : token_(std::move(token)) {}
+  absl::StatusOr<v1::StatsResponse> Stats(const std::string& address,
+                                          absl::Duration timeout) override;
+
+ private:
+  const std::string token_;
+};
+
 class CoordinatorService final : public CoordinatorBase {
  public:
   // `job` outlives the service.
@@ -36,7 +49,8 @@ class CoordinatorService final : public CoordinatorBase {
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                       grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* ReportExit(grpc::CallbackServerContext* ctx,
-                                       const grpc::ByteBuffer* req, grpc::ByteBuffer* resp) override;
+                                       const grpc::ByteBuffer* req,
+                                       grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* GetJobStatus(grpc::CallbackServerContext* ctx,
                                          const grpc::ByteBuffer* req,
                                          grpc::ByteBuffer* resp) override;

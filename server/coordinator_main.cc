@@ -32,26 +32,31 @@ int main(int argc, char** argv) {
   double stop_grace_s = 30;
   bool restarted = false;
   psrt::Flags flags("psrt-coordinator", "--hosts=H1,H2 --distribution=JSON [flags]");
-  flags.Add("hosts", &hosts, "Comma-separated hosts of the job; host i runs servers and workers of index i.");
+  flags.Add("hosts", &hosts,
+            "Comma-separated hosts of the job; host i runs servers and workers of index i.");
   flags.Add("distribution", &distribution,
             "The parameter_server distribution option as JSON (see psrt-run --help).");
   flags.Add("bind", &bind, "Address to listen on.");
   flags.Add("port", &port, "Port to listen on; 0 picks a free one.");
   flags.Add("port-file", &port_file, "Write the bound port to this file once listening.");
-  flags.Add("token", &token, "Job token every RPC must carry (env PSRT_JOB_TOKEN); empty disables the check.");
-  flags.Add("metrics-port", &metrics_port, "Port for Prometheus /metrics; 0 picks one, -1 disables.");
+  flags.Add("token", &token,
+            "Job token every RPC must carry (env PSRT_JOB_TOKEN); empty disables the check.");
+  flags.Add("metrics-port", &metrics_port,
+            "Port for Prometheus /metrics; 0 picks one, -1 disables.");
   flags.Add("stop-grace", &stop_grace_s,
             "Seconds a SIGTERM or SIGINT leaves for the job's final checkpoint before the job ends "
             "(a second signal ends it at once).");
-  flags.Add("restarted", &restarted,
-            "The job's coordinator was lost (on_failure \"recover\"): go on from the job record next to "
-            "its checkpoints, as its next generation.");
+  flags.Add(
+      "restarted", &restarted,
+      "The job's coordinator was lost (on_failure \"recover\"): go on from the job record next to "
+      "its checkpoints, as its next generation.");
   flags.ParseOrExit(argc, argv);
   psrt::InitProcess("psrt-coordinator");
 
   absl::StatusOr<psrt::PsOptions> ps = psrt::ParseDistribution(distribution);
   if (!ps.ok()) {
-    std::fprintf(stderr, "psrt-coordinator: --distribution: %s\n", std::string(ps.status().message()).c_str());
+    std::fprintf(stderr, "psrt-coordinator: --distribution: %s\n",
+                 std::string(ps.status().message()).c_str());
     return 2;
   }
   if (port < 0 || port > 65535) {
@@ -71,10 +76,11 @@ int main(int argc, char** argv) {
   }
   const int num_servers = static_cast<int>(options.hosts.size()) * ps->servers_per_host;
   if (ps->replicas >= num_servers) {
-    std::fprintf(stderr,
-                 "psrt-coordinator: --distribution: 'replicas' is %d but the job has %d server%s; a key's "
-                 "backup lives on another server, so replicas must be less than the number of servers\n",
-                 ps->replicas, num_servers, num_servers == 1 ? "" : "s");
+    std::fprintf(
+        stderr,
+        "psrt-coordinator: --distribution: 'replicas' is %d but the job has %d server%s; a key's "
+        "backup lives on another server, so replicas must be less than the number of servers\n",
+        ps->replicas, num_servers, num_servers == 1 ? "" : "s");
     return 2;
   }
   if (ps->max_servers > 0 && ps->max_servers < num_servers) {
@@ -87,6 +93,8 @@ int main(int argc, char** argv) {
   }
   options.ps = *ps;
   options.token = token;
+  psrt::GrpcServerCalls server_calls(token);  // outlives the job
+  options.server_calls = &server_calls;
 
   // Signals are handled on one thread of their own: block them before the
   // service starts its threads.
@@ -115,15 +123,16 @@ int main(int argc, char** argv) {
   // starts: a bad bucket, credentials or checkpoint ends the job here.
   std::unique_ptr<psrt::Checkpointer> checkpointer;
   if (!ps->restore.empty()) {
-    absl::StatusOr<psrt::CheckpointRef> from = psrt::ResolveCheckpoint(ps->restore, ps->checkpoint.uri);
+    absl::StatusOr<psrt::CheckpointRef> from =
+        psrt::ResolveCheckpoint(ps->restore, ps->checkpoint.uri);
     if (!from.ok()) {
       psrt::LogError("cannot restore '", ps->restore, "': ", from.status().message());
       return 1;
     }
     options.restore_uri = from->uri();
     options.restored_step = from->manifest.step();
-    psrt::LogInfo("restoring ", options.restore_uri, " (step ", options.restored_step, ", written by ",
-                  from->manifest.num_servers(), " servers)");
+    psrt::LogInfo("restoring ", options.restore_uri, " (step ", options.restored_step,
+                  ", written by ", from->manifest.num_servers(), " servers)");
   }
   if (!ps->checkpoint.uri.empty()) {
     psrt::CheckpointerOptions c;
@@ -134,7 +143,8 @@ int main(int argc, char** argv) {
     c.mode = ps->mode;
     c.partition_bytes = ps->partition_bytes;
     c.token = token;
-    absl::StatusOr<std::unique_ptr<psrt::Checkpointer>> opened = psrt::Checkpointer::Open(c, &metrics);
+    absl::StatusOr<std::unique_ptr<psrt::Checkpointer>> opened =
+        psrt::Checkpointer::Open(c, &metrics);
     if (!opened.ok()) {
       psrt::LogError("checkpoint.uri: ", opened.status().message());
       return 1;
@@ -144,7 +154,8 @@ int main(int argc, char** argv) {
   }
   if (restarted) {
     if (checkpointer == nullptr || ps->on_failure != "recover") {
-      psrt::LogError("--restarted needs on_failure \"recover\" and checkpoint.uri in the distribution");
+      psrt::LogError(
+          "--restarted needs on_failure \"recover\" and checkpoint.uri in the distribution");
       return 2;
     }
     absl::StatusOr<psrt::v1::JobRecord> record = checkpointer->ReadRecord();
@@ -161,11 +172,12 @@ int main(int argc, char** argv) {
                      ps->max_recoveries, ")");
       return 1;
     }
-    psrt::LogWarning("recovery ", options.generation - 1, " of at most ", ps->max_recoveries,
-                     ": the coordinator was lost and restarted; rolled back to step ", options.restored_step,
-                     options.restore_uri.empty() ? " (the start: nothing was checkpointed yet)"
-                                                 : absl::StrCat(" (", options.restore_uri, ")"),
-                     "; restarting every server and training process (generation ", options.generation, ")");
+    psrt::LogWarning(
+        "recovery ", options.generation - 1, " of at most ", ps->max_recoveries,
+        ": the coordinator was lost and restarted; rolled back to step ", options.restored_step,
+        options.restore_uri.empty() ? " (the start: nothing was checkpointed yet)"
+                                    : absl::StrCat(" (", options.restore_uri, ")"),
+        "; restarting every server and training process (generation ", options.generation, ")");
   }
 
   psrt::Job job(options, &metrics);

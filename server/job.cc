@@ -132,7 +132,6 @@ void Job::LayOutLocked() {
   const int slots = num_hosts * ps.workers_per_host;
   config_.set_num_workers(ps.elastic_max_workers > 0 ? std::min(slots, ps.elastic_max_workers)
                                                      : slots);
-  started_ = false;
   processes_.erase(std::remove_if(processes_.begin(), processes_.end(),
                                   [](const Process& p) { return p.id.role() != v1::ROLE_AGENT; }),
                    processes_.end());
@@ -181,6 +180,28 @@ Job::Process* Job::ServerLocked(int index) {
   id.set_role(v1::ROLE_SERVER);
   id.set_index(index);
   return FindLocked(id);
+}
+
+JobPhase Job::phase() {
+  absl::MutexLock lock(&mu_);
+  return phase_;
+}
+
+bool Job::MoveToLocked(JobPhase to) {
+  if (absl::Status s = CheckJobTransition(phase_, to); !s.ok()) {
+    LogError("internal error: ", s.message());
+    return false;
+  }
+  phase_ = to;
+  return true;
+}
+
+bool Job::AwaitLocked(const absl::Condition& cond, absl::Time deadline) {
+  // In slices: a test's clock moves without waking anyone.
+  for (absl::Time now = Now(); !cond.Eval() && now < deadline; now = Now()) {
+    mu_.AwaitWithTimeout(cond, std::min(deadline - now, absl::Milliseconds(50)));
+  }
+  return cond.Eval();
 }
 
 Job::~Job() {
@@ -308,9 +329,9 @@ absl::Status Job::RegisterProcess(const v1::RegisterRequest* req, v1::RegisterRe
   absl::MutexLock lock(&mu_);
   Process* p;
   if (absl::Status s = Lookup(req->id(), &p); !s.ok()) return s;
-  if (state_ != v1::JOB_RUNNING) {
+  if (EndedLocked()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("the job has ended (", StateName(state_), "): ", reason_));
+        absl::StrCat("the job has ended (", StateName(StateLocked()), "): ", reason_));
   }
   if (StaleLocked(req->generation())) {
     return absl::FailedPreconditionError(
@@ -349,7 +370,8 @@ absl::Status Job::RegisterProcess(const v1::RegisterRequest* req, v1::RegisterRe
         absl::StrCat(p->name, " is already registered at ", p->address));
   }
   const bool again = p->registered;
-  if (p->id.role() == v1::ROLE_WORKER && (p->lost || p->exited || (!again && started_))) {
+  const bool started = elastic() && phase_ != JobPhase::kStarting;
+  if (p->id.role() == v1::ROLE_WORKER && (p->lost || p->exited || (!again && started))) {
     // A lost worker that comes back, or (elastic) a new one, takes part
     // from the next step.
     const bool rejoins = p->lost || p->exited;
@@ -378,16 +400,7 @@ absl::Status Job::RegisterProcess(const v1::RegisterRequest* req, v1::RegisterRe
           p->address.empty() ? "" : absl::StrCat(" at ", p->address), " (pid ", req->pid(), ")");
   registered_->Set(std::count_if(processes_.begin(), processes_.end(),
                                  [](const Process& q) { return q.registered; }));
-  if (elastic() && !started_ && ReadyLocked()) {
-    // The job starts with the workers there are; servers stop waiting for
-    // the pushes of the others.
-    started_ = true;
-    ++epoch_;
-    epoch_gauge_->Set(epoch_);
-    LogInfo("starting with ", MembershipLocked().active_workers_size(), " of ",
-            config_.num_workers(), " workers (elastic.min_workers ", config_.min_workers(),
-            "; epoch ", epoch_, ")");
-  }
+  MaybeStartLocked();
   active_workers_->Set(MembershipLocked().active_workers_size());
   *resp->mutable_config() = config_;
   resp->set_host_index(p->slot);
@@ -409,8 +422,8 @@ void Job::Barrier(const v1::BarrierRequest& req, absl::Time deadline,
           absl::StrCat(p->name, " entered the barrier before registering"));
     }
     if (refused.ok()) {
-      barriers_.push_back({std::move(cancelled), std::move(done),
-                           std::min(deadline, absl::Now() + timeout), timeout});
+      barriers_.push_back(
+          {std::move(cancelled), std::move(done), std::min(deadline, Now() + timeout), timeout});
       ReleaseBarriersLocked();
     }
   }
@@ -423,12 +436,12 @@ void Job::ReleaseBarriersLocked() {
   // Elastic: a worker that joins also waits until every server counts it
   // (applies the epoch that made it active), so its first push is counted.
   const bool passed =
-      state_ != v1::JOB_RUNNING || (ReadyLocked() && (!elastic() || ServersApplyLocked(epoch_)));
-  const absl::Time now = absl::Now();
+      EndedLocked() || (ReadyLocked() && (!elastic() || ServersApplyLocked(epoch_)));
+  const absl::Time now = Now();
   // Serialized once for all: a job's every server and worker waits here,
   // and each answer holds the shard map (a line per server).
   std::shared_ptr<std::string> answer;
-  if (passed && state_ == v1::JOB_RUNNING) {
+  if (passed && !EndedLocked()) {
     v1::BarrierResponse r;
     *r.mutable_shard_map() = ShardMapLocked();
     *r.mutable_config() = config_;
@@ -442,9 +455,9 @@ void Job::ReleaseBarriersLocked() {
   size_t kept = 0;
   for (WaitingBarrier& b : barriers_) {
     absl::Status s;
-    if (passed && (state_ != v1::JOB_RUNNING || answer == nullptr)) {
+    if (passed && (EndedLocked() || answer == nullptr)) {
       s = absl::AbortedError(
-          absl::StrCat("the job has ended (", StateName(state_), "): ", reason_));
+          absl::StrCat("the job has ended (", StateName(StateLocked()), "): ", reason_));
     } else if (passed) {
       released_.push_back({b, absl::OkStatus(), answer});
       continue;
@@ -482,25 +495,25 @@ absl::Status Job::Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatRe
     resp->set_host_index(p->slot);
     *resp->mutable_config() = config_;
     if (p->slot < 0) {
-      resp->set_state(state_);
+      resp->set_state(StateLocked());
       return absl::OkStatus();  // it left the job, and hears so
     }
   }
   if (StaleLocked(req->generation())) {
     // Replaced by a recovery: it learns so, and its agent stops it.
-    resp->set_state(state_);
+    resp->set_state(StateLocked());
     resp->set_reason(reason_);
     return absl::OkStatus();
   }
   if (p->id.role() == v1::ROLE_SERVER && p->parked) {
     // Removed (its keys are on the other servers): it exits.
-    resp->set_state(state_);
+    resp->set_state(StateLocked());
     resp->set_leave(true);
     return absl::OkStatus();
   }
-  if (p->id.role() == v1::ROLE_AGENT && state_ == v1::JOB_RUNNING && p->lost) {
+  if (p->id.role() == v1::ROLE_AGENT && !EndedLocked() && p->lost) {
     AgentBackLocked(p);  // its host's link came back
-  } else if (p->id.role() == v1::ROLE_AGENT && state_ == v1::JOB_RUNNING && !p->registered &&
+  } else if (p->id.role() == v1::ROLE_AGENT && !EndedLocked() && !p->registered &&
              options_.generation > 1) {
     // An agent that outlived a lost coordinator: this one was restarted.
     p->registered = true;
@@ -534,15 +547,17 @@ absl::Status Job::Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatRe
     }
     // A move's next step waits for what this server says: taken at once,
     // and its map goes back in this answer.
-    if (placement_.moving() && state_ == v1::JOB_RUNNING && !recovering_) AdvanceMovesLocked();
+    if (placement_.moving() && !EndedLocked() && phase_ != JobPhase::kRecovering) {
+      AdvanceMovesLocked();
+    }
   }
   if (p->id.role() != v1::ROLE_AGENT && req->shard_map_epoch() != placement_.epoch() &&
       AllServersRegisteredLocked()) {
     *resp->mutable_shard_map() = ShardMapLocked();
   }
   p->last_heartbeat = Now();
-  if (state_ != v1::JOB_RUNNING) p->saw_end = true;
-  resp->set_state(state_);
+  if (EndedLocked()) p->saw_end = true;
+  resp->set_state(StateLocked());
   resp->set_reason(reason_);
   if (req->membership_epoch() != epoch_) *resp->mutable_membership() = MembershipLocked();
   return absl::OkStatus();
@@ -563,14 +578,14 @@ absl::Status Job::ReportExit(const v1::ReportExitRequest& request) {
     // Reported by the agent as it stops, or by psrt-run, which saw it end:
     // its host is lost (and waited for) as when its heartbeats stop, and
     // named first, before the servers and training processes it took along.
-    if (state_ != v1::JOB_RUNNING || p->slot < 0 || p->lost) return absl::OkStatus();
+    if (EndedLocked() || p->slot < 0 || p->lost) return absl::OkStatus();
     p->lost = true;
     p->lost_at = Now();
     LostLocked(req->exit_code() != 0 ? what
                                      : absl::StrCat(p->name, " stopped while the job was running"));
     return absl::OkStatus();
   }
-  if (req->restarting() && p->id.role() == v1::ROLE_WORKER && state_ == v1::JOB_RUNNING) {
+  if (req->restarting() && p->id.role() == v1::ROLE_WORKER && !EndedLocked()) {
     // Its heartbeats stop until the new process registers; the barrier
     // timeout bounds how long that may take.
     p->restarting = true;
@@ -580,7 +595,7 @@ absl::Status Job::ReportExit(const v1::ReportExitRequest& request) {
   }
   p->exited = true;
   p->exit_code = req->exit_code();
-  if (state_ != v1::JOB_RUNNING) p->saw_end = true;
+  if (EndedLocked()) p->saw_end = true;
   LogInfo(what);
   if (p->id.role() == v1::ROLE_WORKER) {
     if (req->exit_code() != 0) {
@@ -592,7 +607,7 @@ absl::Status Job::ReportExit(const v1::ReportExitRequest& request) {
       active_workers_->Set(MembershipLocked().active_workers_size());
       CheckSuccessLocked();
     }
-  } else if (state_ == v1::JOB_RUNNING) {
+  } else if (!EndedLocked()) {
     const std::string why =
         req->exit_code() != 0 ? what : absl::StrCat(p->name, " stopped while the job was running");
     ServerLostLocked(p, why);
@@ -602,9 +617,12 @@ absl::Status Job::ReportExit(const v1::ReportExitRequest& request) {
 
 absl::Status Job::GetStatus(v1::JobStatusResponse* resp) {
   absl::MutexLock lock(&mu_);
-  status_watched_ = true;
-  status_heard_end_ = status_heard_end_ || state_ != v1::JOB_RUNNING;
-  resp->set_state(state_);
+  if (EndedLocked()) {
+    status_watch_ = StatusWatch::kHeardEnd;
+  } else if (status_watch_ == StatusWatch::kNone) {
+    status_watch_ = StatusWatch::kWatching;
+  }
+  resp->set_state(StateLocked());
   resp->set_reason(reason_);
   *resp->mutable_config() = config_;
   *resp->mutable_membership() = MembershipLocked();
@@ -614,8 +632,8 @@ absl::Status Job::GetStatus(v1::JobStatusResponse* resp) {
     resp->set_checkpoints(static_cast<int>(options_.checkpointer->saved()));
     resp->set_checkpoint_seconds(options_.checkpointer->saved_seconds());
   }
-  resp->set_seconds(absl::ToDoubleSeconds(absl::Now() - born_));
   const absl::Time now = Now();
+  resp->set_seconds(absl::ToDoubleSeconds(now - born_));
   for (int s : placement_.served_by()) resp->add_served_by(s);
   resp->set_moves(static_cast<int>(moves_total_->value()));
   for (const Process& p : processes_) {
@@ -642,7 +660,7 @@ absl::Status Job::Checkpoint(absl::Time deadline, v1::CheckpointResponse* resp) 
   }
   {
     absl::MutexLock lock(&mu_);
-    if (state_ != v1::JOB_RUNNING || finishing_) {
+    if (EndingLocked() && phase_ != JobPhase::kStopping) {
       return absl::FailedPreconditionError(
           "the job is ending; its final checkpoint is written (or it failed)");
     }
@@ -650,8 +668,8 @@ absl::Status Job::Checkpoint(absl::Time deadline, v1::CheckpointResponse* resp) 
       return absl::UnavailableError(
           "keys are moving between servers (a server joins or leaves); ask again once they are");
     }
-    MaybeStartCheckpointsLocked();  // the monitor's next round may not have yet
-    if (!checkpoints_started_) {
+    MaybeStartLocked();  // the monitor's next round may not have yet
+    if (phase_ == JobPhase::kStarting) {
       return absl::UnavailableError(
           absl::StrCat("the job's processes have not all registered yet: ",
                        absl::StrJoin(MissingLocked(), ", ")));

@@ -13,17 +13,32 @@
 #include "common/distribution.h"
 #include "common/metrics.h"
 #include "psrt/v1/coordinator.pb.h"
+#include "psrt/v1/ps.pb.h"
 #include "server/checkpointer.h"
+#include "server/job_phase.h"
 #include "server/placement.h"
 
 namespace psrt {
+
+// The calls a Job makes to the servers itself: GrpcServerCalls
+// (server/coordinator.h) makes them over gRPC, unit tests fake them.
+class ServerCalls {
+ public:
+  virtual ~ServerCalls() = default;
+  // The Stats of the server at `address`, answered within `timeout`.
+  virtual absl::StatusOr<v1::StatsResponse> Stats(const std::string& address,
+                                                  absl::Duration timeout) = 0;
+};
 
 struct CoordinatorOptions {
   std::vector<std::string> hosts;  // host i runs servers and workers of index i
   PsOptions ps;
   std::string token;
-  // Writes the job's checkpoints (none without); outlives the job.
-  Checkpointer* checkpointer = nullptr;
+  // Writes the job's checkpoints (none without); outlives the job. The
+  // coordinator's is a Checkpointer (server/checkpointer.h).
+  CheckpointControl* checkpointer = nullptr;
+  // Asks the servers (none answers without); outlives the job.
+  ServerCalls* server_calls = nullptr;
   // The checkpoint the job starts from, if any, and its step.
   std::string restore_uri;
   int64_t restored_step = 0;
@@ -32,7 +47,8 @@ struct CoordinatorOptions {
   int64_t generation = 1;
   // The hosts (indices into `hosts`) still in the job; empty: all.
   std::vector<int> hosts_in_job;
-  // The time heartbeats are stamped and judged by (null: absl::Now).
+  // The time heartbeats are stamped and judged by, and the deadlines of
+  // waits (null: absl::Now).
   std::function<absl::Time()> clock;
   // Whether a thread calls Tick every 50 ms (false: the caller does; tests).
   bool monitor = true;
@@ -87,6 +103,12 @@ class Job {
   // keys move, copies are named, checkpoints start, and a readiness barrier
   // past its time fails the job. The monitor thread calls it every 50 ms.
   void Tick(absl::Time now);
+
+  // Where the job is in its life (server/job_phase.h).
+  JobPhase phase() ABSL_LOCKS_EXCLUDED(mu_);
+  // The time on the job's clock (CoordinatorOptions::clock): its callers'
+  // deadlines are on it too.
+  absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
 
  private:
   struct Process {
@@ -160,8 +182,10 @@ class Job {
   bool StaleLocked(int64_t generation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return generation != 0 && generation != generation_;
   }
-  // Starts the checkpointer once every process has registered.
-  void MaybeStartCheckpointsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Once every process has registered (elastic: min_workers of them), the
+  // generation runs: elastic, the servers stop waiting for the others'
+  // pushes (a new epoch); the checkpointer starts.
+  void MaybeStartLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckSuccessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Membership MembershipLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> MissingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -172,7 +196,24 @@ class Job {
   bool elastic() const { return options_.ps.elastic_min_workers > 0; }
   void Monitor();
   void TickLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
+  // Moves the job to phase `to` where JobPhaseAllows it; otherwise logs the
+  // bug (an internal error naming both phases), changes nothing and
+  // returns false.
+  bool MoveToLocked(JobPhase to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::JobState StateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return JobStateOf(phase_); }
+  bool EndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return StateLocked() != v1::JOB_RUNNING;
+  }
+  // The job's final checkpoint is under way or written (or it ended): no
+  // periodic checkpoint is armed any more, no key moves.
+  bool EndingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return EndedLocked() || phase_ == JobPhase::kStopping || phase_ == JobPhase::kFinishing ||
+           phase_ == JobPhase::kFinalSaved;
+  }
+  // Waits on mu_ until `cond` holds or `deadline` passes on the job's clock;
+  // whether `cond` holds.
+  bool AwaitLocked(const absl::Condition& cond, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the barriers that may end (passed, the job ended, their caller
   // went or their time is up) into released_; FinishReleased answers them
   // outside mu_.
@@ -202,27 +243,25 @@ class Job {
   v1::JobConfig config_;
   absl::Mutex mu_;
   absl::Time start_ ABSL_GUARDED_BY(mu_);  // of the current generation
-  const absl::Time born_ = absl::Now();    // this coordinator's start
+  const absl::Time born_ = Now();          // this coordinator's start
   std::vector<Process> processes_ ABSL_GUARDED_BY(mu_);
-  v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::JOB_RUNNING;
-  std::string reason_ ABSL_GUARDED_BY(mu_);
+  // The job's life cycle: the one state its threads and RPCs read and move
+  // along JobPhaseAllows' transitions.
+  JobPhase phase_ ABSL_GUARDED_BY(mu_) = JobPhase::kStarting;
+  std::string reason_ ABSL_GUARDED_BY(mu_);  // why it ended
   absl::Time ended_at_ ABSL_GUARDED_BY(mu_);
+  // This object is being destroyed (its threads stop), whatever the job's
+  // phase: a fact of the coordinator process, not of the job.
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
   // Recovery: servers and training processes belong to a generation; a
   // recovery replaces them all with those of the next one.
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
-  bool recovering_ ABSL_GUARDED_BY(mu_) = false;
   int64_t progress_step_ ABSL_GUARDED_BY(mu_) = 0;    // highest step pushed this generation
   std::vector<int> hosts_ ABSL_GUARDED_BY(mu_);       // in the job, by index into options_.hosts
   std::vector<int> drop_hosts_ ABSL_GUARDED_BY(mu_);  // leave at the next recovery
-  bool started_ ABSL_GUARDED_BY(mu_) = false;         // elastic: min_workers were there
   Placement placement_ ABSL_GUARDED_BY(mu_);          // the shard map and the moves
-  // The checkpoints are stopped for the moves (set by failover_'s thread
-  // once a checkpoint being written has ended).
-  bool checkpoints_paused_ ABSL_GUARDED_BY(mu_) = false;
-  bool pausing_ ABSL_GUARDED_BY(mu_) = false;
-  std::string move_error_ ABSL_GUARDED_BY(mu_);  // why the last RemoveServer failed
+  std::string move_error_ ABSL_GUARDED_BY(mu_);       // why the last RemoveServer failed
   // Stop and start the checkpoints around moves; they take mu_ at their
   // end, so they are joined only by the destructor (outside mu_).
   std::vector<std::thread> checkpoint_turns_ ABSL_GUARDED_BY(mu_);
@@ -253,21 +292,16 @@ class Job {
   // by: a dashboard's steps per second.
   Gauge* step_gauge_;
   Counter* steps_;
-  // Checkpoints: started once every process registered; when the workers
-  // are done, the final checkpoint is written before the job succeeds.
-  bool checkpoints_started_ ABSL_GUARDED_BY(mu_) = false;
-  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
-  bool final_saved_ ABSL_GUARDED_BY(mu_) = false;
+  // Write the final checkpoint: once every worker finished (kFinishing),
+  // or when stopped from outside (kStopping).
   std::thread finisher_;
-  // Stopped from outside (StopJob): the final checkpoint is being written;
-  // a failure meanwhile ends the job rather than starting a recovery.
-  bool stopping_job_ ABSL_GUARDED_BY(mu_) = false;
   std::thread stopper_;
-  // Someone (psrt-run) watches the job's status, and has read it since the
-  // job ended: the coordinator waits for that too, so psrt-run can print
-  // the reason rather than guess it.
-  bool status_watched_ ABSL_GUARDED_BY(mu_) = false;
-  bool status_heard_end_ ABSL_GUARDED_BY(mu_) = false;
+  // Whether someone (psrt-run) watches the job's status, and has read it
+  // since the job ended: the coordinator waits for that too, so psrt-run
+  // can print the reason rather than guess it. Apart from phase_: it is
+  // what an onlooker heard, not where the job is.
+  enum class StatusWatch { kNone, kWatching, kHeardEnd };
+  StatusWatch status_watch_ ABSL_GUARDED_BY(mu_) = StatusWatch::kNone;
   std::thread monitor_;
 };
 

@@ -25,26 +25,27 @@ std::string Job::NewestCheckpointText() const {
 
 void Job::StopJob(const std::string& why, absl::Duration grace) {
   absl::MutexLock lock(&mu_);
-  if (state_ != v1::JOB_RUNNING) return;
-  if (stopping_job_) {
+  if (EndedLocked()) return;
+  if (phase_ == JobPhase::kStopping) {
     FailLocked(absl::StrCat(why, " again, before the final checkpoint was written",
                             NewestCheckpointText()));
     return;
   }
-  if (finishing_) return;  // every worker finished: the final checkpoint is on its way
+  // Every worker finished: the final checkpoint is on its way.
+  if (phase_ == JobPhase::kFinishing || phase_ == JobPhase::kFinalSaved) return;
   const char* none = nullptr;
   if (options_.checkpointer == nullptr) {
     none = "the job has no checkpoint.uri";
-  } else if (recovering_) {
+  } else if (phase_ == JobPhase::kRecovering) {
     none = "the job was recovering from a failure";
-  } else if (!checkpoints_started_) {
+  } else if (phase_ == JobPhase::kStarting) {
     none = "not every server and training process of the job had registered";
   }
   if (none != nullptr) {
     FailLocked(absl::StrCat(why, "; no final checkpoint: ", none, NewestCheckpointText()));
     return;
   }
-  stopping_job_ = true;
+  if (!MoveToLocked(JobPhase::kStopping)) return;
   LogWarning(why, "; writing a final checkpoint (within ", absl::FormatDuration(grace),
              "), then ending the job");
   stopper_ = std::thread([this, why, grace] { WriteFinalCheckpoint(why, grace); });
@@ -55,14 +56,19 @@ void Job::WriteFinalCheckpoint(const std::string& why, absl::Duration grace) {
   // reaches the step); at the deadline whatever is being written is
   // cancelled, so the grace bounds it even with a server that hangs.
   options_.checkpointer->StopTriggers();
-  const absl::Time deadline = absl::Now() + grace;
+  const absl::Time deadline = Now() + grace;
   absl::Notification saved;
   absl::StatusOr<v1::CheckpointResponse> r;
   std::thread save([&] {
     r = options_.checkpointer->SaveNow(deadline);
     saved.Notify();
   });
-  const bool in_time = saved.WaitForNotificationWithDeadline(deadline);
+  // Until the deadline on the job's clock, in slices (a test's clock moves
+  // without waking anyone).
+  for (absl::Time now = Now(); !saved.HasBeenNotified() && now < deadline; now = Now()) {
+    saved.WaitForNotificationWithTimeout(std::min(deadline - now, absl::Milliseconds(50)));
+  }
+  const bool in_time = saved.HasBeenNotified();
   if (!in_time) options_.checkpointer->Cancel();
   save.join();
   absl::MutexLock lock(&mu_);
@@ -78,15 +84,25 @@ void Job::WriteFinalCheckpoint(const std::string& why, absl::Duration grace) {
                           NewestCheckpointText()));
 }
 
-void Job::MaybeStartCheckpointsLocked() {
-  if (options_.checkpointer == nullptr || checkpoints_started_ || stopping_job_ || !ReadyLocked())
-    return;
-  checkpoints_started_ = true;
-  options_.checkpointer->Start(LiveServerAddressesLocked(), config_.restored_step());
+void Job::MaybeStartLocked() {
+  if (phase_ != JobPhase::kStarting || !ReadyLocked()) return;
+  if (!MoveToLocked(JobPhase::kRunning)) return;
+  if (elastic()) {
+    // The job starts with the workers there are; servers stop waiting for
+    // the pushes of the others.
+    ++epoch_;
+    epoch_gauge_->Set(epoch_);
+    LogInfo("starting with ", MembershipLocked().active_workers_size(), " of ",
+            config_.num_workers(), " workers (elastic.min_workers ", config_.min_workers(),
+            "; epoch ", epoch_, ")");
+  }
+  if (options_.checkpointer != nullptr) {
+    options_.checkpointer->Start(LiveServerAddressesLocked(), config_.restored_step());
+  }
 }
 
 void Job::CheckSuccessLocked() {
-  if (state_ != v1::JOB_RUNNING || recovering_) return;
+  if (EndedLocked() || phase_ == JobPhase::kRecovering) return;
   bool any = false;
   for (const Process& q : processes_) {
     if (q.id.role() != v1::ROLE_WORKER || q.lost || (elastic() && !q.registered)) continue;
@@ -94,18 +110,18 @@ void Job::CheckSuccessLocked() {
     any = true;
   }
   if (!any) return;
-  if (options_.checkpointer != nullptr && !final_saved_) {
-    if (finishing_) return;
-    finishing_ = true;
+  if (options_.checkpointer != nullptr && phase_ != JobPhase::kFinalSaved) {
+    if (phase_ == JobPhase::kFinishing) return;
     // A job may end before the monitor's next round has started them.
-    MaybeStartCheckpointsLocked();
+    MaybeStartLocked();
+    if (!MoveToLocked(JobPhase::kFinishing)) return;
     // The servers still hold the trained model: save it before anyone hears
     // that the job is over. From the servers there are now: one that joined
     // while the checkpoints were stopped for its keys' move is among them.
     finisher_ = std::thread([this, live = LiveServerAddressesLocked()] {
       absl::StatusOr<v1::CheckpointResponse> r = options_.checkpointer->Finish(live);
       absl::MutexLock lock(&mu_);
-      final_saved_ = true;
+      if (phase_ == JobPhase::kFinishing) MoveToLocked(JobPhase::kFinalSaved);
       if (!r.ok()) {
         FailLocked(absl::StrCat("the final checkpoint failed: ", r.status().message()));
         return;
@@ -115,20 +131,20 @@ void Job::CheckSuccessLocked() {
     });
     return;
   }
-  state_ = v1::JOB_SUCCEEDED;
+  if (!MoveToLocked(JobPhase::kSucceeded)) return;
   reason_ = "every worker finished";
-  ended_at_ = absl::Now();
+  ended_at_ = Now();
   LogInfo("job succeeded: every worker finished");
 }
 
 v1::JobState Job::WaitForEnd() {
   absl::MutexLock lock(&mu_);
-  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return state_ != v1::JOB_RUNNING; };
+  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return EndedLocked(); };
   mu_.Await(absl::Condition(&ended));
   // Let live servers and agents hear the outcome through their heartbeats, so
   // they exit with the right code, but never wait for a dead one.
   auto heard = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (status_watched_ && !status_heard_end_) return false;
+    if (status_watch_ == StatusWatch::kWatching) return false;
     return std::all_of(processes_.begin(), processes_.end(), [](const Process& p) {
       // Training processes too: they end with the job's reason, not with
       // "lost the coordinator", when they heard it first.
@@ -138,28 +154,27 @@ v1::JobState Job::WaitForEnd() {
   };
   const absl::Duration grace = absl::Seconds(
       std::min(config_.heartbeat_timeout_s(), 4 * config_.heartbeat_interval_s() + 1));
-  mu_.AwaitWithDeadline(absl::Condition(&heard), ended_at_ + grace);
-  return state_;
+  AwaitLocked(absl::Condition(&heard), ended_at_ + grace);
+  return StateLocked();
 }
 
 void Job::PauseCheckpointsLocked() {
-  if (checkpoints_paused_ || pausing_) return;
-  if (options_.checkpointer == nullptr || !checkpoints_started_) {
-    checkpoints_paused_ = true;
+  if (phase_ != JobPhase::kRunning) return;  // pausing or paused already
+  if (options_.checkpointer == nullptr) {
+    MoveToLocked(JobPhase::kCheckpointsPaused);
     return;
   }
-  pausing_ = true;
+  MoveToLocked(JobPhase::kPausingCheckpoints);
   checkpoint_turns_.emplace_back([this] {
     options_.checkpointer->Abort(absl::Seconds(2));
     absl::MutexLock lock(&mu_);
-    pausing_ = false;
-    checkpoints_paused_ = true;
+    // Unless the job went on meanwhile (it recovered, finished or ended).
+    if (phase_ == JobPhase::kPausingCheckpoints) MoveToLocked(JobPhase::kCheckpointsPaused);
   });
 }
 
 void Job::ResumeCheckpointsLocked() {
-  checkpoints_paused_ = false;
-  if (options_.checkpointer == nullptr || !checkpoints_started_ || stopping_job_) return;
+  if (!MoveToLocked(JobPhase::kRunning) || options_.checkpointer == nullptr) return;
   std::vector<std::string> live = LiveServerAddressesLocked();
   const int64_t restored = config_.restored_step();
   checkpoint_turns_.emplace_back([this, live, restored] {
@@ -168,7 +183,7 @@ void Job::ResumeCheckpointsLocked() {
     std::optional<v1::CheckpointResponse> last = options_.checkpointer->LastCommitted();
     const int64_t from = std::max(last ? last->step() : restored, ReachedStep(live));
     absl::MutexLock lock(&mu_);
-    if (state_ != v1::JOB_RUNNING || stopping_job_ || finishing_ || placement_.moving()) return;
+    if (EndingLocked() || placement_.moving()) return;
     options_.checkpointer->Start(live, from);
   });
 }

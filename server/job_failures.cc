@@ -7,19 +7,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/grpc_util.h"
 #include "common/logging.h"
-#include "psrt/v1/ps.grpc.pb.h"
 #include "server/job.h"
 
 namespace psrt {
 
 void Job::ServerLostLocked(Process* p, const std::string& reason) {
-  if (state_ != v1::JOB_RUNNING || p->lost) return;
+  if (EndedLocked() || p->lost) return;
   // The keys it served (its own, and those it took over), each to the
   // server with their copy, when every one has a live copy.
   std::optional<std::vector<int>> owners;
-  if (config_.replicas() > 0 && !recovering_)
+  if (config_.replicas() > 0 && phase_ != JobPhase::kRecovering)
     owners = placement_.FailOver(p->id.index(), ServersLocked());
   if (!owners.has_value()) {
     LostLocked(reason);
@@ -38,7 +36,7 @@ void Job::ServerLostLocked(Process* p, const std::string& reason) {
              ", no step lost (failover)");
   // The checkpoints go on with the servers left.
   std::vector<std::string> live = LiveServerAddressesLocked();
-  if (options_.checkpointer != nullptr && checkpoints_started_ && !finishing_) {
+  if (options_.checkpointer != nullptr && (JobPhaseRuns(phase_) || phase_ == JobPhase::kStopping)) {
     const int64_t restored = config_.restored_step();
     // After the last failover's thread (joined there, not under mu_, which
     // it takes at its end).
@@ -48,17 +46,16 @@ void Job::ServerLostLocked(Process* p, const std::string& reason) {
       std::optional<v1::CheckpointResponse> last = options_.checkpointer->LastCommitted();
       absl::MutexLock lock(&mu_);
       // Nothing is armed once the job ended or its final checkpoint began.
-      if (state_ != v1::JOB_RUNNING || stopping_job_ || finishing_) return;
+      if (EndingLocked()) return;
       options_.checkpointer->Start(live, last ? last->step() : restored);
     });
   }
 }
 
 void Job::FailLocked(const std::string& reason) {
-  if (state_ != v1::JOB_RUNNING) return;
-  state_ = v1::JOB_FAILED;
+  if (EndedLocked() || !MoveToLocked(JobPhase::kFailed)) return;
   reason_ = reason;
-  ended_at_ = absl::Now();
+  ended_at_ = Now();
   LogError("job failed: ", reason);
   // Its servers are going: a checkpoint armed now would only fail, step
   // after step, until the coordinator exits.
@@ -71,12 +68,12 @@ void Job::Fail(const std::string& reason) {
 }
 
 void Job::LostLocked(const std::string& reason) {
-  if (state_ != v1::JOB_RUNNING) return;
-  if (config_.on_failure() != "recover" || finishing_ || stopping_job_) {
+  if (EndedLocked()) return;
+  if (config_.on_failure() != "recover" || EndingLocked()) {
     FailLocked(reason);
     return;
   }
-  if (recovering_) {
+  if (phase_ == JobPhase::kRecovering) {
     LogWarning(reason, " (while recovering)");
     return;
   }
@@ -85,7 +82,7 @@ void Job::LostLocked(const std::string& reason) {
                             config_.max_recoveries(), ")"));
     return;
   }
-  recovering_ = true;
+  if (!MoveToLocked(JobPhase::kRecovering)) return;
   LogWarning(reason, "; recovering");
   // After the last recovery's thread, which may still be writing the job
   // record: joined there, not under mu_.
@@ -97,13 +94,13 @@ void Job::LostLocked(const std::string& reason) {
 
 int64_t Job::ReachedStep(const std::vector<std::string>& servers) const {
   int64_t reached = 0;
+  if (options_.server_calls == nullptr) return reached;
   for (const std::string& address : servers) {
     if (address.empty()) continue;
-    auto stub = v1::ParameterServer::NewStub(MakeControlChannel(address));
-    grpc::ClientContext ctx;
-    PrepareContext(&ctx, options_.token, absl::Seconds(1));
-    v1::StatsResponse stats;
-    if (!stub->Stats(&ctx, v1::StatsRequest(), &stats).ok()) continue;  // the lost one
+    absl::StatusOr<v1::StatsResponse> answer =
+        options_.server_calls->Stats(address, absl::Seconds(1));
+    if (!answer.ok()) continue;  // the lost one
+    const v1::StatsResponse& stats = *answer;
     // In sync mode a key's version is the step; otherwise it counts every
     // worker's pushes, while steps (and checkpoints) count one worker's.
     if (config_.mode() == "sync") reached = std::max(reached, stats.max_version());
@@ -131,8 +128,7 @@ void Job::Recover(std::string reason) {
     }
   }
   absl::ReleasableMutexLock lock(&mu_);
-  recovering_ = false;
-  if (state_ != v1::JOB_RUNNING || stop_) return;
+  if (EndedLocked() || stop_) return;
   ++generation_;
   config_.set_generation(generation_);
   config_.set_restore_uri(uri);
@@ -149,10 +145,10 @@ void Job::Recover(std::string reason) {
                     " training processes go on");
   }
   LayOutLocked();  // every server and worker of the new generation yet to register
+  MoveToLocked(JobPhase::kStarting);
   ++epoch_;
   epoch_gauge_->Set(epoch_);
   active_workers_->Set(MembershipLocked().active_workers_size());
-  checkpoints_started_ = false;
   start_ = Now();
   const int64_t lost = std::max<int64_t>(0, std::max(reached, progress_step_) - step);
   progress_step_ = step;
@@ -187,7 +183,7 @@ void Job::Record(int64_t generation, const std::string& uri, int64_t step,
 }
 
 void Job::WorkerLostLocked(Process* p, const std::string& reason) {
-  if (state_ != v1::JOB_RUNNING || p->lost) return;
+  if (EndedLocked() || p->lost) return;
   if (config_.on_worker_failure() != "continue" && !elastic()) {
     LostLocked(reason);
     return;
@@ -251,7 +247,7 @@ void Job::Tick(absl::Time now) {
 }
 
 void Job::TickLocked(absl::Time now) {
-  if (state_ != v1::JOB_RUNNING || recovering_) return;
+  if (EndedLocked() || phase_ == JobPhase::kRecovering) return;
   const absl::Duration timeout = absl::Seconds(config_.heartbeat_timeout_s());
   const absl::Duration barrier = absl::Seconds(config_.barrier_timeout_s());
   const absl::Duration host_wait = absl::Seconds(config_.host_wait_s());
@@ -266,7 +262,7 @@ void Job::TickLocked(absl::Time now) {
     LostLocked(absl::StrCat(p.name, " was lost: no heartbeat for ",
                             absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100)))));
   }
-  if (state_ != v1::JOB_RUNNING || recovering_) return;
+  if (EndedLocked() || phase_ == JobPhase::kRecovering) return;
   for (Process& p : processes_) {
     if (p.id.role() == v1::ROLE_AGENT && p.slot < 0) continue;  // left the job
     if (p.id.role() == v1::ROLE_AGENT && p.lost && now - p.lost_at > host_wait) {
@@ -307,12 +303,12 @@ void Job::TickLocked(absl::Time now) {
     } else {
       ServerLostLocked(&p, reason);
     }
-    if (state_ != v1::JOB_RUNNING || recovering_) break;
+    if (EndedLocked() || phase_ == JobPhase::kRecovering) break;
   }
-  if (state_ != v1::JOB_RUNNING || recovering_) return;
+  if (EndedLocked() || phase_ == JobPhase::kRecovering) return;
   AdvanceMovesLocked();
   AssignCopiesLocked();
-  MaybeStartCheckpointsLocked();
+  MaybeStartLocked();
   if (!ReadyLocked() && now - start_ > barrier) {
     FailLocked(absl::StrCat("readiness barrier timed out after ", absl::FormatDuration(barrier),
                             "; not arrived: ", absl::StrJoin(MissingLocked(), ", ")));

@@ -11,9 +11,11 @@
 namespace psrt {
 
 void Job::AdvanceMovesLocked() {
-  if (!placement_.moving() || finishing_ || stopping_job_) return;
+  // Moves wait while the job starts (none begins before every server is
+  // there), recovers or ends.
+  if (!placement_.moving() || !JobPhaseRuns(phase_)) return;
   PauseCheckpointsLocked();
-  if (!checkpoints_paused_) return;
+  if (phase_ != JobPhase::kCheckpointsPaused) return;
   const absl::Time now = Now();
   const absl::Duration limit = absl::Seconds(std::max(60.0, config_.barrier_timeout_s()));
   const Placement::Progress p = placement_.Advance(ServersLocked(), now, limit);
@@ -62,7 +64,7 @@ Placement::Servers Job::ServersLocked() {
 
 void Job::AssignCopiesLocked() {
   if (config_.replicas() == 0 || config_.started_servers() == 0 || placement_.moving() ||
-      finishing_ || stopping_job_ || !ReadyLocked()) {
+      EndingLocked() || !ReadyLocked()) {
     return;
   }
   std::vector<std::string> named;
@@ -104,10 +106,10 @@ absl::Status Job::RemoveServer(const v1::RemoveServerRequest& request, absl::Tim
         "no server ", index, " in this job: its servers are 0..", config_.num_servers() - 1));
   }
   Process* p = ServerLocked(index);
-  if (state_ != v1::JOB_RUNNING || recovering_ || !ReadyLocked()) {
+  if (EndedLocked() || phase_ == JobPhase::kRecovering || !ReadyLocked()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("the job is not running with all its processes (", StateName(state_),
-                     recovering_ ? ", recovering" : "", ")"));
+        absl::StrCat("the job is not running with all its processes (", StateName(StateLocked()),
+                     phase_ == JobPhase::kRecovering ? ", recovering" : "", ")"));
   }
   if (!LiveServerLocked(index) || p->leaving) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -135,16 +137,14 @@ absl::Status Job::RemoveServer(const v1::RemoveServerRequest& request, absl::Tim
     return q == nullptr || q->parked || !q->leaving;
   };
   auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return gone() || state_ != v1::JOB_RUNNING || generation_ != generation || recovering_ ||
-           cancelled();
+    return gone() || EndedLocked() || generation_ != generation ||
+           phase_ == JobPhase::kRecovering || cancelled();
   };
-  while (!over() && absl::Now() < deadline) {
-    mu_.AwaitWithTimeout(absl::Condition(&over), absl::Milliseconds(100));
-  }
-  if (state_ != v1::JOB_RUNNING) {
+  AwaitLocked(absl::Condition(&over), deadline);
+  if (EndedLocked()) {
     return absl::AbortedError(absl::StrCat("the job ended: ", reason_));
   }
-  if (generation_ != generation || recovering_) {
+  if (generation_ != generation || phase_ == JobPhase::kRecovering) {
     return absl::AbortedError(
         "the job recovered from a failure meanwhile: it goes on with the servers it "
         "started with");
