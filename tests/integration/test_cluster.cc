@@ -275,6 +275,18 @@ TestCluster::~TestCluster() {
   std::vector<Child*> servers;
   for (Child& s : servers_) servers.push_back(&s);
   Stop(servers);
+  // The job ended with its servers (unless its settings outlive them). The
+  // test hears that as psrt-run and training processes do: its workers in a
+  // heartbeat sent now, its status query (Start() asked once) in another;
+  // else the coordinator waits out its grace for them (up to the heartbeat
+  // timeout) before it exits.
+  if (Alive(&coordinator_)) {
+    for (const auto& link : worker_links_) link->Wake();
+    bool ended = true;
+    for (const auto& link : worker_links_)
+      ended = link->WaitForEnd(absl::Seconds(2)).state != v1::JOB_RUNNING && ended;
+    if (ended) (void)QueryJobStatus(coordinator_address_, token_, absl::Seconds(2));
+  }
   worker_links_.clear();  // stops their heartbeats while the coordinator still answers
   Stop({&coordinator_});
   if (!dir_.empty()) {
