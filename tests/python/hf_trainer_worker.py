@@ -92,7 +92,7 @@ class ReferenceTrainer(transformers.Trainer):
         return Interleaved(self.train_dataset, self.workers)
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=["gpt2", "bert"], required=True)
     ap.add_argument("--steps", type=int, default=6)
@@ -102,7 +102,7 @@ def main():
     ap.add_argument("--sampling", default="random", help="TrainingArguments.train_sampling_strategy")
     ap.add_argument("--reference", type=int, default=0, help="one process on N workers' global batch")
     ap.add_argument("--out", required=True)
-    opts = ap.parse_args()
+    opts = ap.parse_args(argv)
     data = Tokens(opts.model)
     model = model_for(opts.model)
     if opts.reference:

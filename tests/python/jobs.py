@@ -107,20 +107,30 @@ def shard_order(dataset, workers, rank, epochs):
     return order
 
 
-def job_and_reference(script, args, out, workers=2):
+def job_reports(script, args, out, workers=2):
     """Runs `script` with `args` and `--out OUT` as every worker of a local
-    job, then as one process with `--reference WORKERS` (the job's global
-    batch in one process); returns each rank's report (`OUT.rankN.json`)."""
+    job; returns each rank's report (`OUT.rankN.json`)."""
     code, log = run_job(script, list(args) + ["--out", out])
-    assert code == 0, log
-    ref = subprocess.run([sys.executable, script] + list(args) + ["--out", out, "--reference", str(workers)],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-    assert ref.returncode == 0, ref.stdout
+    assert code == 0, failure_text(log)
     reports = []
     for r in range(workers):
         with open("%s.rank%d.json" % (out, r)) as f:
             reports.append(json.load(f))
     return reports
+
+
+def references(script, runs, workers=2):
+    """Runs `script` as one process on the global batch of `workers`
+    (`--reference WORKERS`) for each of `runs` (argument lists, each with
+    its own --out) in turn, in one interpreter through the script's
+    main(argv): the framework is imported once, not once per run."""
+    name = os.path.splitext(os.path.basename(script))[0]
+    argvs = [list(args) + ["--reference", str(workers)] for args in runs]
+    driver = ("import json, sys; sys.path.insert(0, %r); import %s as w\n"
+              "for argv in json.loads(sys.argv[1]): w.main(argv)" % (os.path.dirname(script), name))
+    ref = subprocess.run([sys.executable, "-c", driver, json.dumps(argvs)], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stdout[-8000:]
 
 
 def assert_trained_like(got, want, initial, atol):

@@ -89,7 +89,7 @@ class Interleaved(Sampler):
                 yield from order[t:t + PER_DEVICE]
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--accumulation", type=int, default=1)
@@ -98,7 +98,7 @@ def main():
     ap.add_argument("--iterable", action="store_true", help="the data as an IterableDataset")
     ap.add_argument("--resume", help="fit's ckpt_path")
     ap.add_argument("--out", required=True)
-    opts = ap.parse_args()
+    opts = ap.parse_args(argv)
     L.seed_everything(0)
     data = Images()
     common = dict(max_steps=opts.steps, accumulate_grad_batches=opts.accumulation, gradient_clip_val=0.5,

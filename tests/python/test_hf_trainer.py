@@ -11,33 +11,46 @@ import tempfile
 import pytest
 import torch
 
-from jobs import EXAMPLES, HERE, job_and_reference, run_job, shard_order
+from jobs import EXAMPLES, HERE, job_reports, references, run_job, shard_order
 import hf_trainer_worker as w
 
 WORKER = os.path.join(HERE, "hf_trainer_worker.py")
 
 
+CONFIGS = [("gpt2", 1, 1.0, False), ("gpt2", 2, 0.0, False), ("bert", 2, 1.0, False), ("bert", 1, 0.0, True)]
+
+
+def arguments(model, accumulation, max_grad_norm, bf16):
+    return (["--model", model, "--accumulation", str(accumulation), "--max-grad-norm", str(max_grad_norm)] +
+            (["--bf16"] if bf16 else []))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """{configuration: the plain Trainer's parameters in one process on the
+    global batch}, every configuration's made by one process."""
+    d = tmp_path_factory.mktemp("reference")
+    out = {c: os.path.join(d, "r%d" % i) for i, c in enumerate(CONFIGS)}
+    references(WORKER, [arguments(*c) + ["--out", out[c]] for c in CONFIGS])
+    return {c: torch.load(out[c] + ".reference.pt") for c in CONFIGS}
+
+
 def train(args):
-    """(each rank's final parameters and report, the reference's parameters)."""
+    """Each rank's final parameters and report."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r")
-        reports = job_and_reference(WORKER, args, out)
+        reports = job_reports(WORKER, args, out)
         ranks = [(torch.load("%s.rank%d.pt" % (out, r)), reports[r]) for r in range(2)]
         # Rank 0 saved the Trainer's checkpoint; rank 1 only its RNG state.
         assert os.path.exists(os.path.join(out + ".rank0", "checkpoint-6", "model.safetensors"))
         assert os.listdir(os.path.join(out + ".rank1", "checkpoint-6")) == ["rng_state_1.pth"]
-        return ranks, torch.load(out + ".reference.pt")
+        return ranks
 
 
-@pytest.mark.parametrize("model,accumulation,max_grad_norm,bf16", [
-    ("gpt2", 1, 1.0, False),
-    ("gpt2", 2, 0.0, False),
-    ("bert", 2, 1.0, False),
-    ("bert", 1, 0.0, True),
-])
-def test_trainer_on_two_workers_equals_one_process_on_the_global_batch(model, accumulation, max_grad_norm, bf16):
-    args = ["--model", model, "--accumulation", str(accumulation), "--max-grad-norm", str(max_grad_norm)]
-    ranks, reference = train(args + (["--bf16"] if bf16 else []))
+@pytest.mark.parametrize("model,accumulation,max_grad_norm,bf16", CONFIGS)
+def test_trainer_on_two_workers_equals_one_process_on_the_global_batch(model, accumulation, max_grad_norm, bf16,
+                                                                        reference):
+    ranks = train(arguments(model, accumulation, max_grad_norm, bf16))
     (p0, r0), (p1, r1) = ranks
     # Ranks equal bit for bit.
     for name in p0:
@@ -59,7 +72,7 @@ def test_trainer_on_two_workers_equals_one_process_on_the_global_batch(model, ac
     atol = 1e-3 if bf16 else 1e-5
     moved = 0.0
     initial = w.model_for(model).state_dict()
-    for name, value in reference.items():
+    for name, value in reference[(model, accumulation, max_grad_norm, bf16)].items():
         torch.testing.assert_close(p0[name], value, rtol=0, atol=atol, msg=name)
         moved = max(moved, (value - initial[name]).abs().max().item())
     assert moved > 3 * atol, "training moved the weights"

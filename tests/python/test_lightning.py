@@ -11,23 +11,43 @@ import tempfile
 import pytest
 import torch
 
-from jobs import EXAMPLES, HERE, job_and_reference, run_job, shard_order
+from jobs import EXAMPLES, HERE, job_reports, references, run_job, shard_order
 import lightning_worker as w
 
 WORKER = os.path.join(HERE, "lightning_worker.py")
 
 
-@pytest.mark.parametrize("accumulation,precision", [(1, "32-true"), (2, "32-true"), (1, "bf16-mixed"),
-                                                    (1, "16-mixed-cpu-scaler"), (1, "16-mixed")])
-def test_lightning_on_two_workers_equals_one_process_on_the_mean_gradient(accumulation, precision):
-    if precision == "16-mixed" and not torch.cuda.is_available():
+CONFIGS = [(1, "32-true"), (2, "32-true"), (1, "bf16-mixed"), (1, "16-mixed-cpu-scaler"), (1, "16-mixed")]
+
+
+def runnable(precision):
+    return precision != "16-mixed" or torch.cuda.is_available()
+
+
+def arguments(accumulation, precision):
+    return ["--accumulation", str(accumulation), "--precision", precision]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """{configuration: one process's parameters on the mean gradient}, every
+    configuration's made by one process (Lightning imported once)."""
+    d = tmp_path_factory.mktemp("reference")
+    configs = [c for c in CONFIGS if runnable(c[1])]
+    out = {c: os.path.join(d, "r%d" % i) for i, c in enumerate(configs)}
+    references(WORKER, [arguments(*c) + ["--out", out[c]] for c in configs])
+    return {c: torch.load(out[c] + ".reference.pt") for c in configs}
+
+
+@pytest.mark.parametrize("accumulation,precision", CONFIGS)
+def test_lightning_on_two_workers_equals_one_process_on_the_mean_gradient(accumulation, precision, reference):
+    if not runnable(precision):
         pytest.skip("fp16 autocast and its GradScaler need CUDA (Lightning runs bf16 on a CPU)")
-    args = ["--accumulation", str(accumulation), "--precision", precision]
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r")
-        reports = job_and_reference(WORKER, args, out)
+        reports = job_reports(WORKER, arguments(accumulation, precision), out)
         got = [torch.load("%s.rank%d.pt" % (out, r)) for r in range(2)]
-        want = torch.load(out + ".reference.pt")
+    want = reference[(accumulation, precision)]
     for name in want:
         assert torch.equal(got[0][name], got[1][name]), name
         torch.testing.assert_close(got[0][name], want[name], rtol=0, atol=1e-5, msg=name)
