@@ -32,7 +32,8 @@ constexpr char kJobRecordFile[] = "JOB";
 std::string JobId(const std::string& token) {
   unsigned char digest[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
-  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)));
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)));
 }
 // How long a periodic sync checkpoint's server calls wait for the step
 // before the coordinator looks at its other triggers again: 250 ms, and 1 ms
@@ -47,14 +48,20 @@ std::vector<double> SecondsBuckets() { return {0.01, 0.1, 1, 10, 100, 1000}; }
 
 }  // namespace
 
-Checkpointer::Checkpointer(CheckpointerOptions options, std::unique_ptr<Storage> root, Metrics* metrics)
+Checkpointer::Checkpointer(CheckpointerOptions options, std::unique_ptr<Storage> root,
+                           Metrics* metrics)
     : options_(std::move(options)),
       root_(std::move(root)),
       saved_(metrics->GetCounter("checkpoints_total", "Checkpoints committed")),
       failed_(metrics->GetCounter("checkpoint_failures_total", "Checkpoints that failed")),
-      seconds_(metrics->GetHistogram("checkpoint_seconds", "Time to write and commit a checkpoint once its step is reached", SecondsBuckets())),
-      last_step_(metrics->GetGauge("checkpoint_last_step", "Step of the newest committed checkpoint")),
-      last_pause_(metrics->GetGauge("checkpoint_pause_seconds_max", "Longest a key was held to copy it, in the newest checkpoint")) {}
+      seconds_(metrics->GetHistogram(
+          "checkpoint_seconds", "Time to write and commit a checkpoint once its step is reached",
+          SecondsBuckets())),
+      last_step_(
+          metrics->GetGauge("checkpoint_last_step", "Step of the newest committed checkpoint")),
+      last_pause_(
+          metrics->GetGauge("checkpoint_pause_seconds_max",
+                            "Longest a key was held to copy it, in the newest checkpoint")) {}
 
 absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOptions options,
                                                                  Metrics* metrics) {
@@ -68,7 +75,8 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Open(CheckpointerOpt
                         absl::StrCat("cannot read checkpoint destination ", (*root)->uri(), ": ",
                                      probe.status().message()));
   }
-  return std::unique_ptr<Checkpointer>(new Checkpointer(std::move(options), *std::move(root), metrics));
+  return std::unique_ptr<Checkpointer>(
+      new Checkpointer(std::move(options), *std::move(root), metrics));
 }
 
 Checkpointer::~Checkpointer() { Stop(); }
@@ -171,11 +179,12 @@ absl::StatusOr<v1::JobRecord> Checkpointer::ReadRecord() {
   if (!data.ok()) return data.status();
   v1::JobRecord r;
   if (!r.ParseFromString(*data)) {
-    return absl::DataLossError(absl::StrCat(root_->uri(), "/", kJobRecordFile, " is not a job record"));
+    return absl::DataLossError(
+        absl::StrCat(root_->uri(), "/", kJobRecordFile, " is not a job record"));
   }
   if (r.job_id() != JobId(options_.token)) {
-    return absl::FailedPreconditionError(absl::StrCat(root_->uri(), "/", kJobRecordFile,
-                                                      " is another job's (its token differs)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(root_->uri(), "/", kJobRecordFile, " is another job's (its token differs)"));
   }
   absl::MutexLock lock(&record_mu_);
   record_ = r;
@@ -281,7 +290,8 @@ absl::StatusOr<bool> Checkpointer::Committed(const std::string& name) {
   return root_->Exists(ManifestPath(name));
 }
 
-v1::CheckpointResponse Checkpointer::Response(const std::string& name, int64_t step, bool already) const {
+v1::CheckpointResponse Checkpointer::Response(const std::string& name, int64_t step,
+                                              bool already) const {
   v1::CheckpointResponse r;
   r.set_uri(absl::StrCat(root_->uri(), "/", name));
   r.set_step(step);
@@ -360,8 +370,8 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Commit(
       if (sync() && k.version() != step && !free_running.contains(k.variable()) &&
           !stray.contains(absl::StrCat(k.variable(), "#", k.partition()))) {
         return absl::InternalError(absl::StrCat("checkpoint ", name, ": key '", k.variable(), "#",
-                                                k.partition(), "' was saved at version ", k.version(),
-                                                ", not at the step ", step));
+                                                k.partition(), "' was saved at version ",
+                                                k.version(), ", not at the step ", step));
       }
       v1::ManifestKey* mk = m.add_keys();
       *mk = k;
@@ -379,9 +389,10 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Commit(
   seconds_->Observe(seconds);
   last_step_->Set(static_cast<double>(step));
   last_pause_->Set(pause);
-  LogInfo("checkpoint ", root_->uri(), "/", name, " committed: ", bytes, " bytes in ", shards.size(),
-          " shards, ", m.keys_size(), " keys, ", absl::FormatDuration(absl::Seconds(seconds)),
-          "; longest training pause ", absl::FormatDuration(absl::Seconds(pause)));
+  LogInfo("checkpoint ", root_->uri(), "/", name, " committed: ", bytes, " bytes in ",
+          shards.size(), " shards, ", m.keys_size(), " keys, ",
+          absl::FormatDuration(absl::Seconds(seconds)), "; longest training pause ",
+          absl::FormatDuration(absl::Seconds(pause)));
   {
     absl::MutexLock lock(&mu_);
     last_committed_ = Response(name, step, false);
@@ -395,8 +406,8 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Commit(
     }
   }
   if (absl::Status s = PruneCheckpoints(root_.get(), options_.config.keep(), name); !s.ok()) {
-    LogWarning("removing old checkpoints under ", root_->uri(), " failed (the next checkpoint tries again): ",
-               s.message());
+    LogWarning("removing old checkpoints under ", root_->uri(),
+               " failed (the next checkpoint tries again): ", s.message());
   }
   return Response(name, step, false);
 }
@@ -447,7 +458,8 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Save(absl::Time deadline, b
     if (!absl::IsFailedPrecondition(last)) break;
   }
   failed_->Add();
-  return last.ok() ? absl::DeadlineExceededError("checkpoint: no attempt before the deadline") : last;
+  return last.ok() ? absl::DeadlineExceededError("checkpoint: no attempt before the deadline")
+                   : last;
 }
 
 absl::StatusOr<v1::CheckpointResponse> Checkpointer::Finish(
@@ -465,6 +477,13 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Finish(
   Retarget(server_addresses);
   if (addresses_.empty())
     return absl::FailedPreconditionError("the job ended before its servers registered");
+  // A job whose workers registered nothing has nothing to save (a sync
+  // checkpoint would wait for keys that never come).
+  absl::StatusOr<std::vector<v1::StatsResponse>> stats = AllStats(absl::Now() + kUnreachableRetry);
+  if (stats.ok() && std::all_of(stats->begin(), stats->end(),
+                                [](const v1::StatsResponse& s) { return s.num_keys() == 0; })) {
+    return absl::NotFoundError("the workers registered no variables: nothing to save");
+  }
   return Save(absl::Now() + options_.save_timeout, /*final=*/true);
 }
 
@@ -521,15 +540,16 @@ absl::Duration Checkpointer::SyncTurn(LoopState* state) {
   }
   const absl::Time started = absl::Now();
   bool done = false;
-  absl::Status s =
-      Round(name, state->target, PollWait(addresses_.size()), /*final=*/false, &state->responses, &done);
+  absl::Status s = Round(name, state->target, PollWait(addresses_.size()), /*final=*/false,
+                         &state->responses, &done);
   if (s.ok() && done) s = Commit(name, state->target, state->responses, started).status();
   if (s.ok() && !done) return absl::ZeroDuration();
   if (!s.ok() && stopping())
     return absl::ZeroDuration();  // stopped or cancelled on purpose: not news
   if (!s.ok()) {
     failed_->Add();
-    if (state->target != state->warned) LogWarning("checkpoint at step ", state->target, " failed: ", s.message());
+    if (state->target != state->warned)
+      LogWarning("checkpoint at step ", state->target, " failed: ", s.message());
     state->warned = state->target;
   }
   // Done: the next multiple (the servers armed it already). Failed: the

@@ -72,6 +72,7 @@ class Checkpointer final : public CheckpointControl {
   // writes the job's final checkpoint from these servers. Every worker has
   // finished: a key some never registered is taken as it is at once, and a
   // server that does not answer at once is asked again for a while.
+  // NOT_FOUND: the workers registered no variable, so nothing was saved.
   absl::StatusOr<v1::CheckpointResponse> Finish(
       const std::vector<std::string>& server_addresses) override;
   // Stops the triggers (a checkpoint in progress ends at its next poll).

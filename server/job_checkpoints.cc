@@ -122,11 +122,14 @@ void Job::CheckSuccessLocked() {
       absl::StatusOr<v1::CheckpointResponse> r = options_.checkpointer->Finish(live);
       absl::MutexLock lock(&mu_);
       if (phase_ == JobPhase::kFinishing) MoveToLocked(JobPhase::kFinalSaved);
-      if (!r.ok()) {
+      if (absl::IsNotFound(r.status())) {
+        LogInfo("no final checkpoint: ", r.status().message());
+      } else if (!r.ok()) {
         FailLocked(absl::StrCat("the final checkpoint failed: ", r.status().message()));
         return;
+      } else {
+        LogInfo("final checkpoint: ", r->uri(), r->already_saved() ? " (already saved)" : "");
       }
-      LogInfo("final checkpoint: ", r->uri(), r->already_saved() ? " (already saved)" : "");
       CheckSuccessLocked();
     });
     return;

@@ -34,7 +34,8 @@ absl::Status CheckArgs(const psrt_client* c, int n, const char* const* names) {
   if (c == nullptr) return absl::InvalidArgumentError("client is NULL");
   if (n <= 0 || names == nullptr) return absl::InvalidArgumentError("no variables given");
   for (int i = 0; i < n; ++i) {
-    if (names[i] == nullptr) return absl::InvalidArgumentError(absl::StrCat("name ", i, " is NULL"));
+    if (names[i] == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat("name ", i, " is NULL"));
   }
   return absl::OkStatus();
 }
@@ -75,16 +76,26 @@ absl::Status ToCompression(int push_compression, int pull_compression, psrt::Com
                            psrt::Compression* pull) {
   auto compression = [](int v, psrt::Compression* out) {
     switch (v) {
-      case PSRT_COMPRESSION_JOB_DEFAULT: *out = psrt::Compression::kJobDefault; return true;
-      case PSRT_COMPRESSION_NONE: *out = psrt::Compression::kNone; return true;
-      case PSRT_COMPRESSION_FP16: *out = psrt::Compression::kFp16; return true;
-      case PSRT_COMPRESSION_BF16: *out = psrt::Compression::kBf16; return true;
-      default: return false;
+      case PSRT_COMPRESSION_JOB_DEFAULT:
+        *out = psrt::Compression::kJobDefault;
+        return true;
+      case PSRT_COMPRESSION_NONE:
+        *out = psrt::Compression::kNone;
+        return true;
+      case PSRT_COMPRESSION_FP16:
+        *out = psrt::Compression::kFp16;
+        return true;
+      case PSRT_COMPRESSION_BF16:
+        *out = psrt::Compression::kBf16;
+        return true;
+      default:
+        return false;
     }
   };
   if (!compression(push_compression, push) || !compression(pull_compression, pull)) {
-    return absl::InvalidArgumentError(absl::StrCat("compression must be one of PSRT_COMPRESSION_*; got ",
-                                                   push_compression, " and ", pull_compression));
+    return absl::InvalidArgumentError(
+        absl::StrCat("compression must be one of PSRT_COMPRESSION_*; got ", push_compression,
+                     " and ", pull_compression));
   }
   return absl::OkStatus();
 }
@@ -98,9 +109,20 @@ int psrt_optimizer_defaults(const char* name, double lr, psrt_optimizer* out) {
   absl::StatusOr<psrt::OptimizerKind> kind = psrt::ParseOptimizerKind(name);
   if (!kind.ok()) return Fail(kind.status());
   psrt::OptimizerConfig c = psrt::DefaultOptimizer(*kind, lr);
-  *out = {psrt::OptimizerName(*kind), c.lr, c.momentum, c.dampening, c.nesterov ? 1 : 0,
-          c.weight_decay, c.beta1, c.beta2, c.eps, c.lr_decay, c.initial_accumulator_value,
-          c.l1, c.l2, c.ftrl_beta};
+  *out = {psrt::OptimizerName(*kind),
+          c.lr,
+          c.momentum,
+          c.dampening,
+          c.nesterov ? 1 : 0,
+          c.weight_decay,
+          c.beta1,
+          c.beta2,
+          c.eps,
+          c.lr_decay,
+          c.initial_accumulator_value,
+          c.l1,
+          c.l2,
+          c.ftrl_beta};
   return Result(absl::OkStatus());
 }
 
@@ -141,19 +163,22 @@ int psrt_register(psrt_client* c, const char* name, const int64_t* shape, int nd
   absl::StatusOr<psrt::OptimizerConfig> cfg = ToConfig(*o);
   if (!cfg.ok()) return Fail(cfg.status());
   psrt::Compression push, pull;
-  if (absl::Status s = ToCompression(push_compression, pull_compression, &push, &pull); !s.ok()) return Fail(s);
+  if (absl::Status s = ToCompression(push_compression, pull_compression, &push, &pull); !s.ok())
+    return Fail(s);
   return static_cast<int>(Result(c->client->RegisterVariable(
       name, std::vector<int64_t>(shape, shape + ndim), data, *cfg, push, pull)));
 }
 
-int psrt_register_table(psrt_client* c, const char* name, const psrt_table* t, const psrt_optimizer* o) {
+int psrt_register_table(psrt_client* c, const char* name, const psrt_table* t,
+                        const psrt_optimizer* o) {
   if (c == nullptr || name == nullptr || t == nullptr || o == nullptr || o->name == nullptr) {
     return Fail(absl::InvalidArgumentError("psrt_register_table: NULL argument"));
   }
   absl::StatusOr<psrt::OptimizerConfig> cfg = ToConfig(*o);
   if (!cfg.ok()) return Fail(cfg.status());
   psrt::TableOptions options;
-  if (absl::Status s = ToCompression(t->push_compression, t->pull_compression, &options.push, &options.pull);
+  if (absl::Status s =
+          ToCompression(t->push_compression, t->pull_compression, &options.push, &options.pull);
       !s.ok()) {
     return Fail(s);
   }
@@ -170,13 +195,15 @@ int psrt_register_table(psrt_client* c, const char* name, const psrt_table* t, c
 
 int64_t psrt_pull_rows(psrt_client* c, const char* table, const int64_t* ids, int64_t n, float* out,
                        int64_t min_version) {
-  if (c == nullptr || table == nullptr) return Fail(absl::InvalidArgumentError("psrt_pull_rows: NULL argument"));
+  if (c == nullptr || table == nullptr)
+    return Fail(absl::InvalidArgumentError("psrt_pull_rows: NULL argument"));
   return static_cast<int64_t>(c->client->PullRows(table, ids, n, out, min_version));
 }
 
-int64_t psrt_push_rows(psrt_client* c, const char* table, const int64_t* ids, int64_t n, const float* grads,
-                       int64_t version) {
-  if (c == nullptr || table == nullptr) return Fail(absl::InvalidArgumentError("psrt_push_rows: NULL argument"));
+int64_t psrt_push_rows(psrt_client* c, const char* table, const int64_t* ids, int64_t n,
+                       const float* grads, int64_t version) {
+  if (c == nullptr || table == nullptr)
+    return Fail(absl::InvalidArgumentError("psrt_push_rows: NULL argument"));
   return static_cast<int64_t>(c->client->PushRows(table, ids, n, grads, version));
 }
 
@@ -232,7 +259,8 @@ int64_t psrt_pulled_version(psrt_client* c, const char* name) {
 
 int psrt_set_learning_rate(psrt_client* c, const char* variable, double lr) {
   if (c == nullptr) return Fail(absl::InvalidArgumentError("client is NULL"));
-  return static_cast<int>(Result(c->client->SetLearningRate(lr, variable == nullptr ? "" : variable)));
+  return static_cast<int>(
+      Result(c->client->SetLearningRate(lr, variable == nullptr ? "" : variable)));
 }
 
 int psrt_allreduce(psrt_client* c, int n, const char* const* names, const int64_t* sizes,
@@ -253,13 +281,25 @@ int psrt_allreduce(psrt_client* c, int n, const char* const* names, const int64_
   std::vector<psrt::ReduceRef> refs(n);
   for (int i = 0; i < n; ++i) refs[i] = {names[i], sizes[i], in[i], out[i]};
   const psrt::ReduceOp how = op == PSRT_REDUCE_SUM ? psrt::ReduceOp::kSum : psrt::ReduceOp::kMean;
-  if (absl::Status s = c->reducer.Reduce(absl::MakeSpan(refs), how, push, factor);
-      !s.ok()) return Fail(s);
+  if (absl::Status s = c->reducer.Reduce(absl::MakeSpan(refs), how, push, factor); !s.ok())
+    return Fail(s);
   if (given != nullptr) {
     for (int i = 0; i < n; ++i) given[i] = refs[i].given ? 1 : 0;
   }
   last_error.clear();
   return 0;
+}
+
+int psrt_state_on_workers(const psrt_client* c) {
+  if (c == nullptr) return Fail(absl::InvalidArgumentError("psrt_state_on_workers: NULL client"));
+  return static_cast<int>(Result(c->client->StateOnWorkers()));
+}
+
+int psrt_check_same(psrt_client* c, const char* what, uint32_t digest) {
+  if (c == nullptr || what == nullptr || *what == '\0') {
+    return Fail(absl::InvalidArgumentError("psrt_check_same: NULL client or no name"));
+  }
+  return static_cast<int>(Result(c->reducer.CheckSame(what, digest)));
 }
 
 const char* psrt_last_error(void) { return last_error.c_str(); }

@@ -137,6 +137,16 @@ int psrt_allreduce(psrt_client* client, int n, const char* const* names, const i
                    const float* const* in, float* const* out, int* given, int op, int compression,
                    int* factor);
 
+/* 0 where the weights and optimizer state may live on the workers, each
+ * applying its own optimizer to psrt_allreduce's mean gradient; otherwise a
+ * negative status code, and psrt_last_error says which option prevents it. */
+int psrt_state_on_workers(const psrt_client* client);
+
+/* 0 if every worker's `digest` (of its weights, say) is rank 0's; otherwise
+ * a negative status code and psrt_last_error names the workers whose `what`
+ * differs. Every worker calls it at the same point of a sync job. */
+int psrt_check_same(psrt_client* client, const char* what, uint32_t digest);
+
 /* Sets the learning rate of `variable`, or of every variable when NULL. */
 int psrt_set_learning_rate(psrt_client* client, const char* variable, double lr);
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <map>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -40,29 +40,30 @@ absl::StatusOr<ClientOptions> ClientOptions::FromEnv() {
   if (!level.ok()) return absl::FailedPreconditionError(level.status().message());
   const std::string rank = EnvOr("PSRT_RANK", "");
   if (!absl::SimpleAtoi(rank, &o.rank) || o.rank < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "PSRT_RANK must be a rank >= 0; got '", rank, "'"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("PSRT_RANK must be a rank >= 0; got '", rank, "'"));
   }
   const std::string timeout = EnvOr("PSRT_RPC_TIMEOUT_S", "");
   double seconds = 0;
   if (!timeout.empty()) {
     if (!absl::SimpleAtod(timeout, &seconds) || seconds <= 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "PSRT_RPC_TIMEOUT_S must be a number of seconds > 0; got '", timeout, "'"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("PSRT_RPC_TIMEOUT_S must be a number of seconds > 0; got '", timeout, "'"));
     }
     o.rpc_timeout = absl::Seconds(seconds);
   }
   const std::string generation = EnvOr("PSRT_GENERATION", "0");
   if (!absl::SimpleAtoi(generation, &o.generation) || o.generation < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "PSRT_GENERATION must be a job generation >= 0 (psrt-worker sets it); got '", generation, "'"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("PSRT_GENERATION must be a job generation >= 0 (psrt-worker sets it); got '",
+                     generation, "'"));
   }
   const std::string connections = EnvOr("PSRT_CONNECTIONS_PER_SERVER", "");
   if (!connections.empty() && (!absl::SimpleAtoi(connections, &o.connections_per_server) ||
                                o.connections_per_server < 1 || o.connections_per_server > 64)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "PSRT_CONNECTIONS_PER_SERVER must be a number of connections in 1..64; got '", connections,
-        "'"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("PSRT_CONNECTIONS_PER_SERVER must be a number of connections in 1..64; got '",
+                     connections, "'"));
   }
   o.timeline = EnvOr("PSRT_TIMELINE", "");
   o.host_group = EnvOr("PSRT_HOST_GROUP", "");
@@ -94,10 +95,11 @@ void Client::Finish() { impl_->link->SendStats(); }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.coordinator.empty()) return absl::InvalidArgumentError("no coordinator address");
-  if (options.rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank, " < 0"));
+  if (options.rank < 0)
+    return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank, " < 0"));
   if (options.connections_per_server < 1 || options.connections_per_server > 64) {
-    return absl::InvalidArgumentError(absl::StrCat("connections_per_server must be 1..64; got ",
-                                                   options.connections_per_server));
+    return absl::InvalidArgumentError(
+        absl::StrCat("connections_per_server must be 1..64; got ", options.connections_per_server));
   }
   TuneForDataPath();
   if (absl::Status s = InitTransportSecurity(); !s.ok()) {
@@ -106,7 +108,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   if (!options.timeline.empty()) {
-    absl::StatusOr<std::unique_ptr<Timeline>> timeline = Timeline::Open(options.timeline, options.rank);
+    absl::StatusOr<std::unique_ptr<Timeline>> timeline =
+        Timeline::Open(options.timeline, options.rank);
     if (!timeline.ok()) return timeline.status();
     impl->timeline = *std::move(timeline);
   }
@@ -129,7 +132,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   absl::StatusOr<v1::BarrierResponse> barrier = impl->link->Barrier();
   if (!barrier.ok()) return barrier.status();
   impl->config = barrier->config();
-  impl->active_workers.store(barrier->membership().active_workers_size(), std::memory_order_relaxed);
+  impl->active_workers.store(barrier->membership().active_workers_size(),
+                             std::memory_order_relaxed);
   const int n = barrier->shard_map().server_addresses_size();
   if (n == 0) return absl::FailedPreconditionError("the shard map lists no servers");
   ServerLinks::Options links;
@@ -151,8 +155,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (impl->config.transport() == "auto") impl->ShareMemory();
   impl->servers->OpenDataChannels();
   // Enough threads for a request in flight on every connection.
-  impl->pool = std::make_unique<ThreadPool>(
-      std::max<int>(4, 2 * options.connections_per_server * n));
+  impl->pool =
+      std::make_unique<ThreadPool>(std::max<int>(4, 2 * options.connections_per_server * n));
   if (impl->config.local_aggregation() && !options.host_group.empty()) {
     absl::StatusOr<std::unique_ptr<HostGroup>> group =
         HostGroup::Join(options.host_group, options.local_rank, options.rank,
@@ -191,27 +195,55 @@ absl::Status Client::EveryWorkerEachStep() const {
       absl::StrCat("a sum over the job's workers needs every worker's push in each step; ", why));
 }
 
+absl::Status Client::StateOnWorkers() const {
+  const v1::JobConfig& c = impl_->config;
+  std::string why;
+  if (!sync()) {
+    why = absl::StrCat("the job's mode is ", c.mode(),
+                       ": each worker's push is applied alone, so no step has one mean gradient");
+  } else if (!c.checkpoint().uri().empty() || !c.restore_uri().empty()) {
+    why = "\"checkpoint\" and \"restore\" save and restore what the servers hold";
+  } else if (c.on_failure() == "recover") {
+    why = "\"on_failure\": \"recover\" rolls back to what the servers hold";
+  } else if (c.restart_workers() > 0) {
+    why = "\"restart_workers\": a restarted worker takes its weights from the servers";
+  } else if (c.min_workers() > 0) {
+    why = "\"elastic\": a joining worker takes its weights from the servers";
+  } else {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the optimizer cannot run on the workers in this job (their weights and optimizer state "
+      "would live there, and psrt does not yet save or hand those over); ",
+      why));
+}
+
 absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64_t> shape,
                                       float* data, const OptimizerConfig& optimizer,
                                       Compression push, Compression pull) {
   v1::DType push_dtype, pull_dtype;
   if (absl::Status s = WireDType(push, impl_->config.compression(), &push_dtype); !s.ok()) return s;
-  if (absl::Status s = WireDType(pull, impl_->config.pull_compression(), &pull_dtype); !s.ok()) return s;
-  if (data == nullptr) return absl::InvalidArgumentError(absl::StrCat("variable '", name, "' has no buffer"));
+  if (absl::Status s = WireDType(pull, impl_->config.pull_compression(), &pull_dtype); !s.ok())
+    return s;
+  if (data == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat("variable '", name, "' has no buffer"));
   if (absl::Status s = ValidateOptimizerConfig(optimizer); !s.ok()) return s;
   int64_t n = 1;
   for (int64_t d : shape) {
-    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("variable '", name, "' has a negative dimension"));
+    if (d < 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("variable '", name, "' has a negative dimension"));
     n *= d;
   }
-  absl::StatusOr<std::vector<Partition>> parts = PartitionVariable(
-      name, n, 4, impl_->config.partition_bytes(), num_servers());
+  absl::StatusOr<std::vector<Partition>> parts =
+      PartitionVariable(name, n, 4, impl_->config.partition_bytes(), num_servers());
   if (!parts.ok()) return parts.status();
   {
     absl::MutexLock lock(&impl_->mu);
     auto [it, inserted] = impl_->variables.try_emplace(name);
     if (!inserted && it->second.num_elements != n) {
-      return absl::AlreadyExistsError(absl::StrCat("variable '", name, "' is already registered with ",
+      return absl::AlreadyExistsError(absl::StrCat("variable '", name,
+                                                   "' is already registered with ",
                                                    it->second.num_elements, " elements"));
     }
     it->second.num_elements = n;
@@ -246,12 +278,14 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
     spec->set_offset(p.offset);
     spec->set_num_elements(p.num_elements);
     *spec->mutable_optimizer() = opt;
-    if (rank() == 0) spec->set_init(reinterpret_cast<const char*>(data + p.offset), p.num_elements * 4);
+    if (rank() == 0)
+      spec->set_init(reinterpret_cast<const char*>(data + p.offset), p.num_elements * 4);
   }
   // "replicas": 1: the backup of each server keeps copies of its keys
   // (with "max_servers", copies its server builds once the job runs).
   const int copies = impl_->config.replicas() > 0 && impl_->config.started_servers() == 0 ? 2 : 1;
-  auto [handle, op] = impl_->ops.New(static_cast<int>(batches.size()) * copies, absl::OkStatus(), "REGISTER");
+  auto [handle, op] =
+      impl_->ops.New(static_cast<int>(batches.size()) * copies, absl::OkStatus(), "REGISTER");
   if (impl_->timeline != nullptr) {
     op->tensors = JsonNames({name});
     op->bytes = n * 4;
@@ -282,15 +316,18 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
 
 absl::Status Client::RegisterTable(const std::string& name, const TableOptions& options) {
   v1::DType push_dtype, pull_dtype;
-  if (absl::Status s = WireDType(options.push, impl_->config.compression(), &push_dtype); !s.ok()) return s;
-  if (absl::Status s = WireDType(options.pull, impl_->config.pull_compression(), &pull_dtype); !s.ok()) return s;
+  if (absl::Status s = WireDType(options.push, impl_->config.compression(), &push_dtype); !s.ok())
+    return s;
+  if (absl::Status s = WireDType(options.pull, impl_->config.pull_compression(), &pull_dtype);
+      !s.ok())
+    return s;
   if (absl::Status s = ValidateRowOptimizer(options.optimizer); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("table '", name, "': ", s.message()));
   }
   if (impl_->config.replicas() > 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("table '", name, "': tables are not replicated; this job has \"replicas\": ",
-                     impl_->config.replicas()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table '", name,
+        "': tables are not replicated; this job has \"replicas\": ", impl_->config.replicas()));
   }
   v1::KeySpec spec;
   spec.set_variable(name);
@@ -377,8 +414,8 @@ absl::Status Client::AssignRows(const std::string& table, const int64_t* ids, in
   return absl::OkStatus();
 }
 
-Client::Handle Client::PushRows(const std::string& table, const int64_t* ids, int64_t n, const float* grads,
-                                int64_t version) {
+Client::Handle Client::PushRows(const std::string& table, const int64_t* ids, int64_t n,
+                                const float* grads, int64_t version) {
   impl_->link->SetProgress(version);
   return impl_->StartRows(table, ids, n, grads, nullptr, version, true);
 }
@@ -469,7 +506,8 @@ absl::StatusOr<double> Client::ServerMetric(const std::string& name) {
     });
     if (!st.ok()) return st;
     auto it = resp.metrics().find(name);
-    if (it == resp.metrics().end()) return absl::NotFoundError(absl::StrCat("server ", s, " has no metric '", name, "'"));
+    if (it == resp.metrics().end())
+      return absl::NotFoundError(absl::StrCat("server ", s, " has no metric '", name, "'"));
     total += it->second;
   }
   return total;

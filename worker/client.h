@@ -127,6 +127,13 @@ class Client {
   // step's pushes is one over the job's workers: what collectives through
   // the servers need. Otherwise FAILED_PRECONDITION saying which option.
   absl::Status EveryWorkerEachStep() const;
+  // OK where the weights and optimizer state may live on the workers, each
+  // applying its own optimizer to the step's mean gradient (Reducer): a sync
+  // job in which no process must receive them from elsewhere later (no
+  // checkpoints or restore, recovery, worker restarts or elastic joins,
+  // which save or hand over only what the servers hold). Otherwise
+  // FAILED_PRECONDITION saying which option.
+  absl::Status StateOnWorkers() const;
 
   // Registers a float32 variable on the servers. Rank 0's `data` is the
   // initial value; then every rank's `data` is overwritten with the current

@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace psrt {
 
@@ -137,6 +138,35 @@ absl::Status Reducer::Reduce(absl::Span<ReduceRef> tensors, ReduceOp op, Compres
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Reducer::CheckSame(const std::string& what, uint32_t digest) {
+  if (absl::Status s = client_->EveryWorkerEachStep(); !s.ok()) return s;
+  // Every worker's digest in its own slots, as two 16-bit halves: the
+  // servers' mean of one worker's value and zeros comes back exact after
+  // rounding (a float32 holds 24 bits).
+  const int workers = client_->num_workers();
+  const int rank = client_->rank();
+  std::vector<float> mine(2 * workers, 0.0f), all(2 * workers, 0.0f);
+  mine[2 * rank] = static_cast<float>(digest >> 16);
+  mine[2 * rank + 1] = static_cast<float>(digest & 0xffff);
+  ReduceRef ref{"psrt.check." + what, 2 * workers, mine.data(), all.data()};
+  if (absl::Status s = Reduce(absl::MakeSpan(&ref, 1), ReduceOp::kSum); !s.ok()) return s;
+  auto digest_of = [&](int w) {
+    return (static_cast<uint32_t>(std::lround(all[2 * w])) << 16) |
+           static_cast<uint32_t>(std::lround(all[2 * w + 1]));
+  };
+  std::vector<int> differ;
+  for (int w = 1; w < workers; ++w) {
+    if (digest_of(w) != digest_of(0)) differ.push_back(w);
+  }
+  if (differ.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "worker", differ.size() > 1 ? "s " : " ", absl::StrJoin(differ, ", "), " hold",
+      differ.size() > 1 ? " " : "s ", "other ", what, " than worker 0 (digests ",
+      absl::Hex(digest_of(differ[0])), " and ", absl::Hex(digest_of(0)),
+      "): the workers no longer train one model. Something changed them outside psrt's step "
+      "(a load, an edit of .data, a seed-dependent layer), or their steps differed"));
 }
 
 }  // namespace psrt

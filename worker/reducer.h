@@ -63,6 +63,11 @@ class Reducer {
   absl::Status Reduce(absl::Span<ReduceRef> tensors, ReduceOp op,
                       Compression compression = Compression::kNone, int* factor = nullptr);
 
+  // OK if every worker's `digest` (of its weights, say) is rank 0's; else
+  // FAILED_PRECONDITION naming the workers whose `what` differs. Every
+  // worker calls it at the same point (sync, every worker each step).
+  absl::Status CheckSame(const std::string& what, uint32_t digest);
+
  private:
   absl::Status Check(absl::Span<const ReduceRef> tensors, ReduceOp op) const;
   // Registers the keys not registered yet, with zeros.

@@ -67,6 +67,15 @@ class Client {
   bool is_sync() const { return psrt_is_sync(client_) == 1; }
   bool averages() const { return psrt_averages(client_) == 1; }
   void every_worker_each_step() const { Check(psrt_every_worker_each_step(client_)); }
+  void state_on_workers() const { Check(psrt_state_on_workers(client_)); }
+  void check_same(const std::string& what, uint32_t digest) {
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = psrt_check_same(client_, what.c_str(), digest);
+    }
+    Check(rc);
+  }
   int64_t restored_step() const { return psrt_restored_step(client_); }
 
   // An optimizer dict ({"name": ..., "lr": ...}) over its defaults.
@@ -223,6 +232,9 @@ PYBIND11_MODULE(_psrt, m) {
            py::arg("pull_compression") = 0)
       .def("push_pull", &Client::push_pull)
       .def("allreduce", &Client::allreduce)
+      .def("state_on_workers", &Client::state_on_workers,
+           "Raises PsrtError unless the weights and optimizer state may live on the workers.")
+      .def("check_same", &Client::check_same)
       .def("push", &Client::push)
       .def("pull", &Client::pull)
       .def("register_table", &Client::register_table, py::arg("name"), py::arg("dim"),

@@ -34,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 
 import psrt
 from psrt import _host, _job
-from psrt.torch import embedding
+from psrt.torch import _buffers, embedding
 
 _SUPPORTED = {
     torch.optim.SGD: "sgd",
@@ -49,8 +49,9 @@ def _server_optimizer(optimizer, group):
     kind = _SUPPORTED.get(type(optimizer))
     if kind is None:
         raise psrt.PsrtError(
-            "psrt.DistributedOptimizer: %s cannot run on the parameter servers; "
-            "use torch.optim.SGD, Adam, AdamW or Adagrad" % type(optimizer).__name__)
+            "psrt.DistributedOptimizer: %s cannot run on the parameter servers; use "
+            "torch.optim.SGD, Adam, AdamW or Adagrad, or run it on the workers (sync jobs: "
+            "optimizer_on=\"workers\")" % type(optimizer).__name__)
     for flag in ("maximize", "amsgrad", "differentiable"):
         if group.get(flag):
             raise psrt.PsrtError("psrt.DistributedOptimizer: %s with %s=True is not supported "
@@ -68,6 +69,25 @@ def _server_optimizer(optimizer, group):
         cfg.update(lr_decay=float(group.get("lr_decay", 0.0)), eps=float(group["eps"]),
                    initial_accumulator_value=float(group.get("initial_accumulator_value", 0.0)))
     return cfg
+
+
+def _on_workers(optimizer, optimizer_on):
+    """Whether `optimizer` runs on the workers (worker_optimizer.py): where
+    asked, or ("auto") in a sync job where the servers cannot run it (its
+    kind, a setting, or parameters that are not float32)."""
+    if optimizer_on not in ("auto", "servers", "workers"):
+        raise psrt.PsrtError("psrt.DistributedOptimizer: optimizer_on is \"auto\", \"servers\" or "
+                             "\"workers\"; got %r" % (optimizer_on,))
+    if optimizer_on != "auto":
+        return optimizer_on == "workers"
+    if not psrt.client().is_sync():
+        return False
+    try:
+        for group in optimizer.param_groups:
+            _server_optimizer(optimizer, group)
+    except psrt.PsrtError:
+        return True
+    return any(p.dtype != torch.float32 for g in optimizer.param_groups for p in g["params"])
 
 
 def _address(tensor):
@@ -153,7 +173,9 @@ def _frozen_error(name, now):
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
-    """Runs `optimizer`'s updates on the parameter servers.
+    """Runs `optimizer`'s updates on the parameter servers, or on every
+    worker on the mean gradient where the servers cannot run it
+    (``optimizer_on``; worker_optimizer.py).
 
     After ``step()`` the parameters receive their new weights as the next
     forward pass reaches them (a module's forward pre-hook, or the first
@@ -163,10 +185,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     Parameters with ``requires_grad=False`` (frozen layers) take rank 0's
     values and are never pushed. A parameter that has no gradient in a step
-    pushes zeros, so in sync mode every key advances every step; the
-    servers' optimizer then runs on that zero gradient (momentum, Adam's
-    moments and weight decay still move it, where torch's optimizer would
-    skip it).
+    says so: where no worker had one, the servers leave its weights and
+    optimizer state alone, as torch's optimizer skips it.
 
     Args:
       optimizer: a torch.optim.SGD, Adam, AdamW or Adagrad over the model's
@@ -203,6 +223,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         same on every worker) are averaged over workers at every step (in
         async and ssp modes the latest worker's are taken) and checkpointed.
         ``False`` keeps each worker's own.
+      optimizer_on: ``"servers"``: the servers run the optimizer (SGD, Adam,
+        AdamW, Adagrad over float32 parameters; others are refused).
+        ``"workers"`` (sync jobs): the servers return the step's mean
+        gradient into ``.grad`` at the end of ``backward()`` and every worker
+        runs `optimizer` itself, any torch optimizer over float32, float16 or
+        bfloat16 parameters, closures (LBFGS) included; the weights and the
+        optimizer's state live on the workers. ``"auto"`` (the default): the
+        servers where they can, else (sync) the workers.
+      check_every: with the optimizer on the workers, they check that they
+        still hold the same weights at the first step and every this many
+        steps; a worker that differs is an error naming it.
     """
 
     # torch.amp.GradScaler.step(opt) then hands step() its scale and found-inf
@@ -211,9 +242,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # otherwise that a scaler is at work. step() unscales, or skips the step.
     _step_supports_amp_scaling = True
 
+    def __new__(cls, optimizer, *args, optimizer_on="auto", **kwargs):
+        if cls is DistributedOptimizer and _on_workers(optimizer, optimizer_on):
+            from psrt.torch.worker_optimizer import WorkerOptimizer
+            return object.__new__(WorkerOptimizer)  # whose __init__ Python calls next
+        return object.__new__(cls)
+
     def __init__(self, optimizer, named_parameters, compression=psrt.Compression.job_default,
                  backward_passes_per_step=1, fusion_bytes=4 << 20, on_workers_change=None,
-                 mean_grads=None, sync_buffers=True):
+                 mean_grads=None, sync_buffers=True, optimizer_on="auto", check_every=None):
         if backward_passes_per_step < 1:
             raise psrt.PsrtError("psrt.DistributedOptimizer: backward_passes_per_step must be >= 1")
         if mean_grads not in (None, True, False):
@@ -260,8 +297,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         "that is not in named_parameters; pass the model's named_parameters()"
                         % list(p.shape))
                 if p.dtype != torch.float32:
-                    raise psrt.PsrtError("psrt.DistributedOptimizer: parameter '%s' is %s; psrt "
-                                         "trains float32 parameters" % (name, p.dtype))
+                    raise psrt.PsrtError("psrt.DistributedOptimizer: parameter '%s' is %s; the servers "
+                                         "train float32 parameters (sync jobs run the optimizer on the "
+                                         "workers for others: optimizer_on=\"workers\")" % (name, p.dtype))
                 seen.add(id(p))
                 if p.requires_grad:
                     self._variables.append(_Variable(name, p, group))
@@ -349,28 +387,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
         first time that holds these parameters, named as in the state_dict()
         of the module named_parameters came from (every worker builds the
         same model, so the names agree)."""
-        local = {id(p): n for n, p in module.named_parameters()}
-        prefix = None
-        for v in self._variables + self._frozen:
-            n = local.get(id(v.param))
-            if n is not None and v.name.endswith(n):
-                prefix = v.name[:len(v.name) - len(n)]
-                break
-        if prefix is None:
+        # Integer buffers (num_batches_tracked) travel as float32, exact
+        # below 2^24, so checkpoints hold them too. Those registered already
+        # (under a module seen before) are left out.
+        known = {id(v.param): v.name for v in self._variables + self._frozen + self._buffers}
+        buffers = _buffers.named_buffers(module, known, lambda b: b.dtype in (torch.float32, torch.int64))
+        if buffers is None:
             return
         self._model_seen = True
-        for n, b in module.named_buffers():
-            # Integer buffers (num_batches_tracked) travel as float32, exact
-            # below 2^24, so checkpoints hold them too.
-            if b.dtype in (torch.float32, torch.int64) and id(b) not in self._by_param:
-                v = _Variable("buffer:" + prefix + n, b)
-                self._register(v, {"name": "assign"}, psrt.Compression.none)
-                # Async and ssp: this worker's clock on it (the key's version
-                # counts every worker's pushes, some made already).
-                v.step = _job.first_step(self._client, v.name)
-                v.scratch = torch.empty_like(v.pulled)
-                self._buffers.append(v)
-                self._by_param[id(b)] = v
+        for n, b in buffers:
+            v = _Variable("buffer:" + n, b)
+            self._register(v, {"name": "assign"}, psrt.Compression.none)
+            # Async and ssp: this worker's clock on it (the key's version
+            # counts every worker's pushes, some made already).
+            v.step = _job.first_step(self._client, v.name)
+            v.scratch = torch.empty_like(v.pulled)
+            self._buffers.append(v)
+            self._by_param[id(b)] = v
 
     def _join_decision(self):
         """The first step's decision lives on the servers (an assign key: in

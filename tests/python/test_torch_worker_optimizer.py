@@ -1,0 +1,52 @@
+"""Optimizers the servers do not run, run by every worker on the mean
+gradient (psrt.torch.DistributedOptimizer's optimizer_on), in real 2-worker
+jobs: each against one process on the mean of the workers' gradients."""
+
+import os
+
+import pytest
+
+from jobs import HERE, run_job
+
+SCRIPT = os.path.join(HERE, "torch_worker_optimizer.py")
+CASES = ["rmsprop", "nadam", "lbfgs", "adafactor", "groups", "amsgrad", "bf16", "batchnorm"]
+
+
+@pytest.fixture(scope="module")
+def job():
+    return run_job(SCRIPT, ["--cases", ",".join(CASES + ["tamper"])])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_workers_step_as_one_process_on_the_mean_gradient(job, case):
+    """RMSprop (centered, momentum), NAdam, LBFGS with its closure,
+    transformers' Adafactor, two param groups with their own rates,
+    Adam(amsgrad=True), bfloat16 parameters (within bf16's rounding), and a
+    BatchNorm model clipped after backward() with optimizer_on="workers":
+    within 1e-5 of one process."""
+    code, log = job
+    assert code == 0, log
+    for rank in (0, 1):
+        assert "rank %d: case %s passed" % (rank, case) in log, log
+
+
+def test_a_worker_whose_weights_changed_behind_psrts_back_is_named(job):
+    code, log = job
+    for rank in (0, 1):
+        assert ("rank %d: case tamper: step 1: FAILED_PRECONDITION: worker 1 holds other weights than "
+                "worker 0" % rank) in log, log
+    assert "case tamper: step 0" not in log, log
+
+
+@pytest.mark.parametrize("ps,asked,why", [
+    ({"mode": "async"}, "auto", "RMSprop cannot run on the parameter servers"),
+    ({"mode": "async"}, "workers", "the job's mode is async"),
+    ({"checkpoint": {"uri": "file:///tmp/psrt-never", "every_steps": 100}}, "workers",
+     '"checkpoint" and "restore" save and restore what the servers hold'),
+])
+def test_jobs_that_cannot_keep_the_state_on_the_workers_refuse_it_at_start(ps, asked, why):
+    code, log = run_job(SCRIPT, ["--refusal", asked], ps)
+    assert code == 0, log
+    for rank in (0, 1):
+        assert "rank %d: refusal: " % rank in log and why in log, log
+    assert "refusal: none" not in log, log
