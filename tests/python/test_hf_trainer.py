@@ -85,9 +85,11 @@ def test_what_it_cannot_match_is_refused_at_construction():
 
 
 def test_the_fine_tuning_example_trains_and_rank_0_saves_the_model():
+    # 30 steps: the eval loss falls to 0.60 of where it began (0.50 after 40,
+    # 0.72 after 20).
     with tempfile.TemporaryDirectory() as d:
         code, log = run_job(os.path.join(EXAMPLES, "hf_trainer_finetune.py"),
-                            ["--output-dir", d, "--steps", "40", "--batch", "8"])
+                            ["--output-dir", d, "--steps", "30", "--batch", "8"])
         assert code == 0, log
         m = re.search(r"eval loss ([0-9.]+) -> ([0-9.]+)", log)
         assert m, log

@@ -85,7 +85,8 @@ def test_what_lightning_cannot_match_is_refused(flags, ps, message):
 
 def test_the_digits_example_learns_and_rank_0_checkpoints():
     with tempfile.TemporaryDirectory() as d:
-        code, log = run_job(os.path.join(EXAMPLES, "lightning_digits.py"), ["--epochs", "5", "--root", d])
+        # 3 epochs: 0.947 (0.982 after 5).
+        code, log = run_job(os.path.join(EXAMPLES, "lightning_digits.py"), ["--epochs", "3", "--root", d])
         assert code == 0, log
         m = re.search(r"digits: validation accuracy ([0-9.]+)", log)
         assert m and float(m.group(1)) >= 0.9, log
