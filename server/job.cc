@@ -113,7 +113,7 @@ Job::Job(CoordinatorOptions options, Metrics* metrics)
     p.host_index = h;
     p.expected_host = options_.hosts[h];
     p.name = absl::StrCat("agent on ", p.expected_host);
-    processes_.push_back(std::move(p));
+    agents_.push_back(std::move(p));
   }
   LayOutLocked();
   Record(generation_, config_.restore_uri(), config_.restored_step(), hosts_);  // nothing runs yet
@@ -132,25 +132,23 @@ void Job::LayOutLocked() {
   const int slots = num_hosts * ps.workers_per_host;
   config_.set_num_workers(ps.elastic_max_workers > 0 ? std::min(slots, ps.elastic_max_workers)
                                                      : slots);
-  processes_.erase(std::remove_if(processes_.begin(), processes_.end(),
-                                  [](const Process& p) { return p.id.role() != v1::ROLE_AGENT; }),
-                   processes_.end());
-  for (Process& agent : processes_) {
+  servers_.clear();
+  workers_.clear();
+  for (Process& agent : agents_) {
     auto it = std::find(hosts_.begin(), hosts_.end(), agent.id.index());
     agent.slot = it == hosts_.end() ? -1 : static_cast<int>(it - hosts_.begin());
   }
-  auto add = [&](v1::Role role, int index, int host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  auto add = [&](std::vector<Process>* table, v1::Role role, int host) {
     Process p;
     p.id.set_role(role);
-    p.id.set_index(index);
+    p.id.set_index(static_cast<int>(table->size()));
     p.host_index = host;
     p.expected_host = options_.hosts[host];
-    p.name = absl::StrCat(RoleName(role), " ", index, " on ", p.expected_host);
-    processes_.push_back(std::move(p));
+    p.name = absl::StrCat(RoleName(role), " ", p.id.index(), " on ", p.expected_host);
+    table->push_back(std::move(p));
   };
   for (int slot = 0; slot < num_hosts; ++slot) {
-    for (int i = 0; i < ps.servers_per_host; ++i)
-      add(v1::ROLE_SERVER, slot * ps.servers_per_host + i, hosts_[slot]);
+    for (int i = 0; i < ps.servers_per_host; ++i) add(&servers_, v1::ROLE_SERVER, hosts_[slot]);
   }
   for (int index = started; index < config_.num_servers(); ++index) {
     Process p;
@@ -158,10 +156,10 @@ void Job::LayOutLocked() {
     p.id.set_index(index);
     p.parked = true;
     p.name = absl::StrCat("server ", index);
-    processes_.push_back(std::move(p));
+    servers_.push_back(std::move(p));
   }
   for (int rank = 0; rank < config_.num_workers(); ++rank) {
-    add(v1::ROLE_WORKER, rank, hosts_[rank / ps.workers_per_host]);
+    add(&workers_, v1::ROLE_WORKER, hosts_[rank / ps.workers_per_host]);
   }
   active_workers_->Set(config_.num_workers());
   placement_.LayOut(config_.num_servers(), config_.started_servers(), config_.replicas(),
@@ -176,10 +174,7 @@ v1::ShardMap Job::ShardMapLocked() const {
 }
 
 Job::Process* Job::ServerLocked(int index) {
-  v1::ProcessId id;
-  id.set_role(v1::ROLE_SERVER);
-  id.set_index(index);
-  return FindLocked(id);
+  return index >= 0 && index < static_cast<int>(servers_.size()) ? &servers_[index] : nullptr;
 }
 
 JobPhase Job::phase() {
@@ -225,16 +220,14 @@ Job::~Job() {
 
 std::vector<std::string> Job::ServerAddressesLocked() const {
   std::vector<std::string> out;
-  for (const Process& q : processes_) {
-    if (q.id.role() == v1::ROLE_SERVER) out.push_back(q.address);
-  }
+  for (const Process& q : servers_) out.push_back(q.address);
   return out;
 }
 
 std::vector<std::string> Job::LiveServerAddressesLocked() const {
   std::vector<std::string> out;
-  for (const Process& q : processes_) {
-    if (q.id.role() == v1::ROLE_SERVER && !q.lost && !q.parked) out.push_back(q.address);
+  for (const Process& q : servers_) {
+    if (!q.lost && !q.parked) out.push_back(q.address);
   }
   return out;
 }
@@ -244,24 +237,37 @@ bool Job::LiveServerLocked(int index) {
   return q != nullptr && q->registered && !q->exited && !q->lost && !q->parked;
 }
 
-Job::Process* Job::FindLocked(const v1::ProcessId& id) {
-  for (Process& p : processes_) {
-    if (p.id.role() == id.role() && p.id.index() == id.index()) return &p;
+std::vector<Job::Process>* Job::TableLocked(v1::Role role) {
+  switch (role) {
+    case v1::ROLE_AGENT:
+      return &agents_;
+    case v1::ROLE_SERVER:
+      return &servers_;
+    case v1::ROLE_WORKER:
+      return &workers_;
+    default:
+      return nullptr;
   }
-  return nullptr;
+}
+
+Job::Process* Job::FindLocked(const v1::ProcessId& id) {
+  std::vector<Process>* table = TableLocked(id.role());
+  if (table == nullptr || id.index() < 0 || id.index() >= static_cast<int>(table->size())) {
+    return nullptr;
+  }
+  return &(*table)[id.index()];
 }
 
 absl::Status Job::Lookup(const v1::ProcessId& id, Process** out) {
   *out = FindLocked(id);
   if (*out != nullptr) return absl::OkStatus();
-  if (id.role() != v1::ROLE_SERVER && id.role() != v1::ROLE_WORKER && id.role() != v1::ROLE_AGENT) {
+  const std::vector<Process>* table = TableLocked(id.role());
+  if (table == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("role ", static_cast<int>(id.role()),
                      " is not a role of a psrt job (server, worker or agent)"));
   }
-  const int count =
-      static_cast<int>(std::count_if(processes_.begin(), processes_.end(),
-                                     [&](const Process& p) { return p.id.role() == id.role(); }));
+  const int count = static_cast<int>(table->size());
   return absl::InvalidArgumentError(
       absl::StrCat("no ", RoleName(id.role()), " with index ", id.index(), " in this job; it has ",
                    count == 0 ? "none"
@@ -272,9 +278,9 @@ absl::Status Job::Lookup(const v1::ProcessId& id, Process** out) {
 v1::Membership Job::MembershipLocked() const {
   v1::Membership m;
   m.set_epoch(epoch_);
-  for (const Process& p : processes_) {
+  for (const Process& p : workers_) {
     // Elastic: a worker takes part from its registration on.
-    if (p.id.role() == v1::ROLE_WORKER && !p.lost && !p.exited && (p.registered || !elastic())) {
+    if (!p.lost && !p.exited && (p.registered || !elastic())) {
       m.add_active_workers(p.id.index());
     }
   }
@@ -283,36 +289,34 @@ v1::Membership Job::MembershipLocked() const {
 
 std::vector<std::string> Job::MissingLocked() const {
   std::vector<std::string> missing;
-  for (const Process& p : processes_) {
-    if (!p.registered && !p.parked && p.id.role() != v1::ROLE_AGENT) missing.push_back(p.name);
+  for (const std::vector<Process>* table : {&servers_, &workers_}) {
+    for (const Process& p : *table) {
+      if (!p.registered && !p.parked) missing.push_back(p.name);
+    }
   }
   return missing;
 }
 
 bool Job::ReadyLocked() const {
   // Asked at every registration and heartbeat tick: no names made here.
+  if (!AllServersRegisteredLocked()) return false;
   if (!elastic()) {
-    return std::all_of(processes_.begin(), processes_.end(), [](const Process& p) {
-      return p.registered || p.parked || p.id.role() == v1::ROLE_AGENT;
-    });
+    return std::all_of(workers_.begin(), workers_.end(),
+                       [](const Process& p) { return p.registered || p.parked; });
   }
   int workers = 0;
-  for (const Process& p : processes_) {
-    if (p.id.role() == v1::ROLE_SERVER && !p.registered && !p.parked) return false;
-    workers += p.id.role() == v1::ROLE_WORKER && p.registered && !p.lost && !p.exited;
-  }
+  for (const Process& p : workers_) workers += p.registered && !p.lost && !p.exited;
   return workers >= config_.min_workers();
 }
 
 bool Job::AllServersRegisteredLocked() const {
-  return std::all_of(processes_.begin(), processes_.end(), [](const Process& p) {
-    return p.id.role() != v1::ROLE_SERVER || p.registered || p.parked;
-  });
+  return std::all_of(servers_.begin(), servers_.end(),
+                     [](const Process& p) { return p.registered || p.parked; });
 }
 
 bool Job::ServersApplyLocked(int64_t epoch) const {
-  return std::all_of(processes_.begin(), processes_.end(), [&](const Process& p) {
-    return p.id.role() != v1::ROLE_SERVER || p.lost || p.parked || p.applied_epoch >= epoch;
+  return std::all_of(servers_.begin(), servers_.end(), [&](const Process& p) {
+    return p.lost || p.parked || p.applied_epoch >= epoch;
   });
 }
 
@@ -398,8 +402,9 @@ absl::Status Job::RegisterProcess(const v1::RegisterRequest* req, v1::RegisterRe
   p->last_heartbeat = Now();
   LogInfo(again ? "re-registered " : "registered ", p->name,
           p->address.empty() ? "" : absl::StrCat(" at ", p->address), " (pid ", req->pid(), ")");
-  registered_->Set(std::count_if(processes_.begin(), processes_.end(),
-                                 [](const Process& q) { return q.registered; }));
+  int registered = 0;
+  ForEachLocked([&](const Process& q) { registered += q.registered; });
+  registered_->Set(registered);
   MaybeStartLocked();
   active_workers_->Set(MembershipLocked().active_workers_size());
   *resp->mutable_config() = config_;
@@ -485,84 +490,6 @@ void Job::FinishReleased() {
   for (ReleasedBarrier& r : released) r.barrier.done(r.status, std::move(r.answer));
 }
 
-absl::Status Job::Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* resp) {
-  const v1::HeartbeatRequest* req = &request;
-  absl::MutexLock lock(&mu_);
-  Process* p;
-  if (absl::Status s = Lookup(req->id(), &p); !s.ok()) return s;
-  resp->set_generation(generation_);
-  if (p->id.role() == v1::ROLE_AGENT) {
-    resp->set_host_index(p->slot);
-    *resp->mutable_config() = config_;
-    if (p->slot < 0) {
-      resp->set_state(StateLocked());
-      return absl::OkStatus();  // it left the job, and hears so
-    }
-  }
-  if (StaleLocked(req->generation())) {
-    // Replaced by a recovery: it learns so, and its agent stops it.
-    resp->set_state(StateLocked());
-    resp->set_reason(reason_);
-    return absl::OkStatus();
-  }
-  if (p->id.role() == v1::ROLE_SERVER && p->parked) {
-    // Removed (its keys are on the other servers): it exits.
-    resp->set_state(StateLocked());
-    resp->set_leave(true);
-    return absl::OkStatus();
-  }
-  if (p->id.role() == v1::ROLE_AGENT && !EndedLocked() && p->lost) {
-    AgentBackLocked(p);  // its host's link came back
-  } else if (p->id.role() == v1::ROLE_AGENT && !EndedLocked() && !p->registered &&
-             options_.generation > 1) {
-    // An agent that outlived a lost coordinator: this one was restarted.
-    p->registered = true;
-    LogInfo("registered ", p->name, " by its heartbeat");
-  } else if (!p->registered) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(p->name, " sent a heartbeat before registering"));
-  }
-  heartbeats_->Add();
-  if (p->id.role() == v1::ROLE_WORKER) {
-    p->step = req->step();
-    p->stats = req->stats();
-  }
-  if (p->id.role() == v1::ROLE_WORKER && req->step() > progress_step_) {
-    steps_->Add(req->step() - progress_step_);
-    progress_step_ = req->step();
-    step_gauge_->Set(static_cast<double>(progress_step_));
-  }
-  if (p->id.role() == v1::ROLE_SERVER) {
-    p->applied_epoch = req->membership_epoch();
-    // Copies of the keys it serves that it has built since it last said.
-    const std::vector<int> before = placement_.CopiesBuilt(p->id.index(), ServerFactsLocked(*p));
-    p->shard_epoch = req->shard_map_epoch();
-    p->copies_building.assign(req->copies_building().begin(), req->copies_building().end());
-    for (int o : placement_.CopiesBuilt(p->id.index(), ServerFactsLocked(*p))) {
-      if (config_.replicas() == 0 || std::find(before.begin(), before.end(), o) != before.end())
-        continue;
-      LogInfo("server ", placement_.CopyAt(o), " holds a copy of server ", o,
-              "'s keys (built by server ", p->id.index(), "): a loss of server ", p->id.index(),
-              " fails over to it");
-    }
-    // A move's next step waits for what this server says: taken at once,
-    // and its map goes back in this answer.
-    if (placement_.moving() && !EndedLocked() && phase_ != JobPhase::kRecovering) {
-      AdvanceMovesLocked();
-    }
-  }
-  if (p->id.role() != v1::ROLE_AGENT && req->shard_map_epoch() != placement_.epoch() &&
-      AllServersRegisteredLocked()) {
-    *resp->mutable_shard_map() = ShardMapLocked();
-  }
-  p->last_heartbeat = Now();
-  if (EndedLocked()) p->saw_end = true;
-  resp->set_state(StateLocked());
-  resp->set_reason(reason_);
-  if (req->membership_epoch() != epoch_) *resp->mutable_membership() = MembershipLocked();
-  return absl::OkStatus();
-}
-
 absl::Status Job::ReportExit(const v1::ReportExitRequest& request) {
   const v1::ReportExitRequest* req = &request;
   absl::MutexLock lock(&mu_);
@@ -574,45 +501,58 @@ absl::Status Job::ReportExit(const v1::ReportExitRequest& request) {
   const std::string what =
       absl::StrCat(p->name, " exited with code ", req->exit_code(),
                    req->message().empty() ? "" : absl::StrCat(": ", req->message()));
-  if (p->id.role() == v1::ROLE_AGENT) {
-    // Reported by the agent as it stops, or by psrt-run, which saw it end:
-    // its host is lost (and waited for) as when its heartbeats stop, and
-    // named first, before the servers and training processes it took along.
-    if (EndedLocked() || p->slot < 0 || p->lost) return absl::OkStatus();
-    p->lost = true;
-    p->lost_at = Now();
-    LostLocked(req->exit_code() != 0 ? what
-                                     : absl::StrCat(p->name, " stopped while the job was running"));
-    return absl::OkStatus();
+  // A clean exit while the job runs is a loss all the same, but for a
+  // worker's.
+  const std::string loss =
+      req->exit_code() != 0 ? what : absl::StrCat(p->name, " stopped while the job was running");
+  switch (p->id.role()) {  // the three Lookup finds
+    case v1::ROLE_AGENT:
+      // Reported by the agent as it stops, or by psrt-run, which saw it
+      // end: its host is lost (and waited for) as when its heartbeats stop,
+      // and named first, before the servers and training processes it took
+      // along.
+      if (EndedLocked() || p->slot < 0 || p->lost) return absl::OkStatus();
+      p->lost = true;
+      p->lost_at = Now();
+      LostLocked(loss);
+      return absl::OkStatus();
+    case v1::ROLE_SERVER:
+      ExitedLocked(*req, p, what);
+      if (!EndedLocked()) ServerLostLocked(p, loss);
+      return absl::OkStatus();
+    default:
+      WorkerExitedLocked(*req, p, what);
+      return absl::OkStatus();
   }
-  if (req->restarting() && p->id.role() == v1::ROLE_WORKER && !EndedLocked()) {
+}
+
+void Job::ExitedLocked(const v1::ReportExitRequest& req, Process* p, const std::string& what) {
+  p->exited = true;
+  p->exit_code = req.exit_code();
+  if (EndedLocked()) p->saw_end = true;
+  LogInfo(what);
+}
+
+void Job::WorkerExitedLocked(const v1::ReportExitRequest& req, Process* p,
+                             const std::string& what) {
+  if (req.restarting() && !EndedLocked()) {
     // Its heartbeats stop until the new process registers; the barrier
     // timeout bounds how long that may take.
     p->restarting = true;
     p->last_heartbeat = Now();
     LogWarning(what, "; its agent restarts it");
-    return absl::OkStatus();
+    return;
   }
-  p->exited = true;
-  p->exit_code = req->exit_code();
-  if (EndedLocked()) p->saw_end = true;
-  LogInfo(what);
-  if (p->id.role() == v1::ROLE_WORKER) {
-    if (req->exit_code() != 0) {
-      WorkerLostLocked(p, what);
-    } else {
-      // A finished worker takes no further part: nobody waits for it.
-      ++epoch_;
-      epoch_gauge_->Set(epoch_);
-      active_workers_->Set(MembershipLocked().active_workers_size());
-      CheckSuccessLocked();
-    }
-  } else if (!EndedLocked()) {
-    const std::string why =
-        req->exit_code() != 0 ? what : absl::StrCat(p->name, " stopped while the job was running");
-    ServerLostLocked(p, why);
+  ExitedLocked(req, p, what);
+  if (req.exit_code() != 0) {
+    WorkerLostLocked(p, what);
+    return;
   }
-  return absl::OkStatus();
+  // A finished worker takes no further part: nobody waits for it.
+  ++epoch_;
+  epoch_gauge_->Set(epoch_);
+  active_workers_->Set(MembershipLocked().active_workers_size());
+  CheckSuccessLocked();
 }
 
 absl::Status Job::GetStatus(v1::JobStatusResponse* resp) {
@@ -636,7 +576,7 @@ absl::Status Job::GetStatus(v1::JobStatusResponse* resp) {
   resp->set_seconds(absl::ToDoubleSeconds(now - born_));
   for (int s : placement_.served_by()) resp->add_served_by(s);
   resp->set_moves(static_cast<int>(moves_total_->value()));
-  for (const Process& p : processes_) {
+  ForEachLocked([&](const Process& p) {
     v1::ProcessStatus* s = resp->add_processes();
     *s->mutable_id() = p.id;
     s->set_name(p.name);
@@ -649,7 +589,7 @@ absl::Status Job::GetStatus(v1::JobStatusResponse* resp) {
       s->set_step(p.step);
       *s->mutable_stats() = p.stats;
     }
-  }
+  });
   return absl::OkStatus();
 }
 

@@ -139,10 +139,50 @@ class Job {
   };
 
   static std::string StateName(v1::JobState s);  // "running", ...
+  // ReportExit's: the process exited (`what` says how); a worker's exit,
+  // which may be a restart or the end of its work.
+  void ExitedLocked(const v1::ReportExitRequest& req, Process* p, const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WorkerExitedLocked(const v1::ReportExitRequest& req, Process* p, const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Heartbeat's work per role (job_heartbeats.cc), under mu_.
+  absl::Status AgentHeartbeatLocked(const v1::HeartbeatRequest& req, Process* p,
+                                    v1::HeartbeatResponse* resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ServerHeartbeatLocked(const v1::HeartbeatRequest& req, Process* p,
+                                     v1::HeartbeatResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WorkerHeartbeatLocked(const v1::HeartbeatRequest& req, Process* p,
+                                     v1::HeartbeatResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A heartbeat of a generation a recovery replaced: answered so (true).
+  bool StaleHeartbeatLocked(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static absl::Status NotRegistered(const Process& p);
+  // The shard map, to a server or worker that applies an older one.
+  void AnswerShardMapLocked(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A heartbeat taken: p is alive now; the answer says the job's state.
+  absl::Status HeardLocked(const v1::HeartbeatRequest& req, Process* p, v1::HeartbeatResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Register's work, under mu_, which it takes (the barriers it releases
   // are answered after, outside it).
   absl::Status RegisterProcess(const v1::RegisterRequest* req, v1::RegisterResponse* resp)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The table of `role`; null for a role that is no psrt process's.
+  std::vector<Process>* TableLocked(v1::Role role) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every process: agents, servers, then workers (GetStatus' order).
+  template <typename F>
+  void ForEachLocked(F f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (std::vector<Process>* table : {&agents_, &servers_, &workers_}) {
+      for (Process& p : *table) f(p);
+    }
+  }
+  template <typename F>
+  void ForEachLocked(F f) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const std::vector<Process>* table : {&agents_, &servers_, &workers_}) {
+      for (const Process& p : *table) f(p);
+    }
+  }
   Process* FindLocked(const v1::ProcessId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Lookup(const v1::ProcessId& id, Process** out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -196,6 +236,13 @@ class Job {
   bool elastic() const { return options_.ps.elastic_min_workers > 0; }
   void Monitor();
   void TickLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tick's parts: hosts silent past the heartbeat timeout are lost; lost
+  // ones not back within host_wait_s are given up (true: one was, and the
+  // job failed or recovers); servers and workers silent past theirs are
+  // lost by their role's rule.
+  void LoseSilentHostsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool GiveUpHostsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LoseSilentProcessesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the job to phase `to` where JobPhaseAllows it; otherwise logs the
   // bug (an internal error naming both phases), changes nothing and
   // returns false.
@@ -244,7 +291,11 @@ class Job {
   absl::Mutex mu_;
   absl::Time start_ ABSL_GUARDED_BY(mu_);  // of the current generation
   const absl::Time born_ = Now();          // this coordinator's start
-  std::vector<Process> processes_ ABSL_GUARDED_BY(mu_);
+  // The processes, a table per role, each in the order of their index
+  // (agents: their host's): a role's rules are the loops over its table.
+  std::vector<Process> agents_ ABSL_GUARDED_BY(mu_);
+  std::vector<Process> servers_ ABSL_GUARDED_BY(mu_);
+  std::vector<Process> workers_ ABSL_GUARDED_BY(mu_);
   // The job's life cycle: the one state its threads and RPCs read and move
   // along JobPhaseAllows' transitions.
   JobPhase phase_ ABSL_GUARDED_BY(mu_) = JobPhase::kStarting;

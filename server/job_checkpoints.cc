@@ -104,8 +104,8 @@ void Job::MaybeStartLocked() {
 void Job::CheckSuccessLocked() {
   if (EndedLocked() || phase_ == JobPhase::kRecovering) return;
   bool any = false;
-  for (const Process& q : processes_) {
-    if (q.id.role() != v1::ROLE_WORKER || q.lost || (elastic() && !q.registered)) continue;
+  for (const Process& q : workers_) {
+    if (q.lost || (elastic() && !q.registered)) continue;
     if (!q.exited || q.exit_code != 0) return;
     any = true;
   }
@@ -148,12 +148,16 @@ v1::JobState Job::WaitForEnd() {
   // they exit with the right code, but never wait for a dead one.
   auto heard = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (status_watch_ == StatusWatch::kWatching) return false;
-    return std::all_of(processes_.begin(), processes_.end(), [](const Process& p) {
-      // Training processes too: they end with the job's reason, not with
-      // "lost the coordinator", when they heard it first.
-      return (p.id.role() == v1::ROLE_AGENT && p.slot < 0) || !p.registered || p.exited ||
-             p.saw_end || p.lost || p.restarting;
-    });
+    auto done = [](const Process& p) {
+      return !p.registered || p.exited || p.saw_end || p.lost || p.restarting;
+    };
+    // Training processes too: they end with the job's reason, not with
+    // "lost the coordinator", when they heard it first. An agent whose host
+    // left the job has nothing to hear.
+    return std::all_of(agents_.begin(), agents_.end(),
+                       [&](const Process& p) { return p.slot < 0 || done(p); }) &&
+           std::all_of(servers_.begin(), servers_.end(), done) &&
+           std::all_of(workers_.begin(), workers_.end(), done);
   };
   const absl::Duration grace = absl::Seconds(
       std::min(config_.heartbeat_timeout_s(), 4 * config_.heartbeat_interval_s() + 1));

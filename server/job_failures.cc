@@ -210,20 +210,21 @@ void Job::WorkerLostLocked(Process* p, const std::string& reason) {
 }
 
 Job::Process* Job::SilentAgentLocked(const Process& p, absl::Time now) {
-  if (p.id.role() == v1::ROLE_AGENT || p.restarting) return nullptr;
+  // Agents are by host index; a parked server has no host.
+  if (p.restarting || p.host_index < 0 || p.host_index >= static_cast<int>(agents_.size())) {
+    return nullptr;
+  }
   // A live agent is never more than one interval (plus scheduling) late.
   const absl::Duration late = 2 * absl::Seconds(config_.heartbeat_interval_s());
-  for (Process& a : processes_) {
-    if (a.id.role() == v1::ROLE_AGENT && a.slot >= 0 && a.registered && !a.lost &&
-        a.host_index == p.host_index && now - a.last_heartbeat > late) {
-      return &a;
-    }
-  }
-  return nullptr;
+  Process& a = agents_[p.host_index];
+  const bool silent = a.slot >= 0 && a.registered && !a.lost && now - a.last_heartbeat > late;
+  return silent ? &a : nullptr;
 }
 
 void Job::Monitor() {
   absl::MutexLock lock(&mu_);
+  // Its period is this thread's, in real time; what a round judges is on
+  // the job's clock (Now).
   while (!stop_) {
     mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(50));
     ReleaseBarriersLocked();
@@ -247,14 +248,31 @@ void Job::Tick(absl::Time now) {
 }
 
 void Job::TickLocked(absl::Time now) {
-  if (EndedLocked() || phase_ == JobPhase::kRecovering) return;
-  const absl::Duration timeout = absl::Seconds(config_.heartbeat_timeout_s());
+  auto going = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !EndedLocked() && phase_ != JobPhase::kRecovering;
+  };
+  if (!going()) return;
+  LoseSilentHostsLocked(now);
+  // After a loss the job fails or recovers: nothing more this round.
+  if (!going() || GiveUpHostsLocked(now)) return;
+  LoseSilentProcessesLocked(now);
+  if (!going()) return;
+  AdvanceMovesLocked();
+  AssignCopiesLocked();
+  MaybeStartLocked();
   const absl::Duration barrier = absl::Seconds(config_.barrier_timeout_s());
-  const absl::Duration host_wait = absl::Seconds(config_.host_wait_s());
+  if (!ReadyLocked() && now - start_ > barrier) {
+    FailLocked(absl::StrCat("readiness barrier timed out after ", absl::FormatDuration(barrier),
+                            "; not arrived: ", absl::StrJoin(MissingLocked(), ", ")));
+  }
+}
+
+void Job::LoseSilentHostsLocked(absl::Time now) {
   // Agents first: every silent host is lost as a whole (and waited for, with
   // "recover", for host_wait_s), whichever of its processes is noticed first.
-  for (Process& p : processes_) {
-    if (p.id.role() != v1::ROLE_AGENT || p.slot < 0 || !p.registered || p.lost) continue;
+  const absl::Duration timeout = absl::Seconds(config_.heartbeat_timeout_s());
+  for (Process& p : agents_) {
+    if (p.slot < 0 || !p.registered || p.lost) continue;
     const absl::Duration silent = now - p.last_heartbeat;
     if (silent <= timeout) continue;
     p.lost = true;
@@ -262,56 +280,61 @@ void Job::TickLocked(absl::Time now) {
     LostLocked(absl::StrCat(p.name, " was lost: no heartbeat for ",
                             absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100)))));
   }
-  if (EndedLocked() || phase_ == JobPhase::kRecovering) return;
-  for (Process& p : processes_) {
-    if (p.id.role() == v1::ROLE_AGENT && p.slot < 0) continue;  // left the job
-    if (p.id.role() == v1::ROLE_AGENT && p.lost && now - p.lost_at > host_wait) {
-      const std::string reason =
-          absl::StrCat(p.name, " did not come back within ", absl::FormatDuration(host_wait),
-                       " (host_wait_s) of being lost");
-      if (hosts_.size() == 1) {
-        FailLocked(reason);
-        break;
-      }
-      // The job goes on without the host.
-      drop_hosts_.push_back(p.id.index());
-      LostLocked(reason);
-      break;
-    }
-    if (!p.registered || p.exited || p.lost) continue;
-    const absl::Duration silent = now - p.last_heartbeat;
-    if (silent <= (p.restarting ? barrier : timeout)) continue;
-    if (Process* agent = SilentAgentLocked(p, now); agent != nullptr) {
-      // Its host went silent as a whole, and the agent's heartbeat was just
-      // not due yet: one loss, the host's.
-      agent->lost = true;
-      agent->lost_at = now;
-      LostLocked(absl::StrCat(
-          agent->name, " was lost: no heartbeat for ",
-          absl::FormatDuration(absl::Trunc(now - agent->last_heartbeat, absl::Milliseconds(100))),
-          " (nor from ", p.name, ")"));
-      break;
-    }
+}
+
+bool Job::GiveUpHostsLocked(absl::Time now) {
+  const absl::Duration host_wait = absl::Seconds(config_.host_wait_s());
+  for (Process& p : agents_) {
+    if (p.slot < 0 || !p.lost || now - p.lost_at <= host_wait) continue;  // left, or not lost
     const std::string reason =
-        p.restarting
-            ? absl::StrCat(p.name, " did not come back within ", absl::FormatDuration(barrier),
-                           " of its restart")
-            : absl::StrCat(p.name, " was lost: no heartbeat for ",
-                           absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))));
-    if (p.id.role() == v1::ROLE_WORKER) {
-      WorkerLostLocked(&p, reason);
-    } else {
-      ServerLostLocked(&p, reason);
+        absl::StrCat(p.name, " did not come back within ", absl::FormatDuration(host_wait),
+                     " (host_wait_s) of being lost");
+    if (hosts_.size() == 1) {
+      FailLocked(reason);
+      return true;
     }
-    if (EndedLocked() || phase_ == JobPhase::kRecovering) break;
+    // The job goes on without the host.
+    drop_hosts_.push_back(p.id.index());
+    LostLocked(reason);
+    return true;
   }
-  if (EndedLocked() || phase_ == JobPhase::kRecovering) return;
-  AdvanceMovesLocked();
-  AssignCopiesLocked();
-  MaybeStartLocked();
-  if (!ReadyLocked() && now - start_ > barrier) {
-    FailLocked(absl::StrCat("readiness barrier timed out after ", absl::FormatDuration(barrier),
-                            "; not arrived: ", absl::StrJoin(MissingLocked(), ", ")));
+  return false;
+}
+
+void Job::LoseSilentProcessesLocked(absl::Time now) {
+  const absl::Duration timeout = absl::Seconds(config_.heartbeat_timeout_s());
+  const absl::Duration barrier = absl::Seconds(config_.barrier_timeout_s());
+  // Each role's rule for a loss.
+  using Lose = void (Job::*)(Process*, const std::string&);
+  const std::pair<std::vector<Process>*, Lose> roles[] = {
+      {&servers_, &Job::ServerLostLocked},
+      {&workers_, &Job::WorkerLostLocked},
+  };
+  for (const auto& [table, lose] : roles) {
+    for (Process& p : *table) {
+      if (!p.registered || p.exited || p.lost) continue;
+      const absl::Duration silent = now - p.last_heartbeat;
+      if (silent <= (p.restarting ? barrier : timeout)) continue;
+      if (Process* agent = SilentAgentLocked(p, now); agent != nullptr) {
+        // Its host went silent as a whole, and the agent's heartbeat was
+        // just not due yet: one loss, the host's.
+        agent->lost = true;
+        agent->lost_at = now;
+        LostLocked(absl::StrCat(
+            agent->name, " was lost: no heartbeat for ",
+            absl::FormatDuration(absl::Trunc(now - agent->last_heartbeat, absl::Milliseconds(100))),
+            " (nor from ", p.name, ")"));
+        return;
+      }
+      const std::string reason =
+          p.restarting
+              ? absl::StrCat(p.name, " did not come back within ", absl::FormatDuration(barrier),
+                             " of its restart")
+              : absl::StrCat(p.name, " was lost: no heartbeat for ",
+                             absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100))));
+      (this->*lose)(&p, reason);
+      if (EndedLocked() || phase_ == JobPhase::kRecovering) return;
+    }
   }
 }
 

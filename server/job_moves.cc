@@ -37,7 +37,7 @@ void Job::AdvanceMovesLocked() {
       // The removals under way stop (RemoveServer says why); joins go on.
       move_error_ = p.error;
       LogWarning(p.error);
-      for (Process& q : processes_) q.leaving = false;
+      for (Process& q : servers_) q.leaving = false;
       break;
   }
   ParkLeaversLocked();
@@ -56,9 +56,7 @@ Placement::Server Job::ServerFactsLocked(const Process& p) {
 
 Placement::Servers Job::ServersLocked() {
   Placement::Servers servers(config_.num_servers());
-  for (const Process& p : processes_) {
-    if (p.id.role() == v1::ROLE_SERVER) servers[p.id.index()] = ServerFactsLocked(p);
-  }
+  for (const Process& p : servers_) servers[p.id.index()] = ServerFactsLocked(p);
   return servers;
 }
 
@@ -77,8 +75,8 @@ void Job::AssignCopiesLocked() {
 }
 
 void Job::ParkLeaversLocked() {
-  for (Process& q : processes_) {
-    if (q.id.role() != v1::ROLE_SERVER || !q.leaving) continue;
+  for (Process& q : servers_) {
+    if (!q.leaving) continue;
     if (!placement_.OwnersServedBy(q.id.index()).empty()) continue;
     q.leaving = false;
     q.parked = true;
@@ -116,9 +114,8 @@ absl::Status Job::RemoveServer(const v1::RemoveServerRequest& request, absl::Tim
         "server ", index, p->leaving ? " is already leaving" : " is not in the job now"));
   }
   int others = 0;
-  for (const Process& q : processes_) {
-    others += q.id.role() == v1::ROLE_SERVER && q.id.index() != index && !q.leaving &&
-              LiveServerLocked(q.id.index());
+  for (const Process& q : servers_) {
+    others += q.id.index() != index && !q.leaving && LiveServerLocked(q.id.index());
   }
   if (others == 0) {
     return absl::FailedPreconditionError(
