@@ -64,6 +64,12 @@ def plain_store():
     assert np.allclose(out.asnumpy(), 3.5 - 0.5 * 2), out
     kv.pushpull("b", mx.nd.ones((4,)) * (kv.rank + 1), out=out)
     assert np.allclose(out.asnumpy(), 2 - 0.5 * 1.5), out
+    # A key never initialised: MXNet's own error type, as its kvstore raises.
+    try:
+        kv.pull("never", out=out)
+        raise AssertionError("a pull of a key never initialised was taken")
+    except mx.MXNetError as e:
+        assert isinstance(e, psrt.PsrtError) and "key never was never initialised" in str(e), e
 
 
 def compression():

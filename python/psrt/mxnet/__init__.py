@@ -244,6 +244,11 @@ def _write(out, value):
         _assign(dst, value)
 
 
+class KeyNotInitialised(psrt.PsrtError, mx.base.MXNetError):
+    """A key used before init: an MXNetError, as MXNet's own kvstore raises,
+    and a PsrtError."""
+
+
 @mx.kvstore.KVStoreBase.register
 class Psrt(mx.kvstore.KVStore):
     """mx.kv.create("psrt"): keys live on psrt's parameter servers.
@@ -578,7 +583,7 @@ class Psrt(mx.kvstore.KVStore):
         if key in self._names:
             return
         if key not in self._pending:
-            raise psrt.PsrtError("psrt kvstore: key %s was never initialised; call init first" % (key,))
+            raise KeyNotInitialised("psrt kvstore: key %s was never initialised; call init first" % (key,))
         self._register(key, self._pending.pop(key))
 
     def _register(self, key, value):

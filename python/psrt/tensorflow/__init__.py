@@ -14,6 +14,10 @@ eagerly: rank 0's values become everyone's).
 the mean over the workers (sync), so that a clip in the loop after it clips
 what one process would.
 
+Collectives for the user's own values, as Horovod's: ``psrt.allreduce``,
+``allgather``, ``broadcast``, ``broadcast_object``, ``barrier``, and
+``psrt.MetricAverageCallback()`` for the metrics ``fit`` logs.
+
 Embedding tables whose rows live on the servers (docs/sparse.md):
 
     emb = psrt.keras.layers.Embedding(vocab, 16, name="user", optimizer="adam", lr=1e-3)
@@ -24,6 +28,9 @@ the DistributedOptimizer's apply pushes their row gradients every step.
 from psrt import (Compression, PsrtError, init, is_sync, local_rank, rank,
                   restored_step, size)
 from psrt.tensorflow import keras
+from psrt.tensorflow.collectives import (MetricAverageCallback, allgather, allreduce, barrier, broadcast,
+                                         broadcast_object)
 
-__all__ = ["Compression", "PsrtError", "init", "is_sync", "keras", "local_rank", "rank",
-           "restored_step", "size"]
+__all__ = ["Compression", "MetricAverageCallback", "PsrtError", "allgather", "allreduce", "barrier",
+           "broadcast", "broadcast_object", "init", "is_sync", "keras", "local_rank", "rank", "restored_step",
+           "size"]

@@ -43,7 +43,7 @@ import keras
 
 import psrt
 from psrt import _host
-from psrt.tensorflow import layers
+from psrt.tensorflow import layers, worker_optimizer
 from psrt.tensorflow.tape import DistributedGradientTape, _fill, _given  # noqa: F401
 
 _CLIPPING = ("clipnorm", "global_clipnorm", "clipvalue")
@@ -82,7 +82,7 @@ def _server_optimizer(opt):
         return {"name": "adagrad", "lr": lr, "eps": float(cfg["epsilon"]),
                 "initial_accumulator_value": float(cfg["initial_accumulator_value"])}
     raise _refuse("%s cannot run on the parameter servers; use keras.optimizers.SGD, Adam, AdamW or "
-                  "Adagrad" % type(opt).__name__)
+                  "Adagrad, or run it on the workers (sync jobs: optimizer_on=\"workers\")" % type(opt).__name__)
 
 
 def _set(obj, name, value):
@@ -267,6 +267,16 @@ class _Distributed:
         if keys is not None:
             return
         dense = [v for v in variables if layers.table_of(v) is None]
+        if self._psrt_on_workers:
+            if len(dense) < len(variables):
+                raise _refuse("psrt.keras.layers.Embedding's rows are updated by the servers' optimizer; "
+                              "with the optimizer on the workers, train models without tables")
+            with tf.init_scope():
+                model = model if self._psrt_model is None else self._psrt_model
+                moving, fixed = _non_trainable(model) if model is not None else ([], [])
+                _set(self, "_psrt_keys", worker_optimizer.WorkerKeys(self, dense, moving, fixed,
+                                                                     self._psrt_check_every))
+            return
         overwritten = [v.path for v in dense if getattr(v, "overwrite_with_gradient", False)]
         if overwritten:
             # Float8 layers' scales take their "gradient" as the new value.
@@ -280,7 +290,8 @@ class _Distributed:
             raise _refuse("%s has a constraint (kernel_constraint, bias_constraint, ...), which Keras "
                           "applies to the weights after each update; the servers hold the weights and "
                           "apply the update, so it would not reach them. Train it without the "
-                          "constraint" % ", ".join(constrained))
+                          "constraint, or run the optimizer on the workers (optimizer_on=\"workers\")"
+                          % ", ".join(constrained))
         if len(dense) < len(variables) and (any(getattr(self, k, None) for k in _CLIPPING) or
                                             self._psrt_loss_scale is not None or self.loss_scale_factor):
             raise _refuse("clipnorm, global_clipnorm, clipvalue and loss scaling do not reach "
@@ -298,6 +309,8 @@ class _Distributed:
         scale optimizer): the gradients to clip and apply (sync: the
         aggregate over workers), the statistics' means assigned."""
         keys = self._psrt_keys
+        if self._psrt_on_workers:
+            return keys.mean(grads)
         dense = [g for g, v in zip(grads, variables) if layers.table_of(v) is None]
         if not keys.averaged and not keys.moving:
             return dense
@@ -340,6 +353,8 @@ class _Distributed:
             self.iterations.assign_add(1)
 
     def _psrt_skip(self):
+        if self._psrt_on_workers:
+            return  # every worker skips the same step: nothing to tell the servers
         keys = self._psrt_keys
         lr = tf.cast(self.learning_rate, tf.float32)
         tf.numpy_function(lambda lr_value: keys.skip(lr_value), [lr], [tf.float32], stateful=True)
@@ -350,6 +365,16 @@ class _Distributed:
         if getattr(self, "_psrt_keys", None) is None:
             self.build(variables)
         grads = _float_grads(grads)
+        if self._psrt_on_workers:
+            # The optimizer's own update (clipping, loss_scale_factor,
+            # constraints, EMA, accumulation) on the mean gradient; a loss
+            # scale optimizer has averaged them already.
+            if self._psrt_loss_scale is None:
+                grads = self._psrt_keys.mean(grads)
+            super().apply([None if g is None else tf.cast(g, v.dtype) for g, v in zip(grads, variables)],
+                          trainable_variables)
+            self._psrt_keys.after_step()
+            return
         if self.loss_scale_factor:
             grads = [None if g is None else g / self.loss_scale_factor for g in grads]
         keys = self._psrt_keys
@@ -399,31 +424,66 @@ def _loss_scale_class(cls):
     return _loss_scale_classes[cls]
 
 
-def DistributedOptimizer(optimizer, compression=psrt.Compression.job_default, model=None):
-    """An optimizer of `optimizer`'s class and settings that runs on the servers.
+def _on_workers(optimizer, optimizer_on):
+    """Whether `optimizer` runs on the workers: where asked, or ("auto") in
+    a sync job where the servers cannot run it."""
+    if optimizer_on not in ("auto", "servers", "workers"):
+        raise _refuse('optimizer_on is "auto", "servers" or "workers"; got %r' % (optimizer_on,))
+    if optimizer_on == "servers":
+        return False
+    if optimizer_on == "auto":
+        try:
+            _server_optimizer(optimizer)
+            return False
+        except psrt.PsrtError as e:
+            if not psrt.client().is_sync():
+                raise
+            why = worker_optimizer.refusal(optimizer)
+            if why is not None:
+                raise _refuse("%s; and %s" % (str(e).split(": ", 1)[1], why)) from None
+            return True
+    why = worker_optimizer.refusal(optimizer)
+    if why is not None:
+        raise _refuse(why)
+    return True
+
+
+def DistributedOptimizer(optimizer, compression=psrt.Compression.job_default, model=None, optimizer_on="auto",
+                         check_every=100):
+    """An optimizer of `optimizer`'s class and settings that runs on the
+    servers, or on every worker on the mean gradient.
 
     Args:
-      optimizer: keras.optimizers.SGD (momentum, Nesterov), Adam, AdamW or
-        Adagrad, with clipnorm, global_clipnorm or clipvalue if wanted;
-        learning-rate schedules work (the current rate reaches the servers
-        each step). Or a keras.optimizers.LossScaleOptimizer around one.
+      optimizer: on the servers: keras.optimizers.SGD (momentum, Nesterov),
+        Adam, AdamW or Adagrad, with clipnorm, global_clipnorm or clipvalue
+        if wanted; learning-rate schedules work (the current rate reaches the
+        servers each step). On the workers: any Keras optimizer. Or a
+        keras.optimizers.LossScaleOptimizer around one.
       compression: psrt.Compression.fp16 or bf16 halves the bytes on the wire.
       model: the keras.Model trained, so that its frozen weights start from
         rank 0's values and BatchNormalization's statistics are averaged
         every step. model.fit finds it without this; custom training loops
         pass it.
+      optimizer_on: "servers", "workers" (sync jobs: every worker applies
+        the optimizer's own update to the mean gradient; worker_optimizer.py)
+        or "auto" (the default): the servers where they can run it, else
+        the workers.
+      check_every: on the workers, they check that their weights agree at
+        the first step and every this many steps; a worker that differs is
+        an error naming it.
     """
     if isinstance(optimizer, (_Distributed, _DistributedLossScale)):
         raise _refuse("the optimizer is distributed already")
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        inner = DistributedOptimizer(optimizer.inner_optimizer, compression, model)
+        inner = DistributedOptimizer(optimizer.inner_optimizer, compression, model, optimizer_on, check_every)
         cfg = optimizer.get_config()
         wrapped = _loss_scale_class(type(optimizer))(inner, initial_scale=cfg["initial_scale"],
                                                       dynamic_growth_steps=cfg["dynamic_growth_steps"],
                                                       name=cfg["name"])
         _set(inner, "_psrt_loss_scale", wrapped)
         return wrapped
-    config = _server_optimizer(optimizer)
+    on_workers = _on_workers(optimizer, optimizer_on)
+    config = None if on_workers else _server_optimizer(optimizer)
     cls = type("Distributed" + type(optimizer).__name__, (_Distributed, type(optimizer)), {})
     wrapped = cls.from_config(optimizer.get_config())
     # exclude_from_weight_decay(), called on `optimizer`, is no part of its
@@ -436,4 +496,6 @@ def DistributedOptimizer(optimizer, compression=psrt.Compression.job_default, mo
     _set(wrapped, "_psrt_model", model)
     _set(wrapped, "_psrt_loss_scale", None)
     _set(wrapped, "_psrt_keys", None)
+    _set(wrapped, "_psrt_on_workers", on_workers)
+    _set(wrapped, "_psrt_check_every", check_every)
     return wrapped

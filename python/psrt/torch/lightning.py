@@ -18,8 +18,8 @@ worker under ``psrt-run`` is a process driving one device; the strategy:
   ``gradient_clip_val`` clips that mean; schedulers change the learning rate
   the servers use;
 - does Lightning's collectives (barriers, broadcasts, ``self.log(...,
-  sync_dist=True)``, early stopping's agreement) through one key on the
-  servers (``psrt.torch._collective``), since a psrt job starts no
+  sync_dist=True)``, early stopping's agreement) through psrt_allreduce on the
+  servers (``psrt.torch.collectives``), since a psrt job starts no
   torch.distributed process group.
 
 Resuming from a Lightning checkpoint (``ckpt_path``) is refused: the servers
@@ -41,7 +41,7 @@ from lightning.pytorch.utilities.data import has_iterable_dataset
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 import psrt
-from psrt.torch import _collective
+from psrt.torch import collectives
 from psrt.torch.optimizer import DistributedOptimizer
 
 
@@ -130,7 +130,7 @@ class PsrtStrategy(ParallelStrategy):
                          checkpoint_io=checkpoint_io, precision_plugin=precision_plugin)
         self._compression = compression
         self._iterables_sharded = iterables_sharded
-        self._exchange = None
+        self._ready = False  # the collectives may run (setup_environment)
 
     @property
     def is_distributed(self):
@@ -148,8 +148,12 @@ class PsrtStrategy(ParallelStrategy):
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     def setup_environment(self):
-        self._exchange = _collective.Exchange(
-            "lightning@collective", "PsrtStrategy: Lightning's barriers, broadcasts and sync_dist")
+        try:
+            psrt.client().every_worker_each_step()
+        except psrt.PsrtError as e:
+            raise psrt.PsrtError("PsrtStrategy: Lightning's barriers, broadcasts and sync_dist need every "
+                                 "worker: %s" % e) from None
+        self._ready = True
         super().setup_environment()
         rank_zero_only.rank = fabric_rank_zero_only.rank = self.global_rank
 
@@ -196,24 +200,21 @@ class PsrtStrategy(ParallelStrategy):
     # --- collectives, through the servers ----------------------------------
 
     def barrier(self, name=None, *args, **kwargs):
-        if self._exchange is not None:
-            self._exchange.sum(torch.zeros(1))
+        if self._ready:
+            collectives.barrier()
 
     def broadcast(self, obj, src=0):
-        return obj if self._exchange is None else self._exchange.broadcast(obj, src)
+        return collectives.broadcast_object(obj, src) if self._ready else obj
 
     def reduce(self, tensor, group=None, reduce_op="mean"):
         if not isinstance(tensor, torch.Tensor):
             return tensor
-        total = self._exchange.sum(tensor).to(tensor.device)
-        if _reduce_op_name(reduce_op) == "mean":
-            total = total / self.world_size
-        return total.to(tensor.dtype if tensor.is_floating_point() else total.dtype)
+        op = "average" if _reduce_op_name(reduce_op) == "mean" else "sum"
+        # Integers (a count) come back as float32, as a mean needs.
+        return collectives.allreduce(tensor if tensor.is_floating_point() else tensor.float(), op)
 
     def all_gather(self, tensor, group=None, sync_grads=False):
-        slots = torch.zeros((self.world_size,) + tuple(tensor.shape), dtype=torch.float32)
-        slots[self.global_rank] = tensor.detach().to("cpu", torch.float32)
-        return self._exchange.sum(slots).to(tensor.device, tensor.dtype)
+        return collectives.allgather(tensor)
 
 
 __all__ = ["PsrtEnvironment", "PsrtStrategy"]

@@ -1,0 +1,28 @@
+"""Keras optimizers the servers do not run, run by every worker on the mean
+gradient (psrt.keras.DistributedOptimizer's optimizer_on), in a real
+2-worker job, each against one process on the mean of the workers'
+gradients."""
+
+import os
+
+import pytest
+
+from jobs import HERE, run_job
+
+CASES = ["amsgrad", "nadam", "ema", "constraint", "fit"]
+
+
+@pytest.fixture(scope="module")
+def job():
+    return run_job(os.path.join(HERE, "tf_worker_optimizer.py"), [",".join(CASES)])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_workers_step_as_one_process_on_the_mean_gradient(job, case):
+    """Adam(amsgrad=True), Nadam, SGD with use_ema, RMSprop with clipnorm
+    over a kernel_constraint=NonNeg() (the kernel stays >= 0), and Lion
+    through model.fit: within 1e-5 of one process."""
+    code, log = job
+    assert code == 0, log
+    for rank in (0, 1):
+        assert "rank %d: case %s passed" % (rank, case) in log, log

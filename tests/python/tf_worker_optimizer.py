@@ -1,0 +1,83 @@
+"""A training process of test_tensorflow_worker_optimizer.py: Keras
+optimizers the servers do not run, on the workers, against one process on
+the mean of the workers' gradients (computed here on every rank from every
+rank's batches). Prints "rank R: case C passed" or why not."""
+
+import sys
+
+import numpy as np
+import tensorflow as tf
+import keras
+
+import psrt.tensorflow as psrt
+
+WORKERS, STEPS, BATCH = 2, 4, 8
+
+
+def build(case):
+    keras.utils.set_random_seed(0)
+    constraint = keras.constraints.NonNeg() if case == "constraint" else None
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
+                              keras.layers.Dense(3, kernel_constraint=constraint)])
+    opt = {"amsgrad": lambda: keras.optimizers.Adam(0.01, amsgrad=True),
+           "nadam": lambda: keras.optimizers.Nadam(0.01),
+           "ema": lambda: keras.optimizers.SGD(0.1, momentum=0.9, use_ema=True, ema_momentum=0.5,
+                                               ema_overwrite_frequency=2),
+           "constraint": lambda: keras.optimizers.RMSprop(0.05, clipnorm=0.1),
+           "fit": lambda: keras.optimizers.Lion(0.01)}[case]()
+    return model, opt
+
+
+def batch(rank, step):
+    g = np.random.default_rng(100 * step + rank)
+    return g.normal(size=(BATCH, 6)).astype(np.float32), g.integers(0, 3, BATCH)
+
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def gradient(model, x, y):
+    with tf.GradientTape() as tape:
+        loss = LOSS(y, model(x, training=True))
+    return tape.gradient(loss, model.trainable_variables)
+
+
+def reference(case):
+    model, opt = build(case)
+    for step in range(STEPS):
+        grads = [gradient(model, *batch(r, step)) for r in range(WORKERS)]
+        opt.apply_gradients(zip([sum(g) / WORKERS for g in zip(*grads)], model.trainable_variables))
+    return model
+
+
+def train(case, rank):
+    model, opt = build(case)
+    opt = psrt.keras.DistributedOptimizer(opt, model=model)
+    if case == "fit":
+        model.compile(optimizer=opt, loss=LOSS, jit_compile=False)
+        xs, ys = zip(*(batch(rank, s) for s in range(STEPS)))
+        model.fit(np.concatenate(xs), np.concatenate(ys), batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    else:
+        opt.build(model.trainable_variables)
+        for step in range(STEPS):
+            opt.apply_gradients(zip(gradient(model, *batch(rank, step)), model.trainable_variables))
+    return model, opt
+
+
+def main():
+    psrt.init()
+    rank = psrt.rank()
+    for case in sys.argv[1].split(","):
+        (got, opt), want = train(case, rank), reference(case)
+        assert opt._psrt_on_workers, case
+        start, _ = build(case)
+        worst = max(np.abs(a.numpy() - b.numpy()).max() for a, b in zip(got.weights, want.weights))
+        moved = max(np.abs(a.numpy() - b.numpy()).max() for a, b in zip(start.weights, want.weights))
+        ok = worst <= 1e-5 < moved and (case != "constraint" or got.layers[1].kernel.numpy().min() >= 0)
+        print("rank %d: case %s %s (%.2g off, moved %.2g)" % (rank, case, "passed" if ok else "FAILED", worst, moved),
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
