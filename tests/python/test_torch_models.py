@@ -196,20 +196,20 @@ def test_async_and_ssp_learn_each_workers_batch(mode):
     """Async and ssp (staleness 1) have no one-process equivalent: each
     worker's model must learn its own fixed batch through the servers. GPT-2
     with clipping (its gradients go out at step()) and ResNet-18 with
-    BatchNorm, 30 steps: the least loss of the last 10 steps is below half
-    of the first (stale gradients make GPT-2's oscillate: 0.15-0.33 of the
-    first on this machine; one process ends at about 1/40 for both)."""
+    BatchNorm, 20 steps: the least loss of the last 10 steps is below half
+    of the first (stale gradients make GPT-2's oscillate; measured at most
+    0.07 of the first over steps 10-19, 0.15 over steps 5-14)."""
     ps = {"mode": mode}
     if mode == "ssp":
         ps["staleness"] = 1
     with tempfile.TemporaryDirectory() as d:
-        code, log = run_job(SCRIPT, ["gpt2", "resnet18", "--steps", "30", "--fixed-batch",
+        code, log = run_job(SCRIPT, ["gpt2", "resnet18", "--steps", "20", "--fixed-batch",
                                      "--out", os.path.join(d, "final")], ps, timeout=280)
     assert code == 0, failure_text(log)
     for case in ("gpt2", "resnet18"):
         for rank in range(2):
             losses = [float(v) for v in re.findall(r"rank %d: %s step \d+ loss ([0-9.eE+-]+)" % (rank, case), log)]
-            assert len(losses) == 30, (case, rank, losses)
+            assert len(losses) == 20, (case, rank, losses)
             assert min(losses[-10:]) < losses[0] / 2, (case, rank, losses)
 
 
