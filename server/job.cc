@@ -327,6 +327,7 @@ absl::Status Job::Register(const v1::RegisterRequest& req, v1::RegisterResponse*
 }
 
 absl::Status Job::RegisterProcess(const v1::RegisterRequest* req, v1::RegisterResponse* resp) {
+  // The request's own fault, whichever process it names.
   if (req->id().role() == v1::ROLE_SERVER && req->address().empty()) {
     return absl::InvalidArgumentError("a server must register the address it listens on");
   }
@@ -342,58 +343,22 @@ absl::Status Job::RegisterProcess(const v1::RegisterRequest* req, v1::RegisterRe
         absl::StrCat(p->name, " was started for generation ", req->generation(),
                      ", but a recovery moved the job to generation ", generation_));
   }
-  if (p->id.role() == v1::ROLE_AGENT && p->slot < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(p->expected_host, " left the job: it was gone for longer than host_wait_s"));
+  bool starts_empty = false;
+  absl::Status admitted;
+  switch (p->id.role()) {  // the three Lookup finds
+    case v1::ROLE_AGENT:
+      admitted = AgentRegistersLocked(p);
+      break;
+    case v1::ROLE_SERVER:
+      admitted = ServerRegistersLocked(*req, p, &starts_empty);
+      break;
+    default:
+      WorkerRegistersLocked(p);
+      break;
   }
-  if (p->id.role() == v1::ROLE_AGENT && p->lost) AgentBackLocked(p);
-  // "max_servers": a server index with no process joins the running job:
-  // it starts empty, and its keys move to it from the server serving them.
-  const bool joins = p->id.role() == v1::ROLE_SERVER && p->parked;
-  if (joins && !ReadyLocked()) {
-    // Asked again by the server's link until it connects.
-    return absl::UnavailableError(
-        absl::StrCat(p->name, " joins a running job; this one has not started yet (not arrived: ",
-                     absl::StrJoin(MissingLocked(), ", "), ")"));
-  }
-  if (joins) {
-    p->parked = false;
-    p->lost = false;
-    p->shard_epoch = 0;
-    p->copies_building.clear();
-    placement_.Join(p->id.index());
-    p->name = absl::StrCat("server ", p->id.index(), " on ", req->host());
-    LogInfo(p->name, " joins the job at ", req->address(), ": its keys move to it from server ",
-            placement_.ServedBy(p->id.index()));
-  }
-  // A server back after its keys moved ("replicas": 1) is a spare.
-  const bool spare = p->id.role() == v1::ROLE_SERVER && p->lost && config_.replicas() > 0;
-  if (!spare && p->registered && !p->exited && p->id.role() == v1::ROLE_SERVER &&
-      p->address != req->address()) {
-    return absl::AlreadyExistsError(
-        absl::StrCat(p->name, " is already registered at ", p->address));
-  }
+  if (!admitted.ok()) return admitted;
+  resp->set_spare(starts_empty);
   const bool again = p->registered;
-  const bool started = elastic() && phase_ != JobPhase::kStarting;
-  if (p->id.role() == v1::ROLE_WORKER && (p->lost || p->exited || (!again && started))) {
-    // A lost worker that comes back, or (elastic) a new one, takes part
-    // from the next step.
-    const bool rejoins = p->lost || p->exited;
-    p->lost = false;
-    ++epoch_;
-    epoch_gauge_->Set(epoch_);
-    LogInfo(p->name, rejoins ? " rejoined" : " joined the job", " (epoch ", epoch_, ")");
-  }
-  if (spare) {
-    // It keeps the copies that are missing now, which the servers serving
-    // them build in the background.
-    p->lost = false;
-    const std::vector<int> copies = placement_.KeepMissingCopies(p->id.index());
-    LogInfo(p->name, " is back at ", req->address(),
-            ": it keeps the copies of the keys of servers ", absl::StrJoin(copies, ", "),
-            " from now on");
-  }
-  resp->set_spare(spare || joins);
   p->registered = true;
   p->exited = false;
   p->restarting = false;
@@ -411,6 +376,66 @@ absl::Status Job::RegisterProcess(const v1::RegisterRequest* req, v1::RegisterRe
   resp->set_host_index(p->slot);
   ReleaseBarriersLocked();
   return absl::OkStatus();
+}
+
+absl::Status Job::AgentRegistersLocked(Process* p) {
+  if (p->slot < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(p->expected_host, " left the job: it was gone for longer than host_wait_s"));
+  }
+  if (p->lost) AgentBackLocked(p);
+  return absl::OkStatus();
+}
+
+absl::Status Job::ServerRegistersLocked(const v1::RegisterRequest& req, Process* p,
+                                        bool* starts_empty) {
+  // "max_servers": a server index with no process joins the running job:
+  // it starts empty, and its keys move to it from the server serving them.
+  const bool joins = p->parked;
+  if (joins && !ReadyLocked()) {
+    // Asked again by the server's link until it connects.
+    return absl::UnavailableError(
+        absl::StrCat(p->name, " joins a running job; this one has not started yet (not arrived: ",
+                     absl::StrJoin(MissingLocked(), ", "), ")"));
+  }
+  if (joins) {
+    p->parked = false;
+    p->lost = false;
+    p->shard_epoch = 0;
+    p->copies_building.clear();
+    placement_.Join(p->id.index());
+    p->name = absl::StrCat("server ", p->id.index(), " on ", req.host());
+    LogInfo(p->name, " joins the job at ", req.address(), ": its keys move to it from server ",
+            placement_.ServedBy(p->id.index()));
+  }
+  // A server back after its keys moved ("replicas": 1) is a spare.
+  const bool spare = p->lost && config_.replicas() > 0;
+  if (!spare && p->registered && !p->exited && p->address != req.address()) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(p->name, " is already registered at ", p->address));
+  }
+  if (spare) {
+    // It keeps the copies that are missing now, which the servers serving
+    // them build in the background.
+    p->lost = false;
+    const std::vector<int> copies = placement_.KeepMissingCopies(p->id.index());
+    LogInfo(p->name, " is back at ", req.address(), ": it keeps the copies of the keys of servers ",
+            absl::StrJoin(copies, ", "), " from now on");
+  }
+  *starts_empty = spare || joins;
+  return absl::OkStatus();
+}
+
+void Job::WorkerRegistersLocked(Process* p) {
+  const bool started = elastic() && phase_ != JobPhase::kStarting;
+  if (!p->lost && !p->exited && (p->registered || !started)) return;
+  // A lost worker that comes back, or (elastic) a new one, takes part from
+  // the next step.
+  const bool rejoins = p->lost || p->exited;
+  p->lost = false;
+  ++epoch_;
+  epoch_gauge_->Set(epoch_);
+  LogInfo(p->name, rejoins ? " rejoined" : " joined the job", " (epoch ", epoch_, ")");
 }
 
 void Job::Barrier(const v1::BarrierRequest& req, absl::Time deadline,
@@ -576,7 +601,7 @@ absl::Status Job::GetStatus(v1::JobStatusResponse* resp) {
   resp->set_seconds(absl::ToDoubleSeconds(now - born_));
   for (int s : placement_.served_by()) resp->add_served_by(s);
   resp->set_moves(static_cast<int>(moves_total_->value()));
-  ForEachLocked([&](const Process& p) {
+  auto add = [&](const Process& p) {
     v1::ProcessStatus* s = resp->add_processes();
     *s->mutable_id() = p.id;
     s->set_name(p.name);
@@ -585,11 +610,15 @@ absl::Status Job::GetStatus(v1::JobStatusResponse* resp) {
     s->set_exited(p.exited);
     s->set_exit_code(p.exit_code);
     if (p.registered) s->set_seconds_since_heartbeat(absl::ToDoubleSeconds(now - p.last_heartbeat));
-    if (p.id.role() == v1::ROLE_WORKER) {
-      s->set_step(p.step);
-      *s->mutable_stats() = p.stats;
-    }
-  });
+    return s;
+  };
+  for (const Process& p : agents_) add(p);
+  for (const Process& p : servers_) add(p);
+  for (const Process& p : workers_) {
+    v1::ProcessStatus* s = add(p);  // and a worker's own
+    s->set_step(p.step);
+    *s->mutable_stats() = p.stats;
+  }
   return absl::OkStatus();
 }
 

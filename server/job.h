@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/distribution.h"
@@ -139,6 +140,12 @@ class Job {
   };
 
   static std::string StateName(v1::JobState s);  // "running", ...
+  // Register's rules per role: refusals, a lost agent back, a server
+  // joining or back as a spare (`starts_empty`), a worker rejoining.
+  absl::Status AgentRegistersLocked(Process* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ServerRegistersLocked(const v1::RegisterRequest& req, Process* p, bool* starts_empty)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WorkerRegistersLocked(Process* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ReportExit's: the process exited (`what` says how); a worker's exit,
   // which may be a restart or the end of its work.
   void ExitedLocked(const v1::ReportExitRequest& req, Process* p, const std::string& what)

@@ -461,6 +461,29 @@ TEST_F(JobTest, AProcessOfAnotherGenerationOrJobIsRefusedAndChangesNothing) {
   for (const v1::ProcessStatus& p : s.processes()) EXPECT_FALSE(p.registered()) << p.name();
 }
 
+TEST_F(JobTest, EachRoleRegistersByItsOwnRules) {
+  Start(2, R"(,"on_worker_failure":"continue")");
+  RegisterAll(2);
+  const int64_t epoch = Status().membership().epoch();
+  v1::RegisterRequest req;
+  req.mutable_id()->set_role(v1::ROLE_SERVER);
+  v1::RegisterResponse resp;
+  // A server says where it listens, and one address is one process's.
+  EXPECT_EQ(job_->Register(req, &resp).code(), absl::StatusCode::kInvalidArgument);
+  req.set_address("127.0.0.1:2000");
+  EXPECT_EQ(job_->Register(req, &resp).code(), absl::StatusCode::kAlreadyExists);
+  // A lost worker that comes back takes part again, from a new epoch.
+  ASSERT_TRUE(Exit(v1::ROLE_WORKER, 1, 1).ok());
+  EXPECT_EQ(Status().membership().active_workers_size(), 1);
+  EXPECT_EQ(Status().membership().epoch(), epoch + 1);
+  ASSERT_TRUE(Register(v1::ROLE_WORKER, 1).ok());
+  EXPECT_EQ(Status().membership().active_workers_size(), 2);
+  EXPECT_EQ(Status().membership().epoch(), epoch + 2);
+  // An agent registers again as often as it likes.
+  ASSERT_TRUE(Register(v1::ROLE_AGENT, 1).ok());
+  EXPECT_EQ(job_->phase(), JobPhase::kRunning);
+}
+
 constexpr char kRecover[] =
     R"(,"on_failure":"recover","max_recoveries":1,"checkpoint":{"uri":"file:///ckpt"})";
 constexpr char kCheckpoints[] = R"(,"checkpoint":{"uri":"file:///ckpt"})";
