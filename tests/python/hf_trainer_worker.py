@@ -57,7 +57,7 @@ def arguments(opts, output_dir, batch):
     return transformers.TrainingArguments(
         output_dir=output_dir, per_device_train_batch_size=batch, max_steps=opts.steps,
         gradient_accumulation_steps=opts.accumulation, max_grad_norm=opts.max_grad_norm,
-        learning_rate=1e-3, lr_scheduler_type="linear", optim="adamw_torch", weight_decay=0.01,
+        learning_rate=1e-3, lr_scheduler_type="linear", optim=opts.optim, weight_decay=0.01,
         bf16=opts.bf16, use_cpu=True, seed=0, logging_steps=1, save_strategy="steps", save_steps=opts.steps,
         report_to="none", disable_tqdm=True, dataloader_num_workers=0, train_sampling_strategy=opts.sampling)
 
@@ -99,6 +99,7 @@ def main(argv=None):
     ap.add_argument("--accumulation", type=int, default=1)
     ap.add_argument("--max-grad-norm", type=float, default=1.0)
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--optim", default="adamw_torch", help="TrainingArguments.optim")
     ap.add_argument("--sampling", default="random", help="TrainingArguments.train_sampling_strategy")
     ap.add_argument("--reference", type=int, default=0, help="one process on N workers' global batch")
     ap.add_argument("--out", required=True)

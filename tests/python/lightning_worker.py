@@ -39,10 +39,11 @@ class Images(Dataset):
 
 
 class Net(L.LightningModule):
-    def __init__(self, parts=1):
+    def __init__(self, parts=1, optimizer="sgd"):
         super().__init__()
         torch.manual_seed(0)
         self.parts = parts  # the reference's workers, each through the model on its own
+        self.optimizer = optimizer
         self.body = torch.nn.Sequential(
             torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
             torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
@@ -57,7 +58,10 @@ class Net(L.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        opt = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+        if self.optimizer == "rmsprop":  # one the servers do not run: on the workers
+            opt = torch.optim.RMSprop(self.parameters(), lr=0.01, momentum=0.5)
+        else:
+            opt = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
         schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
@@ -97,6 +101,7 @@ def main(argv=None):
     ap.add_argument("--reference", type=int, default=0)
     ap.add_argument("--iterable", action="store_true", help="the data as an IterableDataset")
     ap.add_argument("--resume", help="fit's ckpt_path")
+    ap.add_argument("--optimizer", choices=["sgd", "rmsprop"], default="sgd")
     ap.add_argument("--out", required=True)
     opts = ap.parse_args(argv)
     L.seed_everything(0)
@@ -112,14 +117,14 @@ def main(argv=None):
     else:
         common["precision"] = opts.precision
     if opts.reference:
-        model = Net(parts=opts.reference)
+        model = Net(parts=opts.reference, optimizer=opts.optimizer)
         loader = DataLoader(data, batch_size=PER_DEVICE * opts.reference, sampler=Interleaved(data, opts.reference))
         L.Trainer(default_root_dir=opts.out + ".reference", **common).fit(model, loader)
         torch.save({k: v.detach().clone() for k, v in model.named_parameters()}, opts.out + ".reference.pt")
         return
     from psrt.torch.lightning import PsrtStrategy
     import psrt.torch as psrt
-    model = Net()
+    model = Net(optimizer=opts.optimizer)
     psrt.init()
     root = "%s.rank%d" % (opts.out, psrt.rank())
     trainer = L.Trainer(strategy=PsrtStrategy(), default_root_dir=root, **common)

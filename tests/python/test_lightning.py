@@ -24,8 +24,13 @@ def runnable(precision):
     return precision != "16-mixed" or torch.cuda.is_available()
 
 
-def arguments(accumulation, precision):
-    return ["--accumulation", str(accumulation), "--precision", precision]
+# torch's RMSprop, which the servers do not run: every worker runs it on the
+# mean gradient (optimizer_on "auto").
+RMSPROP = (1, "32-true", "rmsprop")
+
+
+def arguments(accumulation, precision, optimizer="sgd"):
+    return ["--accumulation", str(accumulation), "--precision", precision, "--optimizer", optimizer]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +38,7 @@ def reference(tmp_path_factory):
     """{configuration: one process's parameters on the mean gradient}, every
     configuration's made by one process (Lightning imported once)."""
     d = tmp_path_factory.mktemp("reference")
-    configs = [c for c in CONFIGS if runnable(c[1])]
+    configs = [c for c in CONFIGS if runnable(c[1])] + [RMSPROP]
     out = {c: os.path.join(d, "r%d" % i) for i, c in enumerate(configs)}
     references(WORKER, [arguments(*c) + ["--out", out[c]] for c in configs])
     return {c: torch.load(out[c] + ".reference.pt") for c in configs}
@@ -43,11 +48,20 @@ def reference(tmp_path_factory):
 def test_lightning_on_two_workers_equals_one_process_on_the_mean_gradient(accumulation, precision, reference):
     if not runnable(precision):
         pytest.skip("fp16 autocast and its GradScaler need CUDA (Lightning runs bf16 on a CPU)")
+    check_against_reference((accumulation, precision), reference)
+
+
+def test_lightning_with_rmsprop_on_the_workers_equals_one_process_on_the_mean_gradient(reference):
+    check_against_reference(RMSPROP, reference)
+
+
+def check_against_reference(config, reference):
+    accumulation = config[0]
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r")
-        reports = job_reports(WORKER, arguments(accumulation, precision), out)
+        reports = job_reports(WORKER, arguments(*config), out)
         got = [torch.load("%s.rank%d.pt" % (out, r)) for r in range(2)]
-    want = reference[(accumulation, precision)]
+    want = reference[config]
     for name in want:
         assert torch.equal(got[0][name], got[1][name]), name
         torch.testing.assert_close(got[0][name], want[name], rtol=0, atol=1e-5, msg=name)

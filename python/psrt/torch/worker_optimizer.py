@@ -108,9 +108,33 @@ class WorkerOptimizer(DistributedOptimizer):
                     me()._buffers.update(found or ())
 
             self._buffer_hook = _module.register_module_forward_pre_hook(before_forward)
-        self.defaults = optimizer.defaults
-        self.param_groups = optimizer.param_groups
-        self.state = optimizer.state
+
+    # torch.optim.Optimizer's bookkeeping is the wrapped optimizer's, read
+    # through: its load_state_dict (accelerate's device placement calls it)
+    # rebinds its param groups, which schedulers must still reach.
+    @property
+    def param_groups(self):
+        return self._optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups):
+        self._optimizer.param_groups = groups
+
+    @property
+    def state(self):
+        return self._optimizer.state
+
+    @state.setter
+    def state(self, state):
+        self._optimizer.state = state
+
+    @property
+    def defaults(self):
+        return self._optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, defaults):
+        self._optimizer.defaults = defaults
 
     def _start_from_rank0(self, named):
         """Every worker takes rank 0's values (float32 on the wire: exact for
