@@ -129,8 +129,43 @@ def barrier():
     assert kv.rank == 1 or waited > 1.0, waited
 
 
+@mx.optimizer.register
+class AddGradient(mx.optimizer.Optimizer):
+    """An optimizer of the user's own, as MXNet's distributed tests set one
+    on their store: weight += rescale_grad * grad."""
+
+    def create_state(self, index, weight):
+        return None
+
+    def update(self, index, weight, grad, state):
+        weight[:] += grad * self.rescale_grad
+
+
+def workers_optimizer():
+    """set_optimizer with optimizers the servers do not have (the user's
+    own, RMSProp): the servers aggregate and every worker's updater steps on
+    the aggregate, from rank 0's initial value, as one store would."""
+    kv = mx.kv.create("psrt")
+    kv.set_optimizer(mx.optimizer.create("addgradient", rescale_grad=2.0))
+    kv.init(7, mx.nd.ones((3,)) * (1 if kv.rank == 0 else 50))
+    out = mx.nd.zeros((3,))
+    for step in range(2):
+        kv.push(7, mx.nd.ones((3,)) * (kv.rank + 1))  # the mean, 1.5, times 2
+        kv.pull(7, out=out)
+        assert np.allclose(out.asnumpy(), 1 + 3.0 * (step + 1)), (step, out)
+    rmsprop = mx.optimizer.RMSProp(learning_rate=0.1, gamma1=0.9)
+    kv.set_optimizer(rmsprop)
+    kv.init(8, mx.nd.ones((3,)) * 2)
+    want, updater = mx.nd.ones((3,)) * 2, mx.optimizer.get_updater(mx.optimizer.RMSProp(learning_rate=0.1, gamma1=0.9))
+    for step in range(3):
+        grad = mx.nd.array([1.0, -2.0, 0.5]) * (kv.rank + 1) * (step + 1)
+        kv.pushpull(8, grad, out=out)
+        updater(8, mx.nd.array([1.0, -2.0, 0.5]) * 1.5 * (step + 1), want)
+        assert np.allclose(out.asnumpy(), want.asnumpy(), atol=1e-6), (step, out, want)
+
+
 CHECKS = {"optimizer_keys": optimizer_keys, "plain_store": plain_store, "compression": compression,
-          "two_bit": two_bit, "table_init": table_init, "barrier": barrier}
+          "two_bit": two_bit, "table_init": table_init, "barrier": barrier, "workers_optimizer": workers_optimizer}
 
 
 def main():

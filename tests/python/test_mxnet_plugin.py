@@ -101,7 +101,8 @@ def assert_both_ranks_passed(job, what):
 # set_gradient_compression, 1-bit refused. two_bit: MXNet's 2-bit
 # quantization with its residual. table_init: a row_sparse key starts as rank
 # 0's value (rows it lacks as zeros). barrier: kv._barrier() waits for every
-# worker.
+# worker. workers_optimizer: set_optimizer with the user's own optimizer and
+# RMSProp, which run on every worker on the servers' aggregate.
 # One host of two workers summing first: the kvstore's push then pull, and
 # Gluon's Trainer with BatchNorm, train as before.
 def test_one_host_summing_first_equals_one_process():
@@ -117,7 +118,7 @@ def test_one_host_summing_first_equals_one_process():
 
 
 @pytest.mark.parametrize("check", ["optimizer_keys", "plain_store", "compression", "two_bit", "table_init",
-                                   "barrier"])
+                                   "barrier", "workers_optimizer"])
 def test_kvstore_api(kv_job, check):
     assert_both_ranks_passed(kv_job, check)
 

@@ -273,6 +273,10 @@ class Psrt(mx.kvstore.KVStore):
         self._optimizer = None
         self._config = None
         self._config_error = None  # why the optimizer cannot update dense keys
+        # An optimizer the servers cannot run, in a sync job: the servers
+        # aggregate (plain keys) and every worker's updater steps on that.
+        self._local = None          # mx.optimizer.Updater
+        self._local_weights = {}    # dense key -> its weights (NDArray), the same on every worker
         self._pending = {}  # key -> value given to init, registered at first use or set_optimizer
         self._names = {}    # dense key -> its server variable
         self._configs = {}  # dense key -> the optimizer its variable has
@@ -349,16 +353,27 @@ class Psrt(mx.kvstore.KVStore):
         self._optimizer = optimizer
         # A table-only model may use a row-wise optimizer (ftrl) that dense
         # keys cannot: refuse it when a dense key registers.
+        self._local = None
         try:
             self._config, self._config_error = _server_optimizer(optimizer), None
         except psrt.PsrtError as e:
             self._config, self._config_error = None, e
+            if self._client.is_sync():
+                try:
+                    self._client.state_on_workers()
+                    self._local, self._config_error = mx.optimizer.get_updater(optimizer), None
+                except psrt.PsrtError as why:
+                    self._config_error = psrt.PsrtError("%s; and it cannot run on the workers: %s" % (e, why))
         for key in list(self._names):
             if _without_lr(self._configs[key]) != _without_lr(self._dense_config(key)):
                 self._move(key)
         for key, value in list(self._pending.items()):
             self._register(key, value)
         self._pending.clear()
+        if self._local is not None:  # the updater starts from what the keys hold
+            for key in self._names:
+                if key not in self._aux and key not in self._local_weights:
+                    self._local_weights[key] = mx.nd.array(self._vars.pull(self._names[key]))
 
     def init(self, key, value):
         self._finish()
@@ -446,7 +461,12 @@ class Psrt(mx.kvstore.KVStore):
             self._ensure(k)
         grads = self._gradients(keys, values)
         self._sync_learning_rate(keys)
-        self._vars.push([self._names[k] for k in keys], self._prepared(keys, grads))
+        names, grads = [self._names[k] for k in keys], self._prepared(keys, grads)
+        if self._local is not None:  # the aggregate now: the updater steps on it
+            for k, w in zip(keys, self._vars.push_pull(names, grads)):
+                self._stepped(k, w)
+            return
+        self._vars.push(names, grads)
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         self._finish()
@@ -465,7 +485,7 @@ class Psrt(mx.kvstore.KVStore):
                         _write_rows(dst, ids, rows)
                 continue
             self._ensure(k)
-            w = self._vars.pull(self._names[k])
+            w = self._local_weights[k].asnumpy() if k in self._local_weights else self._vars.pull(self._names[k])
             self._keep(k, w)
             _write(o, w)
 
@@ -542,6 +562,7 @@ class Psrt(mx.kvstore.KVStore):
             keys, grads, outs = zip(*batch)
             grads = self._prepared(keys, grads)
             for k, o, w in zip(keys, outs, self._vars.push_pull([self._names[k] for k in keys], grads)):
+                w = self._stepped(k, w)
                 self._keep(k, w)
                 _write(o, w)
         if step_end:
@@ -557,7 +578,7 @@ class Psrt(mx.kvstore.KVStore):
         """What a dense key registers with now: the optimizer (with the
         key's lr_mult and wd_mult, as MXNet's optimizer finds them), or
         plain."""
-        if self._optimizer is None or key in self._aux:
+        if self._optimizer is None or key in self._aux or self._local is not None:
             return _ASSIGN
         if self._config is None:
             raise self._config_error
@@ -639,6 +660,18 @@ class Psrt(mx.kvstore.KVStore):
             # The servers' rate stays; a changed one scales the gradient.
             self._lr_ref[key] = config["lr"]
         self._keep(key, value)
+        if self._local is not None and key not in self._aux:
+            self._local_weights[key] = mx.nd.array(value)
+
+    def _stepped(self, key, aggregate):
+        """The key's new weights: the servers' (an optimizer's key, or a
+        plain one's aggregate), or, with the optimizer on the workers, the
+        updater's step on the aggregate."""
+        if key not in self._local_weights:
+            return aggregate
+        weight = self._local_weights[key]
+        self._local(key, mx.nd.array(aggregate.reshape(weight.shape)), weight)
+        return weight.asnumpy()
 
     def _keep(self, key, weights):
         """The key's current weights, where a changed rate needs them."""
