@@ -63,6 +63,10 @@ import numpy as np
 
 import psrt
 from psrt import _host, _job, _tables
+from psrt.mxnet._arrays import (_assign, _first, _is_sparse, _nonzero_rows, _outputs, _row_pieces, _scaled,
+                                _write, _write_rows)
+from psrt.mxnet._optimizers import (_check_rows_of_dense, _scales_gradient, _server_optimizer,
+                                    _table_optimizer, _without_lr)
 
 _STATE_NOTE = "on the parameter servers; saved by psrt checkpoints"
 _TABLE_DEFAULTS = {"seed": 0, "init_std": 0.01, "max_rows": 0, "evict_after_steps": 0, "evict_min_count": 0,
@@ -88,160 +92,6 @@ def table_options(key=None, **options):
         raise psrt.PsrtError("psrt kvstore: table_options takes no %s (it takes %s)"
                              % (unknown, sorted(_TABLE_DEFAULTS)))
     _table_options.setdefault(key, {}).update(options)
-
-
-def _server_optimizer(opt):
-    """Server-side settings equivalent to an MXNet optimizer (its
-    clip_gradient is applied by the plugin), or a refusal."""
-    lr, wd = float(opt.learning_rate), float(opt.wd)
-    if isinstance(opt, mx.optimizer.NAG):
-        return {"name": "sgd", "lr": lr, "momentum": float(opt.momentum), "nesterov": True, "weight_decay": wd}
-    if isinstance(opt, mx.optimizer.SGD):
-        return {"name": "sgd", "lr": lr, "momentum": float(opt.momentum), "weight_decay": wd}
-    if isinstance(opt, mx.optimizer.Adam):
-        return {"name": "adam", "lr": lr, "beta1": float(opt.beta1), "beta2": float(opt.beta2),
-                "eps": float(opt.epsilon), "weight_decay": wd}
-    if isinstance(opt, mx.optimizer.AdaGrad):
-        return {"name": "adagrad", "lr": lr, "eps": float(opt.float_stable_eps), "weight_decay": wd}
-    raise psrt.PsrtError("psrt kvstore: %s cannot run on the parameter servers; use sgd, nag, adam or "
-                         "adagrad" % type(opt).__name__)
-
-
-def _table_optimizer(opt):
-    """The row-wise form of an MXNet optimizer for a table, or a refusal."""
-    if opt.clip_gradient is not None:
-        raise psrt.PsrtError("psrt kvstore: clip_gradient is not supported for tables (row_sparse weights): "
-                             "the servers update their rows from the aggregated gradient; set "
-                             "clip_gradient=None")
-    lr, wd = float(opt.learning_rate), float(opt.wd)
-    if isinstance(opt, mx.optimizer.Ftrl):
-        # MXNet's denominator (beta + sqrt(n)) / lr + wd is the servers' (TF's)
-        # sqrt(n) / lr + 2 * (l2 + beta / (2 * lr)) with l2 = wd / 2.
-        return {"name": "ftrl", "lr": lr, "l1": float(opt.lamda1), "l2": wd / 2, "ftrl_beta": float(opt.beta),
-                "initial_accumulator_value": 0.0}
-    if wd:
-        raise psrt.PsrtError("psrt kvstore: weight decay (wd=%g) is not supported for tables: the servers' "
-                             "row-wise optimizers have none (ftrl takes wd as its l2); use wd=0" % wd)
-    if isinstance(opt, mx.optimizer.SGD) and not isinstance(opt, mx.optimizer.NAG) and not opt.momentum:
-        return {"name": "sgd", "lr": lr}
-    if isinstance(opt, mx.optimizer.Adam) and opt.lazy_update:
-        return {"name": "adam", "lr": lr, "beta1": float(opt.beta1), "beta2": float(opt.beta2),
-                "eps": float(opt.epsilon)}
-    if isinstance(opt, mx.optimizer.AdaGrad):
-        # MXNet divides by sqrt(history + eps) with history from 0; the
-        # servers add eps after the root, so eps becomes the history's start.
-        return {"name": "adagrad", "lr": lr, "initial_accumulator_value": float(opt.float_stable_eps),
-                "eps": 0.0}
-    raise psrt.PsrtError("psrt kvstore: %s%s is not row-wise, so it cannot update a table; use sgd without "
-                         "momentum, adam with lazy_update=True, adagrad or ftrl"
-                         % (type(opt).__name__, "(lazy_update=False)" if isinstance(opt, mx.optimizer.Adam)
-                                                 else ""))
-
-
-def _check_rows_of_dense(key, opt):
-    """A row_sparse gradient of a dense weight (Embedding(sparse_grad=True)):
-    the servers update every row, as MXNet's optimizers do with
-    lazy_update=False; refuse where MXNet's lazy update (only the gradient's
-    rows) would give other weights."""
-    if opt is None or isinstance(opt, mx.optimizer.NAG):  # MXNet's NAG updates every row
-        return
-    wd = float(opt.wd)
-    plain_sgd = (isinstance(opt, mx.optimizer.SGD) and not isinstance(opt, mx.optimizer.NAG)
-                 and not opt.momentum)
-    row_local = (plain_sgd or isinstance(opt, mx.optimizer.AdaGrad)) and not wd
-    if row_local or not getattr(opt, "lazy_update", isinstance(opt, mx.optimizer.AdaGrad)):
-        return
-    raise psrt.PsrtError("psrt kvstore: key %s has a dense weight and row_sparse gradients: MXNet's %s with "
-                         "lazy_update=True changes only the gradient's rows, the servers update every row. "
-                         "Create the optimizer with lazy_update=False (the servers' update), or use sgd without "
-                         "momentum or wd" % (key, type(opt).__name__))
-
-
-def _is_sparse(value):
-    return getattr(value, "stype", "default") == "row_sparse"
-
-
-def _row_pieces(key, value, scale):
-    """(ids, rows) host copies of row_sparse gradient(s), times `scale`."""
-    pieces = []
-    for v in _outputs(value):
-        if not _is_sparse(v):
-            raise psrt.PsrtError("psrt kvstore: key %s is a table: push a row_sparse gradient (got a %s "
-                                 "NDArray)" % (key, getattr(v, "stype", type(v).__name__)))
-        rows = v.data.asnumpy().astype(np.float32, copy=False)
-        if scale != 1.0:
-            rows = rows * np.float32(scale)
-        pieces.append((v.indices.asnumpy().astype(np.int64), rows))
-    return pieces
-
-
-def _write_rows(dst, ids, rows):
-    """Rows of `ids` into `dst`: a row_sparse NDArray holds exactly them, a
-    dense one has them overwritten. Gluon pulls inside autograd.record()
-    (the forward pass); the copy is no part of the graph, as MXNet's own
-    kvstore's is not."""
-    with mx.autograd.pause():
-        if _is_sparse(dst):
-            mx.nd.sparse.row_sparse_array((rows, ids), shape=dst.shape, ctx=dst.context,
-                                          dtype=dst.dtype).copyto(dst)
-        else:
-            full = dst.asnumpy()
-            full[ids] = rows
-            _assign(dst, full)
-
-
-def _dense(value):
-    return value.tostype("default") if _is_sparse(value) else value
-
-
-def _nonzero_rows(value):
-    """(ids, rows) of a row_sparse value's rows that are not all zeros (the
-    rows a table starting at zeros needs to be sent)."""
-    ids, rows = value.indices.asnumpy(), value.data.asnumpy()
-    keep = np.any(rows != 0, axis=1)
-    return ids[keep], rows[keep]
-
-
-def _first(value):
-    """MXNet passes one NDArray or a list (one per device); psrt keeps one."""
-    if isinstance(value, (list, tuple)):
-        if not value:
-            raise psrt.PsrtError("psrt kvstore: an empty list of arrays")
-        if len(value) == 1:  # one device: the callers copy to the host
-            return _dense(value[0])
-        # Gradients of several devices are summed, as MXNet's local kvstore does.
-        total = _dense(value[0]).copyto(mx.cpu())
-        for v in value[1:]:
-            total += _dense(v).as_in_context(mx.cpu())
-        return total
-    return _dense(value)
-
-
-def _scaled(value, scale):
-    """A host copy of the gradient(s) in `value`, times `scale`."""
-    # asnumpy() returns a fresh array: a float32 one needs no second copy.
-    grad = np.asarray(_first(value).asnumpy(), dtype=np.float32)
-    if scale != 1.0:
-        np.multiply(grad, scale, out=grad)
-    return grad
-
-
-def _outputs(out):
-    return list(out) if isinstance(out, (list, tuple)) else [out]
-
-
-def _assign(dst, value):
-    """A host array into an NDArray; through an NDArray copy, which (unlike
-    a numpy assignment) also takes arrays in MKL-DNN's layout (convolution
-    weights after a forward pass)."""
-    staged = mx.nd.empty(dst.shape, ctx=dst.context, dtype=dst.dtype)
-    staged._sync_copyfrom(np.ascontiguousarray(value, dtype=dst.dtype).reshape(dst.shape))
-    staged.copyto(dst)
-
-
-def _write(out, value):
-    for dst in _outputs(out):
-        _assign(dst, value)
 
 
 class KeyNotInitialised(psrt.PsrtError, mx.base.MXNetError):
@@ -826,68 +676,10 @@ class Psrt(mx.kvstore.KVStore):
                 self._rates.set_for(self._names[k], self._optimizer._get_lr(k))
 
 
-def _scales_gradient(config):
-    """SGD with momentum (not Nesterov's): a changed rate scales the pushed
-    gradient instead of the servers' rate (Psrt._prepared)."""
-    return config["name"] == "sgd" and config.get("momentum", 0.0) > 0 and not config.get("nesterov")
-
-
-def _without_lr(config):
-    # The learning rate reaches registered keys by itself (set_learning_rate).
-    return {k: v for k, v in config.items() if k != "lr"}
-
-
 class _Updater:
     def __init__(self, optimizer):
         self.optimizer = optimizer
 
 
-def _create_kvstore(kvstore, num_device, arg_params):
-    """MXNet's model._create_kvstore, but "psrt" given as a string is the
-    store itself: MXNet drops a store whose name lacks "dist" when a process
-    has one device."""
-    if isinstance(kvstore, str) and kvstore.lower() == "psrt":
-        kvstore = mx.kv.create(kvstore)
-    return _mx_create_kvstore(kvstore, num_device, arg_params)
-
-
-def _check_and_rescale_grad(trainer, scale):
-    """Gluon refuses a new rescale_grad (batch size) once a dist store
-    started: MXNet's servers hold a copy of the optimizer. psrt applies
-    rescale_grad at each push, so it may change (and a sparse-weight model,
-    whose first forward starts the store, may step(batch_size))."""
-    if isinstance(trainer._kvstore, Psrt):
-        trainer._optimizer.rescale_grad = scale
-        return
-    _mx_check_and_rescale_grad(trainer, scale)
-
-
-_mx_check_and_rescale_grad = getattr(mxnet.gluon.Trainer._check_and_rescale_grad, "_psrt_original",
-                                     mxnet.gluon.Trainer._check_and_rescale_grad)
-_check_and_rescale_grad._psrt_original = _mx_check_and_rescale_grad
-mxnet.gluon.Trainer._check_and_rescale_grad = _check_and_rescale_grad
-
-def _module_init_optimizer(module, *args, **kwargs):
-    """Module.init_optimizer divides the gradients by the global batch
-    (batch size times workers) on a dist_sync store, whose servers sum.
-    Servers that average (gradient_aggregation "mean", the default) would
-    then take steps num_workers times too small: the optimizer's
-    rescale_grad is multiplied back, so Module ends where MXNet's dist_sync
-    does either way."""
-    _mx_module_init_optimizer(module, *args, **kwargs)
-    kv, opt = module._kvstore, module._optimizer
-    if (isinstance(kv, Psrt) and kv._client.is_sync() and kv._client.averages()
-            and not getattr(opt, "_psrt_rescaled", False)):
-        opt.rescale_grad *= kv.num_workers
-        opt._psrt_rescaled = True
-
-
-_mx_module_init_optimizer = getattr(mxnet.module.Module.init_optimizer, "_psrt_original",
-                                    mxnet.module.Module.init_optimizer)
-_module_init_optimizer._psrt_original = _mx_module_init_optimizer
-mxnet.module.Module.init_optimizer = _module_init_optimizer
-
-_mx_create_kvstore = getattr(mxnet.model._create_kvstore, "_psrt_original", mxnet.model._create_kvstore)
-_create_kvstore._psrt_original = _mx_create_kvstore
-for _module in (mxnet.model, mxnet.gluon.trainer, mxnet.module.module):
-    _module._create_kvstore = _create_kvstore
+# Gluon and Module find the store through these (after Psrt: they name it).
+from psrt.mxnet import _patches  # noqa: E402,F401

@@ -25,144 +25,21 @@ once, in C++, behind the C API.
 """
 
 import contextlib
-import sys
 import weakref
 
 import torch
 from torch.nn.modules import module as _module
-from torch.overrides import TorchFunctionMode
 
 import psrt
 from psrt import _host, _job
 from psrt.torch import _buffers, embedding
-
-_SUPPORTED = {
-    torch.optim.SGD: "sgd",
-    torch.optim.Adam: "adam",
-    torch.optim.AdamW: "adamw",
-    torch.optim.Adagrad: "adagrad",
-}
-
-
-def _server_optimizer(optimizer, group):
-    """The server-side settings for one param group, or a clear refusal."""
-    kind = _SUPPORTED.get(type(optimizer))
-    if kind is None:
-        raise psrt.PsrtError(
-            "psrt.DistributedOptimizer: %s cannot run on the parameter servers; use "
-            "torch.optim.SGD, Adam, AdamW or Adagrad, or run it on the workers (sync jobs: "
-            "optimizer_on=\"workers\")" % type(optimizer).__name__)
-    for flag in ("maximize", "amsgrad", "differentiable"):
-        if group.get(flag):
-            raise psrt.PsrtError("psrt.DistributedOptimizer: %s with %s=True is not supported "
-                                 "on the parameter servers" % (type(optimizer).__name__, flag))
-    cfg = {"name": kind, "lr": float(group["lr"]),
-           "weight_decay": float(group.get("weight_decay", 0.0))}
-    if kind == "sgd":
-        cfg.update(momentum=float(group.get("momentum", 0.0)),
-                   dampening=float(group.get("dampening", 0.0)),
-                   nesterov=bool(group.get("nesterov", False)))
-    elif kind in ("adam", "adamw"):
-        beta1, beta2 = group["betas"]
-        cfg.update(beta1=float(beta1), beta2=float(beta2), eps=float(group["eps"]))
-    else:
-        cfg.update(lr_decay=float(group.get("lr_decay", 0.0)), eps=float(group["eps"]),
-                   initial_accumulator_value=float(group.get("initial_accumulator_value", 0.0)))
-    return cfg
-
-
-def _on_workers(optimizer, optimizer_on):
-    """Whether `optimizer` runs on the workers (worker_optimizer.py): where
-    asked, or ("auto") in a sync job where the servers cannot run it (its
-    kind, a setting, or parameters that are not float32)."""
-    if optimizer_on not in ("auto", "servers", "workers"):
-        raise psrt.PsrtError("psrt.DistributedOptimizer: optimizer_on is \"auto\", \"servers\" or "
-                             "\"workers\"; got %r" % (optimizer_on,))
-    if optimizer_on != "auto":
-        return optimizer_on == "workers"
-    if not psrt.client().is_sync():
-        return False
-    try:
-        for group in optimizer.param_groups:
-            _server_optimizer(optimizer, group)
-    except psrt.PsrtError:
-        return True
-    return any(p.dtype != torch.float32 for g in optimizer.param_groups for p in g["params"])
+from psrt.torch._landing import _InFlight, _is_compiled_wrapper, _LandOnUse, _traced_hook_calls, _Variable
+from psrt.torch._placement import _on_workers, _server_optimizer
 
 
 def _address(tensor):
     """A tensor's address for the C API; 0 (no gradient) for None."""
     return tensor.data_ptr() if tensor is not None else 0
-
-
-class _Variable:
-    """One tensor as the servers know it: a trainable parameter, or a
-    floating-point buffer the servers average."""
-
-    def __init__(self, name, param, group=None):
-        self.name = name
-        self.param = param
-        self.group = group    # None for a buffer
-        # Pulled values land here, on the tensor's device; landing copies
-        # them in (autograd may still read the tensor until then).
-        self.pulled = torch.empty_like(param.detach(), dtype=torch.float32, memory_format=torch.contiguous_format)
-        self.grad = None      # what is being pushed: kept alive until the wait
-        self.queued = False   # pushed (or in the bucket) this step
-        self.passes = 0       # backward passes accumulated since the last push
-        self.inflight = None  # the push-pull whose values it waits for
-        self.sent = None      # (the .grad object, its version, its bits or None) as sent: edits after that show
-        self.scratch = None   # the mean gradient's landing buffer; a buffer's outgoing copy
-        self.step = 0         # buffers: the step their next push is for
-
-
-class _InFlight:
-    """One bucket's push-pull, waited for once by whichever parameter of it
-    is needed first."""
-
-    def __init__(self, client, handle):
-        self._client, self._handle = client, handle
-        self._done, self._error = False, None
-
-    def wait(self):
-        if not self._done:
-            self._done = True
-            try:
-                self._client.wait(self._handle)
-            except psrt.PsrtError as e:
-                self._error = e
-        if self._error is not None:
-            raise self._error
-
-
-class _LandOnUse(TorchFunctionMode):
-    """Lands a tensor whose new value is still arriving just before an
-    operation reads it: the parameters that no module's own forward uses
-    (``MultiheadAttention.out_proj``), tied weights, and any read in a parent."""
-
-    def __init__(self, optimizer):
-        super().__init__()
-        self._optimizer = weakref.ref(optimizer)
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        opt = self._optimizer()
-        if opt is not None and (opt._landing or opt._learning):
-            opt._land_tensors(args)
-            opt._land_tensors(kwargs.values())
-        return func(*args, **kwargs)
-
-
-# Forward hooks that ran inside compiled code (dynamo replays this count's
-# change each time that code runs): a module compiled in place shows itself
-# to no hook otherwise.
-_traced_hook_calls = {"n": 0}
-
-
-def _is_compiled_wrapper(module):
-    """Whether `module` is torch.compile's wrapper (OptimizedModule); none can
-    be before torch._dynamo is imported, which this does not do."""
-    dynamo = sys.modules.get("torch._dynamo.eval_frame")
-    return dynamo is not None and isinstance(module, dynamo.OptimizedModule)
 
 
 def _frozen_error(name, now):
