@@ -66,7 +66,8 @@ def psrt_worker(args):
     model = build_model(torch)
     opt = psrt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4),
                                     named_parameters=model.named_parameters(),
-                                    mean_grads=False if args.mean_grads_off else None)
+                                    mean_grads=False if args.mean_grads_off else None,
+                                    optimizer_on=args.optimizer_on)
     train(torch, model, opt, args, psrt.rank(), opt.step)
 
 
@@ -129,10 +130,17 @@ def main():
     p.add_argument("--fp16-hook", action="store_true", help="ddp: with fp16_compress_hook")
     p.add_argument("--mean-grads-off", action="store_true",
                    help="psrt: mean_grads=False, so the first step checks no gradient for edits")
+    p.add_argument("--optimizer-on", default="servers", choices=["servers", "workers"],
+                   help="psrt: where Adam runs (workers: the servers only sum)")
+    p.add_argument("--trade", action="store_true",
+                   help="only Adam on the servers against Adam on the workers (psrt, float32), alternated")
     args = p.parse_args()
     if run_role(args, psrt_worker, ddp_worker):
         return
     build, out, env, me = driver_setup(args, __file__)
+    if args.trade:
+        optimizer_trade(args, build, out, env, me)
+        return
     results = {"tokens_per_step": args.batch * SEQ * 2, "steps": args.steps, "phases_ms": {},
                "server_rss_mb": {}}
     for clip in (False, True):
@@ -177,6 +185,37 @@ def main():
     with open(os.path.join(out, "gpt2.json"), "w") as f:
         json.dump(results, f, indent=1)
     print("gpt2_bench: wrote", os.path.join(out, "gpt2.json"))
+
+
+def optimizer_trade(args, build, out, env, me):
+    """Adam on the servers (they hold weights and moments) against Adam on
+    every worker (the servers only sum: BytePS's design), float32, without
+    and with the clip, each pair run twice, alternated."""
+    dist = {"parameter_server": {"enabled": True, "compression": "none", "pull_compression": "none"}}
+    common = ["--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    results = {"tokens_per_step": args.batch * SEQ * 2, "steps": args.steps, "phases_ms": {}, "server_rss_mb": {}}
+    for clip in (False, True):
+        suffix = "_clip" if clip else ""
+        for attempt in range(2):
+            for on in ("servers", "workers"):
+                key = "psrt_fp32_%s%s_%d" % (on, suffix, attempt)
+                memory = ServerMemory()
+                results[key], results["phases_ms"][key] = run(
+                    [os.path.join(build, "bin", "psrt-run"), "--local=2", "--distribution=" + json.dumps(dist),
+                     "--"] + me + ["--role", "psrt", "--optimizer-on", on] + common + (["--clip"] if clip else []),
+                    env)
+                results["server_rss_mb"][key] = memory.stop()
+        for attempt in range(2):
+            results["workers_vs_servers%s_%d" % (suffix, attempt)] = (
+                results["psrt_fp32_workers%s_%d" % (suffix, attempt)] / results["psrt_fp32_servers%s_%d" % (suffix, attempt)])
+    print("%-28s %12s %16s" % ("run", "tokens/s", "server RSS (MB)"))
+    for key in sorted(k for k in results if k.startswith("psrt_fp32_")):
+        print("%-28s %12.1f %16.0f" % (key, results[key], results["server_rss_mb"][key]))
+    for key in sorted(k for k in results if k.startswith("workers_vs_servers")):
+        print("%-28s %12.2fx" % (key, results[key]))
+    with open(os.path.join(out, "gpt2_optimizer_trade.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print("gpt2_bench: wrote", os.path.join(out, "gpt2_optimizer_trade.json"))
 
 
 if __name__ == "__main__":
