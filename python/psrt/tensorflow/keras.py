@@ -436,8 +436,8 @@ def _on_workers(optimizer, optimizer_on):
             _server_optimizer(optimizer)
             return False
         except psrt.PsrtError as e:
-            if not psrt.client().is_sync():
-                raise
+            if psrt._client is None or not psrt.client().is_sync():
+                raise  # no job yet, or one without a step-wide mean
             why = worker_optimizer.refusal(optimizer)
             if why is not None:
                 raise _refuse("%s; and %s" % (str(e).split(": ", 1)[1], why)) from None

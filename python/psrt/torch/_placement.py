@@ -51,8 +51,8 @@ def _on_workers(optimizer, optimizer_on):
                              "\"workers\"; got %r" % (optimizer_on,))
     if optimizer_on != "auto":
         return optimizer_on == "workers"
-    if not psrt.client().is_sync():
-        return False
+    if psrt._client is None or not psrt.client().is_sync():
+        return False  # the servers' refusal, if any, says why
     try:
         for group in optimizer.param_groups:
             _server_optimizer(optimizer, group)
