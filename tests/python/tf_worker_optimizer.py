@@ -24,7 +24,8 @@ def build(case):
            "ema": lambda: keras.optimizers.SGD(0.1, momentum=0.9, use_ema=True, ema_momentum=0.5,
                                                ema_overwrite_frequency=2),
            "constraint": lambda: keras.optimizers.RMSprop(0.05, clipnorm=0.1),
-           "fit": lambda: keras.optimizers.Lion(0.01)}[case]()
+           "fit": lambda: keras.optimizers.Lion(0.01),
+           "loss_scale": lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Nadam(0.01))}[case]()
     return model, opt
 
 
@@ -36,16 +37,18 @@ def batch(rank, step):
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def gradient(model, x, y):
+def gradient(model, x, y, opt=None):
     with tf.GradientTape() as tape:
         loss = LOSS(y, model(x, training=True))
+        if isinstance(opt, keras.optimizers.LossScaleOptimizer):
+            loss = opt.scale_loss(loss)
     return tape.gradient(loss, model.trainable_variables)
 
 
 def reference(case):
     model, opt = build(case)
     for step in range(STEPS):
-        grads = [gradient(model, *batch(r, step)) for r in range(WORKERS)]
+        grads = [gradient(model, *batch(r, step), opt) for r in range(WORKERS)]
         opt.apply_gradients(zip([sum(g) / WORKERS for g in zip(*grads)], model.trainable_variables))
     return model
 
@@ -53,7 +56,7 @@ def reference(case):
 def train(case, rank):
     model, opt = build(case)
     opt = psrt.keras.DistributedOptimizer(opt, model=model)
-    if case == "fit":
+    if case in ("fit", "loss_scale"):
         model.compile(optimizer=opt, loss=LOSS, jit_compile=False)
         xs, ys = zip(*(batch(rank, s) for s in range(STEPS)))
         model.fit(np.concatenate(xs), np.concatenate(ys), batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
@@ -64,12 +67,30 @@ def train(case, rank):
     return model, opt
 
 
+def tamper(rank):
+    """A worker's weights changed behind psrt's back: the next check says so."""
+    model, opt = build("nadam")
+    opt = psrt.keras.DistributedOptimizer(opt, model=model, check_every=1)
+    opt.build(model.trainable_variables)
+    for step in range(3):
+        if step == 1 and rank == 1:
+            model.layers[1].bias.assign_add(np.full((3,), 1e-3, np.float32))
+        try:
+            opt.apply_gradients(zip(gradient(model, *batch(rank, step)), model.trainable_variables))
+        except Exception as e:  # noqa: BLE001 (the error comes through TensorFlow's wrapper)
+            print("rank %d: case tamper: step %d: %s" % (rank, step, str(e).splitlines()[0]), flush=True)
+            return
+
+
 def main():
     psrt.init()
     rank = psrt.rank()
     for case in sys.argv[1].split(","):
+        if case == "tamper":
+            tamper(rank)
+            continue
         (got, opt), want = train(case, rank), reference(case)
-        assert opt._psrt_on_workers, case
+        assert getattr(opt, "inner_optimizer", opt)._psrt_on_workers, case
         start, _ = build(case)
         worst = max(np.abs(a.numpy() - b.numpy()).max() for a, b in zip(got.weights, want.weights))
         moved = max(np.abs(a.numpy() - b.numpy()).max() for a, b in zip(start.weights, want.weights))

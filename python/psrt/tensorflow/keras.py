@@ -373,7 +373,7 @@ class _Distributed:
                 grads = self._psrt_keys.mean(grads)
             super().apply([None if g is None else tf.cast(g, v.dtype) for g, v in zip(grads, variables)],
                           trainable_variables)
-            self._psrt_keys.after_step()
+            self._psrt_keys.after_step(self.iterations)
             return
         if self.loss_scale_factor:
             grads = [None if g is None else g / self.loss_scale_factor for g in grads]

@@ -12,8 +12,6 @@ only where no process must receive the workers' state later
 (Client::StateOnWorkers).
 """
 
-import zlib
-
 import numpy as np
 import tensorflow as tf
 import keras
@@ -39,7 +37,6 @@ class WorkerKeys:
         self.dense, self.moving = dense, moving
         self.names = _host.unique_names([v.path for v in dense + moving + fixed])
         self.check_every = check_every
-        self.steps = 0
         self.compression = opt._psrt_compression
         # Rank 0's values become everyone's (registration's rule).
         start = _host.HostVariables(self.client, psrt.Compression.none)
@@ -68,23 +65,37 @@ class WorkerKeys:
             out[i] = tf.ensure_shape(tf.reshape(mean, tf.shape(grads[i])), grads[i].shape)
         return out
 
-    def after_step(self):
-        """The moving statistics' mean; the weights' check now and then."""
-        def host_side(*stats):
-            self.steps += 1
+    def after_step(self, iterations):
+        """The moving statistics' mean; the weights' check at the first step
+        and every check_every (`iterations`: the optimizer's, after this
+        update). The digest is taken in the graph, after the update, so every
+        worker sums the same values (a read inside the numpy function could
+        come before the update's writes)."""
+        check = tf.logical_or(tf.equal(iterations, 1), tf.equal(tf.math.floormod(iterations, self.check_every), 0))
+        digest = tf.cond(check, lambda: _digest(self.dense), lambda: tf.constant(0, tf.int64))
+
+        def host_side(checking, value, *stats):
             out = []
             if stats:
                 names = [n + "@moving" for n in self.names[len(self.dense):len(self.dense) + len(stats)]]
                 out, _ = _host.allreduce(self.client, names, list(stats), [s.shape for s in stats])
-            if self.steps == 1 or self.steps % self.check_every == 0:
-                digest = 0
-                for v in self.dense:
-                    digest = zlib.crc32(np.ascontiguousarray(keras.ops.convert_to_numpy(v)).tobytes(), digest)
-                self.client.check_same("weights", digest)
+            if checking:
+                self.client.check_same("weights", int(value) & 0xffffffff)
             return [np.asarray(o, np.float32) for o in out] or [np.float32(0.0)]
 
         stats = [tf.cast(v.value, tf.float32) for v in self.moving]
-        means = tf.numpy_function(host_side, stats, [tf.float32] * max(len(stats), 1), stateful=True)
+        means = tf.numpy_function(host_side, [check, digest] + stats, [tf.float32] * max(len(stats), 1),
+                                  stateful=True)
         means = means if isinstance(means, (list, tuple)) else [means]
         for v, mean in zip(self.moving, means):
             v.assign(tf.cast(tf.reshape(mean, v.shape), v.dtype))
+
+
+def _digest(variables):
+    """A sum of the variables' bits, with each variable's place mixed in."""
+    total = tf.constant(0, tf.int64)
+    for i, v in enumerate(variables):
+        value = tf.reshape(v.value, [-1])
+        bits = tf.bitcast(value, tf.int32 if value.dtype.size == 4 else tf.int16)
+        total += tf.reduce_sum(tf.cast(bits, tf.int64)) * (2 * i + 1)
+    return total
