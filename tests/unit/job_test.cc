@@ -625,6 +625,26 @@ TEST_F(JobTest, ACheckpointOnDemandWaitsForEveryProcess) {
             (std::vector<std::string>{"record 1  0", "start 127.0.0.1:1000 from 0", "save"}));
 }
 
+TEST_F(JobTest, AFailoverStartsTheCheckpointsAgainWithTheServersLeft) {
+  Start(2, R"(,"replicas":1,"checkpoint":{"uri":"file:///ckpt"})");
+  RegisterAll(2);
+  checkpoints_.Commit("file:///ckpt/step-6", 6);
+  now_ += absl::Seconds(6);  // server 1 alone is silent
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(Heartbeat(v1::ROLE_AGENT, i).ok());
+    ASSERT_TRUE(Heartbeat(v1::ROLE_WORKER, i).ok());
+  }
+  ASSERT_TRUE(Heartbeat(v1::ROLE_SERVER, 0).ok());
+  job_->Tick(now_);
+  EXPECT_EQ(Status().failovers(), 1);
+  EXPECT_EQ(job_->phase(), JobPhase::kRunning);
+  // The checkpoint being written ends first (on the failover's thread).
+  ASSERT_TRUE(Eventually([&] {
+    return checkpoints_.calls().back() == "start 127.0.0.1:1000 from 6";
+  })) << checkpoints_.calls().back();
+  EXPECT_TRUE(checkpoints_.Called("abort"));
+}
+
 constexpr char kJoins[] = R"(,"max_servers":3,"checkpoint":{"uri":"file:///ckpt"})";
 
 TEST_F(JobTest, AJoiningServersKeysMoveWithTheCheckpointsPausedMeanwhile) {
