@@ -202,20 +202,23 @@ absl::Status Client::StateOnWorkers() const {
     why = absl::StrCat("the job's mode is ", c.mode(),
                        ": each worker's push is applied alone, so no step has one mean gradient");
   } else if (!c.checkpoint().uri().empty() || !c.restore_uri().empty()) {
-    why = "\"checkpoint\" and \"restore\" save and restore what the servers hold";
+    why =
+        "\"checkpoint\" and \"restore\" save and restore what the servers hold, and psrt does "
+        "not yet save the weights and optimizer state that would live on the workers";
   } else if (c.on_failure() == "recover") {
     why = "\"on_failure\": \"recover\" rolls back to what the servers hold";
   } else if (c.restart_workers() > 0) {
     why = "\"restart_workers\": a restarted worker takes its weights from the servers";
-  } else if (c.min_workers() > 0) {
-    why = "\"elastic\": a joining worker takes its weights from the servers";
+  } else if (absl::Status s = EveryWorkerEachStep(); !s.ok()) {
+    // Elastic joins, backup workers, lost workers: the weights' check
+    // (Reducer::CheckSame) needs every worker, and a joining one would need
+    // the others' state.
+    why = std::string(s.message());
   } else {
     return absl::OkStatus();
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "the optimizer cannot run on the workers in this job (their weights and optimizer state "
-      "would live there, and psrt does not yet save or hand those over); ",
-      why));
+  return absl::FailedPreconditionError(
+      absl::StrCat("the optimizer cannot run on the workers in this job: ", why));
 }
 
 absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64_t> shape,

@@ -131,8 +131,9 @@ class Client {
   // applying its own optimizer to the step's mean gradient (Reducer): a sync
   // job in which no process must receive them from elsewhere later (no
   // checkpoints or restore, recovery, worker restarts or elastic joins,
-  // which save or hand over only what the servers hold). Otherwise
-  // FAILED_PRECONDITION saying which option.
+  // which save or hand over only what the servers hold) and every worker
+  // takes part in each step (EveryWorkerEachStep: the weights' check needs
+  // them all). Otherwise FAILED_PRECONDITION saying which option.
   absl::Status StateOnWorkers() const;
 
   // Registers a float32 variable on the servers. Rank 0's `data` is the

@@ -43,6 +43,7 @@ def test_a_worker_whose_weights_changed_behind_psrts_back_is_named(job):
     ({"mode": "async"}, "workers", "the job's mode is async"),
     ({"checkpoint": {"uri": "file:///tmp/psrt-never", "every_steps": 100}}, "workers",
      '"checkpoint" and "restore" save and restore what the servers hold'),
+    ({"backup_workers": 1}, "workers", '"backup_workers": 1 completes a step without the 1 slowest'),
 ])
 def test_jobs_that_cannot_keep_the_state_on_the_workers_refuse_it_at_start(ps, asked, why):
     code, log = run_job(SCRIPT, ["--refusal", asked], ps)
