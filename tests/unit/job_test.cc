@@ -268,6 +268,17 @@ class JobTest : public ::testing::Test {
     v1::HeartbeatResponse ignored;
     return job_->Heartbeat(req, resp != nullptr ? resp : &ignored);
   }
+  // `silence` passes in a 2-host job in which every process but server 1
+  // heartbeats; then the job's monitor looks.
+  void SilenceServer1For(absl::Duration silence) {
+    now_ += silence;
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(Heartbeat(v1::ROLE_AGENT, i).ok());
+      ASSERT_TRUE(Heartbeat(v1::ROLE_WORKER, i).ok());
+    }
+    ASSERT_TRUE(Heartbeat(v1::ROLE_SERVER, 0).ok());
+    job_->Tick(now_);
+  }
   // The epoch of the job's newest shard map.
   int64_t MapEpoch() {
     v1::HeartbeatResponse resp;
@@ -421,13 +432,7 @@ TEST_F(JobTest, TheReadinessBarrierFailsTheJobNamingWhoNeverCame) {
 TEST_F(JobTest, WithReplicasASilentServersKeysFailOverAndTheJobGoesOn) {
   Start(2, R"(,"replicas":1)");
   RegisterAll(2);
-  now_ += absl::Seconds(6);  // server 1 alone is silent
-  for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(Heartbeat(v1::ROLE_AGENT, i).ok());
-    ASSERT_TRUE(Heartbeat(v1::ROLE_WORKER, i).ok());
-  }
-  ASSERT_TRUE(Heartbeat(v1::ROLE_SERVER, 0).ok());
-  job_->Tick(now_);
+  ASSERT_NO_FATAL_FAILURE(SilenceServer1For(absl::Seconds(6)));
   const v1::JobStatusResponse s = Status();
   EXPECT_EQ(s.state(), v1::JOB_RUNNING) << s.reason();
   EXPECT_EQ(s.failovers(), 1);
@@ -629,13 +634,7 @@ TEST_F(JobTest, AFailoverStartsTheCheckpointsAgainWithTheServersLeft) {
   Start(2, R"(,"replicas":1,"checkpoint":{"uri":"file:///ckpt"})");
   RegisterAll(2);
   checkpoints_.Commit("file:///ckpt/step-6", 6);
-  now_ += absl::Seconds(6);  // server 1 alone is silent
-  for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(Heartbeat(v1::ROLE_AGENT, i).ok());
-    ASSERT_TRUE(Heartbeat(v1::ROLE_WORKER, i).ok());
-  }
-  ASSERT_TRUE(Heartbeat(v1::ROLE_SERVER, 0).ok());
-  job_->Tick(now_);
+  ASSERT_NO_FATAL_FAILURE(SilenceServer1For(absl::Seconds(6)));
   EXPECT_EQ(Status().failovers(), 1);
   EXPECT_EQ(job_->phase(), JobPhase::kRunning);
   // The checkpoint being written ends first (on the failover's thread).

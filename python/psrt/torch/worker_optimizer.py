@@ -38,6 +38,12 @@ from psrt.torch.optimizer import DistributedOptimizer
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def _read_through(name):
+    """An attribute that is the wrapped optimizer's, read and written."""
+    return property(lambda self: getattr(self._optimizer, name),
+                    lambda self, value: setattr(self._optimizer, name, value))
+
+
 class WorkerOptimizer(DistributedOptimizer):
     """A DistributedOptimizer whose `optimizer` every worker runs on the mean
     gradient (DistributedOptimizer's optimizer_on picks it; its arguments
@@ -112,29 +118,9 @@ class WorkerOptimizer(DistributedOptimizer):
     # torch.optim.Optimizer's bookkeeping is the wrapped optimizer's, read
     # through: its load_state_dict (accelerate's device placement calls it)
     # rebinds its param groups, which schedulers must still reach.
-    @property
-    def param_groups(self):
-        return self._optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, groups):
-        self._optimizer.param_groups = groups
-
-    @property
-    def state(self):
-        return self._optimizer.state
-
-    @state.setter
-    def state(self, state):
-        self._optimizer.state = state
-
-    @property
-    def defaults(self):
-        return self._optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, defaults):
-        self._optimizer.defaults = defaults
+    param_groups = _read_through("param_groups")
+    state = _read_through("state")
+    defaults = _read_through("defaults")
 
     def _start_from_rank0(self, named):
         """Every worker takes rank 0's values (float32 on the wire: exact for
