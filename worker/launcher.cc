@@ -242,288 +242,386 @@ std::string DescribeLaunch(const LaunchOptions& o) {
   return out;
 }
 
+namespace {
+
+// One host's psrt-run over the job's life: its children (the coordinator on
+// host 0, an agent per host it runs), what it learned of the job from the
+// coordinator, and the deadlines by which it stops waiting. Run goes
+// through the phases in order: start the coordinator, start the agents,
+// supervise, report.
+class Launcher {
+ public:
+  Launcher(const LaunchOptions& o, std::atomic<int>* pending_signal);
+  // 0 when the job succeeded.
+  int Run();
+
+ private:
+  // Starting: false (logged) when the job cannot start.
+  bool Start(const std::string& name, std::vector<std::string> argv, int host = -1);
+  bool StartCoordinator();
+  bool RestartCoordinator();
+  std::vector<std::string> AgentArgv(int h) const;
+  bool StartAgents();
+
+  // Supervising: once anything fails, the rest get time to hear of it from
+  // the coordinator and exit on their own, then are stopped.
+  void Supervise();
+  std::vector<int> ReapChildren();
+  void RestartChildren(const std::vector<int>& hosts);
+  void OnSignal(int sig);
+  bool PastDeadlines();
+  void PollCoordinator();
+
+  // Stopping and the end.
+  void StopAll();
+  void SignalAll(int sig);
+  int Report();
+  void Summarize();
+
+  const LaunchOptions& o_;
+  std::atomic<int>* const pending_signal_;
+  const absl::Time launched_ = absl::Now();
+  const bool local_;
+  const std::vector<std::string> hosts_;
+  std::vector<int> my_hosts_;  // the hosts whose agents run here
+  const std::map<std::string, std::string> env_;
+  // Several hosts' agents here share this output: their lines come through
+  // a relay, whole. Before `children_`, so it drains after they ended.
+  std::unique_ptr<OutputRelay> relay_;
+  std::vector<Child> children_;
+  // What psrt-run saw die, in the order it learned of it: its own children
+  // and, from the coordinator, servers and training processes (with their
+  // generation; its own children: 0).
+  std::vector<std::pair<int64_t, std::string>> died_;
+  std::string coordinator_;  // its address
+  const std::vector<std::string> coordinator_argv_;
+
+  const absl::Duration settle_;
+  const bool recover_;
+  int restarts_ = 0;
+  absl::Time give_up_ = absl::InfiniteFuture();
+  absl::Time next_poll_ = absl::Now();
+  std::optional<v1::JobStatusResponse> last_status_;  // the coordinator's latest
+  std::string reason_;                                // the coordinator's, once the job ended
+  bool job_running_ = true;
+  // Stopped by a signal: the first asks for a final checkpoint and the
+  // job's end (host 0's coordinator writes it; other hosts wait for it), a
+  // second stops every process now.
+  int signals_ = 0;
+  absl::Time stop_at_ = absl::InfiniteFuture();  // hosts without the coordinator
+  absl::flat_hash_set<std::string> known_dead_;
+  int64_t generation_ = 1;
+  // The job's end as psrt-run saw it first (a signal, or a process that died
+  // and was not started again): the reason when the coordinator cannot say.
+  std::string first_cause_;
+};
+
+Launcher::Launcher(const LaunchOptions& o, std::atomic<int>* pending_signal)
+    : o_(o),
+      pending_signal_(pending_signal),
+      local_(o.local_hosts > 0),
+      hosts_(JobHosts(o)),
+      env_({{"PSRT_JOB_TOKEN", o.token}}),
+      coordinator_(absl::StrCat(hosts_[0], ":", o.coordinator_port)),
+      coordinator_argv_({o.bin_dir + "/psrt-coordinator", "--hosts=" + absl::StrJoin(hosts_, ","),
+                         "--distribution=" + o.distribution,
+                         absl::StrCat("--metrics-port=", o.metrics_port),
+                         absl::StrCat("--stop-grace=", absl::ToDoubleSeconds(o.stop_grace))}),
+      settle_(absl::Seconds(o.ps.heartbeat_timeout_s + 10)),
+      recover_(o.ps.on_failure == "recover") {
+  if (local_) {
+    for (int i = 0; i < o.local_hosts; ++i) my_hosts_.push_back(i);
+  } else {
+    my_hosts_.push_back(o.cluster.current);
+  }
+  if (my_hosts_.size() > 1) relay_ = std::make_unique<OutputRelay>(/*tag=*/false);
+}
+
+int Launcher::Run() {
+  if (my_hosts_[0] == 0 && !StartCoordinator()) return 1;
+  if (!StartAgents()) return 1;
+  LogNotice("started ", children_.size(), " processes for ", my_hosts_.size(), " of ",
+            hosts_.size(), " hosts; coordinator at ", coordinator_);
+  Supervise();
+  return Report();
+}
+
+// Its own process group each: a terminal's Ctrl-C reaches psrt-run alone,
+// which stops the job in order.
+bool Launcher::Start(const std::string& name, std::vector<std::string> argv, int host) {
+  ChildStdio stdio;
+  if (relay_ != nullptr && host >= 0) {
+    absl::StatusOr<ChildStdio> pipes = relay_->Open(name);
+    if (pipes.ok()) stdio = *pipes;
+  }
+  absl::StatusOr<pid_t> pid = Spawn(argv, env_, /*own_process_group=*/true, stdio);
+  if (relay_ != nullptr) relay_->Started(stdio);
+  if (!pid.ok()) {
+    LogError("cannot start ", name, ": ", pid.status().message());
+    return false;
+  }
+  children_.push_back({name, host, *pid});
+  return true;
+}
+
+// The coordinator first: everything else registers with it. In local mode
+// it binds a free port and says which in a file.
+bool Launcher::StartCoordinator() {
+  std::vector<std::string> argv = coordinator_argv_;
+  if (!local_) {
+    argv.push_back(absl::StrCat("--port=", o_.coordinator_port));
+    return Start("psrt-coordinator", argv);
+  }
+  char dir[] = "/tmp/psrt-run-XXXXXX";
+  if (mkdtemp(dir) == nullptr) {
+    LogError("cannot make a temporary directory");
+    return false;
+  }
+  const std::string tmp_dir = dir;
+  const std::string port_file = tmp_dir + "/coordinator.port";
+  argv.push_back("--bind=127.0.0.1");
+  argv.push_back("--port=0");
+  argv.push_back("--port-file=" + port_file);
+  if (!Start("psrt-coordinator", argv)) return false;
+  absl::StatusOr<int> port = ReadPortFile(port_file, children_.back(), absl::Seconds(30));
+  unlink(port_file.c_str());
+  rmdir(tmp_dir.c_str());
+  if (!port.ok()) {
+    LogError(port.status().message());
+    StopAll();
+    return false;
+  }
+  coordinator_ = absl::StrCat("127.0.0.1:", *port);
+  return true;
+}
+
+// On its port, to go on from the job record.
+bool Launcher::RestartCoordinator() {
+  std::vector<std::string> argv = coordinator_argv_;
+  argv.push_back("--port=" + coordinator_.substr(coordinator_.rfind(':') + 1));
+  if (local_) argv.push_back("--bind=127.0.0.1");
+  argv.push_back("--restarted");
+  return Start("psrt-coordinator", argv);
+}
+
+// Each host's agent runs its servers and training processes, so that it
+// can start them again when the job recovers from a failure.
+std::vector<std::string> Launcher::AgentArgv(int h) const {
+  std::vector<std::string> argv = {
+      o_.bin_dir + "/psrt-worker",
+      "--coordinator=" + coordinator_,
+      absl::StrCat("--host-index=", h),
+      "--host=" + hosts_[h],
+      absl::StrCat("--connect-timeout=", o_.ps.barrier_timeout_s),
+      "--servers",
+      "--server-host=" + (local_                         ? std::string("127.0.0.1")
+                          : o_.advertise_address.empty() ? hosts_[h]
+                                                         : o_.advertise_address)};
+  if (local_) argv.push_back("--server-bind=127.0.0.1");
+  if (o_.metrics_port >= 0) argv.push_back("--server-metrics-port=0");
+  if (o_.tag_output) argv.push_back("--tag-output");
+  const std::vector<std::string> gpus =
+      GpusOfHost(o_.gpus, local_ ? h : 0, my_hosts_.size(), o_.ps.workers_per_host);
+  if (!gpus.empty()) argv.push_back("--gpus=" + absl::StrJoin(gpus, ","));
+  argv.push_back("--");
+  argv.insert(argv.end(), o_.command.begin(), o_.command.end());
+  return argv;
+}
+
+bool Launcher::StartAgents() {
+  for (int h : my_hosts_) {
+    if (!Start(absl::StrCat("psrt-worker[", h, "]"), AgentArgv(h), h)) {
+      StopAll();
+      return false;
+    }
+  }
+  return true;
+}
+
+void Launcher::Supervise() {
+  while (true) {
+    RestartChildren(ReapChildren());
+    if (std::all_of(children_.begin(), children_.end(), [](const Child& c) { return c.done; }))
+      return;
+    if (int sig = pending_signal_->exchange(0); sig != 0) OnSignal(sig);
+    if (PastDeadlines()) return;
+    if (absl::Now() >= next_poll_) PollCoordinator();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+// Notes the children that ended. With on_failure "recover" an agent or the
+// coordinator killed by a signal is started again (one that exits has
+// decided: the job's end, or that the coordinator is gone for good), as
+// often as the job may recover. Returns those to start again: hosts of
+// agents, -1 for the coordinator.
+std::vector<int> Launcher::ReapChildren() {
+  std::vector<int> to_restart;
+  for (const Exit& e : ReapExited()) {
+    for (Child& c : children_) {
+      if (c.pid != e.pid || c.done) continue;
+      c.done = true;
+      c.exit = e;
+      if (e.code == 0) continue;
+      LogWarning(c.name, " ", e.description);
+      // The coordinator hears of a lost agent from here at once, before
+      // the exits of the processes it took along.
+      if (c.host >= 0 && job_running_) ReportAgentExit(coordinator_, o_.token, c.host, e);
+      if (recover_ && e.code > 128 && job_running_ && signals_ == 0 &&
+          give_up_ == absl::InfiniteFuture() && restarts_ < o_.ps.max_recoveries) {
+        to_restart.push_back(c.host);
+        c.replaced = true;
+      } else {
+        died_.push_back({0, absl::StrCat(c.name, " ", e.description)});
+        if (first_cause_.empty() && job_running_) first_cause_ = died_.back().second;
+        give_up_ = std::min(give_up_, absl::Now() + settle_);
+      }
+    }
+  }
+  return to_restart;
+}
+
+void Launcher::RestartChildren(const std::vector<int>& hosts) {
+  for (int h : hosts) {
+    ++restarts_;
+    const std::string name = h < 0 ? "psrt-coordinator" : absl::StrCat("psrt-worker[", h, "]");
+    LogWarning("starting ", name, " again (", restarts_, " of at most ", o_.ps.max_recoveries, ")");
+    if (!(h < 0 ? RestartCoordinator() : Start(name, AgentArgv(h), h))) {
+      give_up_ = std::min(give_up_, absl::Now() + settle_);
+    }
+  }
+}
+
+// The first signal: where the coordinator runs here, it is passed on (the
+// coordinator checkpoints and ends the job); elsewhere the job gets
+// --stop-grace to end. A second stops every process now.
+void Launcher::OnSignal(int sig) {
+  ++signals_;
+  next_poll_ = absl::Now();
+  if (first_cause_.empty())
+    first_cause_ = absl::StrCat("psrt-run got signal ", sig, " (", strsignal(sig), ")");
+  auto coordinator_here = std::find_if(children_.begin(), children_.end(),
+                                       [](const Child& c) { return c.host < 0 && !c.done; });
+  if (signals_ > 1) {
+    LogWarning("got signal ", sig, " again; stopping every process now");
+    SignalAll(SIGTERM);
+    give_up_ = std::min(give_up_, absl::Now() + absl::Seconds(5));
+  } else if (coordinator_here != children_.end()) {
+    LogWarning("got signal ", sig, " (", strsignal(sig),
+               "); the coordinator writes a final checkpoint (within ",
+               absl::FormatDuration(o_.stop_grace), ", --stop-grace) and ends the job");
+    kill(coordinator_here->pid, sig);
+    give_up_ = std::min(give_up_, absl::Now() + o_.stop_grace + settle_);
+  } else {
+    LogWarning("got signal ", sig, " (", strsignal(sig), "); waiting up to ",
+               absl::FormatDuration(o_.stop_grace),
+               " (--stop-grace) for the job to end, then stopping this host's processes");
+    stop_at_ = absl::Now() + o_.stop_grace;
+  }
+}
+
+// Acts on the deadlines that passed; true once it stopped waiting for the
+// children.
+bool Launcher::PastDeadlines() {
+  if (absl::Now() > stop_at_) {
+    LogWarning("the job did not end within ", absl::FormatDuration(o_.stop_grace),
+               "; stopping this host's processes");
+    SignalAll(SIGTERM);
+    stop_at_ = absl::InfiniteFuture();
+    give_up_ = std::min(give_up_, absl::Now() + settle_);
+  }
+  if (absl::Now() > give_up_) {
+    LogWarning("processes still running ", absl::FormatDuration(settle_),
+               " after a failure; stopping them");
+    StopAll();
+    return true;
+  }
+  return false;
+}
+
+// Remembers why the job ended, and who died, while the coordinator can
+// still say.
+void Launcher::PollCoordinator() {
+  auto status = QueryJobStatus(coordinator_, o_.token, absl::Milliseconds(500));
+  if (status.ok()) {
+    last_status_ = *status;
+    generation_ = status->config().generation();
+    for (const v1::ProcessStatus& p : status->processes()) {
+      if (!p.exited() || p.exit_code() == 0) continue;
+      if (!known_dead_.insert(absl::StrCat(generation_, " ", p.name())).second) continue;
+      died_.push_back({generation_, absl::StrCat(p.name(), " ", DescribeExitCode(p.exit_code()))});
+    }
+    if (status->state() != v1::JOB_RUNNING) {
+      reason_ = status->reason();
+      job_running_ = false;
+    }
+  }
+  // Stopping, the job may end and every process exit within a moment.
+  next_poll_ = absl::Now() + (signals_ > 0 ? absl::Milliseconds(20) : absl::Milliseconds(250));
+}
+
+// Stops the children still running (SIGTERM, SIGKILL after 5 s) and notes
+// how they ended.
+void Launcher::StopAll() {
+  std::vector<pid_t> pids;
+  for (const Child& c : children_) {
+    if (!c.done) pids.push_back(c.pid);
+  }
+  for (const Exit& e : Terminate(pids, absl::Seconds(5))) {
+    for (Child& c : children_) {
+      if (c.pid == e.pid) {
+        c.done = true;
+        c.exit = e;
+        if (e.code != 0) died_.push_back({0, absl::StrCat(c.name, " ", e.description)});
+      }
+    }
+  }
+}
+
+void Launcher::SignalAll(int sig) {
+  for (const Child& c : children_) {
+    if (!c.done) kill(c.pid, sig);
+  }
+}
+
+int Launcher::Report() {
+  if (std::none_of(children_.begin(), children_.end(),
+                   [](const Child& c) { return c.exit.code != 0 && !c.replaced; })) {
+    LogNotice("job succeeded");
+    Summarize();
+    return 0;
+  }
+  LogError("job failed: ", !reason_.empty()        ? reason_
+                           : !first_cause_.empty() ? first_cause_
+                                                   : "see the processes below");
+  // The servers and training processes of generations a recovery replaced
+  // were recovered from; the last generation's are part of the end.
+  for (const auto& [g, what] : died_) {
+    if (g == 0 || g == generation_) LogError("  ", what);
+  }
+  Summarize();
+  return 1;
+}
+
+// Host 0's psrt-run sums the job up, from the coordinator's last word.
+void Launcher::Summarize() {
+  if (my_hosts_[0] != 0 || !last_status_.has_value()) return;
+  JobSummary summary = SummarizeJob(*last_status_, absl::Now() - launched_);
+  LogNotice(summary.line);
+  if (o_.summary_json.empty()) return;
+  std::ofstream out(o_.summary_json, std::ios::trunc);
+  out << summary.json;
+  if (!out.flush()) LogWarning("cannot write the summary to ", o_.summary_json);
+}
+
+}  // namespace
+
 int RunLauncher(const LaunchOptions& o) {
   // Static: the signal thread may outlive this frame.
   static std::atomic<int> pending_signal{0};
   HandleSignals([](int sig) { pending_signal = sig; });
-  const absl::Time launched = absl::Now();
-  std::optional<v1::JobStatusResponse> last_status;  // the coordinator's latest
-  const bool local = o.local_hosts > 0;
-  const std::vector<std::string> hosts = JobHosts(o);
-  std::vector<int> my_hosts;
-  if (local) {
-    for (int i = 0; i < o.local_hosts; ++i) my_hosts.push_back(i);
-  } else {
-    my_hosts.push_back(o.cluster.current);
-  }
-  const std::map<std::string, std::string> env = {{"PSRT_JOB_TOKEN", o.token}};
-  // Several hosts' agents here share this output: their lines come through
-  // a relay, whole. Before `children`, so it drains after they ended.
-  std::unique_ptr<OutputRelay> relay;
-  if (my_hosts.size() > 1) relay = std::make_unique<OutputRelay>(/*tag=*/false);
-  std::vector<Child> children;
-  // What psrt-run saw die, in the order it learned of it: its own children
-  // and, from the coordinator, servers and training processes (with their
-  // generation; its own children: 0).
-  std::vector<std::pair<int64_t, std::string>> died;
-  // Its own process group each: a terminal's Ctrl-C reaches psrt-run alone,
-  // which stops the job in order.
-  auto start = [&](const std::string& name, std::vector<std::string> argv, int host = -1) -> bool {
-    ChildStdio stdio;
-    if (relay != nullptr && host >= 0) {
-      absl::StatusOr<ChildStdio> pipes = relay->Open(name);
-      if (pipes.ok()) stdio = *pipes;
-    }
-    absl::StatusOr<pid_t> pid = Spawn(argv, env, /*own_process_group=*/true, stdio);
-    if (relay != nullptr) relay->Started(stdio);
-    if (!pid.ok()) {
-      LogError("cannot start ", name, ": ", pid.status().message());
-      return false;
-    }
-    children.push_back({name, host, *pid});
-    return true;
-  };
-  auto stop_all = [&]() {
-    std::vector<pid_t> pids;
-    for (const Child& c : children) {
-      if (!c.done) pids.push_back(c.pid);
-    }
-    for (const Exit& e : Terminate(pids, absl::Seconds(5))) {
-      for (Child& c : children) {
-        if (c.pid == e.pid) {
-          c.done = true;
-          c.exit = e;
-          if (e.code != 0) died.push_back({0, absl::StrCat(c.name, " ", e.description)});
-        }
-      }
-    }
-  };
-
-  // The coordinator first: everything else registers with it.
-  std::string coordinator = absl::StrCat(hosts[0], ":", o.coordinator_port);
-  std::string tmp_dir;
-  const std::vector<std::string> coordinator_argv = {
-      o.bin_dir + "/psrt-coordinator", "--hosts=" + absl::StrJoin(hosts, ","),
-      "--distribution=" + o.distribution, absl::StrCat("--metrics-port=", o.metrics_port),
-      absl::StrCat("--stop-grace=", absl::ToDoubleSeconds(o.stop_grace))};
-  if (my_hosts[0] == 0) {
-    std::vector<std::string> argv = coordinator_argv;
-    std::string port_file;
-    if (local) {
-      char dir[] = "/tmp/psrt-run-XXXXXX";
-      if (mkdtemp(dir) == nullptr) {
-        LogError("cannot make a temporary directory");
-        return 1;
-      }
-      tmp_dir = dir;
-      port_file = tmp_dir + "/coordinator.port";
-      argv.push_back("--bind=127.0.0.1");
-      argv.push_back("--port=0");
-      argv.push_back("--port-file=" + port_file);
-    } else {
-      argv.push_back(absl::StrCat("--port=", o.coordinator_port));
-    }
-    if (!start("psrt-coordinator", argv)) return 1;
-    if (local) {
-      absl::StatusOr<int> port = ReadPortFile(port_file, children.back(), absl::Seconds(30));
-      unlink(port_file.c_str());
-      rmdir(tmp_dir.c_str());
-      if (!port.ok()) {
-        LogError(port.status().message());
-        stop_all();
-        return 1;
-      }
-      coordinator = absl::StrCat("127.0.0.1:", *port);
-    }
-  }
-  const std::string connect_timeout = absl::StrCat("--connect-timeout=", o.ps.barrier_timeout_s);
-  // Each host's agent runs its servers and training processes, so that it
-  // can start them again when the job recovers from a failure.
-  auto agent_argv = [&](int h) {
-    std::vector<std::string> argv = {
-        o.bin_dir + "/psrt-worker",
-        "--coordinator=" + coordinator,
-        absl::StrCat("--host-index=", h),
-        "--host=" + hosts[h],
-        connect_timeout,
-        "--servers",
-        "--server-host=" + (local                         ? std::string("127.0.0.1")
-                            : o.advertise_address.empty() ? hosts[h]
-                                                          : o.advertise_address)};
-    if (local) argv.push_back("--server-bind=127.0.0.1");
-    if (o.metrics_port >= 0) argv.push_back("--server-metrics-port=0");
-    if (o.tag_output) argv.push_back("--tag-output");
-    const std::vector<std::string> gpus =
-        GpusOfHost(o.gpus, local ? h : 0, my_hosts.size(), o.ps.workers_per_host);
-    if (!gpus.empty()) argv.push_back("--gpus=" + absl::StrJoin(gpus, ","));
-    argv.push_back("--");
-    argv.insert(argv.end(), o.command.begin(), o.command.end());
-    return argv;
-  };
-  for (int h : my_hosts) {
-    if (!start(absl::StrCat("psrt-worker[", h, "]"), agent_argv(h), h)) {
-      stop_all();
-      return 1;
-    }
-  }
-  LogNotice("started ", children.size(), " processes for ", my_hosts.size(), " of ", hosts.size(),
-            " hosts; coordinator at ", coordinator);
-
-  // Supervise. Once anything fails, the rest get time to hear of it from the
-  // coordinator and exit on their own, then are stopped.
-  // With on_failure "recover" an agent or the coordinator killed by a signal
-  // is started again (one that exits has decided: the job's end, or that
-  // the coordinator is gone for good), as often as the job may recover; the
-  // coordinator on its port, to go on from the job record.
-  auto restart_coordinator = [&] {
-    std::vector<std::string> argv = coordinator_argv;
-    argv.push_back("--port=" + coordinator.substr(coordinator.rfind(':') + 1));
-    if (local) argv.push_back("--bind=127.0.0.1");
-    argv.push_back("--restarted");
-    return start("psrt-coordinator", argv);
-  };
-  const absl::Duration settle = absl::Seconds(o.ps.heartbeat_timeout_s + 10);
-  const bool recover = o.ps.on_failure == "recover";
-  int restarts = 0;
-  absl::Time give_up = absl::InfiniteFuture();
-  absl::Time next_poll = absl::Now();
-  std::string reason;
-  bool job_running = true;
-  // Stopped by a signal: the first asks for a final checkpoint and the
-  // job's end (host 0's coordinator writes it; other hosts wait for it), a
-  // second stops every process now.
-  int signals = 0;
-  absl::Time stop_at = absl::InfiniteFuture();  // hosts without the coordinator
-  absl::flat_hash_set<std::string> known_dead;
-  int64_t generation = 1;
-  // The job's end as psrt-run saw it first (a signal, or a process that died
-  // and was not started again): the reason when the coordinator cannot say.
-  std::string first_cause;
-  auto stop_now = [&](int sig) {
-    for (const Child& c : children) {
-      if (!c.done) kill(c.pid, sig);
-    }
-  };
-  while (true) {
-    std::vector<int> to_restart;  // hosts of agents; -1: the coordinator
-    for (const Exit& e : ReapExited()) {
-      for (Child& c : children) {
-        if (c.pid != e.pid || c.done) continue;
-        c.done = true;
-        c.exit = e;
-        if (e.code == 0) continue;
-        LogWarning(c.name, " ", e.description);
-        // The coordinator hears of a lost agent from here at once, before
-        // the exits of the processes it took along.
-        if (c.host >= 0 && job_running) ReportAgentExit(coordinator, o.token, c.host, e);
-        // Killed (by a signal): started again. Exited: it decided (the
-        // job's end, or that its coordinator is gone for good).
-        if (recover && e.code > 128 && job_running && signals == 0 &&
-            give_up == absl::InfiniteFuture() && restarts < o.ps.max_recoveries) {
-          to_restart.push_back(c.host);
-          c.replaced = true;
-        } else {
-          died.push_back({0, absl::StrCat(c.name, " ", e.description)});
-          if (first_cause.empty() && job_running) first_cause = died.back().second;
-          give_up = std::min(give_up, absl::Now() + settle);
-        }
-      }
-    }
-    for (int h : to_restart) {
-      ++restarts;
-      const std::string name = h < 0 ? "psrt-coordinator" : absl::StrCat("psrt-worker[", h, "]");
-      LogWarning("starting ", name, " again (", restarts, " of at most ", o.ps.max_recoveries, ")");
-      if (!(h < 0 ? restart_coordinator() : start(name, agent_argv(h), h))) {
-        give_up = std::min(give_up, absl::Now() + settle);
-      }
-    }
-    if (std::all_of(children.begin(), children.end(), [](const Child& c) { return c.done; })) break;
-    if (int sig = pending_signal.exchange(0); sig != 0) {
-      ++signals;
-      next_poll = absl::Now();
-      if (first_cause.empty())
-        first_cause = absl::StrCat("psrt-run got signal ", sig, " (", strsignal(sig), ")");
-      auto coordinator_here = std::find_if(children.begin(), children.end(),
-                                           [](const Child& c) { return c.host < 0 && !c.done; });
-      if (signals > 1) {
-        LogWarning("got signal ", sig, " again; stopping every process now");
-        stop_now(SIGTERM);
-        give_up = std::min(give_up, absl::Now() + absl::Seconds(5));
-      } else if (coordinator_here != children.end()) {
-        LogWarning("got signal ", sig, " (", strsignal(sig),
-                   "); the coordinator writes a final checkpoint (within ",
-                   absl::FormatDuration(o.stop_grace), ", --stop-grace) and ends the job");
-        kill(coordinator_here->pid, sig);
-        give_up = std::min(give_up, absl::Now() + o.stop_grace + settle);
-      } else {
-        LogWarning("got signal ", sig, " (", strsignal(sig), "); waiting up to ",
-                   absl::FormatDuration(o.stop_grace),
-                   " (--stop-grace) for the job to end, then stopping this host's processes");
-        stop_at = absl::Now() + o.stop_grace;
-      }
-    }
-    if (absl::Now() > stop_at) {
-      LogWarning("the job did not end within ", absl::FormatDuration(o.stop_grace),
-                 "; stopping this host's processes");
-      stop_now(SIGTERM);
-      stop_at = absl::InfiniteFuture();
-      give_up = std::min(give_up, absl::Now() + settle);
-    }
-    if (absl::Now() > give_up) {
-      LogWarning("processes still running ", absl::FormatDuration(settle),
-                 " after a failure; stopping them");
-      stop_all();
-      break;
-    }
-    if (absl::Now() >= next_poll) {
-      // Remember why the job ended, and who died, while the coordinator can
-      // still say.
-      auto status = QueryJobStatus(coordinator, o.token, absl::Milliseconds(500));
-      if (status.ok()) {
-        last_status = *status;
-        generation = status->config().generation();
-        for (const v1::ProcessStatus& p : status->processes()) {
-          if (!p.exited() || p.exit_code() == 0) continue;
-          if (!known_dead.insert(absl::StrCat(generation, " ", p.name())).second) continue;
-          died.push_back(
-              {generation, absl::StrCat(p.name(), " ", DescribeExitCode(p.exit_code()))});
-        }
-        if (status->state() != v1::JOB_RUNNING) {
-          reason = status->reason();
-          job_running = false;
-        }
-      }
-      // Stopping, the job may end and every process exit within a moment.
-      next_poll = absl::Now() + (signals > 0 ? absl::Milliseconds(20) : absl::Milliseconds(250));
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  // Host 0's psrt-run sums the job up, from the coordinator's last word.
-  auto summarize = [&] {
-    if (my_hosts[0] != 0 || !last_status.has_value()) return;
-    JobSummary summary = SummarizeJob(*last_status, absl::Now() - launched);
-    LogNotice(summary.line);
-    if (o.summary_json.empty()) return;
-    std::ofstream out(o.summary_json, std::ios::trunc);
-    out << summary.json;
-    if (!out.flush()) LogWarning("cannot write the summary to ", o.summary_json);
-  };
-  if (std::none_of(children.begin(), children.end(),
-                   [](const Child& c) { return c.exit.code != 0 && !c.replaced; })) {
-    LogNotice("job succeeded");
-    summarize();
-    return 0;
-  }
-  LogError("job failed: ", !reason.empty()        ? reason
-                           : !first_cause.empty() ? first_cause
-                                                  : "see the processes below");
-  // The servers and training processes of generations a recovery replaced
-  // were recovered from; the last generation's are part of the end.
-  for (const auto& [g, what] : died) {
-    if (g == 0 || g == generation) LogError("  ", what);
-  }
-  summarize();
-  return 1;
+  Launcher launcher(o, &pending_signal);
+  return launcher.Run();
 }
 
 }  // namespace psrt
