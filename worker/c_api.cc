@@ -257,6 +257,14 @@ int64_t psrt_pulled_version(psrt_client* c, const char* name) {
   return *v;
 }
 
+int64_t psrt_next_step(psrt_client* c, const char* name, int64_t last) {
+  if (c == nullptr || name == nullptr) return Fail(absl::InvalidArgumentError("NULL argument"));
+  absl::StatusOr<int64_t> v = c->client->NextStep(name, last);
+  if (!v.ok()) return Fail(v.status());
+  last_error.clear();
+  return *v;
+}
+
 int psrt_set_learning_rate(psrt_client* c, const char* variable, double lr) {
   if (c == nullptr) return Fail(absl::InvalidArgumentError("client is NULL"));
   return static_cast<int>(

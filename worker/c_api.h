@@ -118,6 +118,11 @@ int psrt_wait(psrt_client* client, int64_t handle);
  * next); negative on error. */
 int64_t psrt_pulled_version(psrt_client* client, const char* name);
 
+/* The step of `name`'s next push after one for `last` (< 0: its first):
+ * sync, the servers' step (psrt_pulled_version); async and ssp, this
+ * worker's clock from the restored step. Negative on error. */
+int64_t psrt_next_step(psrt_client* client, const char* name, int64_t last);
+
 /* How psrt_allreduce combines the workers' tensors. */
 enum { PSRT_REDUCE_MEAN = 0, PSRT_REDUCE_SUM = 1 };
 
@@ -147,7 +152,8 @@ int psrt_state_on_workers(const psrt_client* client);
  * differs. Every worker calls it at the same point of a sync job. */
 int psrt_check_same(psrt_client* client, const char* what, uint32_t digest);
 
-/* Sets the learning rate of `variable`, or of every variable when NULL. */
+/* Sets the learning rate of `variable`, or of every variable when NULL;
+ * sends nothing where the servers hold that rate already. */
 int psrt_set_learning_rate(psrt_client* client, const char* variable, double lr);
 
 /* The last error of this thread, or "" if none. */

@@ -20,6 +20,7 @@
 #include "kernels/row_optimizer.h"
 #include "psrt/v1/ps.grpc.pb.h"
 #include "worker/dispatcher.h"
+#include "worker/learning_rates.h"
 #include "worker/request_codec.h"
 #include "worker/server_links.h"
 #include "worker/timeline.h"
@@ -86,7 +87,10 @@ OptimizerConfig DefaultOptimizer(OptimizerKind kind, double lr) {
 }
 
 // The client's state and its request pipeline (worker/dispatcher.h).
-class Client::Impl : public Dispatcher {};
+class Client::Impl : public Dispatcher {
+ public:
+  LearningRates rates;
+};
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
@@ -314,7 +318,17 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
   }
   if (absl::Status s = Wait(handle); !s.ok()) return s;
   // The starting weights travel exactly, whatever the pull compression.
-  return Wait(impl_->Start({{name, nullptr, data}}, 0, false, true, /*exact=*/true));
+  if (absl::Status s = Wait(impl_->Start({{name, nullptr, data}}, 0, false, true, /*exact=*/true));
+      !s.ok())
+    return s;
+  if (optimizer.kind != OptimizerKind::kAssign) {  // an assign key takes no rate
+    // A key that took no step holds the registered rate (rank 0's, as every
+    // worker registers it); one restored or in a running job may not.
+    absl::StatusOr<int64_t> pulled = PulledVersion(name);
+    impl_->rates.Registered(name, optimizer.lr,
+                            restored_step() == 0 && pulled.ok() && *pulled == 0);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Client::RegisterTable(const std::string& name, const TableOptions& options) {
@@ -389,7 +403,11 @@ absl::Status Client::RegisterTable(const std::string& name, const TableOptions& 
       OpTracker::Done(op.get(), status);
     });
   }
-  return Wait(handle);
+  if (absl::Status s = Wait(handle); !s.ok()) return s;
+  // Its rows may have taken steps at another rate (a running or restored
+  // job's): the first rate set is sent.
+  impl_->rates.Registered(name, options.optimizer.lr, /*known=*/false);
+  return absl::OkStatus();
 }
 
 Client::Handle Client::PullRows(const std::string& table, const int64_t* ids, int64_t n, float* out,
@@ -458,7 +476,14 @@ absl::StatusOr<int64_t> Client::PulledVersion(const std::string& name) const {
   return *std::min_element(it->second.pulled_versions.begin(), it->second.pulled_versions.end());
 }
 
+absl::StatusOr<int64_t> Client::NextStep(const std::string& name, int64_t last) const {
+  absl::StatusOr<int64_t> pulled = PulledVersion(name);
+  if (!pulled.ok() || sync()) return pulled;
+  return last < 0 ? restored_step() : last + 1;
+}
+
 absl::Status Client::SetLearningRate(double lr, const std::string& variable) {
+  if (impl_->rates.Held(variable, lr)) return absl::OkStatus();
   v1::SetLearningRateRequest req;
   req.set_worker_rank(rank());
   req.set_lr(lr);
@@ -479,6 +504,7 @@ absl::Status Client::SetLearningRate(double lr, const std::string& variable) {
     });
     if (!st.ok()) return st;
   }
+  impl_->rates.Sent(variable, lr);
   return absl::OkStatus();
 }
 

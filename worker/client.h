@@ -182,9 +182,16 @@ class Client {
   // The version of `name` its latest pull returned (the least over its keys):
   // in sync mode the step to push next.
   absl::StatusOr<int64_t> PulledVersion(const std::string& name) const;
+  // The step of `name`'s next push after one for `last` (< 0: its first):
+  // sync, the version its latest pull returned (the servers' step: a
+  // restored job resumes there, a worker that joins a running job joins its
+  // step); async and ssp, this worker's clock, which starts at the restored
+  // step. The one rule every plugin follows.
+  absl::StatusOr<int64_t> NextStep(const std::string& name, int64_t last = -1) const;
 
   // Sets the learning rate of `variable` (empty: of every variable) on
-  // every server.
+  // every server; nothing is sent where the servers hold it already as this
+  // worker last set or registered it (a plugin sets the rate every step).
   absl::Status SetLearningRate(double lr, const std::string& variable = "");
 
   // Per worker rank, the least clock over every key on every server (async

@@ -6,8 +6,6 @@ The work itself happens in C++ behind the C API (psrt._psrt)."""
 import numpy as np
 
 import psrt
-from psrt import _job
-
 
 MEAN, SUM = 0, 1  # psrt_allreduce's ops
 
@@ -46,7 +44,6 @@ class HostVariables:
         self._compression = compression
         self._out = {}    # name -> float32 buffer the pulled weights land in
         self._steps = {}  # name -> the version its next push is for
-        self._rates = _job.LearningRates(client)
 
     def register(self, name, value, optimizer, compression=None):
         """Registers a variable (with the store's compression unless given);
@@ -56,9 +53,7 @@ class HostVariables:
         self._client.register_variable(name, list(host.shape), host.ctypes.data, optimizer,
                                        compression.value, compression.value)
         self._out[name] = np.empty_like(host)
-        if optimizer["name"] != "assign":  # an assign key takes no learning rate
-            self._rates.registered(optimizer["lr"])
-        self._steps[name] = _job.first_step(self._client, name)
+        self._steps[name] = self._client.next_step(name)
         return host
 
     def registered(self, name):
@@ -74,7 +69,7 @@ class HostVariables:
         return min(self._steps.values()) if self._steps else 0
 
     def set_learning_rate(self, lr):
-        self._rates.set(lr)
+        self._client.set_learning_rate(float(lr))
 
     def _step_of(self, names):
         """The step a push of `names` is for: the least of theirs. A worker
@@ -103,7 +98,7 @@ class HostVariables:
                                         [o.ctypes.data for o in outs], step)
         self._client.wait(handle)
         for n in names:
-            self._steps[n] = _job.next_step(self._client, n, self._steps[n])
+            self._steps[n] = self._client.next_step(n, self._steps[n])
         return [o.copy() for o in outs]
 
     def push(self, names, grads):

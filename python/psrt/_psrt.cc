@@ -194,6 +194,9 @@ class Client {
   }
 
   int64_t pulled_version(const std::string& name) { return Check(psrt_pulled_version(client_, name.c_str())); }
+  int64_t next_step(const std::string& name, int64_t last) {
+    return Check(psrt_next_step(client_, name.c_str(), last));
+  }
 
   void set_learning_rate(double lr, const std::string& variable) {
     py::gil_scoped_release release;
@@ -246,6 +249,7 @@ PYBIND11_MODULE(_psrt, m) {
       .def("assign_rows", &Client::assign_rows)
       .def("wait", &Client::wait)
       .def("pulled_version", &Client::pulled_version)
+      .def("next_step", &Client::next_step, py::arg("name"), py::arg("last") = -1)
       .def("set_learning_rate", &Client::set_learning_rate, py::arg("lr"),
            py::arg("variable") = "");
 }

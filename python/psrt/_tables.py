@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 import psrt
-from psrt import _host, _job
+from psrt import _host
 
 
 def int_ids(table, ids):
@@ -99,7 +99,7 @@ class HostTable:
         self._client.register_table(name, self.dim, self.vocab, int(seed), float(init_std), int(max_rows),
                                     int(evict_after_steps), int(evict_min_count), optimizer,
                                     compression.value, compression.value)
-        self.step = _job.first_step(self._client, name)
+        self.step = self._client.next_step(name)
 
     def pull(self, ids):
         """The rows (n, dim) of n distinct ids at this worker's step (sync:

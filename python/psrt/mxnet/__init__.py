@@ -62,7 +62,7 @@ import mxnet.module.module
 import numpy as np
 
 import psrt
-from psrt import _host, _job, _tables
+from psrt import _host, _tables
 from psrt.mxnet._arrays import (_assign, _first, _is_sparse, _nonzero_rows, _outputs, _row_pieces, _scaled,
                                 _write, _write_rows)
 from psrt.mxnet._optimizers import (_check_rows_of_dense, _scales_gradient, _server_optimizer,
@@ -135,7 +135,6 @@ class Psrt(mx.kvstore.KVStore):
         self._aux = {}         # key -> arrays Gluon broadcasts without a gradient (a plain key)
         self._aux_names = None  # key -> its variable, for those averaged; decided once
         self._factor = None    # 1 if the servers average pushes, the worker count if they sum
-        self._rates = _job.LearningRates(self._client)
         self._lr_ref = {}      # SGD-with-momentum key -> the servers' (fixed) rate
         self._weights = {}     # such a key -> its current weights (for weight decay)
         # Pushpulls are queued and go out as one at the step's last key, when
@@ -504,7 +503,6 @@ class Psrt(mx.kvstore.KVStore):
 
     def _registered(self, key, name, config, value):
         self._names[key], self._configs[key] = name, config
-        self._rates.registered(config["lr"], name)
         self._lr_ref.pop(key, None)
         if _scales_gradient(config) and config["lr"] > 0:
             # The servers' rate stays; a changed one scales the gradient.
@@ -670,10 +668,10 @@ class Psrt(mx.kvstore.KVStore):
         if self._optimizer is None:
             return
         if not self._lr_ref:
-            self._rates.set(self._optimizer.learning_rate)
+            self._client.set_learning_rate(float(self._optimizer.learning_rate))
         for k in keys:
             if self._configs[k] is not _ASSIGN and k not in self._lr_ref:
-                self._rates.set_for(self._names[k], self._optimizer._get_lr(k))
+                self._client.set_learning_rate(float(self._optimizer._get_lr(k)), self._names[k])
 
 
 class _Updater:

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 import psrt
-from psrt import _job
 from psrt._tables import start_from
 
 _OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
@@ -78,7 +77,7 @@ class _Table(torch.nn.Module):
         # The step to pull at and push for: the servers' version (sync: a
         # worker restarted or joining a running job starts where the table
         # is) or this worker's clock (async, ssp), counted from the restored step.
-        self._step = _job.first_step(self._client, self.table_name)
+        self._step = self._client.next_step(self.table_name)
         self._looked_up = []  # (distinct ids, their rows as a leaf) per forward this step
         self._pushing = None  # (handle, buffers kept alive until its wait)
         _tables.add(self)

@@ -31,7 +31,7 @@ import torch
 from torch.nn.modules import module as _module
 
 import psrt
-from psrt import _host, _job
+from psrt import _host
 from psrt.torch import _buffers, embedding
 from psrt.torch._landing import _InFlight, _is_compiled_wrapper, _LandOnUse, _traced_hook_calls, _Variable
 from psrt.torch._placement import _on_workers, _server_optimizer
@@ -157,7 +157,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._optimizer = optimizer
         self._client = client
         self._sync = client.is_sync()
-        self._rates = _job.LearningRates(client)  # as the servers hold them
         self._on_workers_change = on_workers_change
         self._workers = client.active_workers()
         self._compression = compression
@@ -181,7 +180,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if p.requires_grad:
                     self._variables.append(_Variable(name, p, group))
                     self._register(self._variables[-1], server_cfg)
-                    self._rates.registered(group["lr"], name)
         missing = [n for n, p in named if id(p) not in seen and p.requires_grad]
         if missing:
             raise psrt.PsrtError("psrt.DistributedOptimizer: parameters %s are in named_parameters "
@@ -277,7 +275,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._register(v, {"name": "assign"}, psrt.Compression.none)
             # Async and ssp: this worker's clock on it (the key's version
             # counts every worker's pushes, some made already).
-            v.step = _job.first_step(self._client, v.name)
+            v.step = self._client.next_step(v.name)
             v.scratch = torch.empty_like(v.pulled)
             self._buffers.append(v)
             self._by_param[id(b)] = v
@@ -334,9 +332,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # --- the training step ---------------------------------------------------
 
     def _sync_learning_rates(self):
-        """Schedulers change group['lr']; the servers follow before the next push."""
+        """Schedulers change group['lr']; the servers follow before the next
+        push (the client sends only the rates that changed)."""
         for v in self._variables:
-            self._rates.set_for(v.name, v.group["lr"])
+            self._client.set_learning_rate(float(v.group["lr"]), v.name)
 
     def _push(self, v):
         """Queues the parameter's gradient; a bucket of fusion_bytes goes out
