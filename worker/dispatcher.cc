@@ -397,14 +397,8 @@ Dispatcher::Handle Dispatcher::StartRows(const std::string& table, const int64_t
   }
   if (!push && slots != nullptr) return StartGroupedPull(table, *var, slots, ids, n, out, version);
   const int64_t dim = var->dim;
-  std::vector<std::shared_ptr<RowSet>> sets(num_servers);
-  for (auto& set : sets) set = std::make_shared<RowSet>();
-  for (int64_t i = 0; i < n; ++i) {
-    RowSet& set = *sets[RowShard(ids[i], num_servers)];
-    set.ids.push_back(ids[i]);
-    set.at.push_back(i);
-    if (push) set.grads.insert(set.grads.end(), grads + i * dim, grads + (i + 1) * dim);
-  }
+  std::vector<std::shared_ptr<RowSet>> sets =
+      SplitRows(ids, nullptr, n, push ? grads : nullptr, dim, num_servers);
   std::vector<bool> await(num_servers, false);
   if (push && config.mode() == "sync") {
     absl::MutexLock lock(&mu);
@@ -532,6 +526,19 @@ void Dispatcher::Launch(std::vector<Shard> shards, const std::shared_ptr<Op>& op
       }
     }
     send();
+  }
+}
+
+void Dispatcher::InTurn(uint64_t ticket, std::function<void()> launch) {
+  // Under the lock, so that two turns never run out of order; a launch only
+  // queues requests (and sends the first ones), and takes no lock of this.
+  absl::MutexLock lock(&turns_mu);
+  turns[ticket] = std::move(launch);
+  while (!turns.empty() && turns.begin()->first == next_turn) {
+    std::function<void()> next = std::move(turns.begin()->second);
+    turns.erase(turns.begin());
+    ++next_turn;
+    next();
   }
 }
 

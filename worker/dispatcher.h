@@ -256,6 +256,14 @@ class Dispatcher {
   // gradients and pushes once for all; the others hand their gradients over
   // and copy the weights it pulled.
   Handle StartGrouped(std::vector<TensorRef> tensors, int64_t version, bool pull);
+  // Runs `work` once `ready` holds in the host group, or with why not
+  // (`missing`) at `deadline` or when the job fails: on the caller's thread
+  // when it holds already and `here` (small pieces), else on the pool
+  // (copies and sums of big tensors leave the caller's thread, as encoding
+  // does: pushes overlap backward).
+  void GroupWhen(bool here, absl::Time deadline, std::function<bool()> ready,
+                 std::function<std::string()> missing,
+                 std::function<void(const absl::Status&)> work);
   // A sync push of a table's rows in a host group (worker/local_row_sums.cc):
   // a part's owner sums the host's rows per id and pushes them once for all;
   // the others hand theirs over. `sets` and `await` are StartRows's.

@@ -391,6 +391,10 @@ HostGroup::Slots* HostGroup::Find(const std::string& name) {
   return it == slots_.end() ? nullptr : it->second.get();
 }
 
+std::string HostGroup::Who(int local) const {
+  return absl::StrCat("local rank ", local, " (rank ", rank_of(local), ")");
+}
+
 void HostGroup::Ring() {
   __atomic_add_fetch(doorbell(), 1, __ATOMIC_SEQ_CST);
   if (__atomic_load_n(sleepers(), __ATOMIC_SEQ_CST) > 0) FutexWake(doorbell());

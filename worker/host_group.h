@@ -65,6 +65,8 @@ class HostGroup {
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }
   int rank_of(int local) const { return ranks_[local]; }
+  // "local rank L (rank R)": a process of the group, as errors name it.
+  std::string Who(int local) const;
   // The job ranks of the other processes: what an owner's push counts for
   // besides its own (PushRequest.also_for).
   const std::vector<int32_t>& others() const { return others_; }

@@ -65,306 +65,329 @@ void Add(const float* __restrict x, float* __restrict acc, int64_t n) {
   for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
 }
 
+// One grouped push: its pieces, this process's to push and those it hands
+// over, and what its stages share. Each stage's callbacks hold it.
+struct GroupedPush {
+  Dispatcher* d = nullptr;
+  std::vector<TensorRef> refs;  // the pieces point into it
+  Pieces mine, theirs;
+  std::shared_ptr<Op> op;
+  int me = 0;
+  int64_t version = 0, step = 0;  // step: version + 1, as the control words hold it
+  bool pull = false;
+  absl::Time deadline;
+  uint64_t ticket = 0;  // with pieces of its own: its turn to launch (Dispatcher::InTurn)
+  HostGroup& group() const { return *d->group; }
+};
+using Grouped = std::shared_ptr<GroupedPush>;
+
+// Whether pieces are small enough to copy or sum on the caller's thread.
+bool Small(const Pieces& pieces) {
+  int64_t bytes = 0;
+  for (const Piece& p : pieces) bytes += p.part.num_elements * 4;
+  return bytes < Dispatcher::kPoolBytes;
+}
+
+// Splits g's tensors into the pieces this process owns and the others; an
+// error where a tensor cannot be pushed in the group.
+absl::Status Collect(GroupedPush* g) {
+  for (const TensorRef& t : g->refs) {
+    absl::StatusOr<Variable> var = g->d->Find(t.name);
+    if (!var.ok()) return var.status();
+    HostGroup::Slots* slots = g->group().Find(t.name);
+    if (var->dim > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("'", t.name, "' is a table: push its rows"));
+    }
+    if (slots == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("variable '", t.name, "' has no region in the host group"));
+    }
+    if (g->pull && t.out == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' has no output buffer"));
+    }
+    if ((t.grad != nullptr && OnDevice(t.grad)) || (g->pull && OnDevice(t.out))) {
+      slots->PinForDevice();
+    }
+    for (const Partition& p : var->parts) {
+      (slots->owner(p.index) == g->me ? g->mine : g->theirs).push_back({&t, p, slots});
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Hand-over: a step's gradient of a partition goes into this process's
+// slot once its owner summed the step before out of it.
+void HandOver(const Grouped& g) {
+  auto unsummed = [g]() -> const Piece* {
+    for (const Piece& p : g->theirs) {
+      if (p.slots->summed(p.part.index) < p.slots->handed(p.part.index, g->me)) return &p;
+    }
+    return nullptr;
+  };
+  g->d->GroupWhen(
+      Small(g->theirs), g->deadline, [unsummed] { return unsummed() == nullptr; },
+      [g, unsummed] {
+        const Piece* p = unsummed();
+        if (p == nullptr) return std::string();
+        return absl::StrCat(g->group().Who(p->slots->owner(p->part.index)), " did not sum step ",
+                            g->step - 2, " of '", p->key(),
+                            "', so this process could not hand over its gradient of step ",
+                            g->step - 1);
+      },
+      [g](const absl::Status& status) {
+        absl::Status s = status;
+        for (const Piece& p : g->theirs) {
+          if (!s.ok()) break;
+          const int64_t at = p.part.offset;
+          if (p.tensor->grad == nullptr) {
+            p.slots->set_empty(p.part.index, g->me, g->step);  // no gradient this step
+          } else {
+            s = CopyFloats(p.tensor->grad + at, p.slots->grad(g->me) + at, p.part.num_elements);
+          }
+          if (s.ok()) p.slots->set_handed(p.part.index, g->me, g->step);
+        }
+        if (s.ok()) g->group().Ring();
+        OpTracker::Done(g->op.get(), s);
+      });
+}
+
+// Copies the weights of the pieces handed over back from the buffers their
+// owners published.
+absl::Status CopyBack(const GroupedPush& g) {
+  for (const Piece& p : g.theirs) {
+    const int64_t at = p.part.offset;
+    const int64_t published = p.slots->published(p.part.index);
+    absl::Status s =
+        CopyFloats(p.slots->weights(published - 1) + at, p.tensor->out + at, p.part.num_elements);
+    if (!s.ok()) return s;
+    // That buffer is written again for the version after next, whose step
+    // needs this process's next hand-over: seeing it change means a
+    // process ran ahead of the group.
+    if (p.slots->published(p.part.index) > published + 1) {
+      return absl::AbortedError(
+          absl::StrCat("the weights of '", p.key(), "' changed while being copied: ",
+                       g.group().Who(p.slots->owner(p.part.index)), " is more than a step ahead"));
+    }
+    absl::MutexLock lock(&g.d->mu);
+    auto it = g.d->variables.find(p.tensor->name);
+    if (it != g.d->variables.end()) it->second.pulled_versions[p.part.index] = published - 1;
+  }
+  return absl::OkStatus();
+}
+
+// Hand-back: the weights of step+1 come back once the owner published them.
+void HandBack(const Grouped& g) {
+  auto unpublished = [g]() -> const Piece* {
+    for (const Piece& p : g->theirs) {
+      if (p.slots->published(p.part.index) < g->step + 1) return &p;
+    }
+    return nullptr;
+  };
+  g->d->GroupWhen(
+      Small(g->theirs), g->deadline, [unpublished] { return unpublished() == nullptr; },
+      [g, unpublished] {
+        const Piece* p = unpublished();
+        if (p == nullptr) return std::string();
+        return absl::StrCat(g->group().Who(p->slots->owner(p->part.index)),
+                            " did not hand back the weights of '", p->key(), "' of step ", g->step);
+      },
+      [g](const absl::Status& status) {
+        OpTracker::Done(g->op.get(), status.ok() ? CopyBack(*g) : status);
+      });
+}
+
+// Sums the host's gradients of a piece into this process's slot, in
+// local-rank order, this process's gradient in its place; `*none`: no
+// process had a gradient of it this step.
+absl::Status SumPiece(const GroupedPush& g, const Piece& p, bool* none) {
+  const HostGroup& group = g.group();
+  const int me = g.me;
+  const int64_t at = p.part.offset, n = p.part.num_elements;
+  float* sum = p.slots->grad(me) + at;
+  for (int r = 0; r < group.size(); ++r) {
+    if (p.slots->handed(p.part.index, r) > g.step) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(group.Who(r), " handed over '", p.key(), "' of step ",
+                       p.slots->handed(p.part.index, r) - 1, " while this process sums step ",
+                       g.step - 1, ": the host's processes push different steps"));
+    }
+  }
+  // The processes with a gradient of this step; none: the host's push says so.
+  std::vector<int> given;
+  for (int r = 0; r < group.size(); ++r) {
+    if (r == me ? p.tensor->grad != nullptr : p.slots->empty(p.part.index, r) != g.step) {
+      given.push_back(r);
+    }
+  }
+  *none = given.empty();
+  for (size_t k = 0; k < given.size(); ++k) {
+    const int r = given[k];
+    if (k == 0) {
+      if (r != me) {
+        std::memcpy(sum, p.slots->grad(r) + at, n * 4);
+      } else if (absl::Status s = CopyFloats(p.tensor->grad + at, sum, n); !s.ok()) {
+        return s;
+      }
+      continue;
+    }
+    const float* x = p.slots->grad(r) + at;
+    if (r == me) {
+      if (OnDevice(p.tensor->grad)) {
+        // A GPU's gradient comes to the host once, into a buffer this
+        // thread keeps (fresh pages would cost a first touch).
+        thread_local std::vector<float> own;
+        if (own.size() < static_cast<size_t>(n)) own.resize(n);
+        if (absl::Status s = CopyFloats(p.tensor->grad + at, own.data(), n); !s.ok()) return s;
+        x = own.data();
+      } else {
+        x = p.tensor->grad + at;
+      }
+    }
+    Add(x, sum, n);
+  }
+  p.slots->set_summed(p.part.index, g.step);
+  return absl::OkStatus();
+}
+
+// What an owner's push does once it ended: with a pull, the weights it
+// pulled for all are published (and copied into this process's tensor);
+// its pieces' slots are free to sum into again.
+absl::Status Published(const GroupedPush& g,
+                       const absl::flat_hash_map<std::string, std::vector<const Piece*>>& owned,
+                       const Dispatcher::Request& r, const absl::Status& s) {
+  absl::Status result = s;
+  for (const Shard::Item& it : r.shard.items) {
+    for (const Piece* p : owned.at(it.variable)) {
+      if (p->part.index != it.part.index) continue;
+      const uint32_t i = p->part.index;
+      const int64_t at = p->part.offset;
+      if (s.ok() && g.pull) {
+        absl::Status c =
+            CopyFloats(p->slots->weights(g.step) + at, p->tensor->out + at, p->part.num_elements);
+        if (c.ok()) p->slots->set_published(i, g.step + 1);
+        if (result.ok()) result = c;
+      }
+      p->slots->set_sent(i, g.step);
+    }
+  }
+  g.group().Ring();
+  return result;
+}
+
+// The push: one for the host, of the partitions summed here (their
+// variables' other partitions are other owners'), for all its processes
+// (PushRequest.also_for). `empty`: tensors no process had a gradient of.
+void PushSums(const Grouped& g, const absl::flat_hash_set<std::string>& empty) {
+  Dispatcher* d = g->d;
+  absl::flat_hash_map<std::string, std::vector<const Piece*>> by_name;
+  std::vector<TensorRef> sums;
+  for (const Piece& p : g->mine) {
+    auto& list = by_name[p.tensor->name];
+    if (list.empty()) {
+      sums.push_back({p.tensor->name,
+                      empty.contains(p.tensor->name) ? nullptr : p.slots->grad(g->me),
+                      g->pull ? p.slots->weights(g->version + 1) : nullptr});
+    }
+    list.push_back(&p);
+  }
+  std::vector<int64_t> limits(d->num_servers);
+  for (int sv = 0; sv < d->num_servers; ++sv) limits[sv] = d->RequestBytes(sv);
+  absl::StatusOr<std::vector<Shard>> shards = SplitTensors(
+      sums,
+      [&](const std::string& name) -> absl::StatusOr<Variable> {
+        absl::StatusOr<Variable> var = d->Find(name);
+        if (!var.ok()) return var;
+        var->parts.clear();
+        for (const Piece* p : by_name[name]) var->parts.push_back(p->part);
+        return var;
+      },
+      limits, true, g->pull, false);
+  if (!shards.ok()) return OpTracker::Done(g->op.get(), shards.status());
+  auto owned = std::make_shared<absl::flat_hash_map<std::string, std::vector<const Piece*>>>(
+      std::move(by_name));
+  OpTracker::Add(g->op.get(), static_cast<int>(shards->size()));
+  d->Launch(*std::move(shards), g->op, g->version, true, g->pull, [&](Dispatcher::Request* r) {
+    r->also_for = g->group().others();
+    r->finished = [g, owned, r](const absl::Status& s) { return Published(*g, *owned, *r, s); };
+  });
+  OpTracker::Done(g->op.get(), absl::OkStatus());
+}
+
+// The owned pieces: once every other process handed its gradient over, and
+// this process's push of the step before ended (its request reads the slot
+// it sums into), they are summed and pushed, in the operation's turn.
+void Own(const Grouped& g) {
+  auto unhanded = [g]() -> std::pair<const Piece*, int> {
+    for (const Piece& p : g->mine) {
+      for (int r = 0; r < g->group().size(); ++r) {
+        if (r != g->me && p.slots->handed(p.part.index, r) < g->step) return {&p, r};
+      }
+      if (p.slots->sent(p.part.index) < p.slots->summed(p.part.index)) return {&p, g->me};
+    }
+    return {nullptr, -1};
+  };
+  g->d->GroupWhen(
+      Small(g->mine), g->deadline, [unhanded] { return unhanded().first == nullptr; },
+      [g, unhanded] {
+        auto [p, r] = unhanded();
+        if (p == nullptr) return std::string();
+        if (r == g->me) {
+          return absl::StrCat("this process's push of '", p->key(), "' of step ", g->step - 2,
+                              " did not end");
+        }
+        return absl::StrCat(g->group().Who(r), " did not hand over its gradient of '", p->key(),
+                            "' of step ", g->step - 1);
+      },
+      [g](const absl::Status& status) {
+        absl::Status s = status;
+        absl::flat_hash_set<std::string> empty;  // tensors no process had a gradient of
+        for (const Piece& p : g->mine) {
+          if (!s.ok()) break;
+          bool none = false;
+          s = SumPiece(*g, p, &none);
+          if (none) empty.insert(p.tensor->name);
+        }
+        if (!s.ok()) return g->d->InTurn(g->ticket, [g, s] { OpTracker::Done(g->op.get(), s); });
+        g->group().Ring();
+        // In the order of the operations (see InTurn).
+        g->d->InTurn(g->ticket, [g, empty = std::move(empty)] { PushSums(g, empty); });
+      });
+}
+
 }  // namespace
 
-void Dispatcher::InTurn(uint64_t ticket, std::function<void()> launch) {
-  // Under the lock, so that two turns never run out of order; a launch only
-  // queues requests (and sends the first ones), and takes no lock of this.
-  absl::MutexLock lock(&turns_mu);
-  turns[ticket] = std::move(launch);
-  while (!turns.empty() && turns.begin()->first == next_turn) {
-    std::function<void()> next = std::move(turns.begin()->second);
-    turns.erase(turns.begin());
-    ++next_turn;
-    next();
+void Dispatcher::GroupWhen(bool here, absl::Time deadline, std::function<bool()> ready,
+                           std::function<std::string()> missing,
+                           std::function<void(const absl::Status&)> work) {
+  if (ready()) {
+    if (here) return work(absl::OkStatus());
+    return pool->Schedule([work = std::move(work)] { work(absl::OkStatus()); });
   }
+  group->When(std::move(ready), std::move(missing), deadline,
+              [this, work = std::move(work)](const absl::Status& s) {
+                pool->Schedule([work, s] { work(s); });
+              });
 }
 
 Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int64_t version,
                                             bool pull) {
   const char* kind = pull ? "PUSH_PULL" : "PUSH";
-  auto refs = std::make_shared<const std::vector<TensorRef>>(std::move(tensors));
-  const int me = group->local_rank();
-  auto mine = std::make_shared<Pieces>();
-  auto theirs = std::make_shared<Pieces>();
-  for (const TensorRef& t : *refs) {
-    absl::StatusOr<Variable> var = Find(t.name);
-    if (!var.ok()) return ops.New(0, var.status(), kind).first;
-    HostGroup::Slots* slots = group->Find(t.name);
-    if (var->dim > 0) {
-      return ops
-          .New(0,
-               absl::InvalidArgumentError(absl::StrCat("'", t.name, "' is a table: push its rows")),
-               kind)
-          .first;
-    }
-    if (slots == nullptr) {
-      return ops
-          .New(0,
-               absl::InternalError(
-                   absl::StrCat("variable '", t.name, "' has no region in the host group")),
-               kind)
-          .first;
-    }
-    if (pull && t.out == nullptr) {
-      return ops
-          .New(0,
-               absl::InvalidArgumentError(
-                   absl::StrCat("tensor '", t.name, "' has no output buffer")),
-               kind)
-          .first;
-    }
-    if ((t.grad != nullptr && OnDevice(t.grad)) || (pull && OnDevice(t.out))) slots->PinForDevice();
-    for (const Partition& p : var->parts) {
-      (slots->owner(p.index) == me ? mine : theirs)->push_back({&t, p, slots});
-    }
-  }
-  const int parts = (theirs->empty() ? 0 : pull ? 2 : 1) + (mine->empty() ? 0 : 1);
+  auto g = std::make_shared<GroupedPush>();
+  g->d = this;
+  g->refs = std::move(tensors);
+  g->me = group->local_rank();
+  g->version = version;
+  g->step = version + 1;
+  g->pull = pull;
+  if (absl::Status s = Collect(g.get()); !s.ok()) return ops.New(0, s, kind).first;
+  const int parts = (g->theirs.empty() ? 0 : pull ? 2 : 1) + (g->mine.empty() ? 0 : 1);
   auto [handle, op] = ops.New(parts, absl::OkStatus(), kind);
-  const int64_t step = version + 1;  // as the control words hold it
-  const absl::Time deadline = absl::Now() + options.rpc_timeout;
-  auto who = [this](int local) {
-    return absl::StrCat("local rank ", local, " (rank ", group->rank_of(local), ")");
-  };
-
-  // Runs `work` once `ready` holds: here when it holds already and the
-  // pieces are small, else on the pool (copies and sums of big tensors
-  // leave the caller's thread, as encoding does: pushes overlap backward).
-  auto run_or_wait = [this, deadline](const Pieces& pieces, std::function<bool()> ready,
-                                      std::function<std::string()> missing,
-                                      std::function<void(const absl::Status&)> work) {
-    int64_t bytes = 0;
-    for (const Piece& p : pieces) bytes += p.part.num_elements * 4;
-    if (ready()) {
-      if (bytes < kPoolBytes) return work(absl::OkStatus());
-      return pool->Schedule([work] { work(absl::OkStatus()); });
-    }
-    group->When(std::move(ready), std::move(missing), deadline,
-                [this, work](const absl::Status& s) { pool->Schedule([work, s] { work(s); }); });
-  };
-  // A step's gradient of a partition goes into this process's slot once its
-  // owner summed the step before out of it.
-  if (!theirs->empty()) {
-    run_or_wait(
-        *theirs,
-        [theirs, me] {
-          for (const Piece& p : *theirs) {
-            if (p.slots->summed(p.part.index) < p.slots->handed(p.part.index, me)) return false;
-          }
-          return true;
-        },
-        [theirs, me, who, step] {
-          for (const Piece& p : *theirs) {
-            if (p.slots->summed(p.part.index) < p.slots->handed(p.part.index, me)) {
-              return absl::StrCat(who(p.slots->owner(p.part.index)), " did not sum step ", step - 2,
-                                  " of '", p.key(),
-                                  "', so this process could not hand over its gradient of step ",
-                                  step - 1);
-            }
-          }
-          return std::string();
-        },
-        [this, theirs, refs, me, step, op = op](const absl::Status& status) {
-          absl::Status s = status;
-          for (const Piece& p : *theirs) {
-            if (!s.ok()) break;
-            const int64_t at = p.part.offset;
-            if (p.tensor->grad == nullptr) {
-              p.slots->set_empty(p.part.index, me, step);  // no gradient this step
-            } else {
-              s = CopyFloats(p.tensor->grad + at, p.slots->grad(me) + at, p.part.num_elements);
-            }
-            if (s.ok()) p.slots->set_handed(p.part.index, me, step);
-          }
-          if (s.ok()) group->Ring();
-          OpTracker::Done(op.get(), s);
-        });
-  }
-  // The weights of step+1 come back once the owner published them.
-  if (!theirs->empty() && pull) {
-    run_or_wait(
-        *theirs,
-        [theirs, step] {
-          for (const Piece& p : *theirs) {
-            if (p.slots->published(p.part.index) < step + 1) return false;
-          }
-          return true;
-        },
-        [theirs, who, step] {
-          for (const Piece& p : *theirs) {
-            if (p.slots->published(p.part.index) < step + 1) {
-              return absl::StrCat(who(p.slots->owner(p.part.index)),
-                                  " did not hand back the weights of '", p.key(), "' of step ",
-                                  step);
-            }
-          }
-          return std::string();
-        },
-        [this, theirs, refs, op = op, who](const absl::Status& status) {
-          absl::Status s = status;
-          for (const Piece& p : *theirs) {
-            if (!s.ok()) break;
-            const int64_t at = p.part.offset;
-            const int64_t published = p.slots->published(p.part.index);
-            s = CopyFloats(p.slots->weights(published - 1) + at, p.tensor->out + at,
-                           p.part.num_elements);
-            // That buffer is written again for the version after next,
-            // whose step needs this process's next hand-over: seeing it
-            // change means a process ran ahead of the group.
-            if (s.ok() && p.slots->published(p.part.index) > published + 1) {
-              s = absl::AbortedError(
-                  absl::StrCat("the weights of '", p.key(), "' changed while being copied: ",
-                               who(p.slots->owner(p.part.index)), " is more than a step ahead"));
-            }
-            if (s.ok()) {
-              absl::MutexLock lock(&mu);
-              auto it = variables.find(p.tensor->name);
-              if (it != variables.end()) it->second.pulled_versions[p.part.index] = published - 1;
-            }
-          }
-          OpTracker::Done(op.get(), s);
-        });
-  }
-  if (mine->empty()) return handle;
-  const uint64_t ticket = launch_tickets.fetch_add(1);
-
-  // Owned partitions: every other process's gradient, and this process's
-  // push of the step before ended (its request reads the slot it sums into).
-  auto missing_hand_over = [this, mine, me](int64_t step) -> std::pair<const Piece*, int> {
-    for (const Piece& p : *mine) {
-      for (int r = 0; r < group->size(); ++r) {
-        if (r != me && p.slots->handed(p.part.index, r) < step) return {&p, r};
-      }
-      if (p.slots->sent(p.part.index) < p.slots->summed(p.part.index)) return {&p, me};
-    }
-    return {nullptr, -1};
-  };
-  run_or_wait(
-      *mine, [missing_hand_over, step] { return missing_hand_over(step).first == nullptr; },
-      [missing_hand_over, step, me, who] {
-        auto [p, r] = missing_hand_over(step);
-        if (p == nullptr) return std::string();
-        if (r == me) {
-          return absl::StrCat("this process's push of '", p->key(), "' of step ", step - 2,
-                              " did not end");
-        }
-        return absl::StrCat(who(r), " did not hand over its gradient of '", p->key(), "' of step ",
-                            step - 1);
-      },
-      [this, mine, refs, me, step, version, pull, op = op, who,
-       ticket](const absl::Status& status) {
-        absl::Status s = status;
-        // The tensors no process of the host had a gradient of this step.
-        absl::flat_hash_set<std::string> empty_tensors;
-        // Sum in local-rank order, this process's gradient in its place.
-        for (const Piece& p : *mine) {
-          if (!s.ok()) break;
-          const int64_t at = p.part.offset, n = p.part.num_elements;
-          float* sum = p.slots->grad(me) + at;
-          for (int r = 0; r < group->size() && s.ok(); ++r) {
-            if (p.slots->handed(p.part.index, r) > step) {
-              s = absl::FailedPreconditionError(absl::StrCat(
-                  who(r), " handed over '", p.key(), "' of step ",
-                  p.slots->handed(p.part.index, r) - 1, " while this process sums step ", step - 1,
-                  ": the host's processes push different steps"));
-            }
-          }
-          if (!s.ok()) break;
-          // The processes with a gradient of this step; none: the host's
-          // push says so.
-          std::vector<int> given;
-          for (int r = 0; r < group->size(); ++r) {
-            if (r == me ? p.tensor->grad != nullptr : p.slots->empty(p.part.index, r) != step)
-              given.push_back(r);
-          }
-          if (given.empty()) empty_tensors.insert(p.tensor->name);
-          for (size_t g = 0; g < given.size() && s.ok(); ++g) {
-            const int r = given[g];
-            if (g == 0) {
-              if (r == me) {
-                s = CopyFloats(p.tensor->grad + at, sum, n);
-              } else {
-                std::memcpy(sum, p.slots->grad(r) + at, n * 4);
-              }
-              continue;
-            }
-            const float* x = p.slots->grad(r) + at;
-            if (r == me) {
-              if (OnDevice(p.tensor->grad)) {
-                // A GPU's gradient comes to the host once, into a buffer
-                // this thread keeps (fresh pages would cost a first touch).
-                thread_local std::vector<float> own;
-                if (own.size() < static_cast<size_t>(n)) own.resize(n);
-                if (s = CopyFloats(p.tensor->grad + at, own.data(), n); !s.ok()) break;
-                x = own.data();
-              } else {
-                x = p.tensor->grad + at;
-              }
-            }
-            Add(x, sum, n);
-          }
-          if (s.ok()) p.slots->set_summed(p.part.index, step);
-        }
-        if (!s.ok()) return InTurn(ticket, [op, s] { OpTracker::Done(op.get(), s); });
-        group->Ring();
-        // One push for the host, of the partitions summed here, in the
-        // order of the operations (see InTurn).
-        InTurn(ticket, [this, mine, refs, me, step, version, pull, op,
-                        empty_tensors = std::move(empty_tensors)] {
-          absl::flat_hash_map<std::string, std::vector<const Piece*>> by_name;
-          std::vector<TensorRef> sums;
-          for (const Piece& p : *mine) {
-            auto& list = by_name[p.tensor->name];
-            if (list.empty()) {
-              const bool empty = empty_tensors.contains(p.tensor->name);
-              sums.push_back({p.tensor->name, empty ? nullptr : p.slots->grad(me),
-                              pull ? p.slots->weights(version + 1) : nullptr});
-            }
-            list.push_back(&p);
-          }
-          std::vector<int64_t> limits(num_servers);
-          for (int sv = 0; sv < num_servers; ++sv) limits[sv] = RequestBytes(sv);
-          absl::StatusOr<std::vector<Shard>> shards = SplitTensors(
-              sums,
-              [&](const std::string& name) -> absl::StatusOr<Variable> {
-                absl::StatusOr<Variable> var = Find(name);
-                if (!var.ok()) return var;
-                var->parts.clear();
-                for (const Piece* p : by_name[name]) var->parts.push_back(p->part);
-                return var;
-              },
-              limits, true, pull, false);
-          if (!shards.ok()) return OpTracker::Done(op.get(), shards.status());
-          auto owned =
-              std::make_shared<absl::flat_hash_map<std::string, std::vector<const Piece*>>>(
-                  std::move(by_name));
-          OpTracker::Add(op.get(), static_cast<int>(shards->size()));
-          Launch(*std::move(shards), op, version, true, pull, [&](Request* r) {
-            r->also_for = group->others();
-            r->finished = [this, r, owned, mine, refs, step, pull](const absl::Status& s) {
-              absl::Status result = s;
-              for (const Shard::Item& it : r->shard.items) {
-                for (const Piece* p : owned->at(it.variable)) {
-                  if (p->part.index != it.part.index) continue;
-                  const uint32_t i = p->part.index;
-                  const int64_t at = p->part.offset;
-                  if (s.ok() && pull) {
-                    // The weights this process pulled for all; its own copy too.
-                    absl::Status c = CopyFloats(p->slots->weights(step) + at, p->tensor->out + at,
-                                                p->part.num_elements);
-                    if (c.ok()) p->slots->set_published(i, step + 1);
-                    if (result.ok()) result = c;
-                  }
-                  p->slots->set_sent(i, step);
-                }
-              }
-              group->Ring();
-              return result;
-            };
-          });
-          OpTracker::Done(op.get(), absl::OkStatus());
-        });
-      });
+  g->op = op;
+  g->deadline = absl::Now() + options.rpc_timeout;
+  if (!g->mine.empty()) g->ticket = launch_tickets.fetch_add(1);
+  if (!g->theirs.empty()) HandOver(g);
+  if (!g->theirs.empty() && pull) HandBack(g);
+  if (!g->mine.empty()) Own(g);
   return handle;
 }
 

@@ -21,7 +21,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "kernels/row_optimizer.h"
 #include "worker/dispatcher.h"
 
 namespace psrt {
@@ -58,16 +57,11 @@ Dispatcher::Handle Dispatcher::StartGroupedPull(const std::string& table, const 
   auto pull = [this, table, var, ids, out, version](
                   const std::vector<int64_t>& which, const std::shared_ptr<Op>& op,
                   std::function<absl::Status(const RowSet&, const absl::Status&)> then) {
-    std::vector<std::shared_ptr<RowSet>> sets(num_servers);
-    for (int64_t i : which) {
-      auto& set = sets[RowShard(ids[i], num_servers)];
-      if (set == nullptr) set = std::make_shared<RowSet>();
-      set->ids.push_back(ids[i]);
-      set->at.push_back(i);
-    }
+    std::vector<std::shared_ptr<RowSet>> sets =
+        SplitRows(ids, which.data(), static_cast<int64_t>(which.size()), nullptr, 0, num_servers);
     std::vector<Shard> shards;
     for (int s = 0; s < num_servers; ++s) {
-      if (sets[s] != nullptr) shards.push_back(RowsShard(table, var, s, sets[s], out, false));
+      if (!sets[s]->ids.empty()) shards.push_back(RowsShard(table, var, s, sets[s], out, false));
     }
     OpTracker::Add(op.get(), static_cast<int>(shards.size()));
     Launch(std::move(shards), op, version, false, true, [then](Request* r) {
@@ -105,9 +99,8 @@ Dispatcher::Handle Dispatcher::StartGroupedPull(const std::string& table, const 
       [this, fetching, table, ids, version] {
         const Wait* w = fetching();
         if (w == nullptr) return std::string();
-        return absl::StrCat("local rank ", w->claimer, " (rank ", group->rank_of(w->claimer),
-                            ") did not pull the row of id ", ids[w->at], " of table '", table,
-                            "' at version ", version, " for its host");
+        return absl::StrCat(group->Who(w->claimer), " did not pull the row of id ", ids[w->at],
+                            " of table '", table, "' at version ", version, " for its host");
       },
       deadline,
       [this, slots, waits, ids, out, dim, version, pull, op = op](const absl::Status& status) {

@@ -65,154 +65,189 @@ absl::StatusOr<PartRows> ReadPart(const char* seg, int64_t bytes, int64_t parts,
                   reinterpret_cast<const float*>(seg + layout.grads_at()) + first * dim, n};
 }
 
+// One grouped push of a table's rows, and what its stages share. Each
+// stage's callbacks hold it.
+struct GroupedRows {
+  Dispatcher* d = nullptr;
+  std::string table;
+  Variable var;
+  HostGroup::Slots* slots = nullptr;
+  std::vector<std::shared_ptr<RowSet>> rows;  // this process's, per part
+  std::vector<bool> await;                    // per part: StartRows's
+  std::vector<uint32_t> mine, theirs;         // the parts this process owns, and the others
+  std::shared_ptr<Op> op;
+  int me = 0;
+  int64_t dim = 0, parts = 0, version = 0, step = 0;  // step: as the control words hold it
+  absl::Time deadline;
+  uint64_t ticket = 0;  // with parts of its own: its turn to launch (Dispatcher::InTurn)
+  HostGroup& group() const { return *d->group; }
+};
+using Rows = std::shared_ptr<GroupedRows>;
+
+// Writes this process's rows of the parts it does not own into its segment
+// and marks them handed over.
+absl::Status WriteRows(const GroupedRows& g) {
+  RowsLayout layout{g.parts, 0, g.dim};
+  for (uint32_t p : g.theirs) layout.rows += g.rows[p]->ids.size();
+  absl::StatusOr<char*> seg = g.slots->RowsToWrite(g.me, layout.bytes());
+  if (!seg.ok()) return seg.status();
+  int64_t* head = reinterpret_cast<int64_t*>(*seg);
+  int64_t* ids = reinterpret_cast<int64_t*>(*seg + layout.ids_at());
+  float* grads = reinterpret_cast<float*>(*seg + layout.grads_at());
+  std::memset(head, 0, layout.ids_at());
+  head[0] = g.parts;
+  int64_t at = 0;
+  for (uint32_t p : g.theirs) {
+    const RowSet& set = *g.rows[p];
+    const int64_t n = static_cast<int64_t>(set.ids.size());
+    head[1 + 2 * p] = at;
+    head[2 + 2 * p] = n;
+    std::memcpy(ids + at, set.ids.data(), n * 8);
+    std::memcpy(grads + at * g.dim, set.grads.data(), n * g.dim * 4);
+    at += n;
+  }
+  for (uint32_t p : g.theirs) g.slots->set_handed(p, g.me, g.step);
+  g.group().Ring();
+  return absl::OkStatus();
+}
+
+// Hand-over: this process's rows of a step go into its segment once the
+// owners summed its rows of the step before.
+void HandOverRows(const Rows& g) {
+  auto unsummed = [g]() -> int64_t {
+    for (uint32_t p : g->theirs) {
+      if (g->slots->summed(p) < g->slots->handed(p, g->me)) return p;
+    }
+    return -1;
+  };
+  // On the pool (rows are small next to a dense gradient; the pool keeps
+  // the caller's thread free all the same).
+  g->d->GroupWhen(
+      false, g->deadline, [unsummed] { return unsummed() < 0; },
+      [g, unsummed] {
+        const int64_t p = unsummed();
+        if (p < 0) return std::string();
+        return absl::StrCat(g->group().Who(g->slots->owner(p)), " did not sum the rows of '",
+                            KeyName(g->table, p), "' of step ", g->step - 2,
+                            ", so this process could not hand over its rows of step ", g->step - 1);
+      },
+      [g](const absl::Status& status) {
+        OpTracker::Done(g->op.get(), status.ok() ? WriteRows(*g) : status);
+      });
+}
+
+// The host's rows of part `p` summed per id, in local-rank order, each
+// process's rows in its order.
+absl::StatusOr<std::shared_ptr<RowSet>> SumRows(const GroupedRows& g, uint32_t p) {
+  const int64_t dim = g.dim;
+  auto sum = std::make_shared<RowSet>();
+  absl::flat_hash_map<int64_t, int64_t> where;
+  for (int r = 0; r < g.group().size(); ++r) {
+    PartRows got;
+    if (r == g.me) {
+      const RowSet& own = *g.rows[p];
+      got = {own.ids.data(), own.grads.data(), static_cast<int64_t>(own.ids.size())};
+    } else if (g.slots->handed(p, r) > g.step) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(g.group().Who(r), " handed over the rows of '", KeyName(g.table, p),
+                       "' of step ", g.slots->handed(p, r) - 1, " while this process sums step ",
+                       g.step - 1, ": the host's processes push different steps"));
+    } else {
+      absl::StatusOr<std::pair<const char*, int64_t>> seg = g.slots->RowsOf(r);
+      absl::StatusOr<PartRows> part =
+          seg.ok() ? ReadPart(seg->first, seg->second, g.parts, dim, p) : seg.status();
+      if (!part.ok()) return part.status();
+      got = *part;
+    }
+    for (int64_t i = 0; i < got.n; ++i) {
+      const float* row = got.grads + i * dim;
+      auto [it, fresh] = where.try_emplace(got.ids[i], static_cast<int64_t>(sum->ids.size()));
+      if (fresh) {
+        sum->ids.push_back(got.ids[i]);
+        sum->grads.insert(sum->grads.end(), row, row + dim);
+      } else {
+        float* acc = sum->grads.data() + it->second * dim;
+        for (int64_t j = 0; j < dim; ++j) acc[j] += row[j];
+      }
+    }
+  }
+  return sum;
+}
+
+// The owned parts: once every other process handed its rows over, they are
+// summed and pushed once for all (PushRequest.also_for), in the
+// operation's turn.
+void OwnRows(const Rows& g) {
+  auto unhanded = [g]() -> std::pair<int64_t, int> {
+    for (uint32_t p : g->mine) {
+      for (int r = 0; r < g->group().size(); ++r) {
+        if (r != g->me && g->slots->handed(p, r) < g->step) return {p, r};
+      }
+    }
+    return {-1, -1};
+  };
+  g->d->GroupWhen(
+      false, g->deadline, [unhanded] { return unhanded().first < 0; },
+      [g, unhanded] {
+        auto [p, r] = unhanded();
+        if (p < 0) return std::string();
+        return absl::StrCat(g->group().Who(r), " did not hand over its rows of '",
+                            KeyName(g->table, p), "' of step ", g->step - 1);
+      },
+      [g](const absl::Status& status) {
+        absl::Status s = status;
+        std::vector<Shard> shards;
+        for (uint32_t p : g->mine) {
+          if (!s.ok()) break;
+          absl::StatusOr<std::shared_ptr<RowSet>> sum = SumRows(*g, p);
+          if (!sum.ok()) {
+            s = sum.status();
+            break;
+          }
+          shards.push_back(Dispatcher::RowsShard(g->table, g->var, static_cast<int>(p),
+                                                 *std::move(sum), nullptr, g->await[p]));
+        }
+        if (!s.ok()) return g->d->InTurn(g->ticket, [g, s] { OpTracker::Done(g->op.get(), s); });
+        // The sums are this process's: the others may hand over the next step.
+        for (uint32_t p : g->mine) g->slots->set_summed(p, g->step);
+        g->group().Ring();
+        g->d->InTurn(g->ticket, [g, shards = std::move(shards)]() mutable {
+          OpTracker::Add(g->op.get(), static_cast<int>(shards.size()));
+          g->d->Launch(std::move(shards), g->op, g->version, true, false,
+                       [g](Dispatcher::Request* r) { r->also_for = g->group().others(); });
+          OpTracker::Done(g->op.get(), absl::OkStatus());
+        });
+      });
+}
+
 }  // namespace
 
 Dispatcher::Handle Dispatcher::StartGroupedRows(const std::string& table, const Variable& var,
                                                 HostGroup::Slots* slots,
                                                 std::vector<std::shared_ptr<RowSet>> sets,
                                                 std::vector<bool> await, int64_t version) {
-  const int me = group->local_rank();
-  const int64_t dim = var.dim, parts = num_servers;
-  std::vector<uint32_t> mine, theirs;
-  for (uint32_t p = 0; p < static_cast<uint32_t>(parts); ++p) {
-    (slots->owner(p) == me ? mine : theirs).push_back(p);
+  auto g = std::make_shared<GroupedRows>();
+  g->d = this;
+  g->table = table;
+  g->var = var;
+  g->slots = slots;
+  g->rows = std::move(sets);
+  g->await = std::move(await);
+  g->me = group->local_rank();
+  g->dim = var.dim;
+  g->parts = num_servers;
+  g->version = version;
+  g->step = version + 1;
+  for (uint32_t p = 0; p < static_cast<uint32_t>(g->parts); ++p) {
+    (slots->owner(p) == g->me ? g->mine : g->theirs).push_back(p);
   }
   auto [handle, op] =
-      ops.New((theirs.empty() ? 0 : 1) + (mine.empty() ? 0 : 1), absl::OkStatus(), "PUSH");
-  const int64_t step = version + 1;  // as the control words hold it
-  const absl::Time deadline = absl::Now() + options.rpc_timeout;
-  auto who = [this](int local) {
-    return absl::StrCat("local rank ", local, " (rank ", group->rank_of(local), ")");
-  };
-  auto rows = std::make_shared<std::vector<std::shared_ptr<RowSet>>>(std::move(sets));
-  // Runs `work` on the pool once `ready` holds (rows are small next to a
-  // dense gradient; the pool keeps the caller's thread free all the same).
-  auto when = [this, deadline](std::function<bool()> ready, std::function<std::string()> missing,
-                               std::function<void(const absl::Status&)> work) {
-    if (ready()) return pool->Schedule([work] { work(absl::OkStatus()); });
-    group->When(std::move(ready), std::move(missing), deadline,
-                [this, work](const absl::Status& s) { pool->Schedule([work, s] { work(s); }); });
-  };
-
-  if (!theirs.empty()) {
-    auto unsummed = [slots, theirs, me]() -> int64_t {
-      for (uint32_t p : theirs) {
-        if (slots->summed(p) < slots->handed(p, me)) return p;
-      }
-      return -1;
-    };
-    when([unsummed] { return unsummed() < 0; },
-         [unsummed, slots, table, who, step] {
-           const int64_t p = unsummed();
-           if (p < 0) return std::string();
-           return absl::StrCat(who(slots->owner(p)), " did not sum the rows of '",
-                               KeyName(table, p), "' of step ", step - 2,
-                               ", so this process could not hand over its rows of step ", step - 1);
-         },
-         [this, slots, theirs, rows, parts, dim, me, step, op = op](const absl::Status& status) {
-           absl::Status s = status;
-           RowsLayout layout{parts, 0, dim};
-           for (uint32_t p : theirs) layout.rows += (*rows)[p]->ids.size();
-           absl::StatusOr<char*> seg = s.ok() ? slots->RowsToWrite(me, layout.bytes()) : nullptr;
-           if (s.ok()) s = seg.status();
-           if (s.ok()) {
-             int64_t* head = reinterpret_cast<int64_t*>(*seg);
-             int64_t* ids = reinterpret_cast<int64_t*>(*seg + layout.ids_at());
-             float* grads = reinterpret_cast<float*>(*seg + layout.grads_at());
-             std::memset(head, 0, layout.ids_at());
-             head[0] = parts;
-             int64_t at = 0;
-             for (uint32_t p : theirs) {
-               const RowSet& set = *(*rows)[p];
-               const int64_t n = static_cast<int64_t>(set.ids.size());
-               head[1 + 2 * p] = at;
-               head[2 + 2 * p] = n;
-               std::memcpy(ids + at, set.ids.data(), n * 8);
-               std::memcpy(grads + at * dim, set.grads.data(), n * dim * 4);
-               at += n;
-             }
-             for (uint32_t p : theirs) slots->set_handed(p, me, step);
-             group->Ring();
-           }
-           OpTracker::Done(op.get(), s);
-         });
-  }
-  if (mine.empty()) return handle;
-  const uint64_t ticket = launch_tickets.fetch_add(1);
-  auto unhanded = [this, slots, mine, me, step]() -> std::pair<int64_t, int> {
-    for (uint32_t p : mine) {
-      for (int r = 0; r < group->size(); ++r) {
-        if (r != me && slots->handed(p, r) < step) return {p, r};
-      }
-    }
-    return {-1, -1};
-  };
-  when([unhanded] { return unhanded().first < 0; },
-       [unhanded, table, who, step] {
-         auto [p, r] = unhanded();
-         if (p < 0) return std::string();
-         return absl::StrCat(who(r), " did not hand over its rows of '", KeyName(table, p),
-                             "' of step ", step - 1);
-       },
-       [this, slots, mine, rows, table, var, await, parts, dim, me, step, version, who, ticket,
-        op = op](const absl::Status& status) {
-         absl::Status s = status;
-         std::vector<Shard> shards;
-         // Per part, the sum per id in local-rank order, each process's
-         // rows in its order.
-         for (uint32_t p : mine) {
-           if (!s.ok()) break;
-           auto sum = std::make_shared<RowSet>();
-           absl::flat_hash_map<int64_t, int64_t> where;
-           for (int r = 0; r < group->size() && s.ok(); ++r) {
-             PartRows got;
-             if (r == me) {
-               const RowSet& own = *(*rows)[p];
-               got = {own.ids.data(), own.grads.data(), static_cast<int64_t>(own.ids.size())};
-             } else if (slots->handed(p, r) > step) {
-               s = absl::FailedPreconditionError(absl::StrCat(
-                   who(r), " handed over the rows of '", KeyName(table, p), "' of step ",
-                   slots->handed(p, r) - 1, " while this process sums step ", step - 1,
-                   ": the host's processes push different steps"));
-               break;
-             } else {
-               absl::StatusOr<std::pair<const char*, int64_t>> seg = slots->RowsOf(r);
-               absl::StatusOr<PartRows> part =
-                   seg.ok() ? ReadPart(seg->first, seg->second, parts, dim, p) : seg.status();
-               if (!part.ok()) {
-                 s = part.status();
-                 break;
-               }
-               got = *part;
-             }
-             for (int64_t i = 0; i < got.n; ++i) {
-               const float* g = got.grads + i * dim;
-               auto [it, fresh] =
-                   where.try_emplace(got.ids[i], static_cast<int64_t>(sum->ids.size()));
-               if (fresh) {
-                 sum->ids.push_back(got.ids[i]);
-                 sum->grads.insert(sum->grads.end(), g, g + dim);
-               } else {
-                 float* acc = sum->grads.data() + it->second * dim;
-                 for (int64_t j = 0; j < dim; ++j) acc[j] += g[j];
-               }
-             }
-           }
-           if (!s.ok()) break;
-           shards.push_back(
-               RowsShard(table, var, static_cast<int>(p), std::move(sum), nullptr, await[p]));
-         }
-         if (!s.ok()) return InTurn(ticket, [op, s] { OpTracker::Done(op.get(), s); });
-         // The sums are this process's: the others may hand over the next step.
-         for (uint32_t p : mine) slots->set_summed(p, step);
-         group->Ring();
-         InTurn(ticket, [this, shards = std::move(shards), version, op]() mutable {
-           OpTracker::Add(op.get(), static_cast<int>(shards.size()));
-           Launch(std::move(shards), op, version, true, false,
-                  [this](Request* r) { r->also_for = group->others(); });
-           OpTracker::Done(op.get(), absl::OkStatus());
-         });
-       });
+      ops.New((g->theirs.empty() ? 0 : 1) + (g->mine.empty() ? 0 : 1), absl::OkStatus(), "PUSH");
+  g->op = op;
+  g->deadline = absl::Now() + options.rpc_timeout;
+  if (!g->mine.empty()) g->ticket = launch_tickets.fetch_add(1);
+  if (!g->theirs.empty()) HandOverRows(g);
+  if (!g->mine.empty()) OwnRows(g);
   return handle;
 }
 

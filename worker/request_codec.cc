@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/row_optimizer.h"
 #ifdef PSRT_HAVE_CUDA
 #include "kernels/cuda_kernels.h"
 #endif
@@ -84,6 +85,20 @@ absl::Status WireDType(Compression c, const std::string& job_default, v1::DType*
     default:
       return ParseCompression(job_default.empty() ? "none" : job_default, dtype);
   }
+}
+
+std::vector<std::shared_ptr<RowSet>> SplitRows(const int64_t* ids, const int64_t* which, int64_t n,
+                                               const float* grads, int64_t dim, int servers) {
+  std::vector<std::shared_ptr<RowSet>> sets(servers);
+  for (auto& set : sets) set = std::make_shared<RowSet>();
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t i = which == nullptr ? k : which[k];
+    RowSet& set = *sets[RowShard(ids[i], servers)];
+    set.ids.push_back(ids[i]);
+    set.at.push_back(i);
+    if (grads != nullptr) set.grads.insert(set.grads.end(), grads + i * dim, grads + (i + 1) * dim);
+  }
+  return sets;
 }
 
 void ScatterRows(const WireKey& kd, const RowSet& rows, int64_t dim, float* out) {

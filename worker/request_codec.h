@@ -92,6 +92,13 @@ absl::StatusOr<std::vector<Shard>> SplitTensors(
     const std::function<absl::StatusOr<Variable>(const std::string&)>& find,
     const std::vector<int64_t>& limits, bool with_grad, bool with_out, bool exact);
 
+// A table's rows split by the server each id's row lives on (RowShard),
+// one set for each of `servers`: the rows at positions which[0..n) of `ids`
+// (null `which`: all n), each set's ids and positions in that order and,
+// with `grads` (rows of dim), their gradients.
+std::vector<std::shared_ptr<RowSet>> SplitRows(const int64_t* ids, const int64_t* which, int64_t n,
+                                               const float* grads, int64_t dim, int servers);
+
 // Encodes a gradient for the wire into `out`. One in GPU memory is
 // converted on the device, so only the compressed bytes cross to the host.
 absl::StatusOr<EncodeInfo> EncodeGradient(const float* grad, int64_t n, v1::DType dtype, char* out);
