@@ -91,19 +91,172 @@ absl::Status PlaceHosts(const std::string& hosts, const std::string& current_hos
   return absl::OkStatus();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  psrt::LaunchOptions o;
-  o.distribution = R"({"parameter_server": {"enabled": true}})";
-  o.token = psrt::EnvOr("PSRT_JOB_TOKEN", "");
-  o.bin_dir = psrt::SelfDirectory();
+// psrt-run's flags as given, before they are checked.
+struct RunFlags {
+  psrt::LaunchOptions o;  // those that are options as given
   std::string hosts, current_host;
   std::string workers;
   bool bind_gpus = true;
   std::string interface = psrt::EnvOr("PSRT_INTERFACE", "");
   double stop_grace_s = 30;
-  o.advertise_address = psrt::EnvOr("PSRT_ADVERTISE_ADDRESS", "");
+  bool dry_run = false;
+  // Mutual TLS: every process of the job reads these from its environment.
+  struct TlsFlag {
+    const char* flag;
+    const char* env;
+    const char* help;
+    std::string value;
+  };
+  TlsFlag tls[4] = {{"tls-ca", "PSRT_TLS_CA",
+                     "CA certificate(s), PEM, that signed every process's certificate", ""},
+                    {"tls-cert", "PSRT_TLS_CERT", "Certificate, PEM, every process presents", ""},
+                    {"tls-key", "PSRT_TLS_KEY", "Private key, PEM, of --tls-cert", ""},
+                    {"tls-server-name", "PSRT_TLS_SERVER_NAME",
+                     "Name servers' certificates are checked against, not their host", ""}};
+
+  RunFlags() {
+    o.distribution = R"({"parameter_server": {"enabled": true}})";
+    o.token = psrt::EnvOr("PSRT_JOB_TOKEN", "");
+    o.bin_dir = psrt::SelfDirectory();
+    o.advertise_address = psrt::EnvOr("PSRT_ADVERTISE_ADDRESS", "");
+  }
+};
+
+// Defines psrt-run's flags over `f`, in the order --help lists them.
+void AddFlags(psrt::Flags* flags, RunFlags* f) {
+  psrt::LaunchOptions& o = f->o;
+  flags->Add("distribution", &o.distribution,
+             "JSON with SageMaker's shape: {\"parameter_server\": {\"enabled\": true, ...}}.");
+  flags->Add("workers", &f->workers,
+             "Training processes a host runs: a count, or gpus for one per GPU of the host (same "
+             "as \"workers_per_host\"; default: that, else Slurm's SLURM_GPUS_ON_NODE, else 1). "
+             "Each gets PSRT_LOCAL_RANK 0..N-1 and, with --bind-gpus, a GPU of its own.");
+  flags->Add("bind-gpus", &f->bind_gpus,
+             "Give each training process of a host its own GPU through CUDA_VISIBLE_DEVICES (its "
+             "slice of psrt-run's CUDA_VISIBLE_DEVICES, else of the host's GPUs); false: each "
+             "sees every GPU psrt-run sees. A host of one training process keeps every GPU.");
+  flags->Add("tag-output", &o.tag_output,
+             "Start each line a training process prints with its rank and stream, "
+             "[RANK]<stdout>: or [RANK]<stderr>: (as mpirun --tag-output); lines are whole either "
+             "way.");
+  flags->Add("local", &o.local_hosts,
+             "Simulate this many hosts on this machine over loopback (0: off).");
+  flags->Add("hosts", &f->hosts,
+             "Comma-separated hosts of the job (overrides SM_HOSTS and TF_CONFIG).");
+  flags->Add("current-host", &f->current_host, "Which of --hosts this is, by name or index.");
+  flags->Add("coordinator-port", &o.coordinator_port,
+             "Port of the coordinator on host 0 (multi-host).");
+  flags->Add(
+      "token", &o.token,
+      "Job token (env PSRT_JOB_TOKEN); generated in local mode. Every host must use the same one.");
+  flags->Add("interface", &f->interface,
+             "Network interface whose IPv4 address this host's servers announce, e.g. eth0 (env "
+             "PSRT_INTERFACE); default: the host's name in the host list.");
+  flags->Add("advertise-address", &o.advertise_address,
+             "Address or name this host's servers announce (env PSRT_ADVERTISE_ADDRESS); "
+             "excludes --interface.");
+  flags->Add("bin-dir", &o.bin_dir,
+             "Directory holding psrt-coordinator, psrt-server and psrt-worker.");
+  flags->Add(
+      "stop-grace", &f->stop_grace_s,
+      "Seconds a SIGTERM or SIGINT (Ctrl-C) leaves the job to write a final checkpoint and end "
+      "before its processes are stopped; a second signal stops them at once.");
+  flags->Add("summary-json", &o.summary_json,
+             "Host 0 also writes the job's summary here as JSON, with each worker's figures.");
+  flags->Add(
+      "dry-run", &f->dry_run,
+      "Print the cluster this would start (hosts, coordinator, servers and ports, workers and "
+      "ranks, checkpoint and restore settings) after checking every flag, and exit.");
+  flags->Add("metrics-port", &o.metrics_port,
+             "Coordinator's Prometheus port (servers then serve /metrics on free ports); -1: off.");
+  for (RunFlags::TlsFlag& t : f->tls) {
+    flags->Add(t.flag, &t.value, absl::StrCat(t.help, " (env ", t.env, ")."));
+  }
+}
+
+// What this host's servers announce: --interface's address, else
+// --advertise-address (which excludes it), else nothing (their host's name).
+absl::Status ChooseAddress(const std::string& interface, psrt::LaunchOptions* o) {
+  if (!interface.empty() && !o->advertise_address.empty()) {
+    return absl::InvalidArgumentError(
+        "give --interface or --advertise-address (PSRT_INTERFACE, PSRT_ADVERTISE_ADDRESS), not "
+        "both");
+  }
+  if (o->local_hosts > 0 && !(interface.empty() && o->advertise_address.empty())) {
+    return absl::InvalidArgumentError(
+        "--interface and --advertise-address choose what a host announces to other hosts; this job "
+        "runs every host on this machine, where servers announce 127.0.0.1");
+  }
+  if (o->local_hosts > 1 && o->ps.server_port_base > 0) {
+    return absl::InvalidArgumentError(
+        "--distribution: server_port_base gives every host the same ports, but --local runs " +
+        std::to_string(o->local_hosts) + " hosts on this machine; leave it out");
+  }
+  if (!interface.empty()) {
+    absl::StatusOr<std::string> address = psrt::InterfaceAddress(interface);
+    if (!address.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--interface: ", address.status().message()));
+    }
+    o->advertise_address = *address;
+  }
+  if (o->advertise_address.find_first_of(" ,/") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        "--advertise-address must be one host name or IP address, without a port");
+  }
+  return absl::OkStatus();
+}
+
+// Checks the flags, in the order a user would fix them, and completes the
+// options: the cluster, the training processes a host runs, the address
+// servers announce, the token and the GPUs. An error's message is what
+// psrt-run prints.
+absl::StatusOr<psrt::LaunchOptions> CheckFlags(const RunFlags& f,
+                                               const std::vector<std::string>& command) {
+  psrt::LaunchOptions o = f.o;
+  if (command.empty()) {
+    return absl::InvalidArgumentError("no training command; give it after '--' (see --help)");
+  }
+  o.command = command;
+  absl::StatusOr<psrt::PsOptions> ps = psrt::ParseDistribution(o.distribution);
+  if (!ps.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--distribution: ", ps.status().message()));
+  }
+  if (!ps->enabled) {
+    return absl::InvalidArgumentError(
+        "--distribution: parameter_server.enabled is not true; psrt-run starts parameter-server "
+        "jobs only");
+  }
+  o.ps = *ps;
+  if (o.local_hosts < 0 || o.local_hosts > 64) {
+    return absl::InvalidArgumentError("--local must be in 0..64");
+  }
+  absl::StatusOr<int> worker_count = ParseWorkers(f.workers);
+  if (!worker_count.ok()) return worker_count.status();
+  if (!(f.stop_grace_s >= 0 && f.stop_grace_s <= 86400)) {
+    return absl::InvalidArgumentError("--stop-grace must be in 0..86400 seconds");
+  }
+  o.stop_grace = absl::Seconds(f.stop_grace_s);
+  if (o.coordinator_port <= 0 || o.coordinator_port > 65535) {
+    return absl::InvalidArgumentError("--coordinator-port must be in 1..65535");
+  }
+  if (absl::Status s = PlaceHosts(f.hosts, f.current_host, &o); !s.ok()) return s;
+  if (absl::Status s = ChooseWorkers(*worker_count, o.cluster, &o); !s.ok()) return s;
+  if (absl::Status s = ChooseAddress(f.interface, &o); !s.ok()) return s;
+  if (o.token.empty()) {
+    if (o.local_hosts > 0) {
+      o.token = psrt::RandomToken();
+    } else {
+      psrt::LogWarning("no job token (--token or PSRT_JOB_TOKEN): RPCs are not authenticated");
+    }
+  }
+  if (f.bind_gpus) o.gpus = psrt::VisibleGpus(std::getenv);
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  RunFlags f;
   psrt::Flags flags(
       "psrt-run",
       "--distribution=JSON [--workers=N|gpus] [--local=N | --hosts=H1,H2 --current-host=H] -- "
@@ -114,135 +267,23 @@ int main(int argc, char** argv) {
       "psrt-run ...: SLURM_STEP_NODELIST), else this host alone.\n\n"
       "Distribution keys (inside \"parameter_server\"):\n" +
           psrt::DistributionHelp());
-  flags.Add("distribution", &o.distribution,
-            "JSON with SageMaker's shape: {\"parameter_server\": {\"enabled\": true, ...}}.");
-  flags.Add("workers", &workers,
-            "Training processes a host runs: a count, or gpus for one per GPU of the host (same as "
-            "\"workers_per_host\"; default: that, else Slurm's SLURM_GPUS_ON_NODE, else 1). Each "
-            "gets PSRT_LOCAL_RANK 0..N-1 and, with --bind-gpus, a GPU of its own.");
-  flags.Add("bind-gpus", &bind_gpus,
-            "Give each training process of a host its own GPU through CUDA_VISIBLE_DEVICES (its "
-            "slice of psrt-run's CUDA_VISIBLE_DEVICES, else of the host's GPUs); false: each sees "
-            "every GPU psrt-run sees. A host of one training process keeps every GPU.");
-  flags.Add("tag-output", &o.tag_output,
-            "Start each line a training process prints with its rank and stream, "
-            "[RANK]<stdout>: or [RANK]<stderr>: (as mpirun --tag-output); lines are whole either "
-            "way.");
-  flags.Add("local", &o.local_hosts,
-            "Simulate this many hosts on this machine over loopback (0: off).");
-  flags.Add("hosts", &hosts,
-            "Comma-separated hosts of the job (overrides SM_HOSTS and TF_CONFIG).");
-  flags.Add("current-host", &current_host, "Which of --hosts this is, by name or index.");
-  flags.Add("coordinator-port", &o.coordinator_port,
-            "Port of the coordinator on host 0 (multi-host).");
-  flags.Add(
-      "token", &o.token,
-      "Job token (env PSRT_JOB_TOKEN); generated in local mode. Every host must use the same one.");
-  flags.Add("interface", &interface,
-            "Network interface whose IPv4 address this host's servers announce, e.g. eth0 (env "
-            "PSRT_INTERFACE); default: the host's name in the host list.");
-  flags.Add("advertise-address", &o.advertise_address,
-            "Address or name this host's servers announce (env PSRT_ADVERTISE_ADDRESS); "
-            "excludes --interface.");
-  flags.Add("bin-dir", &o.bin_dir,
-            "Directory holding psrt-coordinator, psrt-server and psrt-worker.");
-  flags.Add(
-      "stop-grace", &stop_grace_s,
-      "Seconds a SIGTERM or SIGINT (Ctrl-C) leaves the job to write a final checkpoint and end "
-      "before its processes are stopped; a second signal stops them at once.");
-  flags.Add("summary-json", &o.summary_json,
-            "Host 0 also writes the job's summary here as JSON, with each worker's figures.");
-  bool dry_run = false;
-  flags.Add(
-      "dry-run", &dry_run,
-      "Print the cluster this would start (hosts, coordinator, servers and ports, workers and "
-      "ranks, checkpoint and restore settings) after checking every flag, and exit.");
-  flags.Add("metrics-port", &o.metrics_port,
-            "Coordinator's Prometheus port (servers then serve /metrics on free ports); -1: off.");
-  // Mutual TLS: every process of the job reads these from its environment.
-  struct TlsFlag {
-    const char* flag;
-    const char* env;
-    const char* help;
-    std::string value;
-  };
-  TlsFlag tls[] = {{"tls-ca", "PSRT_TLS_CA",
-                    "CA certificate(s), PEM, that signed every process's certificate", ""},
-                   {"tls-cert", "PSRT_TLS_CERT", "Certificate, PEM, every process presents", ""},
-                   {"tls-key", "PSRT_TLS_KEY", "Private key, PEM, of --tls-cert", ""},
-                   {"tls-server-name", "PSRT_TLS_SERVER_NAME",
-                    "Name servers' certificates are checked against, not their host", ""}};
-  for (TlsFlag& t : tls) flags.Add(t.flag, &t.value, absl::StrCat(t.help, " (env ", t.env, ")."));
+  AddFlags(&flags, &f);
   flags.ParseOrExit(argc, argv);
-  for (const TlsFlag& t : tls) {
+  for (const RunFlags::TlsFlag& t : f.tls) {
     if (!t.value.empty()) setenv(t.env, t.value.c_str(), 1);
   }
   psrt::InitProcess("psrt-run");
-  auto fail = [](const std::string& msg) {
-    std::fprintf(stderr, "psrt-run: %s\n", msg.c_str());
+  absl::StatusOr<psrt::LaunchOptions> o = CheckFlags(f, flags.command());
+  if (!o.ok()) {
+    std::fprintf(stderr, "psrt-run: %s\n", std::string(o.status().message()).c_str());
     return 2;
-  };
-  if (flags.command().empty()) return fail("no training command; give it after '--' (see --help)");
-  o.command = flags.command();
-  absl::StatusOr<psrt::PsOptions> ps = psrt::ParseDistribution(o.distribution);
-  if (!ps.ok()) return fail(absl::StrCat("--distribution: ", ps.status().message()));
-  if (!ps->enabled) {
-    return fail(
-        "--distribution: parameter_server.enabled is not true; psrt-run starts parameter-server "
-        "jobs only");
   }
-  o.ps = *ps;
-  if (o.local_hosts < 0 || o.local_hosts > 64) return fail("--local must be in 0..64");
-  absl::StatusOr<int> worker_count = ParseWorkers(workers);
-  if (!worker_count.ok()) return fail(std::string(worker_count.status().message()));
-  if (!(stop_grace_s >= 0 && stop_grace_s <= 86400))
-    return fail("--stop-grace must be in 0..86400 seconds");
-  o.stop_grace = absl::Seconds(stop_grace_s);
-  if (o.coordinator_port <= 0 || o.coordinator_port > 65535)
-    return fail("--coordinator-port must be in 1..65535");
-  if (absl::Status s = PlaceHosts(hosts, current_host, &o); !s.ok()) {
-    return fail(std::string(s.message()));
-  }
-  if (absl::Status s = ChooseWorkers(*worker_count, o.cluster, &o); !s.ok()) {
-    return fail(std::string(s.message()));
-  }
-  if (!interface.empty() && !o.advertise_address.empty()) {
-    return fail(
-        "give --interface or --advertise-address (PSRT_INTERFACE, PSRT_ADVERTISE_ADDRESS), not "
-        "both");
-  }
-  if (o.local_hosts > 0 && !(interface.empty() && o.advertise_address.empty())) {
-    return fail(
-        "--interface and --advertise-address choose what a host announces to other hosts; this job "
-        "runs every host on this machine, where servers announce 127.0.0.1");
-  }
-  if (o.local_hosts > 1 && o.ps.server_port_base > 0) {
-    return fail(
-        "--distribution: server_port_base gives every host the same ports, but --local runs " +
-        std::to_string(o.local_hosts) + " hosts on this machine; leave it out");
-  }
-  if (!interface.empty()) {
-    absl::StatusOr<std::string> address = psrt::InterfaceAddress(interface);
-    if (!address.ok()) return fail(absl::StrCat("--interface: ", address.status().message()));
-    o.advertise_address = *address;
-  }
-  if (o.advertise_address.find_first_of(" ,/") != std::string::npos) {
-    return fail("--advertise-address must be one host name or IP address, without a port");
-  }
-  if (o.token.empty()) {
-    if (o.local_hosts > 0) {
-      o.token = psrt::RandomToken();
-    } else {
-      psrt::LogWarning("no job token (--token or PSRT_JOB_TOKEN): RPCs are not authenticated");
-    }
-  }
-  if (bind_gpus) o.gpus = psrt::VisibleGpus(std::getenv);
-  if (dry_run) {
-    std::fputs(psrt::DescribeLaunch(o).c_str(), stdout);
+  if (f.dry_run) {
+    std::fputs(psrt::DescribeLaunch(*o).c_str(), stdout);
     return 0;
   }
   // Every process of the job logs at this one's level (an agent, its
   // servers and training processes inherit it).
   setenv("PSRT_LOG_LEVEL", psrt::LogLevelName(psrt::CurrentLogLevel()), 1);
-  return psrt::RunLauncher(o);
+  return psrt::RunLauncher(*o);
 }
