@@ -49,6 +49,13 @@ GPUS_PER_HOST = 8
 # a host's memory bandwidth shared by its 8 processes' passes.
 PCIE_BYTES_PER_S = 12e9
 HOST_MEMORY_BYTES_PER_S = 100e9
+# The servers only sum and every GPU runs the optimizer on the mean
+# (optimizer_on="workers", docs/frameworks.md; BytePS's design): the
+# servers' step becomes a copy of the mean, and each GPU's step gains Adam
+# over every parameter, a stated input: Adam reads the fp32 weights, the
+# gradient and both moments and writes three of them back, 28 bytes a
+# parameter, at a V100's ~900 GB/s.
+GPU_ADAM_S_PER_PARAM = 28 / 900e9
 
 # Published points (scaling efficiency, GPUs, link):
 ANCHORS = [
@@ -58,6 +65,15 @@ ANCHORS = [
     ("Horovod VGG-16 (138M), 25 Gb/s RoCE", 512, 0.68, 25),
     # BytePS README: BERT-large, mixed precision, 8 V100 a machine, 100 Gbit/s RDMA.
     ("BytePS BERT-large, 100 Gb/s RDMA", 256, 0.90, 100),
+]
+
+# The servers only summing (link, curve key, label, changes).
+SUM_ONLY = [
+    (100, "sum_only", "as built", {"overlap": False}),
+    (100, "sum_only_overlap", "mean in buckets during backward", {"overlap": True}),
+    (400, "sum_only_overlap", "mean in buckets during backward", {"overlap": True}),
+    (100, "sum_only_host_reduce", "buckets, a host's GPUs summing on the devices",
+     {"overlap": True, "host_reduce": True}),
 ]
 
 # What psrt could change, in the order one would try it.
@@ -89,6 +105,11 @@ def costs_for(cal, name):
 def run(costs, name, workers, gbps, cores, **changes):
     base = JOBS[name]
     job = dataclasses.replace(base, **{k: v for k, v in changes.items() if k in base.__dataclass_fields__})
+    if changes.get("sum_only"):
+        # The servers' apply is a copy (a pass, as SGD's); Adam moves to the
+        # GPUs, after the mean lands.
+        costs = dataclasses.replace(costs, apply_cpu_s=costs.accumulate_cpu_s)
+        job = dataclasses.replace(job, compute_s=job.compute_s + job.params * GPU_ADAM_S_PER_PARAM)
     per_host = min(workers, GPUS_PER_HOST)
     local_sum = bool(changes.get("host_sum"))
     if changes.get("host_reduce"):
@@ -139,6 +160,16 @@ def main():
             curves["%s 100 %s" % (name, key)] = points
             print("%-10s 100 Gb/s, a host summing first %s: %s" % (
                 name, label, " ".join("%3d:%.2f" % (w, e) for w, e in zip(WORKERS, points))))
+        if name in ADAM:
+            # The servers only sum: as built, the mean goes out once backward
+            # ends; in buckets during backward (as DDP and BytePS: not built);
+            # and with a host's GPUs summing on the devices, BytePS's whole
+            # design (not built).
+            for gbps, key, label, changes in SUM_ONLY:
+                points = [run(costs, name, w, gbps, args.cores, sum_only=True, **changes) for w in WORKERS]
+                curves["%s %d %s" % (name, gbps, key)] = points
+                print("%-10s %3d Gb/s, the servers only sum, %s: %s" % (
+                    name, gbps, label, " ".join("%3d:%.2f" % (w, e) for w, e in zip(WORKERS, points))))
     needs = []
     for name in JOBS:
         costs = costs_for(cal, name)
