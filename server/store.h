@@ -314,7 +314,7 @@ class Store {
   // Whether k is server `owner`'s key (-1 or self: this server's own).
   bool Owns(const Key* k, int owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // A Seed of k for server `primary`'s copy: its spec, version, rate and
-  // clocks (its values: KeyValue::WriteCopy); and (handover) what a move
+  // clocks (its values: KeptCopy::WriteCopy); and (handover) what a move
   // adds.
   void FillSeed(const Key* k, int primary, v1::SeedRequest* req) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
@@ -325,11 +325,6 @@ class Store {
   // rate and clocks every seed has) into k.
   absl::Status CheckHandover(const v1::SeedRequest& req, const std::string& name) const;
   void TakeHandover(Key* k, const v1::SeedRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
-  // A table's part: no copy is kept of it, so it goes whole with the
-  // hand-over, in parts of rows (SeedRequest.rows).
-  absl::Status SeedTable(const v1::SeedRequest& req);
-  absl::Status HandOverTable(const Key* k, int primary, const SendSeed& send) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // What a new key costs in weights, optimizer slots and (sync) accumulator.
   int64_t KeyBytes(int64_t n, const OptimizerConfig& optimizer) const;
   // New keys of one registration so far, against the limits.
@@ -340,8 +335,6 @@ class Store {
   absl::Status CheckRoomLocked(const v1::KeySpec& spec, const OptimizerConfig& optimizer,
                                Room* room) ABSL_SHARED_LOCKS_REQUIRED(map_mu_);
   absl::Status CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t rank) const;
-  // A dense key's shape, slice and initial value.
-  absl::Status CheckDenseSpec(const v1::KeySpec& spec, int32_t rank) const;
   // One update of key's value (forwarded to its copy, where it has one).
   void Apply(Key* key, const Update& update, const Origin& origin)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);

@@ -48,15 +48,18 @@ absl::InlinedVector<int, 8> Pushers(const WireMessage& req) {
 void Store::Apply(Key* key, const Update& update, const Origin& origin) {
   // The backup applies the same update while this server does; the new
   // version is published here only once the backup holds it too.
+  // Only a kind with a kept copy forwards its updates: a table's part
+  // keeps none (KeptCopy).
   Forwarded forwarded;
-  if (key->role.serving && forward_ && key->value->kept_as_copy()) {
+  if (key->role.serving && forward_ && key->value->kept_copy() != nullptr) {
     forwarded = forward_(key->role.copy_of, key->spec.variable(), key->spec.partition(),
                          key->version, update.values, update.n, origin);
   }
   const absl::Time start = absl::Now();
   if (update.values == nullptr) {
-    // A sync step without a gradient from any worker.
-    key->value->SkipStep();
+    // A sync step without a gradient from any worker: no update, but the
+    // value may count it (KeyValue::Apply).
+    key->value->Apply(update, key->lr, key->version + 1);
     if (forwarded) {
       if (absl::Status s = forwarded(); !s.ok())
         LogWarning("key '", key->name, "': its replica was not updated: ", s.message());
@@ -257,7 +260,10 @@ absl::Status Store::AssignRows(const WireMessage& req) {
   absl::StatusOr<Key*> key = Find(kd.variable, kd.partition);
   if (!key.ok()) return key.status();
   Key* k = *key;
-  if (!k->spec.has_table()) {
+  absl::MutexLock lock(&k->mu);
+  // Only a kind with rows set by id takes them (AssignedRows).
+  AssignedRows* rows = k->value->rows();
+  if (rows == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("key '", k->name, "' is not a table's: only a table's rows are assigned"));
   }
@@ -266,7 +272,6 @@ absl::Status Store::AssignRows(const WireMessage& req) {
                                                    DTypeName(kd.dtype),
                                                    "; assigned rows travel as float32, unscaled"));
   }
-  absl::MutexLock lock(&k->mu);
   if (absl::Status s = k->value->CheckPush(kd.ids, kd.data.size(), 4, kd.dtype); !s.ok()) return s;
   if (absl::Status s = Pushable(k); !s.ok()) return s;
   // Once a gradient is in, the rows are being trained: a value set then
@@ -282,7 +287,7 @@ absl::Status Store::AssignRows(const WireMessage& req) {
   std::vector<float> scratch;
   const float* values = PayloadValues(kd.data, kd.dtype, kd.scale, &scratch);
   BytesHeld held(&bytes_stored_, *k->value);
-  k->value->Assign(kd.ids, values);
+  rows->Assign(kd.ids, values);
   pushes_->Add();
   bytes_in_->Add(kd.data.size());
   return absl::OkStatus();
@@ -395,8 +400,8 @@ void Store::MaybeFinishStep(Key* k) {
   if (k->sync.gradients == 0) {
     Apply(k, Update(), Origin());
   } else {
+    // The sum stays until the next step's first push starts a new one.
     Apply(k, k->value->StepSum(scale), Origin());
-    k->value->ClearStepSum();
   }
   std::fill(k->sync.contributed.begin(), k->sync.contributed.end(), 0);
   k->sync.contributions = 0;

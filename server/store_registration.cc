@@ -17,7 +17,6 @@
 #include "common/optimizer_proto.h"
 #include "server/store.h"
 #include "server/store_internal.h"
-#include "server/table.h"
 
 namespace psrt {
 
@@ -81,49 +80,6 @@ absl::Status Store::CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t r
   return absl::OkStatus();
 }
 
-absl::Status Store::CheckDenseSpec(const v1::KeySpec& spec, int32_t rank) const {
-  const std::string name = KeyName(spec.variable(), spec.partition());
-  int64_t total = 1;
-  for (int64_t d : spec.shape()) {
-    if (d < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "key '", name, "': shape ", ShapeText(spec.shape()), " has a negative dimension"));
-    }
-    if (d != 0 && total > INT64_MAX / d) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("key '", name, "': shape ", ShapeText(spec.shape()), " overflows 64 bits"));
-    }
-    total *= d;
-  }
-  if (spec.num_elements() > options_.max_key_bytes / 4) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("key '", name, "' has ", spec.num_elements(),
-                     " elements; a key holds at most ", options_.max_key_bytes / 4,
-                     " float32 (the job's partition size, ", options_.max_key_bytes, " bytes)"));
-  }
-  if (spec.num_elements() <= 0 || spec.offset() < 0 ||
-      spec.offset() > total - spec.num_elements()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("key '", name, "': slice [", spec.offset(), ", +", spec.num_elements(),
-                     ") does not fit shape ", ShapeText(spec.shape()), " of ", total, " elements"));
-  }
-  if (!spec.init().empty()) {
-    if (rank != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "key '", name, "': only rank 0 sends initial values; worker ", rank, " sent one"));
-    }
-    if (static_cast<int64_t>(spec.init().size()) != spec.num_elements() * 4) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "key '", name, "': initial value has ", spec.init().size(), " bytes; expected ",
-          spec.num_elements() * 4, " (", spec.num_elements(), " float32)"));
-    }
-  } else if (rank == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("key '", name, "': rank 0 must send the initial value"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time deadline,
                                  const Cancelled& cancelled, v1::RegisterKeysResponse* resp) {
   if (absl::Status s = CheckWorker(req.worker_rank()); !s.ok()) return s;
@@ -155,14 +111,9 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time 
           absl::StrCat("key '", name, "': variables of dtype ", DTypeName(spec.dtype()),
                        " are not supported; register float32 variables"));
     }
-    if (spec.has_table()) {
-      if (absl::Status s = ValidateTableSpec(spec); !s.ok()) return s;
-      if (req.replica()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("table '", spec.variable(),
-                         "': tables are not replicated (\"replicas\" holds dense variables)"));
-      }
-    } else if (absl::Status s = CheckDenseSpec(spec, req.worker_rank()); !s.ok()) {
+    if (absl::Status s =
+            KeyValue::CheckSpec(spec, req.worker_rank(), req.replica(), options_.max_key_bytes);
+        !s.ok()) {
       return s;
     }
     absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(spec.optimizer());
@@ -228,19 +179,24 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time 
       if (resp != nullptr) resp->add_versions(key->version);
       bytes_in_->Add(spec.init().size());
       // Rank 0's value and optimizer settings win, once; a restarted rank 0
-      // keeps the trained weights.
-      // A table needs no initial value: its rows start from its seed.
-      if (key->initialized || (spec.init().empty() && !spec.has_table())) continue;
+      // keeps the trained weights. (A table's part needs no initial value:
+      // its rows start from its seed.)
+      if (key->initialized || !key->value->StartsFrom(spec.init())) continue;
       InitKey(key, optimizers[i]);
-      key->value->Start(spec.init());
+      {
+        BytesHeld held(&bytes_stored_, *key->value);
+        key->value->Start(spec.init());
+      }
       if (!key->lr_set) key->lr = key->optimizer.lr;
-      if (seed_new_ && key->role.serving && key->value->kept_as_copy()) {
+      // Only a kind with a kept copy has one for its copy holder (KeptCopy).
+      const KeptCopy* kept = key->value->kept_copy();
+      if (seed_new_ && key->role.serving && kept != nullptr) {
         const int owner = key->role.copy_of < 0 ? options_.self : key->role.copy_of;
         // Called at once, on this thread.
         const absl::Status s =
             seed_new_(owner, [&](v1::SeedRequest* copy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu) {
               FillSeed(key, owner, copy);
-              key->value->WriteCopy(copy);
+              kept->WriteCopy(copy);
             });
         if (!s.ok())
           LogWarning("key '", key->name, "' was not copied to its copy holder: ", s.message());

@@ -11,25 +11,20 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "common/backoff.h"
 #include "common/compression.h"
 #include "common/key_map.h"
 #include "common/logging.h"
 #include "common/optimizer_proto.h"
-#include "server/checkpoint/shard_format.h"
 #include "server/key_value.h"
 #include "server/store.h"
 #include "server/store_internal.h"
-#include "server/table.h"
 
 namespace psrt {
 namespace {
 
-// A table's part goes in parts of about this many bytes (well under gRPC's
-// message limit), each tried again for up to kHandoverRetryFor while its
-// receiver is unreachable.
-constexpr size_t kHandoverPartBytes = 32 << 20;
-constexpr absl::Duration kHandoverRetryFor = absl::Seconds(30);
+// A table's part is handed over in parts of about this many bytes (well
+// under gRPC's message limit).
+constexpr int64_t kHandoverPartBytes = 32 << 20;
 
 }  // namespace
 
@@ -186,108 +181,54 @@ void Store::TakeHandover(Key* k, const v1::SeedRequest& req) {
 }
 
 absl::Status Store::Seed(const v1::SeedRequest& req) {
-  if (req.spec().has_table()) return SeedTable(req);
-  absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(req.spec().optimizer());
-  const int64_t n = req.spec().num_elements();
-  const std::string name = KeyName(req.spec().variable(), req.spec().partition());
-  const bool weights = !req.handover() || !req.weights().empty();
+  const v1::KeySpec& spec = req.spec();
+  const std::string name = KeyName(spec.variable(), spec.partition());
+  absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(spec.optimizer());
   if (absl::Status s = CheckHandover(req, name); !s.ok()) return s;
-  if (!opt.ok() || n <= 0 ||
-      (weights && (static_cast<int64_t>(req.weights().size()) != n * 4 ||
-                   req.slots_size() != NumSlots(*opt))) ||
-      (!req.accum().empty() && static_cast<int64_t>(req.accum().size()) != n * 4) ||
-      !req.rows().empty() || req.accum_ids_size() > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("seed of key '", name, "' does not fit its spec"));
-  }
-  for (const std::string& slot : req.slots()) {
-    if (static_cast<int64_t>(slot.size()) != n * 4)
-      return absl::InvalidArgumentError("seed slot of the wrong size");
-  }
+  absl::StatusOr<SeedPart> part = KeyValue::ReadSeed(name, req, opt);
+  if (!part.ok()) return part.status();
   Key* key;
-  if (weights) {
+  if (part->value) {
     absl::MutexLock lock(&map_mu_);
     bool added = false;
-    key = FindOrAddLocked(req.spec(), &added);
+    key = FindOrAddLocked(spec, &added);
   } else {
-    absl::StatusOr<Key*> found = Find(req.spec().variable(), req.spec().partition());
+    absl::StatusOr<Key*> found = Find(spec.variable(), spec.partition());
     if (!found.ok())
       return absl::FailedPreconditionError(absl::StrCat("key '", name, "' has no copy here"));
     key = *found;
   }
   absl::MutexLock lock(&key->mu);
+  // Every check before the first change: a refused seed changes nothing.
   if (key->role.serving && key->initialized) {
     return absl::FailedPreconditionError(
         absl::StrCat("key '", name, "' is served here; it takes no copy"));
   }
-  if (key->n != n || !key->value->kept_as_copy())
-    return absl::FailedPreconditionError(absl::StrCat("key '", name, "' has another size here"));
-  if (!weights && (!key->initialized || key->version != req.version())) {
-    // The hand-over then comes again with the weights.
+  if (part->rows_before > 0 && (!key->role.rows_coming || !key->initialized)) {
+    return absl::FailedPreconditionError(absl::StrCat("table part '", name, "': rows after ",
+                                                      part->rows_before,
+                                                      " came without the rows before them"));
+  }
+  if (absl::Status s = key->value->CheckSeed(*opt, *part, req); !s.ok()) return s;
+  if (!part->value && (!key->initialized || key->version != req.version())) {
+    // The hand-over then comes again with the values.
     return absl::FailedPreconditionError(absl::StrCat("the copy of key '", name, "' is at version ",
                                                       key->version, ", not ", req.version()));
   }
-  key->role.copy_of = req.primary();
-  key->role.serving = false;
-  key->role.moved_to = -1;
-  if (!key->initialized) InitKey(key, *opt);
-  if (weights) key->value->TakeCopy(req);
-  TakeHandover(key, req);
-  return absl::OkStatus();
-}
-
-absl::Status Store::SeedTable(const v1::SeedRequest& req) {
-  const v1::KeySpec& spec = req.spec();
-  const std::string name = KeyName(spec.variable(), spec.partition());
-  auto refused = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("hand-over of table part '", name, "': ", why));
-  };
-  absl::StatusOr<OptimizerConfig> opt = OptimizerFromProto(spec.optimizer());
-  if (!opt.ok()) return refused(opt.status().message());
-  if (absl::Status s = ValidateTableSpec(spec); !s.ok()) return refused(s.message());
-  if (!req.handover() || req.rows_before() < 0 || !req.weights().empty() || req.slots_size() > 0)
-    return refused("a table's part comes with a hand-over, its rows in `rows`");
-  if (absl::Status s = CheckHandover(req, name); !s.ok()) return s;
-  const int64_t dim = spec.table().dim();
-  if (static_cast<int64_t>(req.accum().size()) != req.accum_ids_size() * dim * 4)
-    return refused("the step's sums do not fit their rows");
-  absl::StatusOr<std::vector<KeyRecord>> records = DecodeShard(req.rows(), name);
-  if (!records.ok()) return refused(records.status().message());
-  if (records->size() != 1 || (*records)[0].variable != spec.variable() ||
-      (*records)[0].partition != spec.partition()) {
-    return refused("its rows are not one record of this part");
+  if (part->starts_over) {
+    BytesHeld held(&bytes_stored_, *key->value);
+    key->value->Free();
   }
-  const KeyRecord& rows = (*records)[0];
-  Key* key;
+  if (part->starts_over || !key->initialized) InitKey(key, *opt);
   {
-    absl::MutexLock lock(&map_mu_);
-    bool added = false;
-    key = FindOrAddLocked(spec, &added);
+    BytesHeld held(&bytes_stored_, *key->value);
+    if (!key->value->TakeSeed(*part, req)) return absl::OkStatus();  // taken before
   }
-  absl::MutexLock lock(&key->mu);
-  if (key->role.serving && key->initialized) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("key '", name, "' is served here; it takes no copy"));
-  }
-  // Every check before the first change: a refused part changes nothing.
-  if (req.rows_before() > 0 && (!key->role.rows_coming || !key->initialized)) {
-    return absl::FailedPreconditionError(absl::StrCat("table part '", name, "': rows after ",
-                                                      req.rows_before(),
-                                                      " came without the rows before them"));
-  }
-  if (absl::Status s = key->value->CheckPart(*opt, req.rows_before(), rows); !s.ok())
-    return absl::IsInvalidArgument(s) ? refused(s.message()) : s;
-  BytesHeld held(&bytes_stored_, *key->value);
-  if (req.rows_before() == 0) {
-    key->value->Free();  // a hand-over starts again
-    InitKey(key, *opt);
-  }
-  if (!key->value->TakePart(req.rows_before(), rows)) return absl::OkStatus();  // taken before
   key->role.copy_of = req.primary();
   key->role.serving = false;
   key->role.moved_to = -1;
-  key->role.rows_coming = req.more_rows();
-  if (!req.more_rows()) TakeHandover(key, req);
+  key->role.rows_coming = part->more;
+  if (!part->more) TakeHandover(key, req);
   return absl::OkStatus();
 }
 
@@ -318,12 +259,13 @@ void Store::SeedCopies(int owner, const std::function<absl::Status(const v1::See
   for (Key* k : AllKeys()) {
     absl::MutexLock lock(&k->mu);
     if (!k->role.serving || !k->initialized || !Owns(k, owner)) continue;
-    // A table's part has no copy kept up to date: it goes whole when its
-    // server lets it go (HandOverTable). ("replicas" refuses tables.)
-    if (!k->value->kept_as_copy()) continue;
+    // Only a kind with a kept copy has one to build: a table's part goes
+    // whole when its server lets it go (Release). ("replicas" refuses tables.)
+    const KeptCopy* copy = k->value->kept_copy();
+    if (copy == nullptr) continue;
     v1::SeedRequest req;
     FillSeed(k, primary, &req);
-    k->value->WriteCopy(&req);
+    copy->WriteCopy(&req);
     if (absl::Status s = send(req); !s.ok()) {
       LogWarning("building the copy of key '", k->name, "' failed: ", s.message());
       return;
@@ -331,30 +273,6 @@ void Store::SeedCopies(int owner, const std::function<absl::Status(const v1::See
     ++sent;
   }
   LogInfo("copied ", sent, " keys to their new backup");
-}
-
-absl::Status Store::HandOverTable(const Key* k, int primary, const SendSeed& send) const {
-  std::vector<KeyRecord> parts = k->value->Parts(kHandoverPartBytes);
-  int64_t first = 0;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    KeyRecord& part = parts[i];
-    part.version = k->version;
-    const bool last = i + 1 == parts.size();
-    v1::SeedRequest req;
-    FillSeed(k, primary, &req);
-    req.set_handover(true);
-    req.set_rows(EncodeShard({part}));
-    req.set_rows_before(first);
-    req.set_more_rows(!last);
-    if (last) FillHandover(k, &req);
-    // Each part may be sent again: the receiver takes it once.
-    absl::Status s = send(req);
-    Backoff backoff(absl::Now() + kHandoverRetryFor);
-    while ((absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) && backoff.Wait()) s = send(req);
-    if (!s.ok()) return s;
-    first += static_cast<int64_t>(part.row_ids.size());
-  }
-  return absl::OkStatus();
 }
 
 void Store::Free(Key* k) {
@@ -385,33 +303,19 @@ void Store::Release(int owner, int to, const SendSeed& send) {
   for (Key* k : AllKeys()) {
     absl::MutexLock lock(&k->mu);
     if (!k->role.serving || !Owns(k, owner)) continue;
-    if (send && k->initialized && !k->value->kept_as_copy()) {
-      if (absl::Status s = HandOverTable(k, primary, send); s.ok()) {
-        ++handed;
-      } else {
-        LogError("table part '", k->name, "' was not handed over to server ", to, " (",
-                 s.message(), "): its rows are lost there, and server ", to,
-                 " refuses its requests");
-      }
-    } else if (send && k->initialized) {
+    if (send && k->initialized) {
       // Under the key's lock: nothing changes it between the hand-over and
-      // the moment it stops being served here. The copy there has every
-      // version published here (an update is published once it holds it),
-      // so the weights go along only where it does not.
-      v1::SeedRequest req;
-      FillSeed(k, primary, &req);
-      FillHandover(k, &req);
-      absl::Status s = send(req);
-      if (absl::IsFailedPrecondition(s)) {
-        k->value->WriteCopy(&req);
-        s = send(req);
-      }
-      if (s.ok()) {
+      // the moment it stops being served here.
+      auto fill = [&](v1::SeedRequest* req, bool last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu) {
+        FillSeed(k, primary, req);
+        if (last) FillHandover(k, req);
+      };
+      if (absl::Status s = k->value->HandOver(fill, send, kHandoverPartBytes); s.ok()) {
         ++handed;
+      } else if (absl::IsDataLoss(s)) {
+        LogError("key '", k->name, "' was not handed over to server ", to, ": ", s.message());
       } else {
-        LogWarning("key '", k->name, "': its state was not handed over to server ", to, " (",
-                   s.message(),
-                   "); a step half done here is done there again from the pushes resent to it");
+        LogWarning("key '", k->name, "' was not handed over to server ", to, ": ", s.message());
       }
     }
     k->role.serving = false;

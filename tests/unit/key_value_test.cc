@@ -67,14 +67,15 @@ TEST(KeyValueTest, ADenseValueCountsItsSkippedStepsThroughCheckpointsAndCopies) 
   };
   // One update after a skipped step is Adam's first update.
   std::unique_ptr<KeyValue> skipped = fresh(), direct = fresh();
-  skipped->SkipStep();
+  skipped->Apply(Update(), 0.5, 1);  // no worker had a gradient
   KeyRecord saved;
   saved.version = 1;
   skipped->Save(&saved);
   EXPECT_EQ(saved.step_counters, std::vector<int64_t>{1});
   v1::SeedRequest seed;
   seed.set_version(1);
-  skipped->WriteCopy(&seed);
+  ASSERT_NE(skipped->kept_copy(), nullptr);
+  skipped->kept_copy()->WriteCopy(&seed);
   EXPECT_EQ(seed.skipped_steps(), 1);
 
   skipped->Apply({{}, grad.data(), 3, 1}, 0.5, 2);
@@ -83,7 +84,7 @@ TEST(KeyValueTest, ADenseValueCountsItsSkippedStepsThroughCheckpointsAndCopies) 
   // The checkpoint's and the copy's values do the same.
   std::unique_ptr<KeyValue> restored = fresh(), copied = fresh();
   ASSERT_TRUE(restored->Restore(adam, &saved).ok());
-  copied->TakeCopy(seed);
+  ASSERT_TRUE(copied->TakeSeed(SeedPart(), seed));
   restored->Apply({{}, grad.data(), 3, 1}, 0.5, 2);
   copied->Apply({{}, grad.data(), 3, 1}, 0.5, 2);
   EXPECT_EQ(Read(restored.get(), {}), Read(direct.get(), {}));
@@ -123,10 +124,15 @@ TEST(KeyValueTest, ADenseValueChecksItsShapeAndHoldsWeightsSlotsAndTheStepsSum) 
 
   // A copy carries the weights and the momentum: the next update agrees.
   v1::SeedRequest seed;
-  v->WriteCopy(&seed);
+  *seed.mutable_spec() = DenseSpec(3);
+  v->kept_copy()->WriteCopy(&seed);
+  absl::StatusOr<SeedPart> part = KeyValue::ReadSeed("w#0", seed, momentum);
+  ASSERT_TRUE(part.ok()) << part.status();
+  EXPECT_TRUE(part->value);
   std::unique_ptr<KeyValue> copy = KeyValue::New("w#0", DenseSpec(3), true);
+  ASSERT_TRUE(copy->CheckSeed(momentum, *part, seed).ok());
   copy->Init(momentum);
-  copy->TakeCopy(seed);
+  EXPECT_TRUE(copy->TakeSeed(*part, seed));
   const std::vector<float> g = {1, 1, 1};
   v->Apply({{}, g.data(), 3, 1}, 0.5, 2);
   copy->Apply({{}, g.data(), 3, 1}, 0.5, 2);
@@ -148,8 +154,13 @@ TEST(KeyValueTest, ADenseValueChecksItsShapeAndHoldsWeightsSlotsAndTheStepsSum) 
 
   v->Free();
   EXPECT_EQ(v->bytes(), 0);
-  EXPECT_TRUE(v->kept_as_copy());
-  EXPECT_EQ(v->CheckPart(momentum, 0, r).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(v->rows(), nullptr);
+  SeedPart rows;
+  rows.rows = r;
+  EXPECT_EQ(v->CheckSeed(momentum, rows, seed).code(), absl::StatusCode::kFailedPrecondition);
+  v1::SeedRequest other = seed;
+  other.mutable_spec()->set_num_elements(4);
+  EXPECT_EQ(v->CheckSeed(momentum, *part, other).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(KeyValueTest, ATablesPartMakesRowsOnUseSumsPerRowAndMovesInParts) {
@@ -185,26 +196,57 @@ TEST(KeyValueTest, ATablesPartMakesRowsOnUseSumsPerRowAndMovesInParts) {
   EXPECT_EQ(sum.n, 6);
   EXPECT_EQ(sum.scale, 0.5f);
   v->Apply(sum, 1, 1);
-  v->ClearStepSum();
-  EXPECT_TRUE(v->StepSum(1).ids.empty());
   const std::vector<int64_t> all = {2, 5, 7};
   EXPECT_EQ(Read(v.get(), all), (std::vector<float>{-3, -3, -0.5f, -0.5f, -3, -3}));
-  EXPECT_FALSE(v->kept_as_copy());
+  // A step without a gradient changes no row.
+  EXPECT_EQ(v->Apply(Update(), 1, 2), 0);
+  EXPECT_EQ(Read(v.get(), all), (std::vector<float>{-3, -3, -0.5f, -0.5f, -3, -3}));
+  EXPECT_EQ(v->kept_copy(), nullptr);
 
   // Handed over in parts of one row: each taken once, in order, and the
-  // part ends up as it was.
-  const std::vector<KeyRecord> parts = v->Parts(row_bytes);
-  ASSERT_EQ(parts.size(), 3u);
+  // part ends up as it was; the last brings the rest of the hand-over.
+  std::vector<v1::SeedRequest> sent;
+  std::vector<bool> lasts;
+  ASSERT_TRUE(v->HandOver(
+                   [&](v1::SeedRequest* req, bool last) {
+                     *req->mutable_spec() = TableSpec();
+                     req->mutable_spec()->mutable_optimizer()->set_name("sgd");
+                     req->set_version(1);
+                     lasts.push_back(last);
+                   },
+                   [&](const v1::SeedRequest& req) {
+                     sent.push_back(req);
+                     return absl::OkStatus();
+                   },
+                   row_bytes)
+                  .ok());
+  ASSERT_EQ(sent.size(), 3u);
+  EXPECT_EQ(lasts, (std::vector<bool>{false, false, true}));
+  std::vector<SeedPart> parts;
+  for (const v1::SeedRequest& req : sent) {
+    EXPECT_TRUE(req.handover());
+    absl::StatusOr<SeedPart> part = KeyValue::ReadSeed("emb#0", req, Sgd(1));
+    ASSERT_TRUE(part.ok()) << part.status();
+    parts.push_back(*part);
+  }
+  EXPECT_EQ(parts[1].rows_before, 1);
+  EXPECT_TRUE(parts[0].starts_over);
+  EXPECT_TRUE(parts[1].more);
+  EXPECT_FALSE(parts[2].more);
   std::unique_ptr<KeyValue> moved = KeyValue::New("emb#0", TableSpec(), true);
-  ASSERT_TRUE(moved->CheckPart(Sgd(1), 0, parts[0]).ok());
+  ASSERT_TRUE(moved->CheckSeed(Sgd(1), parts[0], sent[0]).ok());
   moved->Init(Sgd(1));
-  EXPECT_TRUE(moved->TakePart(0, parts[0]));
-  EXPECT_EQ(moved->CheckPart(Sgd(1), 2, parts[2]).code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(moved->CheckPart(Sgd(1), 1, parts[1]).ok());
-  EXPECT_TRUE(moved->TakePart(1, parts[1]));
-  ASSERT_TRUE(moved->CheckPart(Sgd(1), 1, parts[1]).ok());  // sent again
-  EXPECT_FALSE(moved->TakePart(1, parts[1]));
-  EXPECT_TRUE(moved->TakePart(2, parts[2]));
+  EXPECT_TRUE(moved->TakeSeed(parts[0], sent[0]));
+  EXPECT_EQ(moved->CheckSeed(Sgd(1), parts[2], sent[2]).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(moved->CheckSeed(Sgd(1), parts[1], sent[1]).ok());
+  EXPECT_TRUE(moved->TakeSeed(parts[1], sent[1]));
+  ASSERT_TRUE(moved->CheckSeed(Sgd(1), parts[1], sent[1]).ok());  // sent again
+  EXPECT_FALSE(moved->TakeSeed(parts[1], sent[1]));
+  EXPECT_TRUE(moved->TakeSeed(parts[2], sent[2]));
+  // A dense copy is no table's part.
+  EXPECT_EQ(moved->CheckSeed(Sgd(1), SeedPart(), sent[0]).code(),
+            absl::StatusCode::kFailedPrecondition);
   KeyRecord before, after;
   v->Save(&before);
   moved->Save(&after);
@@ -212,7 +254,8 @@ TEST(KeyValueTest, ATablesPartMakesRowsOnUseSumsPerRowAndMovesInParts) {
   EXPECT_EQ(after.weights, before.weights);
   EXPECT_EQ(moved->bytes(), v->bytes());
 
-  // A step half done goes with the last part.
+  // A step half done goes with the last part; the step's first push
+  // started a new sum.
   v->Accumulate(a, Of({1, 2, 3, 4}), v1::DTYPE_FLOAT32, 0, true, &scratch);
   v1::SeedRequest seed;
   v->WriteStepSum(&seed);
