@@ -395,10 +395,7 @@ absl::Status Client::RegisterTable(const std::string& name, const TableOptions& 
       if (status.ok() && resp.versions_size() == 1) {
         // A running sync job's table: this worker's steps start there.
         absl::MutexLock lock(&impl_->mu);
-        auto it = impl_->variables.find(name);
-        if (it != impl_->variables.end()) {
-          it->second.pulled_versions[s] = std::max(it->second.pulled_versions[s], resp.versions(0));
-        }
+        impl_->RecordPulled(name, static_cast<uint32_t>(s), resp.versions(0), /*at_least=*/true);
       }
       OpTracker::Done(op.get(), status);
     });

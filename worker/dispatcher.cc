@@ -105,6 +105,14 @@ absl::StatusOr<Variable> Dispatcher::Find(const std::string& name) {
   return it->second;
 }
 
+void Dispatcher::RecordPulled(const std::string& variable, uint32_t part, int64_t version,
+                              bool at_least) {
+  auto it = variables.find(variable);
+  if (it == variables.end() || part >= it->second.pulled_versions.size()) return;
+  int64_t& pulled = it->second.pulled_versions[part];
+  pulled = at_least ? std::max(pulled, version) : version;
+}
+
 absl::Status Dispatcher::JobStatus() const {
   CoordinatorLink::JobEnd end = link->state();
   if (end.state != v1::JOB_FAILED) return absl::OkStatus();
@@ -347,12 +355,7 @@ absl::Status Dispatcher::Store(const grpc::ByteBuffer& resp, const Shard& shard,
   }
   if (s.ok()) {
     absl::MutexLock lock(&mu);
-    for (const WireKey& kd : got.keys) {
-      auto it = variables.find(kd.variable);
-      if (it != variables.end() && kd.partition < it->second.pulled_versions.size()) {
-        it->second.pulled_versions[kd.partition] = kd.version;
-      }
-    }
+    for (const WireKey& kd : got.keys) RecordPulled(kd.variable, kd.partition, kd.version);
   }
   got.slices.clear();  // the received buffers go back now
   return s;

@@ -123,6 +123,13 @@ class Dispatcher {
 
   absl::StatusOr<Variable> Find(const std::string& name);
 
+  // Records that `variable`'s partition (a table's: part) `part` was pulled
+  // at `version`; `at_least`: unless a pull recorded a later one (a table
+  // registered in a running job). The one writer of a registered
+  // variable's pulled_versions; unknown variables and parts are skipped.
+  void RecordPulled(const std::string& variable, uint32_t part, int64_t version,
+                    bool at_least = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
   // ABORTED with the coordinator's reason once the job has failed.
   absl::Status JobStatus() const;
 
@@ -225,7 +232,8 @@ class Dispatcher {
   Handle Start(std::vector<TensorRef> tensors, int64_t version, bool push, bool pull,
                bool exact = false);
 
-  // A table's push or pull, split by the server each id's row lives on. A
+  // A table's push or pull (worker/table_requests.cc), split by the server
+  // each id's row lives on. A
   // sync push goes to every server, with no rows for some: each counts
   // every worker's push for the step. A pull skips the servers with none of
   // its ids, so a worker may not have seen a server reach the step it

@@ -169,8 +169,7 @@ absl::Status CopyBack(const GroupedPush& g) {
                        g.group().Who(p.slots->owner(p.part.index)), " is more than a step ahead"));
     }
     absl::MutexLock lock(&g.d->mu);
-    auto it = g.d->variables.find(p.tensor->name);
-    if (it != g.d->variables.end()) it->second.pulled_versions[p.part.index] = published - 1;
+    g.d->RecordPulled(p.tensor->name, p.part.index, published - 1);
   }
   return absl::OkStatus();
 }
