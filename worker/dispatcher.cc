@@ -427,19 +427,6 @@ void Dispatcher::Launch(std::vector<Shard> shards, const std::shared_ptr<Op>& op
   }
 }
 
-void Dispatcher::InTurn(uint64_t ticket, std::function<void()> launch) {
-  // Under the lock, so that two turns never run out of order; a launch only
-  // queues requests (and sends the first ones), and takes no lock of this.
-  absl::MutexLock lock(&turns_mu);
-  turns[ticket] = std::move(launch);
-  while (!turns.empty() && turns.begin()->first == next_turn) {
-    std::function<void()> next = std::move(turns.begin()->second);
-    turns.erase(turns.begin());
-    ++next_turn;
-    next();
-  }
-}
-
 void Dispatcher::Send(const std::shared_ptr<Request>& r) {
   r->target = Route(r->shard.server);
   r->target_moves = servers->Moves(r->target);

@@ -288,13 +288,9 @@ class Dispatcher {
   // their sums are ready: a push-pull's pull holds its place in the window
   // until every host pushed the key, so owners on two hosts that sent the
   // same keys in different orders could each fill their window with keys the
-  // other has yet to send. `ticket` comes from launch_tickets when the
-  // operation starts; `launch` runs once every earlier ticket's has.
-  void InTurn(uint64_t ticket, std::function<void()> launch);
-  std::atomic<uint64_t> launch_tickets{0};
-  absl::Mutex turns_mu;
-  uint64_t next_turn ABSL_GUARDED_BY(turns_mu) = 0;
-  std::map<uint64_t, std::function<void()>> turns ABSL_GUARDED_BY(turns_mu);
+  // other has yet to send. A launch only queues requests (and sends the
+  // first ones).
+  LaunchTurns turns;
 
   // Encodes the request and makes its first attempt.
   void Send(const std::shared_ptr<Request>& r);

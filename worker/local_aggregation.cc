@@ -76,7 +76,7 @@ struct GroupedPush {
   int64_t version = 0, step = 0;  // step: version + 1, as the control words hold it
   bool pull = false;
   absl::Time deadline;
-  uint64_t ticket = 0;  // with pieces of its own: its turn to launch (Dispatcher::InTurn)
+  uint64_t ticket = 0;  // with pieces of its own: its turn to launch (Dispatcher::turns)
   HostGroup& group() const { return *d->group; }
 };
 using Grouped = std::shared_ptr<GroupedPush>;
@@ -346,10 +346,10 @@ void Own(const Grouped& g) {
           s = SumPiece(*g, p, &none);
           if (none) empty.insert(p.tensor->name);
         }
-        if (!s.ok()) return g->d->InTurn(g->ticket, [g, s] { OpTracker::Done(g->op.get(), s); });
+        if (!s.ok()) return g->d->turns.Run(g->ticket, [g, s] { OpTracker::Done(g->op.get(), s); });
         g->group().Ring();
-        // In the order of the operations (see InTurn).
-        g->d->InTurn(g->ticket, [g, empty = std::move(empty)] { PushSums(g, empty); });
+        // In the order of the operations (see Dispatcher::turns).
+        g->d->turns.Run(g->ticket, [g, empty = std::move(empty)] { PushSums(g, empty); });
       });
 }
 
@@ -383,7 +383,7 @@ Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int6
   auto [handle, op] = ops.New(parts, absl::OkStatus(), kind);
   g->op = op;
   g->deadline = absl::Now() + options.rpc_timeout;
-  if (!g->mine.empty()) g->ticket = launch_tickets.fetch_add(1);
+  if (!g->mine.empty()) g->ticket = turns.Take();
   if (!g->theirs.empty()) HandOver(g);
   if (!g->theirs.empty() && pull) HandBack(g);
   if (!g->mine.empty()) Own(g);

@@ -79,7 +79,7 @@ struct GroupedRows {
   int me = 0;
   int64_t dim = 0, parts = 0, version = 0, step = 0;  // step: as the control words hold it
   absl::Time deadline;
-  uint64_t ticket = 0;  // with parts of its own: its turn to launch (Dispatcher::InTurn)
+  uint64_t ticket = 0;  // with parts of its own: its turn to launch (Dispatcher::turns)
   HostGroup& group() const { return *d->group; }
 };
 using Rows = std::shared_ptr<GroupedRows>;
@@ -207,11 +207,11 @@ void OwnRows(const Rows& g) {
           shards.push_back(Dispatcher::RowsShard(g->table, g->var, static_cast<int>(p),
                                                  *std::move(sum), nullptr, g->await[p]));
         }
-        if (!s.ok()) return g->d->InTurn(g->ticket, [g, s] { OpTracker::Done(g->op.get(), s); });
+        if (!s.ok()) return g->d->turns.Run(g->ticket, [g, s] { OpTracker::Done(g->op.get(), s); });
         // The sums are this process's: the others may hand over the next step.
         for (uint32_t p : g->mine) g->slots->set_summed(p, g->step);
         g->group().Ring();
-        g->d->InTurn(g->ticket, [g, shards = std::move(shards)]() mutable {
+        g->d->turns.Run(g->ticket, [g, shards = std::move(shards)]() mutable {
           OpTracker::Add(g->op.get(), static_cast<int>(shards.size()));
           g->d->Launch(std::move(shards), g->op, g->version, true, false,
                        [g](Dispatcher::Request* r) { r->also_for = g->group().others(); });
@@ -245,7 +245,7 @@ Dispatcher::Handle Dispatcher::StartGroupedRows(const std::string& table, const 
       ops.New((g->theirs.empty() ? 0 : 1) + (g->mine.empty() ? 0 : 1), absl::OkStatus(), "PUSH");
   g->op = op;
   g->deadline = absl::Now() + options.rpc_timeout;
-  if (!g->mine.empty()) g->ticket = launch_tickets.fetch_add(1);
+  if (!g->mine.empty()) g->ticket = turns.Take();
   if (!g->theirs.empty()) HandOverRows(g);
   if (!g->mine.empty()) OwnRows(g);
   return handle;

@@ -57,4 +57,15 @@ absl::Status OpTracker::Wait(Handle handle, absl::Time deadline, absl::Duration 
   return op->status;
 }
 
+void LaunchTurns::Run(uint64_t ticket, std::function<void()> launch) {
+  absl::MutexLock lock(&mu_);
+  waiting_[ticket] = std::move(launch);
+  while (!waiting_.empty() && waiting_.begin()->first == next_) {
+    std::function<void()> next = std::move(waiting_.begin()->second);
+    waiting_.erase(waiting_.begin());
+    ++next_;
+    next();
+  }
+}
+
 }  // namespace psrt

@@ -4,10 +4,13 @@
 // The client's operations in flight, as ps-lite's customer tracks its
 // requests: each has a handle and ends once every request it was fanned
 // out into has ended (Done); Wait takes it by its handle. Its own lock,
-// apart from the client's.
+// apart from the client's. And LaunchTurns, the order in which operations
+// that wait for something first launch their requests.
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -58,6 +61,25 @@ class OpTracker {
   absl::Mutex mu_;
   absl::flat_hash_map<Handle, std::shared_ptr<Op>> ops_ ABSL_GUARDED_BY(mu_);
   Handle next_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+// Launches in the order their operations started, whenever each is ready:
+// an operation takes a ticket when it starts (Take), and its launch runs
+// once every earlier ticket's has (Run). Its own lock.
+class LaunchTurns {
+ public:
+  uint64_t Take() { return tickets_.fetch_add(1); }
+  // Runs `launch` now, on this thread, if every earlier ticket's launch
+  // ran; else keeps it for the thread that runs the last of those. A
+  // launch must take no lock of this (it runs under it, so that two turns
+  // never run out of order).
+  void Run(uint64_t ticket, std::function<void()> launch) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  std::atomic<uint64_t> tickets_{0};
+  absl::Mutex mu_;
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, std::function<void()>> waiting_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace psrt

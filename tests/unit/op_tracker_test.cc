@@ -2,6 +2,7 @@
 #include "worker/op_tracker.h"
 
 #include <thread>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -58,6 +59,20 @@ TEST(OpTrackerTest, AWaitEndsWhenTheJobDoesOrAtItsDeadlineSayingWhat) {
       ops.Wait(late, absl::Now() + absl::Milliseconds(100), absl::Seconds(3), Running, &found);
   EXPECT_EQ(timed_out.code(), absl::StatusCode::kDeadlineExceeded) << timed_out;
   EXPECT_NE(timed_out.message().find("did not finish within 3s"), std::string::npos) << timed_out;
+}
+
+TEST(LaunchTurnsTest, LaunchesRunInTheOrderOfTheirTicketsWhateverOrderTheyAreReadyIn) {
+  LaunchTurns turns;
+  const uint64_t first = turns.Take(), second = turns.Take(), third = turns.Take();
+  std::vector<uint64_t> ran;
+  turns.Run(third, [&] { ran.push_back(third); });
+  turns.Run(second, [&] { ran.push_back(second); });
+  EXPECT_TRUE(ran.empty());  // both wait for the first
+  turns.Run(first, [&] { ran.push_back(first); });
+  EXPECT_EQ(ran, (std::vector<uint64_t>{first, second, third}));
+  const uint64_t fourth = turns.Take();
+  turns.Run(fourth, [&] { ran.push_back(fourth); });  // its turn: at once
+  EXPECT_EQ(ran.back(), fourth);
 }
 
 }  // namespace
