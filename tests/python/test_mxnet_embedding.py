@@ -100,13 +100,14 @@ def test_kvstore_api_row_sparse_pull_push_pushpull():
 def test_table_optimizers_are_row_wise_or_refused():
     import psrt
     import psrt.mxnet as pmx
-    assert pmx._table_optimizer(mx.optimizer.Adam(lazy_update=True))["name"] == "adam"
-    cfg = pmx._table_optimizer(mx.optimizer.AdaGrad(eps=1e-6))
+    from psrt.mxnet import _optimizers
+    assert _optimizers._table_optimizer(mx.optimizer.Adam(lazy_update=True))["name"] == "adam"
+    cfg = _optimizers._table_optimizer(mx.optimizer.AdaGrad(eps=1e-6))
     assert cfg["initial_accumulator_value"] == 1e-6 and cfg["eps"] == 0.0
-    assert pmx._table_optimizer(mx.optimizer.Ftrl(wd=0.5))["l2"] == 0.25
+    assert _optimizers._table_optimizer(mx.optimizer.Ftrl(wd=0.5))["l2"] == 0.25
     with pytest.raises(psrt.PsrtError, match=r"Adam\(lazy_update=False\) is not row-wise"):
-        pmx._table_optimizer(mx.optimizer.Adam(lazy_update=False))
+        _optimizers._table_optimizer(mx.optimizer.Adam(lazy_update=False))
     with pytest.raises(psrt.PsrtError, match="weight decay"):
-        pmx._table_optimizer(mx.optimizer.SGD(wd=1e-4))
+        _optimizers._table_optimizer(mx.optimizer.SGD(wd=1e-4))
     with pytest.raises(psrt.PsrtError, match="table_options takes no"):
         pmx.table_options(vocab=10)

@@ -63,22 +63,23 @@ def test_gluon_trains_the_digits_to_the_demo_accuracy():
 def test_unsupported_optimizers_and_foreign_states_are_refused_clearly():
     import psrt
     import psrt.mxnet as pmx
+    from psrt.mxnet import _optimizers
     with pytest.raises(psrt.PsrtError, match="RMSProp cannot run on the parameter servers"):
-        pmx._server_optimizer(mx.optimizer.RMSProp())
+        _optimizers._server_optimizer(mx.optimizer.RMSProp())
     # clip_gradient is applied by the plugin; tables refuse it.
-    assert pmx._server_optimizer(mx.optimizer.SGD(clip_gradient=1.0))["name"] == "sgd"
+    assert _optimizers._server_optimizer(mx.optimizer.SGD(clip_gradient=1.0))["name"] == "sgd"
     with pytest.raises(psrt.PsrtError, match="clip_gradient is not supported for tables"):
-        pmx._table_optimizer(mx.optimizer.SGD(clip_gradient=1.0))
-    assert pmx._server_optimizer(mx.optimizer.NAG(momentum=0.9))["nesterov"] is True
+        _optimizers._table_optimizer(mx.optimizer.SGD(clip_gradient=1.0))
+    assert _optimizers._server_optimizer(mx.optimizer.NAG(momentum=0.9))["nesterov"] is True
     # A row_sparse gradient of a dense weight: refused where MXNet's lazy
     # update would touch only its rows and the servers' update differs.
     with pytest.raises(psrt.PsrtError, match="lazy_update=False"):
-        pmx._check_rows_of_dense(0, mx.optimizer.SGD(momentum=0.9))
+        _optimizers._check_rows_of_dense(0, mx.optimizer.SGD(momentum=0.9))
     with pytest.raises(psrt.PsrtError, match="lazy_update=False"):
-        pmx._check_rows_of_dense(0, mx.optimizer.Adam())
+        _optimizers._check_rows_of_dense(0, mx.optimizer.Adam())
     for fine in (mx.optimizer.SGD(), mx.optimizer.Adam(lazy_update=False), mx.optimizer.NAG(momentum=0.9),
                  mx.optimizer.AdaGrad()):
-        pmx._check_rows_of_dense(0, fine)
+        _optimizers._check_rows_of_dense(0, fine)
 
 
 @pytest.fixture(scope="module")

@@ -62,16 +62,12 @@ import mxnet.module.module
 import numpy as np
 
 import psrt
-from psrt import _host, _tables
-from psrt.mxnet._arrays import (_assign, _first, _is_sparse, _nonzero_rows, _outputs, _row_pieces, _scaled,
-                                _write, _write_rows)
-from psrt.mxnet._optimizers import (_check_rows_of_dense, _scales_gradient, _server_optimizer,
-                                    _table_optimizer, _without_lr)
+from psrt import _host
+from psrt.mxnet import _table_keys
+from psrt.mxnet._arrays import _assign, _first, _is_sparse, _outputs, _scaled, _write
+from psrt.mxnet._optimizers import _check_rows_of_dense, _scales_gradient, _server_optimizer, _without_lr
 
 _STATE_NOTE = "on the parameter servers; saved by psrt checkpoints"
-_TABLE_DEFAULTS = {"seed": 0, "init_std": 0.01, "max_rows": 0, "evict_after_steps": 0, "evict_min_count": 0,
-                   "compression": psrt.Compression.job_default}
-_table_options = {}  # key (None: every table) -> settings given to table_options
 # A key with no optimizer: its value becomes the step's aggregated push.
 _ASSIGN = {"name": "assign", "lr": 0.0}
 _COMPRESSIONS = {"fp16": psrt.Compression.fp16, "bf16": psrt.Compression.bf16, "none": psrt.Compression.none}
@@ -87,11 +83,11 @@ def table_options(key=None, **options):
     compression (psrt.Compression). Gluon's Trainer uses a parameter's index
     in its parameter list as the key.
     """
-    unknown = sorted(set(options) - set(_TABLE_DEFAULTS))
+    unknown = sorted(set(options) - set(_table_keys.DEFAULTS))
     if unknown:
         raise psrt.PsrtError("psrt kvstore: table_options takes no %s (it takes %s)"
-                             % (unknown, sorted(_TABLE_DEFAULTS)))
-    _table_options.setdefault(key, {}).update(options)
+                             % (unknown, sorted(_table_keys.DEFAULTS)))
+    _table_keys.options.setdefault(key, {}).update(options)
 
 
 class KeyNotInitialised(psrt.PsrtError, mx.base.MXNetError):
@@ -119,7 +115,7 @@ class Psrt(mx.kvstore.KVStore):
         self._two_bit = None   # the 2bit compression's threshold, if set
         self._residuals = {}   # dense key -> what 2bit quantization has not sent yet
         self._vars = _host.HostVariables(self._client, self._compression)
-        self._tables = {}  # key -> _tables.HostTable
+        self._tables = _table_keys.TableKeys(self._name)  # the keys that are tables
         self._optimizer = None
         self._config = None
         self._config_error = None  # why the optimizer cannot update dense keys
@@ -267,14 +263,10 @@ class Psrt(mx.kvstore.KVStore):
             outs = values
         else:
             outs = [out] if not isinstance(key, (list, tuple)) else list(out)
-        if any(k in self._tables or k in self._pending_tables() for k in keys):
-            # Tables: push the rows, then read the pushed ids' new rows.
+        if any(self._is_table(k) for k in keys):
             for k, v, o in zip(keys, values, outs):
-                if k in self._tables or k in self._pending_tables():
-                    ids, _ = _tables.merge(self._push_rows(k, v))
-                    rows = self._tables[k].pull(ids)
-                    for dst in _outputs(o):
-                        _write_rows(dst, ids, rows)
+                if self._is_table(k):
+                    self._tables.push_pull(k, v, o, self._rescale())
             rest = [(k, v, o) for k, v, o in zip(keys, values, outs) if k not in self._tables]
             if not rest:
                 return
@@ -299,8 +291,8 @@ class Psrt(mx.kvstore.KVStore):
         A table's gradient is a row_sparse NDArray (or one per device)."""
         keys, values = self._pairs(key, value)
         for k, v in zip(keys, values):
-            if k in self._tables or k in self._pending_tables():
-                self._push_rows(k, v)
+            if self._is_table(k):
+                self._tables.push(k, v, self._rescale())
         keys, values = [k for k in keys if k not in self._tables], [v for k, v in zip(keys, values)
                                                                      if k not in self._tables]
         if not keys:
@@ -322,16 +314,8 @@ class Psrt(mx.kvstore.KVStore):
         keys = key if isinstance(key, (list, tuple)) else [key]
         outs = out if isinstance(key, (list, tuple)) else [out]
         for k, o in zip(keys, outs):
-            if k in self._tables or k in self._pending_tables():
-                # The whole table, into dense outputs (and row_sparse ones
-                # unless ignore_sparse, as MXNet's kvstore does).
-                dsts = [d for d in _outputs(o) if not (ignore_sparse and _is_sparse(d))]
-                if dsts:
-                    table = self._table(k)
-                    ids = np.arange(table.vocab, dtype=np.int64)
-                    rows = table.pull(ids)
-                    for dst in dsts:
-                        _write_rows(dst, ids, rows)
+            if self._is_table(k):
+                self._tables.pull(k, o, ignore_sparse)
                 continue
             self._ensure(k)
             w = self._local_weights[k].asnumpy() if k in self._local_weights else self._vars.pull(self._names[k])
@@ -350,18 +334,10 @@ class Psrt(mx.kvstore.KVStore):
         outs = list(out) if isinstance(key, (list, tuple)) else [out]
         ids_per_key = list(row_ids) if isinstance(key, (list, tuple)) else [row_ids]
         for k, o, rid in zip(keys, outs, ids_per_key):
-            if k not in self._tables and k not in self._pending_tables():
+            if not self._is_table(k):
                 raise psrt.PsrtError("psrt kvstore: key %s is no table; init it with a row_sparse NDArray of "
                                      "shape (vocab, dim)" % (k,))
-            table = self._table(k)
-            dsts = _outputs(o)
-            rids = list(rid) if isinstance(rid, (list, tuple)) else [rid] * len(dsts)
-            if len(rids) != len(dsts):
-                raise psrt.PsrtError("psrt kvstore: row_sparse_pull of key %s: %d outputs but %d row_ids"
-                                     % (k, len(dsts), len(rids)))
-            for dst, r in zip(dsts, rids):
-                ids = np.unique(_tables.int_ids(table.name, r.asnumpy()))
-                _write_rows(dst, ids, table.pull(ids))
+            self._tables.row_sparse_pull(k, o, rid)
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         """Writes where the state is: on the servers (psrt checkpoints save it)."""
@@ -439,14 +415,12 @@ class Psrt(mx.kvstore.KVStore):
             lr = float(self._optimizer.lr) * (lr / now if now else 1.0)
         return dict(self._config, lr=lr, weight_decay=float(self._optimizer._get_wd(key)))
 
-    def _pending_tables(self):
-        return [k for k, v in self._pending.items() if _is_sparse(v)]
+    def _is_table(self, key):
+        """A table's key: registered, or given to init as a row_sparse value."""
+        return key in self._tables or _is_sparse(self._pending.get(key))
 
-    def _table(self, key):
-        if key not in self._tables:
-            raise psrt.PsrtError("psrt kvstore: key %s is a table (a row_sparse weight): set_optimizer first; "
-                                 "its rows are updated on the servers" % (key,))
-        return self._tables[key]
+    def _rescale(self):
+        return float(self._optimizer.rescale_grad) if self._optimizer is not None else 1.0
 
     def _ensure(self, key):
         """Registers a dense key given to init at its first use."""
@@ -458,7 +432,7 @@ class Psrt(mx.kvstore.KVStore):
 
     def _register(self, key, value):
         if _is_sparse(value):
-            self._register_table(key, value)
+            self._tables.register(key, value, self._optimizer, self._compression)
             return
         if key in self._names:
             return
@@ -467,29 +441,6 @@ class Psrt(mx.kvstore.KVStore):
         host = self._vars.register(name, value.asnumpy(), config)
         _assign(value, host)
         self._registered(key, name, config, host)
-
-    def _register_table(self, key, value):
-        if key in self._tables:
-            return
-        if len(value.shape) != 2:
-            raise psrt.PsrtError("psrt kvstore: a table's value has shape (vocab, dim); key %s has %s"
-                                 % (key, value.shape))
-        if self._optimizer is None:
-            raise psrt.PsrtError("psrt kvstore: key %s is a table (a row_sparse weight): set_optimizer first; "
-                                 "its rows are updated on the servers" % (key,))
-        given = dict(_table_options.get(None, {}), **_table_options.get(key, {}))
-        opts = dict(_TABLE_DEFAULTS, compression=self._compression)
-        opts.update(given)
-        # Without init_std, rank 0's value is the table's, as with a dense
-        # key; rows the value lacks are zeros, as in a row_sparse array.
-        from_value = "init_std" not in given
-        if from_value:
-            opts["init_std"] = 0.0
-        name = self._name(key)
-        self._tables[key] = _tables.HostTable("psrt kvstore", name, value.shape[1], value.shape[0],
-                                              _table_optimizer(self._optimizer), **opts)
-        if from_value:
-            _tables.start_from(psrt.client(), name, value.shape[1], lambda: _nonzero_rows(value))
 
     def _move(self, key):
         """Moves a dense key's current value to a new variable with the
@@ -653,13 +604,6 @@ class Psrt(mx.kvstore.KVStore):
             with mx.autograd.pause():
                 for dst in self._aux[k]:
                     _assign(dst, mean)
-
-    def _push_rows(self, key, value):
-        """Pushes a table's row gradient(s); returns the (ids, rows) pieces."""
-        table = self._table(key)
-        pieces = _row_pieces(key, value, float(self._optimizer.rescale_grad))
-        table.push(pieces)
-        return pieces
 
     def _sync_learning_rate(self, keys):
         """Sends changed learning rates (a scheduler's, set_learning_rate's,
