@@ -173,86 +173,38 @@ absl::Status Dispatcher::CallError(int s, const char* what, const grpc::Status& 
 }
 
 int64_t Dispatcher::RequestBytes(int s) {
-  if (!shared.empty() && shared[s] != nullptr && servers->Moves(s) == 0) return kRequestBytes;
+  if (shared.Has(s) && servers->Moves(s) == 0) return kRequestBytes;
   return servers->HasDataChannel(s) ? kChannelRequestBytes : kRequestBytes;
 }
 
 Dispatcher::Lease Dispatcher::Take(int server) {
-  Lease l;
-  if (servers->Moves(server) > 0) return l;  // not the process the region was given to
-  SharedLink* link = shared.empty() ? nullptr : shared[server].get();
-  if (link == nullptr) return l;
-  absl::MutexLock lock(&link->mu);
-  if (link->free_slots.empty()) return l;  // all busy: this one goes by TCP
-  l.link = link;
-  l.slot = link->free_slots.back();
-  link->free_slots.pop_back();
-  return l;
-}
-
-void Dispatcher::Give(Lease* l, bool ok) {
-  if (l->link == nullptr) return;
-  if (ok) {
-    absl::MutexLock lock(&l->link->mu);
-    l->link->free_slots.push_back(l->slot);
-  }
-  l->link = nullptr;
+  if (servers->Moves(server) > 0) return Lease();  // not the process the region was given to
+  return shared.Take(server);
 }
 
 void Dispatcher::ShareMemory() {
-  shared.resize(num_servers);
-  std::vector<int> with;
-  std::string why_not;
-  for (int s = 0; s < num_servers; ++s) {
-    if (Address(s).empty()) continue;  // joins later
-    absl::StatusOr<std::unique_ptr<SharedRegion>> region =
-        SharedRegion::Create(kSharedSlots * kRequestBytes);
-    absl::Status st = region.status();
-    v1::AttachSharedMemoryResponse resp;
-    if (st.ok()) {
-      v1::AttachSharedMemoryRequest req;
-      req.set_worker_rank(options.rank);
-      req.set_name((*region)->name());
-      req.set_size(static_cast<int64_t>((*region)->size()));
-      st = Call(static_cast<int>(s), "attach-shared-memory", [&](grpc::ClientContext* ctx) {
-        return Stub(s)->AttachSharedMemory(ctx, req, &resp);
+  shared.Offer(
+      options.rank, num_servers, [this](int s) { return Address(s).empty(); },
+      [this](int s, const std::string& name, int64_t size) -> absl::StatusOr<uint64_t> {
+        v1::AttachSharedMemoryRequest req;
+        req.set_worker_rank(options.rank);
+        req.set_name(name);
+        req.set_size(size);
+        v1::AttachSharedMemoryResponse resp;
+        absl::Status st = Call(s, "attach-shared-memory", [&](grpc::ClientContext* ctx) {
+          return Stub(s)->AttachSharedMemory(ctx, req, &resp);
+        });
+        if (!st.ok()) return st;
+        return resp.region();
       });
-      Failpoint("shared_memory.offered");  // drills: the name left in /dev/shm
-      (*region)->Unlink();                 // attached or not, nobody else may open it now
-      // Its pages only now: a server on another host cost nothing above.
-      if (st.ok()) st = (*region)->Reserve();
-    }
-    if (!st.ok()) {
-      if (why_not.empty()) why_not = std::string(st.message());
-      continue;
-    }
-    auto link = std::make_unique<SharedLink>();
-    link->region = *std::move(region);
-    link->id = resp.region();
-    {
-      absl::MutexLock lock(&link->mu);  // not shared yet; the lock is for the analysis
-      for (int i = kSharedSlots - 1; i >= 0; --i) link->free_slots.push_back(i);
-    }
-    shared[s] = std::move(link);
-    with.push_back(static_cast<int>(s));
-  }
-  if (static_cast<int>(with.size()) == num_servers) {
-    LogInfo("worker ", options.rank, ": tensors travel through shared memory with every server");
-  } else {
-    LogInfo("worker ", options.rank, ": ",
-            with.empty() ? "TCP with every server"
-                         : absl::StrCat("shared memory with servers ", absl::StrJoin(with, ", "),
-                                        ", TCP with the others"),
-            " (", why_not, ")");
-  }
 }
 
 absl::StatusOr<std::vector<OutKey>> Dispatcher::Encode(const Shard& shard, int64_t version,
                                                        bool push, bool pull, Lease* lease) {
-  if (lease->link != nullptr) {
+  if (lease->held()) {
     int64_t room = 0;
     for (const Shard::Item& it : shard.items) room += Room(it, push, pull);
-    if (room > kRequestBytes) Give(lease, true);  // one key larger than a slot: TCP
+    if (room > kRequestBytes) SharedSlots::Give(lease, true);  // one key larger than a slot: TCP
   }
   std::vector<OutKey> keys(shard.items.size());
   int64_t at = 0;  // within the slot
@@ -266,9 +218,9 @@ absl::StatusOr<std::vector<OutKey>> Dispatcher::Encode(const Shard& shard, int64
       k.ids = it.rows->ids.data();
       k.num_ids = static_cast<int64_t>(it.rows->ids.size());
     }
-    if (lease->link != nullptr) {
+    if (lease->held()) {
       k.has_shared = true;
-      k.shared.region = lease->link->id;
+      k.shared.region = lease->region();
       k.shared.offset = lease->offset() + at;
       k.shared.capacity = pull ? Room(it, push, pull) : 0;
     }
@@ -282,14 +234,14 @@ absl::StatusOr<std::vector<OutKey>> Dispatcher::Encode(const Shard& shard, int64
     if (it.grad == nullptr) {
       // No gradient this step: the push says so and carries no values.
       k.no_gradient = true;
-      if (lease->link != nullptr) at += Room(it, push, pull);
+      if (lease->held()) at += Room(it, push, pull);
       continue;
     }
     const float* grad = it.grad + it.part.offset;
     const int64_t n = it.part.num_elements;
     k.size = n * BytesPerValue(it.push_dtype);
     char* out;
-    if (lease->link != nullptr) {
+    if (lease->held()) {
       out = lease->base() + at;
       k.shared.size = k.size;
       at += Room(it, push, pull);
@@ -326,15 +278,14 @@ absl::Status Dispatcher::Store(const grpc::ByteBuffer& resp, const Shard& shard,
   for (size_t i = 0; s.ok() && i < got.keys.size(); ++i) {
     WireKey& kd = got.keys[i];
     if (!kd.has_shared) continue;
-    if (lease.link == nullptr || kd.shared.region != lease.link->id ||
-        kd.shared.offset < lease.offset() || kd.shared.size < 0 ||
-        kd.shared.size > lease.offset() + kRequestBytes - kd.shared.offset) {
+    if (!lease.held() || kd.shared.region != lease.region() || kd.shared.offset < lease.offset() ||
+        kd.shared.size < 0 || kd.shared.size > lease.offset() + kRequestBytes - kd.shared.offset) {
       s = absl::InternalError(absl::StrCat("server answered key '",
                                            KeyName(kd.variable, kd.partition),
                                            "' in shared memory outside the request's slot"));
       break;
     }
-    kd.data.Add(absl::string_view(lease.link->region->data() + kd.shared.offset, kd.shared.size));
+    kd.data.Add(absl::string_view(lease.at(kd.shared.offset), kd.shared.size));
   }
   for (size_t i = 0; s.ok() && i < got.keys.size(); ++i) {
     const WireKey& kd = got.keys[i];
@@ -445,7 +396,7 @@ void Dispatcher::Send(const std::shared_ptr<Request>& r) {
   absl::StatusOr<std::vector<OutKey>> keys =
       Encode(r->shard, r->version, r->push, r->pull, &r->lease);
   if (!keys.ok()) {
-    Give(&r->lease, true);  // nothing was sent
+    SharedSlots::Give(&r->lease, true);  // nothing was sent
     return Finish(r, keys.status());
   }
   const int rank = options.rank;
@@ -470,7 +421,7 @@ void Dispatcher::Attempt(const std::shared_ptr<Request>& r) {
   r->ctx.reset();
   r->stub = servers->DataStub(r->target, r->target_moves, &r->channel);
   if (r->stub == nullptr) {
-    Give(&r->lease, false);
+    SharedSlots::Give(&r->lease, false);
     return Send(r);
   }
   if (r->channel != nullptr) {
@@ -526,13 +477,13 @@ void Dispatcher::Answered(const std::shared_ptr<Request>& r, grpc::Status st) {
     // to the backup: then encoded again for it (Attempt does the same when
     // the server moved to a new process).
     if (Route(r->shard.server) == r->target) return Attempt(r);
-    Give(&r->lease, false);
+    SharedSlots::Give(&r->lease, false);
     Send(r);
   });
 }
 
 void Dispatcher::Finish(const std::shared_ptr<Request>& r, const absl::Status& s) {
-  Give(&r->lease, s.ok());
+  SharedSlots::Give(&r->lease, s.ok());
   if (timeline != nullptr) TraceRequest(*r, s);
   OpTracker::Done(r->op.get(), r->finished ? r->finished(s) : s);
   std::function<void()> next;

@@ -41,6 +41,7 @@
 #include "worker/op_tracker.h"
 #include "worker/request_codec.h"
 #include "worker/server_links.h"
+#include "worker/shared_slots.h"
 #include "worker/timeline.h"
 
 namespace psrt {
@@ -86,16 +87,10 @@ class Dispatcher {
     std::vector<int> free_streams ABSL_GUARDED_BY(mu);
   };
   std::unique_ptr<Queue[]> queues;  // per server
-  // Shared memory with each server on this host (null: TCP): a region of
-  // kSharedSlots slots of kRequestBytes, one per request in flight.
-  struct SharedLink {
-    std::unique_ptr<SharedRegion> region;
-    uint64_t id = 0;
-    absl::Mutex mu;
-    std::vector<int> free_slots ABSL_GUARDED_BY(mu);
-  };
-  static constexpr int kSharedSlots = kWindow;
-  std::vector<std::unique_ptr<SharedLink>> shared;
+  // Shared memory with each server on this host: a slot for each request
+  // in flight.
+  SharedSlots shared;
+  static_assert(SharedSlots::kSlots == kWindow);
   std::unique_ptr<ThreadPool> pool;
   absl::Mutex mu;
   absl::flat_hash_map<std::string, Variable> variables ABSL_GUARDED_BY(mu);
@@ -154,20 +149,10 @@ class Dispatcher {
   // The most a request to server `s` carries.
   int64_t RequestBytes(int s);
 
-  // A slot of a server's shared region, held by one request.
-  struct Lease {
-    SharedLink* link = nullptr;
-    int slot = -1;
-    char* base() const { return link->region->data() + offset(); }
-    int64_t offset() const { return static_cast<int64_t>(slot) * kRequestBytes; }
-  };
+  using Lease = SharedSlots::Lease;
 
   // A free slot for a request to `server`, if it shares memory with it.
   Lease Take(int server);
-
-  // Gives a slot back after its call ended well. After a failed call the
-  // server might still write into it, so it is never used again.
-  static void Give(Lease* l, bool ok);
 
   // Offers each server on this host a shared region (servers elsewhere
   // cannot open it) and says in one line which servers it is used with.
