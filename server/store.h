@@ -335,6 +335,18 @@ class Store {
   absl::Status CheckRoomLocked(const v1::KeySpec& spec, const OptimizerConfig& optimizer,
                                Room* room) ABSL_SHARED_LOCKS_REQUIRED(map_mu_);
   absl::Status CheckSpec(const Key& key, const v1::KeySpec& spec, int32_t rank) const;
+  // RegisterKeys, by concern: the whole request checked (each key's
+  // optimizer into `optimizers`); each key found or made, with its role;
+  // its registrant counted, and the key started by rank 0's registration
+  // (StartKey: initial value, rate, the copy for its copy holder).
+  absl::Status CheckRegistration(const v1::RegisterKeysRequest& req,
+                                 std::vector<OptimizerConfig>* optimizers);
+  absl::StatusOr<Key*> FindOrAddRegistered(const v1::RegisterKeysRequest& req,
+                                           const v1::KeySpec& spec);
+  void Register(Key* key, const v1::RegisterKeysRequest& req, const v1::KeySpec& spec,
+                const OptimizerConfig& optimizer, v1::RegisterKeysResponse* resp);
+  void StartKey(Key* key, const v1::KeySpec& spec, const OptimizerConfig& optimizer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   // One update of key's value (forwarded to its copy, where it has one).
   void Apply(Key* key, const Update& update, const Origin& origin)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);

@@ -90,13 +90,24 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time 
                      "; an owner is a server index (>= 0), and a copy names its primary"));
   }
   if (absl::Status s = WaitForRestore(deadline, cancelled); !s.ok()) return s;
+  // Validate everything first: a bad request changes nothing.
+  std::vector<OptimizerConfig> optimizers;
+  if (absl::Status s = CheckRegistration(req, &optimizers); !s.ok()) return s;
+  for (int i = 0; i < req.keys_size(); ++i) {
+    absl::StatusOr<Key*> key = FindOrAddRegistered(req, req.keys(i));
+    if (!key.ok()) return key.status();
+    Register(*key, req, req.keys(i), optimizers[i], resp);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::CheckRegistration(const v1::RegisterKeysRequest& req,
+                                      std::vector<OptimizerConfig>* optimizers) {
   std::string restored_from;
   {
     absl::MutexLock lock(&restore_mu_);
     restored_from = restored_from_;
   }
-  // Validate everything first: a bad request changes nothing.
-  std::vector<OptimizerConfig> optimizers;
   Room room;
   absl::flat_hash_set<std::string> names;
   for (const v1::KeySpec& spec : req.keys()) {
@@ -120,7 +131,7 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time 
     if (!opt.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("key '", name, "': ", opt.status().message()));
     }
-    optimizers.push_back(*opt);
+    optimizers->push_back(*opt);
     if (options_.max_keys_per_variable > 0 &&
         spec.partition() >= static_cast<uint32_t>(options_.max_keys_per_variable)) {
       return absl::ResourceExhaustedError(absl::StrCat("key '", name, "': a variable has at most ",
@@ -144,68 +155,75 @@ absl::Status Store::RegisterKeys(const v1::RegisterKeysRequest& req, absl::Time 
           "): the checkpoint is of another model, or of this variable with another shape"));
     }
   }
-  for (int i = 0; i < req.keys_size(); ++i) {
-    const v1::KeySpec& spec = req.keys(i);
-    Key* key;
-    {
-      absl::MutexLock lock(&map_mu_);
-      bool added = false;
-      key = FindOrAddLocked(spec, &added);
-      if (!added) {
-        if (absl::Status s = CheckSpec(*key, spec, req.worker_rank()); !s.ok()) {
-          return s;  // lost a race with a different registration
-        }
-      }
-      if (req.replica()) {
-        absl::MutexLock lock(&key->mu);
-        if (key->role.copy_of < 0 && !key->initialized) {
-          key->role.copy_of = req.primary();
-          key->role.serving = false;
-        }
-      } else if (req.has_owner() && added) {
-        // Another server's key by the key map, served here for now.
-        absl::MutexLock lock(&key->mu);
-        key->role.copy_of = req.owner() == options_.self ? -1 : req.owner();
-      }
-    }
-    Completed completed;
-    {
-      absl::MutexLock lock(&key->mu);
-      if (key->registered.by.empty()) {
-        key->registered.by.assign(options_.num_workers, 0);
-        key->registered.first = absl::Now();
-      }
-      key->registered.by[req.worker_rank()] = 1;
-      if (resp != nullptr) resp->add_versions(key->version);
-      bytes_in_->Add(spec.init().size());
-      // Rank 0's value and optimizer settings win, once; a restarted rank 0
-      // keeps the trained weights. (A table's part needs no initial value:
-      // its rows start from its seed.)
-      if (key->initialized || !key->value->StartsFrom(spec.init())) continue;
-      InitKey(key, optimizers[i]);
-      {
-        BytesHeld held(&bytes_stored_, *key->value);
-        key->value->Start(spec.init());
-      }
-      if (!key->lr_set) key->lr = key->optimizer.lr;
-      // Only a kind with a kept copy has one for its copy holder (KeptCopy).
-      const KeptCopy* kept = key->value->kept_copy();
-      if (seed_new_ && key->role.serving && kept != nullptr) {
-        const int owner = key->role.copy_of < 0 ? options_.self : key->role.copy_of;
-        // Called at once, on this thread.
-        const absl::Status s =
-            seed_new_(owner, [&](v1::SeedRequest* copy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu) {
-              FillSeed(key, owner, copy);
-              kept->WriteCopy(copy);
-            });
-        if (!s.ok())
-          LogWarning("key '", key->name, "' was not copied to its copy holder: ", s.message());
-      }
-      NotifyWaiters(key, &completed);  // pulls that waited for rank 0
-    }
-    for (const auto& p : completed) Complete(p.get());
-  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<Store::Key*> Store::FindOrAddRegistered(const v1::RegisterKeysRequest& req,
+                                                       const v1::KeySpec& spec) {
+  absl::MutexLock lock(&map_mu_);
+  bool added = false;
+  Key* key = FindOrAddLocked(spec, &added);
+  if (!added) {
+    if (absl::Status s = CheckSpec(*key, spec, req.worker_rank()); !s.ok()) {
+      return s;  // lost a race with a different registration
+    }
+  }
+  if (req.replica()) {
+    absl::MutexLock lock(&key->mu);
+    if (key->role.copy_of < 0 && !key->initialized) {
+      key->role.copy_of = req.primary();
+      key->role.serving = false;
+    }
+  } else if (req.has_owner() && added) {
+    // Another server's key by the key map, served here for now.
+    absl::MutexLock lock(&key->mu);
+    key->role.copy_of = req.owner() == options_.self ? -1 : req.owner();
+  }
+  return key;
+}
+
+void Store::Register(Key* key, const v1::RegisterKeysRequest& req, const v1::KeySpec& spec,
+                     const OptimizerConfig& optimizer, v1::RegisterKeysResponse* resp) {
+  Completed completed;
+  {
+    absl::MutexLock lock(&key->mu);
+    if (key->registered.by.empty()) {
+      key->registered.by.assign(options_.num_workers, 0);
+      key->registered.first = absl::Now();
+    }
+    key->registered.by[req.worker_rank()] = 1;
+    if (resp != nullptr) resp->add_versions(key->version);
+    bytes_in_->Add(spec.init().size());
+    // Rank 0's value and optimizer settings win, once; a restarted rank 0
+    // keeps the trained weights. (A table's part needs no initial value:
+    // its rows start from its seed.)
+    if (key->initialized || !key->value->StartsFrom(spec.init())) return;
+    StartKey(key, spec, optimizer);
+    NotifyWaiters(key, &completed);  // pulls that waited for rank 0
+  }
+  for (const auto& p : completed) Complete(p.get());
+}
+
+void Store::StartKey(Key* key, const v1::KeySpec& spec, const OptimizerConfig& optimizer) {
+  InitKey(key, optimizer);
+  {
+    BytesHeld held(&bytes_stored_, *key->value);
+    key->value->Start(spec.init());
+  }
+  if (!key->lr_set) key->lr = key->optimizer.lr;
+  // Only a kind with a kept copy has one for its copy holder (KeptCopy).
+  const KeptCopy* kept = key->value->kept_copy();
+  if (seed_new_ && key->role.serving && kept != nullptr) {
+    const int owner = key->role.copy_of < 0 ? options_.self : key->role.copy_of;
+    // Called at once, on this thread.
+    const absl::Status s =
+        seed_new_(owner, [&](v1::SeedRequest* copy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu) {
+          FillSeed(key, owner, copy);
+          kept->WriteCopy(copy);
+        });
+    if (!s.ok())
+      LogWarning("key '", key->name, "' was not copied to its copy holder: ", s.message());
+  }
 }
 
 int64_t Store::KeyBytes(int64_t n, const OptimizerConfig& optimizer) const {
