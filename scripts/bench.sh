@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Runs every benchmark and writes its reports under BUILD_DIR/bench/.
+# Runs every benchmark but the Google Benchmark ones (kernels_bench, run by
+# hand; cuda_kernels_bench, in scripts/gpu_check.sh) and writes its reports
+# under BUILD_DIR/bench/.
 # Usage: scripts/bench.sh BUILD_DIR      (what `make bench` runs)
 set -euo pipefail
 
