@@ -62,21 +62,48 @@ std::string JsonNames(const std::vector<std::string>& names, size_t limit) {
   return out + "]";
 }
 
+bool LiveCalls::Add(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  if (closing_) return false;
+  if (ctx != nullptr) calls_.insert(ctx);
+  return true;
+}
+
+void LiveCalls::Remove(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  calls_.erase(ctx);
+}
+
+void LiveCalls::Begin() {
+  absl::MutexLock lock(&mu_);
+  ++requests_;
+}
+
+void LiveCalls::End() {
+  absl::MutexLock lock(&mu_);
+  --requests_;
+}
+
+void LiveCalls::Close(const std::function<void()>& also, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  closing_ = true;
+  for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+  also();
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return requests_ == 0; };
+  mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+}
+
 Dispatcher::~Dispatcher() {
   if (group != nullptr) group->Close();
-  absl::MutexLock lock(&calls_mu);
-  closing = true;
-  for (grpc::ClientContext* ctx : live_calls) ctx->TryCancel();
-  // Data calls end asynchronously, on gRPC's threads: wait until none
-  // will touch this object again (cancelled, they end at once).
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu) { return requests == 0; };
-  // Data channels end their calls on their own threads (CANCELLED).
-  if (servers != nullptr) servers->Close();
-  calls_mu.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
-  calls_mu.Unlock();
+  // Data calls end asynchronously, on gRPC's threads (data channels' on
+  // their own, CANCELLED): wait until none will touch this object again.
+  calls.Close(
+      [this] {
+        if (servers != nullptr) servers->Close();
+      },
+      absl::Seconds(10));
   pool.reset();  // joins its threads while everything they use still exists
   link.reset();  // its heartbeat thread follows the shard map into the members below
-  calls_mu.Lock();
 }
 
 v1::WorkerStats Dispatcher::Stats() const {
@@ -128,16 +155,9 @@ absl::Status Dispatcher::Call(int s, const char* what,
     ++attempts;
     grpc::ClientContext ctx;
     PrepareContext(&ctx, options.token, options.rpc_timeout);
-    {
-      absl::MutexLock lock(&calls_mu);
-      if (closing) return absl::CancelledError("the client is closing");
-      live_calls.insert(&ctx);
-    }
+    if (!calls.Add(&ctx)) return absl::CancelledError("the client is closing");
     grpc::Status st = rpc(&ctx);
-    {
-      absl::MutexLock lock(&calls_mu);
-      live_calls.erase(&ctx);
-    }
+    calls.Remove(&ctx);
     if (st.ok()) return absl::OkStatus();
     if (!Retry(st, start, backoff)) return CallError(s, what, st, attempts, start);
     absl::SleepFor(backoff);
@@ -352,10 +372,7 @@ void Dispatcher::Launch(std::vector<Shard> shards, const std::shared_ptr<Op>& op
     r->version = version;
     r->await_step = r->shard.await_step;
     if (adorn) adorn(r.get());
-    {
-      absl::MutexLock lock(&calls_mu);
-      ++requests;
-    }
+    calls.Begin();
     std::function<void()> send = [this, r] { Send(r); };
     if (push && r->shard.bytes >= kPoolBytes)
       send = [this, r] { pool->Schedule([this, r] { Send(r); }); };
@@ -409,10 +426,7 @@ void Dispatcher::Send(const std::shared_ptr<Request>& r) {
 
 void Dispatcher::Attempt(const std::shared_ptr<Request>& r) {
   ++r->attempts;
-  {
-    absl::MutexLock lock(&calls_mu);
-    if (closing) return Finish(r, absl::CancelledError("the client is closing"));
-  }
+  if (!calls.Add(nullptr)) return Finish(r, absl::CancelledError("the client is closing"));
   const FrameKind kind = r->await_step        ? FrameKind::kPull
                          : r->push && r->pull ? FrameKind::kPushPull
                          : r->push            ? FrameKind::kPush
@@ -430,11 +444,7 @@ void Dispatcher::Attempt(const std::shared_ptr<Request>& r) {
   }
   r->ctx = std::make_unique<grpc::ClientContext>();
   PrepareContext(r->ctx.get(), options.token, options.rpc_timeout);
-  {
-    absl::MutexLock lock(&calls_mu);
-    if (closing) return Finish(r, absl::CancelledError("the client is closing"));
-    live_calls.insert(r->ctx.get());
-  }
+  if (!calls.Add(r->ctx.get())) return Finish(r, absl::CancelledError("the client is closing"));
   const std::string& method = kind == FrameKind::kPushPull ? kPushPullMethod
                               : kind == FrameKind::kPush   ? kPushMethod
                                                            : kPullMethod;
@@ -443,10 +453,7 @@ void Dispatcher::Attempt(const std::shared_ptr<Request>& r) {
 }
 
 void Dispatcher::Answered(const std::shared_ptr<Request>& r, grpc::Status st) {
-  if (r->ctx != nullptr) {
-    absl::MutexLock lock(&calls_mu);
-    live_calls.erase(r->ctx.get());
-  }
+  if (r->ctx != nullptr) calls.Remove(r->ctx.get());
   if (st.ok()) {
     if (r->await_step) {
       // The server has applied the step before: now the push itself.
@@ -504,8 +511,7 @@ void Dispatcher::Finish(const std::shared_ptr<Request>& r, const absl::Status& s
     }
   }
   if (next) next();  // its turn: this one's place in the window
-  absl::MutexLock lock(&calls_mu);
-  --requests;
+  calls.End();
 }
 
 void Dispatcher::DescribeOp(const std::vector<Shard>& shards, Op* op) {

@@ -49,6 +49,30 @@ namespace psrt {
 // Up to `limit` names as a JSON array, and how many more there were.
 std::string JsonNames(const std::vector<std::string>& names, size_t limit = 8);
 
+// The client's calls in flight, so that closing cancels them at once, and
+// its data requests not yet finished, so that closing waits for them. Its
+// own lock.
+class LiveCalls {
+ public:
+  // Counts a call in flight, cancelled by Close (null: none, only asks):
+  // false once closing, and nothing is counted.
+  bool Add(grpc::ClientContext* ctx) ABSL_LOCKS_EXCLUDED(mu_);
+  void Remove(grpc::ClientContext* ctx) ABSL_LOCKS_EXCLUDED(mu_);
+  // A data request begun, and finished.
+  void Begin() ABSL_LOCKS_EXCLUDED(mu_);
+  void End() ABSL_LOCKS_EXCLUDED(mu_);
+  // Refuses new calls, cancels those in flight, runs `also` (under the lock,
+  // before any request ends) and waits up to `timeout` for the data
+  // requests to finish (cancelled, they end at once).
+  void Close(const std::function<void()>& also, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::Mutex mu_;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
+  int requests_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 class Dispatcher {
  public:
   using Handle = Client::Handle;
@@ -59,10 +83,7 @@ class Dispatcher {
 
   // First member: destroyed last, once no request can write to it.
   std::unique_ptr<Timeline> timeline;
-  absl::Mutex calls_mu;
-  bool closing ABSL_GUARDED_BY(calls_mu) = false;
-  absl::flat_hash_set<grpc::ClientContext*> live_calls ABSL_GUARDED_BY(calls_mu);
-  int requests ABSL_GUARDED_BY(calls_mu) = 0;  // data requests not yet finished
+  LiveCalls calls;
   ClientOptions options;
   v1::JobConfig config;
   // Before `link`, whose heartbeat thread sets them until the link is gone.
