@@ -129,7 +129,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     impl->active_workers.store(m.active_workers_size(), std::memory_order_relaxed);
   };
   lo.on_shard_map = [impl = impl.get()](const v1::ShardMap& m) { impl->FollowShardMap(m); };
-  lo.stats = [impl = impl.get()] { return impl->Stats(); };
+  lo.stats = [impl = impl.get()] { return impl->counters.Stats(); };
   absl::StatusOr<std::unique_ptr<CoordinatorLink>> link = CoordinatorLink::Connect(lo);
   if (!link.ok()) return link.status();
   impl->link = std::move(*link);
@@ -459,7 +459,7 @@ absl::Status Client::Wait(Handle handle) {
   const absl::Time end = absl::Now();
   if (timeline != nullptr) impl_->TraceWait(handle, op.get(), trace_start, s);
   if (op != nullptr && absl::StrContains(op->kind, "PULL")) {
-    impl_->pull_wait_us += absl::ToInt64Microseconds(end - start);
+    impl_->counters.Waited(end - start);
   }
   return s;
 }

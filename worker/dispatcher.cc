@@ -106,12 +106,12 @@ Dispatcher::~Dispatcher() {
   link.reset();  // its heartbeat thread follows the shard map into the members below
 }
 
-v1::WorkerStats Dispatcher::Stats() const {
+v1::WorkerStats WorkerCounters::Stats() const {
   v1::WorkerStats stats;
-  stats.set_bytes_pushed(bytes_pushed.load());
-  stats.set_bytes_pulled(bytes_pulled.load());
-  stats.set_wait_seconds(pull_wait_us.load() / 1e6);
-  stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - connected));
+  stats.set_bytes_pushed(pushed_.load());
+  stats.set_bytes_pulled(pulled_.load());
+  stats.set_wait_seconds(wait_us_.load() / 1e6);
+  stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - connected_));
   return stats;
 }
 
@@ -357,8 +357,8 @@ void Dispatcher::Launch(std::vector<Shard> shards, const std::shared_ptr<Op>& op
                         bool push, bool pull, const std::function<void(Request*)>& adorn) {
   for (const Shard& shard : shards) {
     for (const Shard::Item& it : shard.items) {
-      if (push) bytes_pushed += it.part.num_elements * BytesPerValue(it.push_dtype);
-      if (pull) bytes_pulled += it.part.num_elements * BytesPerValue(it.pull_dtype);
+      if (push) counters.Pushed(it.part.num_elements * BytesPerValue(it.push_dtype));
+      if (pull) counters.Pulled(it.part.num_elements * BytesPerValue(it.pull_dtype));
     }
   }
   const uint64_t push_id = push ? next_push_id.fetch_add(1) : 0;

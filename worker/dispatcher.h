@@ -73,6 +73,21 @@ class LiveCalls {
   int requests_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// What the job's summary says of this process (Stats, asked for by the
+// coordinator link): the bytes it pushed and pulled, how long it waited for
+// pulls and how long it has been connected. Counted without a lock.
+class WorkerCounters {
+ public:
+  void Pushed(int64_t bytes) { pushed_ += bytes; }
+  void Pulled(int64_t bytes) { pulled_ += bytes; }
+  void Waited(absl::Duration d) { wait_us_ += absl::ToInt64Microseconds(d); }
+  v1::WorkerStats Stats() const;
+
+ private:
+  std::atomic<int64_t> pushed_{0}, pulled_{0}, wait_us_{0};
+  const absl::Time connected_ = absl::Now();
+};
+
 class Dispatcher {
  public:
   using Handle = Client::Handle;
@@ -116,11 +131,8 @@ class Dispatcher {
   absl::Mutex mu;
   absl::flat_hash_map<std::string, Variable> variables ABSL_GUARDED_BY(mu);
   OpTracker ops;
+  WorkerCounters counters;
   // Push ids grow across restarts of this rank: they start at the clock.
-  // What the job's summary says of this process (Stats, asked for by the link).
-  std::atomic<int64_t> bytes_pushed{0}, bytes_pulled{0}, pull_wait_us{0};
-  const absl::Time connected = absl::Now();
-  v1::WorkerStats Stats() const;
   std::atomic<uint64_t> next_push_id{static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())) << 20};
   // The servers' links, their data channels among them. Last: destroyed
   // first, so the channels' threads' last callbacks find everything else.
