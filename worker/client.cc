@@ -149,13 +149,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   impl->servers = std::make_unique<ServerLinks>(links, barrier->shard_map());
   impl->servers_ready.store(impl->servers.get(), std::memory_order_release);
   impl->num_servers = n;
-  impl->queues = std::make_unique<Impl::Queue[]>(n);
-  if (impl->timeline != nullptr) {
-    for (int s = 0; s < n; ++s) {
-      absl::MutexLock lock(&impl->queues[s].mu);
-      for (int k = Impl::kWindow - 1; k >= 0; --k) impl->queues[s].free_streams.push_back(k);
-    }
-  }
+  impl->windows = std::make_unique<Impl::Windows>(n, impl->timeline.get());
   if (impl->config.transport() == "auto") impl->ShareMemory();
   impl->servers->OpenDataChannels();
   // Enough threads for a request in flight on every connection.

@@ -376,23 +376,52 @@ void Dispatcher::Launch(std::vector<Shard> shards, const std::shared_ptr<Op>& op
     std::function<void()> send = [this, r] { Send(r); };
     if (push && r->shard.bytes >= kPoolBytes)
       send = [this, r] { pool->Schedule([this, r] { Send(r); }); };
-    Queue& q = queues[r->shard.server];
     if (timeline != nullptr) r->queued_us = timeline->NowMicros();
-    {
-      absl::MutexLock lock(&q.mu);
-      if (q.in_flight == kWindow) {
-        q.waiting.emplace_back(r, std::move(send));
-        continue;
-      }
-      ++q.in_flight;
-      if (timeline != nullptr) {
-        r->stream = q.free_streams.back();
-        q.free_streams.pop_back();
-        r->started_us = timeline->NowMicros();
-      }
-    }
-    send();
+    if (std::function<void()> now = windows->Enter(r, std::move(send))) now();
   }
+}
+
+Dispatcher::Windows::Windows(int servers, Timeline* timeline)
+    : queues_(std::make_unique<Queue[]>(servers)), timeline_(timeline) {
+  if (timeline_ == nullptr) return;
+  for (int s = 0; s < servers; ++s) {
+    absl::MutexLock lock(&queues_[s].mu);
+    for (int k = kWindow - 1; k >= 0; --k) queues_[s].free_streams.push_back(k);
+  }
+}
+
+std::function<void()> Dispatcher::Windows::Enter(const std::shared_ptr<Request>& r,
+                                                 std::function<void()> send) {
+  Queue& q = queues_[r->shard.server];
+  absl::MutexLock lock(&q.mu);
+  if (q.in_flight == kWindow) {
+    q.waiting.emplace_back(r, std::move(send));
+    return nullptr;
+  }
+  ++q.in_flight;
+  if (timeline_ != nullptr) {
+    r->stream = q.free_streams.back();
+    q.free_streams.pop_back();
+    r->started_us = timeline_->NowMicros();
+  }
+  return send;
+}
+
+std::function<void()> Dispatcher::Windows::Leave(const Request& r) {
+  Queue& q = queues_[r.shard.server];
+  absl::MutexLock lock(&q.mu);
+  if (q.waiting.empty()) {
+    --q.in_flight;
+    if (timeline_ != nullptr) q.free_streams.push_back(r.stream);
+    return nullptr;
+  }
+  auto [waiting, send] = std::move(q.waiting.front());
+  q.waiting.pop_front();
+  if (timeline_ != nullptr) {
+    waiting->stream = r.stream;
+    waiting->started_us = timeline_->NowMicros();
+  }
+  return send;
 }
 
 void Dispatcher::Send(const std::shared_ptr<Request>& r) {
@@ -493,24 +522,8 @@ void Dispatcher::Finish(const std::shared_ptr<Request>& r, const absl::Status& s
   SharedSlots::Give(&r->lease, s.ok());
   if (timeline != nullptr) TraceRequest(*r, s);
   OpTracker::Done(r->op.get(), r->finished ? r->finished(s) : s);
-  std::function<void()> next;
-  {
-    Queue& q = queues[r->shard.server];
-    absl::MutexLock lock(&q.mu);
-    if (q.waiting.empty()) {
-      --q.in_flight;
-      if (timeline != nullptr) q.free_streams.push_back(r->stream);
-    } else {
-      auto& [waiting, send] = q.waiting.front();
-      if (timeline != nullptr) {
-        waiting->stream = r->stream;
-        waiting->started_us = timeline->NowMicros();
-      }
-      next = std::move(send);
-      q.waiting.pop_front();
-    }
-  }
-  if (next) next();  // its turn: this one's place in the window
+  // Its turn: this one's place in the window.
+  if (std::function<void()> next = windows->Leave(*r)) next();
   calls.End();
 }
 

@@ -113,16 +113,32 @@ class Dispatcher {
   // every request in flight finds a shared slot).
   static constexpr int kWindow = 8;
   struct Request;
-  struct Queue {
-    absl::Mutex mu;
-    int in_flight ABSL_GUARDED_BY(mu) = 0;
-    // Each waiting request and what sends it.
-    std::deque<std::pair<std::shared_ptr<Request>, std::function<void()>>> waiting
-        ABSL_GUARDED_BY(mu);
-    // With a timeline: the streams (tracks) no request in flight holds.
-    std::vector<int> free_streams ABSL_GUARDED_BY(mu);
+  // Each server's window, its own lock each. With a timeline, a request in
+  // flight holds one of its server's kWindow streams (tracks).
+  class Windows {
+   public:
+    Windows(int servers, Timeline* timeline);
+    // A place in r's server's window: `send`, to run now, when there is
+    // one; else null, and `send` runs once r's turn comes (Leave).
+    std::function<void()> Enter(const std::shared_ptr<Request>& r, std::function<void()> send);
+    // r leaves its window, its place (and stream) going to the first request
+    // waiting: that one's send, to run now (outside the lock), or null.
+    std::function<void()> Leave(const Request& r);
+
+   private:
+    struct Queue {
+      absl::Mutex mu;
+      int in_flight ABSL_GUARDED_BY(mu) = 0;
+      // Each waiting request and what sends it.
+      std::deque<std::pair<std::shared_ptr<Request>, std::function<void()>>> waiting
+          ABSL_GUARDED_BY(mu);
+      // With a timeline: the streams (tracks) no request in flight holds.
+      std::vector<int> free_streams ABSL_GUARDED_BY(mu);
+    };
+    std::unique_ptr<Queue[]> queues_;  // per server
+    Timeline* const timeline_;
   };
-  std::unique_ptr<Queue[]> queues;  // per server
+  std::unique_ptr<Windows> windows;
   // Shared memory with each server on this host: a slot for each request
   // in flight.
   SharedSlots shared;
