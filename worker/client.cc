@@ -394,11 +394,10 @@ absl::Status Client::RegisterTable(const std::string& name, const TableOptions& 
       OpTracker::Done(op.get(), status);
     });
   }
-  if (absl::Status s = Wait(handle); !s.ok()) return s;
-  // Its rows may have taken steps at another rate (a running or restored
-  // job's): the first rate set is sent.
-  impl_->rates.Registered(name, options.optimizer.lr, /*known=*/false);
-  return absl::OkStatus();
+  // A table's rate is not tracked (LearningRates): a rate for every
+  // variable is the dense ones', and one they hold already is not sent, so
+  // it leaves a table's own rate alone.
+  return Wait(handle);
 }
 
 Client::Handle Client::PullRows(const std::string& table, const int64_t* ids, int64_t n, float* out,

@@ -21,8 +21,11 @@ class LearningRates {
   // rate (not where the key had taken steps already: a restored checkpoint's
   // or a running job's rate may differ).
   void Registered(const std::string& name, double lr, bool known);
-  // Whether the servers hold `lr` for `variable` (empty: for every variable
-  // this worker registered), so that setting it again changes nothing.
+  // Whether the servers hold `lr` for `variable` (empty: for every dense
+  // variable this worker registered), so that setting it again changes
+  // nothing. Tables are not tracked: the plugins set every variable's rate
+  // for the dense ones, and a table of Keras or torch has a rate of its own
+  // that a rate sent for every variable would overwrite.
   bool Held(const std::string& variable, double lr) const;
   // The servers took `lr` for `variable` (empty: every variable).
   void Sent(const std::string& variable, double lr);
