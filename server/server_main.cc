@@ -209,29 +209,33 @@ absl::StatusOr<std::vector<psrt::Store::RestoredKey>> LoadKeys(const psrt::Check
                                                                int index) {
   const int num_servers = config.num_servers();
   const int started = config.started_servers();
-  absl::StatusOr<std::vector<psrt::Store::RestoredKey>> keys =
-      psrt::LoadServerKeys(from, index, num_servers, config.partition_bytes());
-  for (int owner = started; started > 0 && keys.ok() && owner < num_servers; ++owner) {
-    if (psrt::InitialServer(owner, started) != index) continue;
-    absl::StatusOr<std::vector<psrt::Store::RestoredKey>> theirs =
-        psrt::LoadServerKeys(from, owner, num_servers, config.partition_bytes());
-    if (!theirs.ok()) return theirs.status();
-    for (psrt::Store::RestoredKey& k : *theirs) {
-      k.owner = owner;
+  // Server `shard`'s keys appended to `keys`, each marked by `mark`.
+  auto append = [&](int shard, std::vector<psrt::Store::RestoredKey>* keys,
+                    const std::function<void(psrt::Store::RestoredKey&)>& mark) -> absl::Status {
+    absl::StatusOr<std::vector<psrt::Store::RestoredKey>> loaded =
+        psrt::LoadServerKeys(from, shard, num_servers, config.partition_bytes());
+    if (!loaded.ok()) return loaded.status();
+    for (psrt::Store::RestoredKey& k : *loaded) {
+      mark(k);
       keys->push_back(std::move(k));
     }
+    return absl::OkStatus();
+  };
+  std::vector<psrt::Store::RestoredKey> keys;
+  if (absl::Status s = append(index, &keys, [](psrt::Store::RestoredKey&) {}); !s.ok()) return s;
+  for (int owner = started; started > 0 && owner < num_servers; ++owner) {
+    if (psrt::InitialServer(owner, started) != index) continue;
+    absl::Status s =
+        append(owner, &keys, [owner](psrt::Store::RestoredKey& k) { k.owner = owner; });
+    if (!s.ok()) return s;
   }
-  if (keys.ok() && config.replicas() > 0 && started == 0) {
+  if (config.replicas() > 0 && started == 0) {
     const int servers_per_host = num_servers / std::max(1, config.num_hosts());
     const int backed_up =
         (index + num_servers - psrt::BackupServer(0, num_servers, servers_per_host)) % num_servers;
-    absl::StatusOr<std::vector<psrt::Store::RestoredKey>> copies =
-        psrt::LoadServerKeys(from, backed_up, num_servers, config.partition_bytes());
-    if (!copies.ok()) return copies.status();
-    for (psrt::Store::RestoredKey& k : *copies) {
-      k.copy_of = backed_up;
-      keys->push_back(std::move(k));
-    }
+    absl::Status s = append(backed_up, &keys,
+                            [backed_up](psrt::Store::RestoredKey& k) { k.copy_of = backed_up; });
+    if (!s.ok()) return s;
   }
   return keys;
 }

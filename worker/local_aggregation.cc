@@ -115,14 +115,22 @@ absl::Status Collect(GroupedPush* g) {
   return absl::OkStatus();
 }
 
+// The first of `pieces` that `waits` holds for; null: none.
+template <typename Pred>
+const Piece* FirstPiece(const Pieces& pieces, Pred waits) {
+  for (const Piece& p : pieces) {
+    if (waits(p)) return &p;
+  }
+  return nullptr;
+}
+
 // Hand-over: a step's gradient of a partition goes into this process's
 // slot once its owner summed the step before out of it.
 void HandOver(const Grouped& g) {
-  auto unsummed = [g]() -> const Piece* {
-    for (const Piece& p : g->theirs) {
-      if (p.slots->summed(p.part.index) < p.slots->handed(p.part.index, g->me)) return &p;
-    }
-    return nullptr;
+  auto unsummed = [g] {
+    return FirstPiece(g->theirs, [&](const Piece& p) {
+      return p.slots->summed(p.part.index) < p.slots->handed(p.part.index, g->me);
+    });
   };
   g->d->GroupWhen(
       Small(g->theirs), g->deadline, [unsummed] { return unsummed() == nullptr; },
@@ -176,11 +184,9 @@ absl::Status CopyBack(const GroupedPush& g) {
 
 // Hand-back: the weights of step+1 come back once the owner published them.
 void HandBack(const Grouped& g) {
-  auto unpublished = [g]() -> const Piece* {
-    for (const Piece& p : g->theirs) {
-      if (p.slots->published(p.part.index) < g->step + 1) return &p;
-    }
-    return nullptr;
+  auto unpublished = [g] {
+    return FirstPiece(
+        g->theirs, [&](const Piece& p) { return p.slots->published(p.part.index) < g->step + 1; });
   };
   g->d->GroupWhen(
       Small(g->theirs), g->deadline, [unpublished] { return unpublished() == nullptr; },
