@@ -192,7 +192,10 @@ absl::StatusOr<int64_t> Store::SetLearningRate(const v1::SetLearningRateRequest&
   {
     absl::ReaderMutexLock lock(&map_mu_);
     for (auto& [name, key] : keys_) {
-      if (req.variable().empty() || key->spec.variable() == req.variable())
+      // A rate for every variable is the dense ones': a table's optimizer
+      // has a rate of its own (psrt.keras.Embedding's lr beside the model's
+      // schedule), set by its name.
+      if (req.variable().empty() ? !key->spec.has_table() : key->spec.variable() == req.variable())
         keys.push_back(key.get());
     }
   }

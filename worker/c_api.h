@@ -152,8 +152,9 @@ int psrt_state_on_workers(const psrt_client* client);
  * differs. Every worker calls it at the same point of a sync job. */
 int psrt_check_same(psrt_client* client, const char* what, uint32_t digest);
 
-/* Sets the learning rate of `variable`, or of every variable when NULL;
- * sends nothing where the servers hold that rate already. */
+/* Sets the learning rate of `variable`, or of every dense variable when
+ * NULL (a table keeps its own until set by name); sends nothing where the
+ * servers hold that rate already. */
 int psrt_set_learning_rate(psrt_client* client, const char* variable, double lr);
 
 /* The last error of this thread, or "" if none. */

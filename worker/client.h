@@ -189,7 +189,7 @@ class Client {
   // step. The one rule every plugin follows.
   absl::StatusOr<int64_t> NextStep(const std::string& name, int64_t last = -1) const;
 
-  // Sets the learning rate of `variable` (empty: of every variable) on
+  // Sets the learning rate of `variable` (empty: of every dense variable) on
   // every server; nothing is sent where the servers hold it already as this
   // worker last set or registered it (a plugin sets the rate every step).
   absl::Status SetLearningRate(double lr, const std::string& variable = "");

@@ -23,7 +23,8 @@ bool LearningRates::Held(const std::string& variable, double lr) const {
 void LearningRates::Sent(const std::string& variable, double lr) {
   absl::MutexLock lock(&mu_);
   if (!variable.empty()) {
-    held_[variable] = lr;
+    // A table stays untracked: its rate is sent whenever it is set.
+    if (auto it = held_.find(variable); it != held_.end()) it->second = lr;
     return;
   }
   for (auto& [name, held] : held_) held = lr;

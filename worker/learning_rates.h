@@ -23,11 +23,11 @@ class LearningRates {
   void Registered(const std::string& name, double lr, bool known);
   // Whether the servers hold `lr` for `variable` (empty: for every dense
   // variable this worker registered), so that setting it again changes
-  // nothing. Tables are not tracked: the plugins set every variable's rate
-  // for the dense ones, and a table of Keras or torch has a rate of its own
-  // that a rate sent for every variable would overwrite.
+  // nothing. Tables are not tracked (never Registered): a rate for every
+  // variable is the dense ones' on the servers too, and a table's own rate
+  // is sent by name whenever it is set.
   bool Held(const std::string& variable, double lr) const;
-  // The servers took `lr` for `variable` (empty: every variable).
+  // The servers took `lr` for `variable` (empty: every dense variable).
   void Sent(const std::string& variable, double lr);
 
  private:

@@ -68,7 +68,7 @@ def reference(kind, saved, steps):
     args = w.table_args(kind)
     name, lr = args.pop("optimizer"), args.pop("lr")
     head_vars = model.get_layer("head").trainable_variables
-    head_opt = keras.optimizers.SGD(0.1)
+    head_opt = w.head_optimizer()
     if name in ("sgd", "adagrad"):
         table_opt = {"sgd": keras.optimizers.SGD, "adagrad": keras.optimizers.Adagrad}[name](lr, **args)
     else:

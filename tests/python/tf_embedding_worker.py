@@ -53,6 +53,14 @@ def build_model(table):
     return keras.Model(ids, keras.layers.Dense(1, name="head")(pooled))
 
 
+def head_optimizer():
+    """The dense layers' SGD, its rate decaying every step: the servers
+    follow the schedule for the dense variables, and the table keeps its
+    own rate."""
+    return keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1,
+                                                                            decay_rate=0.9))
+
+
 def head_weights(model):
     return [w.numpy() for w in model.get_layer("head").weights]
 
@@ -70,7 +78,7 @@ def main():
     table = psrt.keras.layers.Embedding(VOCAB, DIM, name="table", compression=psrt.Compression.none,
                                         **table_args(args.optimizer), **start)
     model = build_model(table)
-    model.compile(optimizer=psrt.keras.DistributedOptimizer(keras.optimizers.SGD(0.1),
+    model.compile(optimizer=psrt.keras.DistributedOptimizer(head_optimizer(),
                                                             compression=psrt.Compression.none),
                   loss="mse", jit_compile=False)
     rank, size = psrt.rank(), psrt.size()

@@ -40,5 +40,16 @@ TEST(LearningRatesTest, AnUnknownRateIsSentOnceThenHeld) {
   EXPECT_TRUE(rates.Held("t", 0.1));
 }
 
+TEST(LearningRatesTest, ATableSetByNameStaysOutOfEveryVariablesRate) {
+  LearningRates rates;
+  rates.Registered("w", 0.1, /*known=*/true);
+  rates.Sent("table", 0.5);  // never registered here: a table
+  EXPECT_FALSE(rates.Held("table", 0.5));
+  EXPECT_TRUE(rates.Held("", 0.1));
+  rates.Sent("", 0.2);  // the dense variables' rate leaves the table's alone
+  EXPECT_FALSE(rates.Held("table", 0.2));
+  EXPECT_TRUE(rates.Held("w", 0.2));
+}
+
 }  // namespace
 }  // namespace psrt

@@ -851,6 +851,24 @@ absl::StatusOr<std::vector<float>> PullRows(Store& store, int64_t version,
   return Floats(resp.keys(0).data());
 }
 
+// A rate for every variable is the dense variables': a table keeps its own
+// (psrt.keras.Embedding's lr beside the model's schedule) until set by name.
+TEST(StoreTest, ARateForEveryVariableLeavesATablesOwnRate) {
+  Metrics m("t");
+  Store store(Sync(1), &m);
+  ASSERT_TRUE(store.RegisterKeys(RegReq(0, {Simple("a", kW0), TablePart()})).ok());
+  v1::SetLearningRateRequest lr;
+  lr.set_worker_rank(0);
+  lr.set_lr(0.5);
+  absl::StatusOr<int64_t> changed = store.SetLearningRate(lr);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_EQ(*changed, 1);  // "a" alone
+  lr.set_variable("t");
+  changed = store.SetLearningRate(lr);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_EQ(*changed, 1);
+}
+
 // Steps 0..steps-1 of two workers on a table; worker 1 skips its push of
 // the last step when `half` (the step is then half done).
 void TrainTable(Store& store, int steps, bool half) {
