@@ -521,10 +521,17 @@ void Dispatcher::Answered(const std::shared_ptr<Request>& r, grpc::Status st) {
 void Dispatcher::Finish(const std::shared_ptr<Request>& r, const absl::Status& s) {
   SharedSlots::Give(&r->lease, s.ok());
   if (timeline != nullptr) TraceRequest(*r, s);
-  OpTracker::Done(r->op.get(), r->finished ? r->finished(s) : s);
+  EndPart(r->op.get(), r->finished ? r->finished(s) : s);
   // Its turn: this one's place in the window.
   if (std::function<void()> next = windows->Leave(*r)) next();
   calls.End();
+}
+
+void Dispatcher::Continue(const std::shared_ptr<Op>& op, absl::StatusOr<Requests> next) {
+  if (!next.ok()) return EndPart(op.get(), next.status());
+  OpTracker::Add(op.get(), static_cast<int>(next->shards.size()));
+  Launch(std::move(next->shards), op, next->version, next->push, next->pull, next->adorn);
+  EndPart(op.get(), absl::OkStatus());
 }
 
 void Dispatcher::DescribeOp(const std::vector<Shard>& shards, Op* op) {

@@ -298,14 +298,36 @@ class Dispatcher {
   // gradients and pushes once for all; the others hand their gradients over
   // and copy the weights it pulled.
   Handle StartGrouped(std::vector<TensorRef> tensors, int64_t version, bool pull);
-  // Runs `work` once `ready` holds in the host group, or with why not
-  // (`missing`) at `deadline` or when the job fails: on the caller's thread
-  // when it holds already and `here` (small pieces), else on the pool
-  // (copies and sums of big tensors leave the caller's thread, as encoding
-  // does: pushes overlap backward).
-  void GroupWhen(bool here, absl::Time deadline, std::function<bool()> ready,
-                 std::function<std::string()> missing,
-                 std::function<void(const absl::Status&)> work);
+  // Requests that a part of an operation goes on as (Continue).
+  struct Requests {
+    std::vector<Shard> shards;
+    int64_t version = 0;
+    bool push = false, pull = false;
+    std::function<void(Request*)> adorn;  // Launch's
+  };
+  // A stage of local aggregation: a pending part of `op` that waits for the
+  // host group where a request waits for a server. Once `ready` holds,
+  // `work` runs; with why not (`missing`) at `deadline` or when the job
+  // fails, it does not. The part then ends (EndPart) with the result, or,
+  // with `next`, goes on as its requests (Continue), made in the
+  // operation's turn (`ticket`, Dispatcher::turns) when `in_turn`.
+  struct GroupStage {
+    std::shared_ptr<Op> op;
+    // Small pieces: the work runs on the caller's thread when `ready`
+    // holds at once; else on the pool (copies and sums of big tensors
+    // leave the caller's thread, as encoding does: pushes overlap backward).
+    bool here = false;
+    absl::Time deadline;
+    std::function<bool()> ready;
+    std::function<std::string()> missing;
+    std::function<absl::Status()> work;
+    std::function<absl::StatusOr<Requests>()> next;
+    bool in_turn = false;
+    uint64_t ticket = 0;
+  };
+  void Await(GroupStage stage);
+  // The rest of a stage once its wait ended with `s`.
+  void RunStage(const std::shared_ptr<GroupStage>& stage, absl::Status s);
   // A sync push of a table's rows in a host group (worker/local_row_sums.cc):
   // a part's owner sums the host's rows per id and pushes them once for all;
   // the others hand theirs over. `sets` and `await` are StartRows's.
@@ -336,6 +358,13 @@ class Dispatcher {
   void Answered(const std::shared_ptr<Request>& r, grpc::Status st);
 
   void Finish(const std::shared_ptr<Request>& r, const absl::Status& s);
+
+  // Ends one pending part of `op` with `s`: a request's (Finish) or a
+  // group stage's. The one place a part ends.
+  static void EndPart(Op* op, const absl::Status& s) { OpTracker::Done(op, s); }
+  // A pending part of `op` goes on as `next`'s requests, one part each
+  // (none: it ends), or ends with its error.
+  void Continue(const std::shared_ptr<Op>& op, absl::StatusOr<Requests> next);
 
   // The timeline's description of an operation, for its WAIT event.
   static void DescribeOp(const std::vector<Shard>& shards, Op* op);

@@ -10,7 +10,8 @@
 //     into the weight buffer of the step's parity and publishes it (Own).
 //
 // The control words order each slot's writes and reads, so no lock spans
-// the processes. Each part of an operation ends its Op like a request does.
+// the processes. Each of these is a stage of the dispatcher's pipeline
+// (Dispatcher::GroupStage): a part of the operation, ended as a request's is.
 
 #include <cstring>
 #include <memory>
@@ -66,7 +67,7 @@ void Add(const float* __restrict x, float* __restrict acc, int64_t n) {
 }
 
 // One grouped push: its pieces, this process's to push and those it hands
-// over, and what its stages share. Each stage's callbacks hold it.
+// over, and what its stages share. Each stage's functions hold it.
 struct GroupedPush {
   Dispatcher* d = nullptr;
   std::vector<TensorRef> refs;  // the pieces point into it
@@ -132,31 +133,34 @@ void HandOver(const Grouped& g) {
       return p.slots->summed(p.part.index) < p.slots->handed(p.part.index, g->me);
     });
   };
-  g->d->GroupWhen(
-      Small(g->theirs), g->deadline, [unsummed] { return unsummed() == nullptr; },
-      [g, unsummed] {
-        const Piece* p = unsummed();
-        if (p == nullptr) return std::string();
-        return absl::StrCat(g->group().Who(p->slots->owner(p->part.index)), " did not sum step ",
-                            g->step - 2, " of '", p->key(),
-                            "', so this process could not hand over its gradient of step ",
-                            g->step - 1);
-      },
-      [g](const absl::Status& status) {
-        absl::Status s = status;
-        for (const Piece& p : g->theirs) {
-          if (!s.ok()) break;
-          const int64_t at = p.part.offset;
-          if (p.tensor->grad == nullptr) {
-            p.slots->set_empty(p.part.index, g->me, g->step);  // no gradient this step
-          } else {
-            s = CopyFloats(p.tensor->grad + at, p.slots->grad(g->me) + at, p.part.num_elements);
-          }
-          if (s.ok()) p.slots->set_handed(p.part.index, g->me, g->step);
-        }
-        if (s.ok()) g->group().Ring();
-        OpTracker::Done(g->op.get(), s);
-      });
+  Dispatcher::GroupStage stage;
+  stage.op = g->op;
+  stage.here = Small(g->theirs);
+  stage.deadline = g->deadline;
+  stage.ready = [unsummed] { return unsummed() == nullptr; };
+  stage.missing = [g, unsummed] {
+    const Piece* p = unsummed();
+    if (p == nullptr) return std::string();
+    return absl::StrCat(
+        g->group().Who(p->slots->owner(p->part.index)), " did not sum step ", g->step - 2, " of '",
+        p->key(), "', so this process could not hand over its gradient of step ", g->step - 1);
+  };
+  stage.work = [g] {
+    for (const Piece& p : g->theirs) {
+      const int64_t at = p.part.offset;
+      if (p.tensor->grad == nullptr) {
+        p.slots->set_empty(p.part.index, g->me, g->step);  // no gradient this step
+      } else if (absl::Status s = CopyFloats(p.tensor->grad + at, p.slots->grad(g->me) + at,
+                                             p.part.num_elements);
+                 !s.ok()) {
+        return s;
+      }
+      p.slots->set_handed(p.part.index, g->me, g->step);
+    }
+    g->group().Ring();
+    return absl::OkStatus();
+  };
+  g->d->Await(std::move(stage));
 }
 
 // Copies the weights of the pieces handed over back from the buffers their
@@ -188,17 +192,19 @@ void HandBack(const Grouped& g) {
     return FirstPiece(
         g->theirs, [&](const Piece& p) { return p.slots->published(p.part.index) < g->step + 1; });
   };
-  g->d->GroupWhen(
-      Small(g->theirs), g->deadline, [unpublished] { return unpublished() == nullptr; },
-      [g, unpublished] {
-        const Piece* p = unpublished();
-        if (p == nullptr) return std::string();
-        return absl::StrCat(g->group().Who(p->slots->owner(p->part.index)),
-                            " did not hand back the weights of '", p->key(), "' of step ", g->step);
-      },
-      [g](const absl::Status& status) {
-        OpTracker::Done(g->op.get(), status.ok() ? CopyBack(*g) : status);
-      });
+  Dispatcher::GroupStage stage;
+  stage.op = g->op;
+  stage.here = Small(g->theirs);
+  stage.deadline = g->deadline;
+  stage.ready = [unpublished] { return unpublished() == nullptr; };
+  stage.missing = [g, unpublished] {
+    const Piece* p = unpublished();
+    if (p == nullptr) return std::string();
+    return absl::StrCat(g->group().Who(p->slots->owner(p->part.index)),
+                        " did not hand back the weights of '", p->key(), "' of step ", g->step);
+  };
+  stage.work = [g] { return CopyBack(*g); };
+  g->d->Await(std::move(stage));
 }
 
 // Sums the host's gradients of a piece into this process's slot, in
@@ -282,7 +288,8 @@ absl::Status Published(const GroupedPush& g,
 // The push: one for the host, of the partitions summed here (their
 // variables' other partitions are other owners'), for all its processes
 // (PushRequest.also_for). `empty`: tensors no process had a gradient of.
-void PushSums(const Grouped& g, const absl::flat_hash_set<std::string>& empty) {
+absl::StatusOr<Dispatcher::Requests> PushSums(const Grouped& g,
+                                              const absl::flat_hash_set<std::string>& empty) {
   Dispatcher* d = g->d;
   absl::flat_hash_map<std::string, std::vector<const Piece*>> by_name;
   std::vector<TensorRef> sums;
@@ -307,15 +314,15 @@ void PushSums(const Grouped& g, const absl::flat_hash_set<std::string>& empty) {
         return var;
       },
       limits, true, g->pull, false);
-  if (!shards.ok()) return OpTracker::Done(g->op.get(), shards.status());
+  if (!shards.ok()) return shards.status();
   auto owned = std::make_shared<absl::flat_hash_map<std::string, std::vector<const Piece*>>>(
       std::move(by_name));
-  OpTracker::Add(g->op.get(), static_cast<int>(shards->size()));
-  d->Launch(*std::move(shards), g->op, g->version, true, g->pull, [&](Dispatcher::Request* r) {
+  Dispatcher::Requests next{*std::move(shards), g->version, true, g->pull};
+  next.adorn = [g, owned](Dispatcher::Request* r) {
     r->also_for = g->group().others();
     r->finished = [g, owned, r](const absl::Status& s) { return Published(*g, *owned, *r, s); };
-  });
-  OpTracker::Done(g->op.get(), absl::OkStatus());
+  };
+  return next;
 }
 
 // The owned pieces: once every other process handed its gradient over, and
@@ -331,47 +338,59 @@ void Own(const Grouped& g) {
     }
     return {nullptr, -1};
   };
-  g->d->GroupWhen(
-      Small(g->mine), g->deadline, [unhanded] { return unhanded().first == nullptr; },
-      [g, unhanded] {
-        auto [p, r] = unhanded();
-        if (p == nullptr) return std::string();
-        if (r == g->me) {
-          return absl::StrCat("this process's push of '", p->key(), "' of step ", g->step - 2,
-                              " did not end");
-        }
-        return absl::StrCat(g->group().Who(r), " did not hand over its gradient of '", p->key(),
-                            "' of step ", g->step - 1);
-      },
-      [g](const absl::Status& status) {
-        absl::Status s = status;
-        absl::flat_hash_set<std::string> empty;  // tensors no process had a gradient of
-        for (const Piece& p : g->mine) {
-          if (!s.ok()) break;
-          bool none = false;
-          s = SumPiece(*g, p, &none);
-          if (none) empty.insert(p.tensor->name);
-        }
-        if (!s.ok()) return g->d->turns.Run(g->ticket, [g, s] { OpTracker::Done(g->op.get(), s); });
-        g->group().Ring();
-        // In the order of the operations (see Dispatcher::turns).
-        g->d->turns.Run(g->ticket, [g, empty = std::move(empty)] { PushSums(g, empty); });
-      });
+  Dispatcher::GroupStage stage;
+  stage.op = g->op;
+  stage.here = Small(g->mine);
+  stage.deadline = g->deadline;
+  stage.ready = [unhanded] { return unhanded().first == nullptr; };
+  stage.missing = [g, unhanded] {
+    auto [p, r] = unhanded();
+    if (p == nullptr) return std::string();
+    if (r == g->me) {
+      return absl::StrCat("this process's push of '", p->key(), "' of step ", g->step - 2,
+                          " did not end");
+    }
+    return absl::StrCat(g->group().Who(r), " did not hand over its gradient of '", p->key(),
+                        "' of step ", g->step - 1);
+  };
+  auto empty = std::make_shared<absl::flat_hash_set<std::string>>();  // no process's gradient
+  stage.work = [g, empty] {
+    for (const Piece& p : g->mine) {
+      bool none = false;
+      if (absl::Status s = SumPiece(*g, p, &none); !s.ok()) return s;
+      if (none) empty->insert(p.tensor->name);
+    }
+    g->group().Ring();
+    return absl::OkStatus();
+  };
+  stage.next = [g, empty] { return PushSums(g, *empty); };
+  // In the order of the operations (see Dispatcher::turns).
+  stage.in_turn = true;
+  stage.ticket = g->ticket;
+  g->d->Await(std::move(stage));
 }
 
 }  // namespace
 
-void Dispatcher::GroupWhen(bool here, absl::Time deadline, std::function<bool()> ready,
-                           std::function<std::string()> missing,
-                           std::function<void(const absl::Status&)> work) {
-  if (ready()) {
-    if (here) return work(absl::OkStatus());
-    return pool->Schedule([work = std::move(work)] { work(absl::OkStatus()); });
+void Dispatcher::Await(GroupStage stage) {
+  auto st = std::make_shared<GroupStage>(std::move(stage));
+  if (st->ready()) {
+    if (st->here) return RunStage(st, absl::OkStatus());
+    return pool->Schedule([this, st] { RunStage(st, absl::OkStatus()); });
   }
-  group->When(std::move(ready), std::move(missing), deadline,
-              [this, work = std::move(work)](const absl::Status& s) {
-                pool->Schedule([work, s] { work(s); });
-              });
+  group->When(st->ready, st->missing, st->deadline, [this, st](const absl::Status& s) {
+    pool->Schedule([this, st, s] { RunStage(st, s); });
+  });
+}
+
+void Dispatcher::RunStage(const std::shared_ptr<GroupStage>& stage, absl::Status s) {
+  if (s.ok()) s = stage->work();
+  if (!stage->next) return EndPart(stage->op.get(), s);
+  auto go = [this, stage, s] {
+    Continue(stage->op, s.ok() ? stage->next() : absl::StatusOr<Requests>(s));
+  };
+  if (!stage->in_turn) return go();
+  turns.Run(stage->ticket, std::move(go));
 }
 
 Dispatcher::Handle Dispatcher::StartGrouped(std::vector<TensorRef> tensors, int64_t version,

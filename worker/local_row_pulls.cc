@@ -52,69 +52,69 @@ Dispatcher::Handle Dispatcher::StartGroupedPull(const std::string& table, const 
   }
   auto [handle, op] =
       ops.New((pulled.empty() ? 0 : 1) + (waits->empty() ? 0 : 1), absl::OkStatus(), "PULL");
-  // Pulls rows `which` (positions in ids) from the servers as part of op;
-  // `then` (if set) ends each server's part.
+  // The requests for rows `which` (positions in ids); `then` (if set) ends
+  // each server's part.
   auto pull = [this, table, var, ids, out, version](
-                  const std::vector<int64_t>& which, const std::shared_ptr<Op>& op,
+                  const std::vector<int64_t>& which,
                   std::function<absl::Status(const RowSet&, const absl::Status&)> then) {
     std::vector<std::shared_ptr<RowSet>> sets =
         SplitRows(ids, which.data(), static_cast<int64_t>(which.size()), nullptr, 0, num_servers);
-    std::vector<Shard> shards;
+    Requests next{{}, version, false, true};
     for (int s = 0; s < num_servers; ++s) {
-      if (!sets[s]->ids.empty()) shards.push_back(RowsShard(table, var, s, sets[s], out, false));
+      if (!sets[s]->ids.empty())
+        next.shards.push_back(RowsShard(table, var, s, sets[s], out, false));
     }
-    OpTracker::Add(op.get(), static_cast<int>(shards.size()));
-    Launch(std::move(shards), op, version, false, true, [then](Request* r) {
-      if (!then) return;
-      std::shared_ptr<const RowSet> rows = r->shard.items.front().rows;
-      r->finished = [then, rows](const absl::Status& s) { return then(*rows, s); };
-    });
-    OpTracker::Done(op.get(), absl::OkStatus());
+    if (then) {
+      next.adorn = [then](Request* r) {
+        std::shared_ptr<const RowSet> rows = r->shard.items.front().rows;
+        r->finished = [then, rows](const absl::Status& s) { return then(*rows, s); };
+      };
+    }
+    return next;
   };
   if (!pulled.empty()) {
     // A claimed row goes into the cache if the server answered the step's
     // version; else its entry fails and whoever waits pulls it.
-    pull(pulled, op,
-         [this, slots, claimed, out, dim, version, me](const RowSet& rows, const absl::Status& s) {
-           for (int64_t at : rows.at) {
-             auto it = claimed->find(at);
-             if (it == claimed->end()) continue;
-             const bool cached = s.ok() && rows.version == version;
-             slots->Fill(it->second, version, me, cached ? out + at * dim : nullptr);
-           }
-           group->Ring();
-           return s;
-         });
+    auto fill = [this, slots, claimed, out, dim, version, me](const RowSet& rows,
+                                                              const absl::Status& s) {
+      for (int64_t at : rows.at) {
+        auto it = claimed->find(at);
+        if (it == claimed->end()) continue;
+        const bool cached = s.ok() && rows.version == version;
+        slots->Fill(it->second, version, me, cached ? out + at * dim : nullptr);
+      }
+      group->Ring();
+      return s;
+    };
+    Continue(op, pull(pulled, std::move(fill)));
   }
   if (waits->empty()) return handle;
-  const absl::Time deadline = absl::Now() + options.rpc_timeout;
   auto fetching = [waits, version]() -> const Wait* {
     for (const Wait& w : *waits) {
       if (HostGroup::Slots::Fetching(w.entry, version, w.claimer)) return &w;
     }
     return nullptr;
   };
-  group->When(
-      [fetching] { return fetching() == nullptr; },
-      [this, fetching, table, ids, version] {
-        const Wait* w = fetching();
-        if (w == nullptr) return std::string();
-        return absl::StrCat(group->Who(w->claimer), " did not pull the row of id ", ids[w->at],
-                            " of table '", table, "' at version ", version, " for its host");
-      },
-      deadline,
-      [this, slots, waits, ids, out, dim, version, pull, op = op](const absl::Status& status) {
-        pool->Schedule([slots, waits, ids, out, dim, version, pull, op, status] {
-          if (!status.ok()) return OpTracker::Done(op.get(), status);
-          // Rows whose entry failed or was taken over: pulled here.
-          std::vector<int64_t> again;
-          for (const Wait& w : *waits) {
-            if (!slots->Copy(w.entry, version, ids[w.at], out + w.at * dim)) again.push_back(w.at);
-          }
-          if (again.empty()) return OpTracker::Done(op.get(), absl::OkStatus());
-          pull(again, op, nullptr);
-        });
-      });
+  // Rows whose entry failed or was taken over: pulled here.
+  auto again = std::make_shared<std::vector<int64_t>>();
+  GroupStage stage;
+  stage.op = op;
+  stage.deadline = absl::Now() + options.rpc_timeout;
+  stage.ready = [fetching] { return fetching() == nullptr; };
+  stage.missing = [this, fetching, table, ids, version] {
+    const Wait* w = fetching();
+    if (w == nullptr) return std::string();
+    return absl::StrCat(group->Who(w->claimer), " did not pull the row of id ", ids[w->at],
+                        " of table '", table, "' at version ", version, " for its host");
+  };
+  stage.work = [slots, waits, again, ids, out, dim, version] {
+    for (const Wait& w : *waits) {
+      if (!slots->Copy(w.entry, version, ids[w.at], out + w.at * dim)) again->push_back(w.at);
+    }
+    return absl::OkStatus();
+  };
+  stage.next = [again, pull]() -> absl::StatusOr<Requests> { return pull(*again, nullptr); };
+  Await(std::move(stage));
   return handle;
 }
 

@@ -66,7 +66,7 @@ absl::StatusOr<PartRows> ReadPart(const char* seg, int64_t bytes, int64_t parts,
 }
 
 // One grouped push of a table's rows, and what its stages share. Each
-// stage's callbacks hold it.
+// stage's functions hold it.
 struct GroupedRows {
   Dispatcher* d = nullptr;
   std::string table;
@@ -122,18 +122,19 @@ void HandOverRows(const Rows& g) {
   };
   // On the pool (rows are small next to a dense gradient; the pool keeps
   // the caller's thread free all the same).
-  g->d->GroupWhen(
-      false, g->deadline, [unsummed] { return unsummed() < 0; },
-      [g, unsummed] {
-        const int64_t p = unsummed();
-        if (p < 0) return std::string();
-        return absl::StrCat(g->group().Who(g->slots->owner(p)), " did not sum the rows of '",
-                            KeyName(g->table, p), "' of step ", g->step - 2,
-                            ", so this process could not hand over its rows of step ", g->step - 1);
-      },
-      [g](const absl::Status& status) {
-        OpTracker::Done(g->op.get(), status.ok() ? WriteRows(*g) : status);
-      });
+  Dispatcher::GroupStage stage;
+  stage.op = g->op;
+  stage.deadline = g->deadline;
+  stage.ready = [unsummed] { return unsummed() < 0; };
+  stage.missing = [g, unsummed] {
+    const int64_t p = unsummed();
+    if (p < 0) return std::string();
+    return absl::StrCat(g->group().Who(g->slots->owner(p)), " did not sum the rows of '",
+                        KeyName(g->table, p), "' of step ", g->step - 2,
+                        ", so this process could not hand over its rows of step ", g->step - 1);
+  };
+  stage.work = [g] { return WriteRows(*g); };
+  g->d->Await(std::move(stage));
 }
 
 // The host's rows of part `p` summed per id, in local-rank order, each
@@ -186,38 +187,37 @@ void OwnRows(const Rows& g) {
     }
     return {-1, -1};
   };
-  g->d->GroupWhen(
-      false, g->deadline, [unhanded] { return unhanded().first < 0; },
-      [g, unhanded] {
-        auto [p, r] = unhanded();
-        if (p < 0) return std::string();
-        return absl::StrCat(g->group().Who(r), " did not hand over its rows of '",
-                            KeyName(g->table, p), "' of step ", g->step - 1);
-      },
-      [g](const absl::Status& status) {
-        absl::Status s = status;
-        std::vector<Shard> shards;
-        for (uint32_t p : g->mine) {
-          if (!s.ok()) break;
-          absl::StatusOr<std::shared_ptr<RowSet>> sum = SumRows(*g, p);
-          if (!sum.ok()) {
-            s = sum.status();
-            break;
-          }
-          shards.push_back(Dispatcher::RowsShard(g->table, g->var, static_cast<int>(p),
-                                                 *std::move(sum), nullptr, g->await[p]));
-        }
-        if (!s.ok()) return g->d->turns.Run(g->ticket, [g, s] { OpTracker::Done(g->op.get(), s); });
-        // The sums are this process's: the others may hand over the next step.
-        for (uint32_t p : g->mine) g->slots->set_summed(p, g->step);
-        g->group().Ring();
-        g->d->turns.Run(g->ticket, [g, shards = std::move(shards)]() mutable {
-          OpTracker::Add(g->op.get(), static_cast<int>(shards.size()));
-          g->d->Launch(std::move(shards), g->op, g->version, true, false,
-                       [g](Dispatcher::Request* r) { r->also_for = g->group().others(); });
-          OpTracker::Done(g->op.get(), absl::OkStatus());
-        });
-      });
+  Dispatcher::GroupStage stage;
+  stage.op = g->op;
+  stage.deadline = g->deadline;
+  stage.ready = [unhanded] { return unhanded().first < 0; };
+  stage.missing = [g, unhanded] {
+    auto [p, r] = unhanded();
+    if (p < 0) return std::string();
+    return absl::StrCat(g->group().Who(r), " did not hand over its rows of '", KeyName(g->table, p),
+                        "' of step ", g->step - 1);
+  };
+  auto shards = std::make_shared<std::vector<Shard>>();
+  stage.work = [g, shards] {
+    for (uint32_t p : g->mine) {
+      absl::StatusOr<std::shared_ptr<RowSet>> sum = SumRows(*g, p);
+      if (!sum.ok()) return sum.status();
+      shards->push_back(Dispatcher::RowsShard(g->table, g->var, static_cast<int>(p),
+                                              *std::move(sum), nullptr, g->await[p]));
+    }
+    // The sums are this process's: the others may hand over the next step.
+    for (uint32_t p : g->mine) g->slots->set_summed(p, g->step);
+    g->group().Ring();
+    return absl::OkStatus();
+  };
+  stage.next = [g, shards]() -> absl::StatusOr<Dispatcher::Requests> {
+    Dispatcher::Requests next{std::move(*shards), g->version, true, false};
+    next.adorn = [g](Dispatcher::Request* r) { r->also_for = g->group().others(); };
+    return next;
+  };
+  stage.in_turn = true;
+  stage.ticket = g->ticket;
+  g->d->Await(std::move(stage));
 }
 
 }  // namespace
