@@ -39,19 +39,25 @@ class Images(Dataset):
 
 
 class Net(L.LightningModule):
-    def __init__(self, parts=1, optimizer="sgd"):
+    def __init__(self, parts=1, optimizer="sgd", name="body"):
         super().__init__()
         torch.manual_seed(0)
         self.parts = parts  # the reference's workers, each through the model on its own
         self.optimizer = optimizer
-        self.body = torch.nn.Sequential(
+        # The layers' name: the parameters' names are the servers' keys, each
+        # model of a job of several (--configs) its own.
+        self.layers_name = name
+        self.add_module(name, torch.nn.Sequential(
             torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
             torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, CLASSES))
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, CLASSES)))
+
+    def layers(self):
+        return getattr(self, self.layers_name)
 
     def training_step(self, batch, i):
         x, y = batch
-        losses = [torch.nn.functional.cross_entropy(self.body(xs), ys)
+        losses = [torch.nn.functional.cross_entropy(self.layers()(xs), ys)
                   for xs, ys in zip(x.chunk(self.parts), y.chunk(self.parts))]
         loss = sum(losses) / self.parts
         self.log("train_loss", loss, sync_dist=True)
@@ -102,8 +108,15 @@ def main(argv=None):
     ap.add_argument("--iterable", action="store_true", help="the data as an IterableDataset")
     ap.add_argument("--resume", help="fit's ckpt_path")
     ap.add_argument("--optimizer", choices=["sgd", "rmsprop"], default="sgd")
+    ap.add_argument("--name", default="body", help="the layers' name (Net)")
+    ap.add_argument("--configs", help="a JSON list of argument lists: one after the other in this job, the "
+                    "i-th with --name ci and its files under OUT.ci")
     ap.add_argument("--out", required=True)
     opts = ap.parse_args(argv)
+    if opts.configs:
+        for i, args in enumerate(json.loads(opts.configs)):
+            main(args + ["--name", "c%d" % i, "--out", "%s.c%d" % (opts.out, i)])
+        return
     L.seed_everything(0)
     data = Images()
     common = dict(max_steps=opts.steps, accumulate_grad_batches=opts.accumulation, gradient_clip_val=0.5,
@@ -117,16 +130,25 @@ def main(argv=None):
     else:
         common["precision"] = opts.precision
     if opts.reference:
-        model = Net(parts=opts.reference, optimizer=opts.optimizer)
+        model = Net(parts=opts.reference, optimizer=opts.optimizer, name=opts.name)
         loader = DataLoader(data, batch_size=PER_DEVICE * opts.reference, sampler=Interleaved(data, opts.reference))
         L.Trainer(default_root_dir=opts.out + ".reference", **common).fit(model, loader)
         torch.save({k: v.detach().clone() for k, v in model.named_parameters()}, opts.out + ".reference.pt")
         return
     from psrt.torch.lightning import PsrtStrategy
     import psrt.torch as psrt
-    model = Net(optimizer=opts.optimizer)
+    model = Net(optimizer=opts.optimizer, name=opts.name)
     psrt.init()
     root = "%s.rank%d" % (opts.out, psrt.rank())
+    if opts.resume and opts.iterable:
+        # Both refusals in one job: ckpt_path's, at fit's start before any
+        # optimizer is made (printed), then the IterableDataset's.
+        try:
+            L.Trainer(strategy=PsrtStrategy(), default_root_dir=root, **common).fit(
+                model, DataLoader(data, batch_size=PER_DEVICE, shuffle=True), ckpt_path=opts.resume)
+        except psrt.PsrtError as e:
+            print("rank %d: refused: %s" % (psrt.rank(), e), flush=True)
+        opts.resume = None
     trainer = L.Trainer(strategy=PsrtStrategy(), default_root_dir=root, **common)
     if opts.iterable:
         loader = DataLoader(Stream(), batch_size=PER_DEVICE)

@@ -4,6 +4,7 @@ clipping, two workers under psrt-run, against one process with Lightning's
 own strategy on the mean gradient (each worker's part of the global batch
 through the model on its own), with gradient accumulation and bf16 autocast."""
 
+import json
 import os
 import re
 import tempfile
@@ -11,7 +12,7 @@ import tempfile
 import pytest
 import torch
 
-from jobs import EXAMPLES, HERE, job_reports, references, run_job, shard_order
+from jobs import EXAMPLES, HERE, failure_text, references, run_job, shard_order
 import lightning_worker as w
 
 WORKER = os.path.join(HERE, "lightning_worker.py")
@@ -33,39 +34,64 @@ def arguments(accumulation, precision, optimizer="sgd"):
     return ["--accumulation", str(accumulation), "--precision", precision, "--optimizer", optimizer]
 
 
+# Every runnable configuration, each model's layers named by its place here
+# (Net's name: the servers' keys of one are not another's).
+TRAINED = [c for c in CONFIGS if runnable(c[1])] + [RMSPROP]
+
+
+def name(config):
+    return "c%d" % TRAINED.index(config)
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """{configuration: one process's parameters on the mean gradient}, every
     configuration's made by one process (Lightning imported once)."""
     d = tmp_path_factory.mktemp("reference")
-    configs = [c for c in CONFIGS if runnable(c[1])] + [RMSPROP]
-    out = {c: os.path.join(d, "r%d" % i) for i, c in enumerate(configs)}
-    references(WORKER, [arguments(*c) + ["--out", out[c]] for c in configs])
-    return {c: torch.load(out[c] + ".reference.pt") for c in configs}
+    out = {c: os.path.join(d, name(c)) for c in TRAINED}
+    references(WORKER, [arguments(*c) + ["--name", name(c), "--out", out[c]] for c in TRAINED])
+    return {c: torch.load(out[c] + ".reference.pt") for c in TRAINED}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """{configuration: (each rank's parameters, each rank's report)}, every
+    configuration trained in turn by one job of two workers (each worker
+    imports Lightning once: most of a job's time)."""
+    out = os.path.join(tmp_path_factory.mktemp("trained"), "r")
+    code, log = run_job(WORKER, ["--configs", json.dumps([arguments(*c) for c in TRAINED]), "--out", out])
+    assert code == 0, failure_text(log)
+    got = {}
+    for c in TRAINED:
+        part = "%s.%s" % (out, name(c))
+        reports = []
+        for r in range(2):
+            with open("%s.rank%d.json" % (part, r)) as f:
+                reports.append(json.load(f))
+        got[c] = ([torch.load("%s.rank%d.pt" % (part, r)) for r in range(2)], reports)
+    return got
 
 
 @pytest.mark.parametrize("accumulation,precision", CONFIGS)
-def test_lightning_on_two_workers_equals_one_process_on_the_mean_gradient(accumulation, precision, reference):
+def test_lightning_on_two_workers_equals_one_process_on_the_mean_gradient(accumulation, precision, reference,
+                                                                          trained):
     if not runnable(precision):
         pytest.skip("fp16 autocast and its GradScaler need CUDA (Lightning runs bf16 on a CPU)")
-    check_against_reference((accumulation, precision), reference)
+    check_against_reference((accumulation, precision), reference, trained)
 
 
-def test_lightning_with_rmsprop_on_the_workers_equals_one_process_on_the_mean_gradient(reference):
-    check_against_reference(RMSPROP, reference)
+def test_lightning_with_rmsprop_on_the_workers_equals_one_process_on_the_mean_gradient(reference, trained):
+    check_against_reference(RMSPROP, reference, trained)
 
 
-def check_against_reference(config, reference):
+def check_against_reference(config, reference, trained):
     accumulation = config[0]
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "r")
-        reports = job_reports(WORKER, arguments(*config), out)
-        got = [torch.load("%s.rank%d.pt" % (out, r)) for r in range(2)]
+    got, reports = trained[config]
     want = reference[config]
-    for name in want:
-        assert torch.equal(got[0][name], got[1][name]), name
-        torch.testing.assert_close(got[0][name], want[name], rtol=0, atol=1e-5, msg=name)
-    initial = dict(w.Net().named_parameters())
+    for n in want:
+        assert torch.equal(got[0][n], got[1][n]), n
+        torch.testing.assert_close(got[0][n], want[n], rtol=0, atol=1e-5, msg=n)
+    initial = dict(w.Net(name=name(config)).named_parameters())
     assert max((want[n] - initial[n]).abs().max().item() for n in want) > 1e-2, "training moved the weights"
     # Each rank read its own shard, reshuffled each epoch, as DistributedSampler deals it.
     used = 6 * accumulation * w.PER_DEVICE
@@ -80,21 +106,20 @@ def check_against_reference(config, reference):
     assert reports[0]["logged"] == reports[1]["logged"]
 
 
-@pytest.mark.parametrize("flags,ps,message", [
-    (["--iterable"], None, "PsrtStrategy: an IterableDataset is not sharded by Lightning"),
-    (["--resume", "/nonexistent.ckpt"], None, "PsrtStrategy: ckpt_path=/nonexistent.ckpt would load weights"),
-    ([], {"mode": "async"}, "PsrtStrategy: Lightning's barriers, broadcasts and sync_dist need every worker: "
-                            "FAILED_PRECONDITION: a sum over the job's workers needs every worker's push in each "
-                            "step; the job's mode is async"),
-    ([], {"backup_workers": 1}, "step; \"backup_workers\": 1 completes a step without the 1 slowest"),
-    ([], {"elastic": {"min_workers": 1, "max_workers": 2}}, "step; \"elastic\": a step takes the workers"),
-    ([], {"on_worker_failure": "continue"}, "step; \"on_worker_failure\": \"continue\": the steps after"),
+@pytest.mark.parametrize("flags,ps,messages", [
+    (["--resume", "/nonexistent.ckpt", "--iterable"], None,
+     ["rank %d: refused: PsrtStrategy: ckpt_path=/nonexistent.ckpt would load weights" % r for r in (0, 1)] +
+     ["PsrtStrategy: an IterableDataset is not sharded by Lightning"]),
+    ([], {"mode": "async"}, ["PsrtStrategy: Lightning's barriers, broadcasts and sync_dist need every worker: "
+                             "FAILED_PRECONDITION: a sum over the job's workers needs every worker's push in each "
+                             "step; the job's mode is async"]),
 ])
-def test_what_lightning_cannot_match_is_refused(flags, ps, message):
+def test_what_lightning_cannot_match_is_refused(flags, ps, messages):
     with tempfile.TemporaryDirectory() as d:
         code, log = run_job(WORKER, flags + ["--out", os.path.join(d, "r")], ps)
     assert code != 0
-    assert message in log, log
+    for message in messages:
+        assert message in log, log
 
 
 def test_the_digits_example_learns_and_rank_0_checkpoints():
