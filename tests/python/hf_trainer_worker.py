@@ -94,16 +94,26 @@ class ReferenceTrainer(transformers.Trainer):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["gpt2", "bert"], required=True)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--accumulation", type=int, default=1)
     ap.add_argument("--max-grad-norm", type=float, default=1.0)
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--optim", default="adamw_torch", help="TrainingArguments.optim")
     ap.add_argument("--sampling", default="random", help="TrainingArguments.train_sampling_strategy")
+    ap.add_argument("--refused-sampling", help="first make a Trainer with this train_sampling_strategy, which "
+                    "it must refuse at construction; the report says what it said")
     ap.add_argument("--reference", type=int, default=0, help="one process on N workers' global batch")
+    ap.add_argument("--configs", help="a JSON list of argument lists (models of other kinds: their parameters' "
+                    "names are the servers' keys): one after the other in this job, the i-th's files under OUT.ci")
+    ap.add_argument("--model", choices=["gpt2", "bert"])
     ap.add_argument("--out", required=True)
     opts = ap.parse_args(argv)
+    if opts.configs:
+        for i, args in enumerate(json.loads(opts.configs)):
+            main(args + ["--out", "%s.c%d" % (opts.out, i)])
+        return
+    if not opts.model:
+        ap.error("--model or --configs is required")
     data = Tokens(opts.model)
     model = model_for(opts.model)
     if opts.reference:
@@ -116,6 +126,15 @@ def main(argv=None):
     import psrt.torch as psrt
     psrt.init()
     rank = psrt.rank()
+    refused = None
+    if opts.refused_sampling:
+        refusing = argparse.Namespace(**dict(vars(opts), sampling=opts.refused_sampling))
+        try:
+            hf.Trainer(model=model, train_dataset=data,
+                       args=arguments(refusing, "%s.refused%d" % (opts.out, rank), PER_DEVICE))
+            refused = "not refused"
+        except psrt.PsrtError as e:
+            refused = str(e)
     trainer = hf.Trainer(model=model, train_dataset=data,
                          args=arguments(opts, "%s.rank%d" % (opts.out, rank), PER_DEVICE))
     trainer.train()
@@ -123,6 +142,7 @@ def main(argv=None):
     with open("%s.rank%d.json" % (opts.out, rank), "w") as f:
         json.dump({"read": data.read, "world_process_zero": trainer.is_world_process_zero(),
                    "should_save": trainer.args.should_save, "world_size": trainer.args.world_size,
+                   "refused": refused,
                    "environment": sorted(k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
                                          if k in os.environ)}, f)
 
