@@ -5,6 +5,7 @@ Run by ctest (tests/CMakeLists.txt) with PYTHONPATH holding the built package
 and PSRT_BIN_DIR the programs.
 """
 
+import json
 import os
 import queue
 import random
@@ -49,23 +50,42 @@ def reference(kind, steps, workers, passes=1):
     return model.state_dict()
 
 
-@pytest.mark.parametrize("kind,passes,overlap", [("sgd", 1, False), ("adam", 1, False), ("adamw", 1, False),
-                                                ("adagrad", 1, False), ("sgd", 2, False), ("sgd", 1, True)])
-def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, passes, overlap):
+SYNC = [("sgd", 1, False), ("adam", 1, False), ("adamw", 1, False), ("adagrad", 1, False), ("sgd", 2, False),
+        ("sgd", 1, True)]
+SYNC_STEPS = 10
+
+
+def trained_in_one_job(configs, arguments, ps=None, hosts=2):
+    """{configuration: rank 0's final parameters}, `configs` trained one after
+    the other in one job (torch_worker.py --configs: each its own parameters'
+    names; a job's time is mostly its workers' start and torch's import)."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "final.pt")
+        code, log = run_job(["--configs", json.dumps([arguments(*c) for c in configs]), "--out", out], ps=ps,
+                            hosts=hosts)
+        if (ps or {}).get("workers_per_host", 1) > 1:
+            assert "each host summing first" in log, log
+        assert code == 0, log
+        return {c: torch.load("%s.c%d" % (out, i)) for i, c in enumerate(configs)}
+
+
+@pytest.fixture(scope="module")
+def sync_trained():
+    return trained_in_one_job(SYNC, lambda kind, passes, overlap: (
+        ["--optimizer", kind, "--steps", str(SYNC_STEPS), "--passes", str(passes)] +
+        (["--check-overlap"] if overlap else [])), ps={"partition_bytes": 4096})
+
+
+@pytest.mark.parametrize("kind,passes,overlap", SYNC)
+def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, passes, overlap, sync_trained):
     """SGD with momentum, Nesterov, weight decay, two param groups and a
     StepLR schedule; Adam with weight decay; AdamW with two groups; Adagrad
     with lr_decay; SGD accumulating 2 backward passes per step; SGD checking
     after every step that each layer gets its new weights at its own forward
     pass, not at step(). Tolerance: 1e-5 absolute (float32 sums in another
-    order)."""
-    steps = 10
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "final.pt")
-        code, log = run_job(["--optimizer", kind, "--steps", str(steps), "--passes", str(passes), "--out", out]
-                            + (["--check-overlap"] if overlap else []), ps={"partition_bytes": 4096})
-        assert code == 0, log
-        got = torch.load(out)
-    want = reference(kind, steps, 2, passes)
+    order). The six train one after the other in one job."""
+    got = sync_trained[(kind, passes, overlap)]
+    want = reference(kind, SYNC_STEPS, 2, passes)
     for name, value in want.items():
         torch.testing.assert_close(got[name], value, rtol=0, atol=1e-5, msg=lambda m: name + ": " + m)
     # And the run really trained: far from rank 0's initial values.
@@ -100,9 +120,25 @@ def two_heads_reference(kind, steps, workers, clip, missing_as_zeros=False):
     return model.state_dict()
 
 
-@pytest.mark.parametrize("kind,clip,hosts", [("adam", 0, 2), ("sgd", 0, 2), ("adamw", 0, 2), ("adam", 0.05, 2),
-                                             ("adam", 0, 1), ("adam", 0.05, 1)])
-def test_a_parameter_without_a_gradient_on_some_steps_trains_as_in_one_process(kind, clip, hosts):
+UNUSED = [("adam", 0, 2), ("sgd", 0, 2), ("adamw", 0, 2), ("adam", 0.05, 2), ("adam", 0, 1), ("adam", 0.05, 1)]
+UNUSED_STEPS = 7
+
+
+@pytest.fixture(scope="module")
+def unused_trained():
+    """The cases of each number of hosts in one job."""
+    got = {}
+    for hosts in (2, 1):
+        got.update(trained_in_one_job(
+            [c for c in UNUSED if c[2] == hosts],
+            lambda kind, clip, hosts: (["--unused-head", "--optimizer", kind, "--steps", str(UNUSED_STEPS)] +
+                                       (["--clip", str(clip)] if clip else [])),
+            ps=ONE_HOST if hosts == 1 else None, hosts=hosts))
+    return got
+
+
+@pytest.mark.parametrize("kind,clip,hosts", UNUSED)
+def test_a_parameter_without_a_gradient_on_some_steps_trains_as_in_one_process(kind, clip, hosts, unused_trained):
     """The auxiliary head has a gradient on every rank, on rank 0 only, or
     on none, step by step. Where none has one, Adam's moments and step
     count, SGD's momentum and weight decay leave it alone, as torch's
@@ -110,17 +146,10 @@ def test_a_parameter_without_a_gradient_on_some_steps_trains_as_in_one_process(k
     the mean. With a clip (mean_grads) the head's .grad is None where no
     worker had one. On one host the two processes sum first: the host's
     sum takes rank 0's alone, or says none. 7 steps: each case twice and
-    more."""
-    steps = 7
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "final.pt")
-        code, log = run_job(["--unused-head", "--optimizer", kind, "--steps", str(steps), "--out", out]
-                            + (["--clip", str(clip)] if clip else []), ps=ONE_HOST if hosts == 1 else None,
-                            hosts=hosts)
-        if hosts == 1:
-            assert "each host summing first" in log, log
-        assert code == 0, log
-        got = torch.load(out)
+    more. The cases of each number of hosts train one after the other in
+    one job."""
+    steps = UNUSED_STEPS
+    got = unused_trained[(kind, clip, hosts)]
     want = two_heads_reference(kind, steps, 2, clip)
     for name, value in want.items():
         torch.testing.assert_close(got[name], value, rtol=0, atol=1e-5, msg=lambda m: name + ": " + m)

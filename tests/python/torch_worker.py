@@ -6,6 +6,7 @@ writes the final parameters (torch.save) to --out.
 """
 
 import argparse
+import json
 import sys
 import time
 
@@ -79,13 +80,13 @@ def make_two_heads_optimizer(kind, model):
     raise ValueError(kind)
 
 
-def train_two_heads(args, rank):
+def train_two_heads(args, rank, prefix=""):
     """--unused-head: TwoHeads, the auxiliary head without a gradient on
     some steps; --clip: a clip of the global norm after backward()."""
     torch.manual_seed(rank)  # rank 0's initial values must win
     model = TwoHeads()
     opt = psrt.DistributedOptimizer(make_two_heads_optimizer(args.optimizer, model),
-                                    named_parameters=model.named_parameters(),
+                                    named_parameters=[(prefix + n, q) for n, q in model.named_parameters()],
                                     compression=psrt.Compression.none)
     for step in range(args.steps):
         opt.zero_grad()
@@ -129,12 +130,25 @@ def main():
     p.add_argument("--unused-head", action="store_true",
                    help="TwoHeads: a head without a gradient on some steps and ranks")
     p.add_argument("--clip", type=float, default=0, help="--unused-head: clip_grad_norm_ to this")
+    p.add_argument("--configs", help="a JSON list of argument lists: one after the other in this job (the "
+                   "framework imported once), the i-th's parameters named ci/NAME, its --out OUT.ci")
     args = p.parse_args()
     # Outside psrt-run (no PSRT_RANK) psrt.init() makes a job of one.
     rank = int(__import__("os").environ.get("PSRT_RANK", "0"))
+    if args.configs:
+        for i, config in enumerate(json.loads(args.configs)):
+            code = train(p.parse_args(config + ["--out", "%s.c%d" % (args.out, i)]), rank, "c%d/" % i)
+            if code:
+                return code
+        return 0
+    return train(args, rank)
+
+
+def train(args, rank, prefix=""):
+    """One run of main's arguments; `prefix` begins each parameter's name."""
     if args.unused_head:
         psrt.init()
-        return train_two_heads(args, rank)
+        return train_two_heads(args, rank, prefix)
     if args.late and rank == int(__import__("os").environ["PSRT_WORLD_SIZE"]) - 1:
         while not __import__("os").path.exists(args.late):
             time.sleep(0.05)
@@ -144,6 +158,7 @@ def main():
     model = build_model().to(args.device)
     opt, scheduler = make_optimizer(args.optimizer, model)
     named = build_model().named_parameters() if args.foreign_params else model.named_parameters()
+    named = [(prefix + n, q) for n, q in named]
     def scale_lr(old, new):
         """The linear scaling rule: the learning rate follows the global batch."""
         for group in opt.param_groups:
