@@ -2,6 +2,7 @@
 mode against one process with nn.Embedding(sparse=True) / nn.EmbeddingBag and
 torch's own sparse optimizers on the mean gradient."""
 
+import json
 import os
 import re
 import subprocess
@@ -50,19 +51,44 @@ def reference(kind, bag, initial, steps, sit_out=(), sit_out_grad="none"):
     return table.weight.detach(), head.state_dict()
 
 
-@pytest.mark.parametrize("kind,bag,hosts", [("adam", False, 2), ("adagrad", False, 2), ("sgd", True, 2),
-                                            ("adam", True, 2), ("adam", False, 1), ("sgd", True, 1)])
-def test_sync_two_workers_equal_one_process_with_torch_sparse_optimizers(kind, bag, hosts):
+def trained_in_jobs(configs, arguments):
+    """{configuration: (rank 0's saved rows and head, each rank's first
+    rows)}: the configurations (kind, bag, hosts) of each number of hosts
+    one after the other in one job (torch_embedding_worker.py --configs:
+    each its own table and head; a job's time is mostly its workers' start
+    and torch's import)."""
+    got = {}
+    for hosts in sorted({c[2] for c in configs}, reverse=True):
+        mine = [c for c in configs if c[2] == hosts]
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "rows.pt")
+            code, log = run_job(WORKER, ["--configs", json.dumps([arguments(*c) for c in mine]), "--out", out],
+                                ONE_HOST if hosts == 1 else None, hosts)
+            assert code == 0, log
+            assert ("each host summing first" in log) == (hosts == 1), log
+            for i, c in enumerate(mine):
+                part = "%s.c%d" % (out, i)
+                got[c] = (torch.load(part), [torch.load("%s.initial%d" % (part, r)) for r in range(2)])
+    return got
+
+
+SYNC = [("adam", False, 2), ("adagrad", False, 2), ("sgd", True, 2), ("adam", True, 2), ("adam", False, 1),
+        ("sgd", True, 1)]
+SYNC_STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def sync_trained():
+    return trained_in_jobs(SYNC, lambda kind, bag, hosts: ["--optimizer", kind, "--steps", str(SYNC_STEPS)] +
+                           (["--bag"] if bag else []))
+
+
+@pytest.mark.parametrize("kind,bag,hosts", SYNC)
+def test_sync_two_workers_equal_one_process_with_torch_sparse_optimizers(kind, bag, hosts, sync_trained):
     """hosts 1: both workers on one host, which sums their rows per id
     before the push (docs/runtime.md, "Local aggregation")."""
-    steps = 12
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "rows.pt")
-        code, log = run_job(WORKER, ["--optimizer", kind, "--steps", str(steps), "--out", out] + (["--bag"] if bag else []),
-                            ONE_HOST if hosts == 1 else None, hosts)
-        assert code == 0, log
-        assert ("each host summing first" in log) == (hosts == 1), log
-        got = torch.load(out)
+    steps = SYNC_STEPS
+    got = sync_trained[(kind, bag, hosts)][0]
     rows, head = reference(kind, bag, got["initial"], steps)
     torch.testing.assert_close(got["final"], rows, rtol=0, atol=1e-5)
     for name, value in head.items():
@@ -73,20 +99,25 @@ def test_sync_two_workers_equal_one_process_with_torch_sparse_optimizers(kind, b
     assert 0.7 < got["initial"].std() < 1.3
 
 
-@pytest.mark.parametrize("kind,bag,hosts", [("adam", False, 2), ("sgd", True, 2), ("adam", False, 1)])
-def test_a_table_from_pretrained_rows_starts_from_rank_0s_and_trains_as_one_process(kind, bag, hosts):
+PRETRAINED = [("adam", False, 2), ("sgd", True, 2), ("adam", False, 1)]
+PRETRAINED_STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def pretrained_trained():
+    return trained_in_jobs(PRETRAINED, lambda kind, bag, hosts: (
+        ["--optimizer", kind, "--steps", str(PRETRAINED_STEPS), "--pretrained"] + (["--bag"] if bag else [])))
+
+
+@pytest.mark.parametrize("kind,bag,hosts", PRETRAINED)
+def test_a_table_from_pretrained_rows_starts_from_rank_0s_and_trains_as_one_process(kind, bag, hosts,
+                                                                                    pretrained_trained):
     """psrt.Embedding.from_pretrained(matrix): rank 0's rows are every rank's
     at step 0 (rank 1 passes zeros), and training from them equals
     nn.Embedding.from_pretrained(matrix, sparse=True) with torch's sparse
     optimizer in one process."""
-    steps = 8
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "rows.pt")
-        code, log = run_job(WORKER, ["--optimizer", kind, "--steps", str(steps), "--out", out, "--pretrained"]
-                            + (["--bag"] if bag else []), ONE_HOST if hosts == 1 else None, hosts)
-        assert code == 0, log
-        got = torch.load(out)
-        starts = [torch.load("%s.initial%d" % (out, r)) for r in range(2)]
+    steps = PRETRAINED_STEPS
+    got, starts = pretrained_trained[(kind, bag, hosts)]
     matrix = w.pretrained()
     for start in starts:
         assert torch.equal(start, matrix)

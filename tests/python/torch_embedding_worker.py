@@ -8,6 +8,7 @@ and the head's final weights with torch.save to --out.
 """
 
 import argparse
+import json
 import os
 
 import torch
@@ -67,13 +68,25 @@ def main():
     ap.add_argument("--crash-at", type=int, default=-1,
                     help="rank 0 fails at this step; restarted, it saves the rows it finds to --out.restarted "
                          "and goes on from the job's step")
+    ap.add_argument("--configs", help="a JSON list of argument lists: one after the other in this job (torch "
+                    "imported once), the i-th's table and head named ci/..., its --out OUT.ci")
     args = ap.parse_args()
+    if args.configs:
+        for i, config in enumerate(json.loads(args.configs)):
+            train(ap.parse_args(config + ["--out", "%s.c%d" % (args.out, i)]), "c%d/" % i)
+        return
+    train(args)
+
+
+def train(args, prefix=""):
+    """One run of main's arguments; `prefix` begins the table's and the
+    head's names."""
     psrt.init()
     restarted = os.environ.get("PSRT_RESTART_COUNT", "0") != "0"
     torch.manual_seed(0)
     head = torch.nn.Linear(DIM, 1)
     kind = psrt.EmbeddingBag if args.bag else psrt.Embedding
-    options = dict(table_args(args.optimizer), name="table", **({"mode": "sum"} if args.bag else {}))
+    options = dict(table_args(args.optimizer), name=prefix + "table", **({"mode": "sum"} if args.bag else {}))
     if args.pretrained:
         matrix = pretrained() if psrt.rank() == 0 else torch.zeros(VOCAB, DIM)
         table = kind.from_pretrained(matrix, **options)
@@ -89,7 +102,7 @@ def main():
     except psrt.PsrtError as e:
         print("float ids refused: %s" % e, flush=True)
     opt = psrt.DistributedOptimizer(torch.optim.SGD(head.parameters(), lr=0.1),
-                                    named_parameters=head.named_parameters())
+                                    named_parameters=[(prefix + n, q) for n, q in head.named_parameters()])
     rank, size = psrt.rank(), psrt.size()
     per = BATCH // size
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if args.scaler else None
