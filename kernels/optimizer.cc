@@ -190,6 +190,7 @@ static absl::Status CheckTorchRules(const OptimizerConfig& c) {
       s.Update(CheckAtLeast("ftrl_beta", c.ftrl_beta, 0.0));
       return s;
     case OptimizerKind::kAssign:
+    case OptimizerKind::kHold:
       return s;  // No hyperparameters.
   }
   return absl::InvalidArgumentError(
@@ -198,7 +199,7 @@ static absl::Status CheckTorchRules(const OptimizerConfig& c) {
 
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
   if (absl::Status s = CheckTorchRules(c); !s.ok()) return s;
-  if (c.kind == OptimizerKind::kAssign) return absl::OkStatus();
+  if (c.kind == OptimizerKind::kAssign || c.kind == OptimizerKind::kHold) return absl::OkStatus();
   // The kernels compute in float32: a value finite as a double (1e300) or
   // one they divide by that rounds to 0 would make every weight Inf or NaN
   // at the first update.
@@ -239,7 +240,7 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& c) {
 }
 
 absl::Status ValidateLearningRate(const OptimizerConfig& c, double lr) {
-  if (c.kind == OptimizerKind::kAssign) return absl::OkStatus();
+  if (c.kind == OptimizerKind::kAssign || c.kind == OptimizerKind::kHold) return absl::OkStatus();
   if (!(lr >= 0.0) || (c.kind == OptimizerKind::kFtrl && !(lr > 0.0))) {
     return absl::InvalidArgumentError(absl::StrCat("Invalid lr value: ", lr, " (must be ",
                                                    c.kind == OptimizerKind::kFtrl ? ">" : ">=", " 0)"));
@@ -266,6 +267,7 @@ absl::Status ValidateLearningRate(const OptimizerConfig& c, double lr) {
       scalars[0] = 1.0f / static_cast<float>(lr);  // FtrlRow divides by lr
       break;
     case OptimizerKind::kAssign:
+    case OptimizerKind::kHold:
       break;
   }
   for (float v : scalars) {
@@ -291,6 +293,7 @@ int NumSlots(const OptimizerConfig& c) {
     case OptimizerKind::kFtrl:
       return 2;
     case OptimizerKind::kAssign:
+    case OptimizerKind::kHold:
       return 0;
   }
   return 0;
@@ -393,6 +396,7 @@ void ApplyUpdateWithIsa(Isa isa, const OptimizerConfig& c, double lr,
       ApplyRowUpdate(c, lr, step, param, grad, slots, static_cast<int64_t>(n));
       return;
     case OptimizerKind::kAssign:
+    case OptimizerKind::kHold:
       std::copy(grad, grad + n, param);
       return;
   }
@@ -422,14 +426,16 @@ const char* OptimizerName(OptimizerKind k) {
       return "ftrl";
     case OptimizerKind::kAssign:
       return "assign";
+    case OptimizerKind::kHold:
+      return "hold";
   }
   return "unknown";
 }
 
 absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name) {
   for (OptimizerKind k :
-       {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW,
-        OptimizerKind::kAdaGrad, OptimizerKind::kFtrl, OptimizerKind::kAssign}) {
+       {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW, OptimizerKind::kAdaGrad,
+        OptimizerKind::kFtrl, OptimizerKind::kAssign, OptimizerKind::kHold}) {
     if (name == OptimizerName(k)) return k;
   }
   return absl::InvalidArgumentError(

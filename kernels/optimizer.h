@@ -27,6 +27,11 @@ enum class OptimizerKind {
   // and the servers' mean of a tensor (gradients averaged into .grad, the
   // running statistics of BatchNorm).
   kAssign = 5,
+  // Rank 0 sets the value whole, for the step it names: the workers' own
+  // weights and optimizer state where the optimizer runs on the workers
+  // (worker/worker_state.h). Copied as assign is, but the key's version is
+  // that step, so a checkpoint waits for it as for the servers' weights.
+  kHold = 6,
 };
 
 struct OptimizerConfig {

@@ -139,8 +139,10 @@ absl::Status ValidateRowOptimizer(const OptimizerConfig& c) {
     case OptimizerKind::kFtrl:
       break;
     case OptimizerKind::kAssign:
+    case OptimizerKind::kHold:
       return absl::InvalidArgumentError(
-          "kind assign is for dense keys; tables take sgd, adagrad, adam or ftrl");
+          absl::StrCat("kind ", OptimizerName(c.kind),
+                       " is for dense keys; tables take sgd, adagrad, adam or ftrl"));
   }
   // Also reports an unknown kind.
   return ValidateOptimizerConfig(c);
@@ -157,6 +159,7 @@ int RowSlots(const OptimizerConfig& c) {
       return 2;
     case OptimizerKind::kAdamW:
     case OptimizerKind::kAssign:
+    case OptimizerKind::kHold:
       return 0;
   }
   return 0;
@@ -206,6 +209,7 @@ void ApplyRowUpdate(const OptimizerConfig& c, double lr, int64_t step, float* ro
     }
     case OptimizerKind::kAdamW:
     case OptimizerKind::kAssign:
+    case OptimizerKind::kHold:
       return;  // Refused by ValidateRowOptimizer.
   }
 }

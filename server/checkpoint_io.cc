@@ -66,6 +66,12 @@ absl::Status ShardSaver::SaveTurn(const v1::SaveShardRequest& req, absl::Time un
     armed_ = id;
   }
   const int64_t waiting = store_->WaitSnapshot(until);
+  if (req.wait_only()) {
+    resp->set_done(false);
+    resp->set_keys_waiting(waiting);
+    resp->set_num_keys(store_->num_keys());
+    return absl::OkStatus();
+  }
   if (waiting > 0 || (!req.allow_empty() && store_->num_keys() == 0)) {
     resp->set_done(false);
     resp->set_keys_waiting(waiting);

@@ -303,9 +303,12 @@ absl::Status Checkpointer::Round(const std::string& name, int64_t step, absl::Du
                                  bool final, std::vector<v1::SaveShardResponse>* responses,
                                  bool* done) {
   const int n = static_cast<int>(addresses_.size());
-  // Async and ssp copy every key at once: nothing to wait for.
-  bool allow_empty = !sync();
-  for (const v1::SaveShardResponse& r : *responses) allow_empty = allow_empty || r.keys_size() > 0;
+  // First every server only says what it waits for; the shards are written
+  // once none waits (SaveShardRequest.wait_only).
+  const bool wait_only = responses->empty();
+  // Async and ssp copy every key at once: nothing to wait for. Once no
+  // server waits, one that holds no key has nothing to wait for either.
+  const bool allow_empty = !sync() || !wait_only;
   std::vector<v1::SaveShardRequest> requests(n);
   std::vector<v1::SaveShardResponse> answers(n);
   std::vector<grpc::Status> status =
@@ -320,20 +323,29 @@ absl::Status Checkpointer::Round(const std::string& name, int64_t step, absl::Du
                  req.set_wait_s(absl::ToDoubleSeconds(wait));
                  req.set_allow_empty(allow_empty);
                  req.set_final(final);
+                 req.set_wait_only(wait_only);
                  server->async()->SaveShard(ctx, &req, &answers[i], std::move(done));
                });
-  responses->resize(n);
-  for (int i = 0; i < n; ++i) {
-    if (status[i].ok()) (*responses)[i] = std::move(answers[i]);
-  }
-  *done = true;
+  *done = false;
   for (int i = 0; i < n; ++i) {
     if (!status[i].ok()) {
       return absl::Status(static_cast<absl::StatusCode>(status[i].error_code()),
                           absl::StrCat("server ", i, ": ", status[i].error_message()));
     }
-    *done = *done && (*responses)[i].done();
   }
+  if (wait_only) {
+    int64_t waiting = 0, keys = 0;
+    for (const v1::SaveShardResponse& r : answers) {
+      waiting += r.keys_waiting();
+      keys += r.num_keys();
+    }
+    // Sync: a job with no key yet has not reached the step either.
+    if (waiting == 0 && (keys > 0 || !sync())) *responses = std::move(answers);
+    return absl::OkStatus();
+  }
+  *responses = std::move(answers);
+  *done = true;
+  for (const v1::SaveShardResponse& r : *responses) *done = *done && r.done();
   return absl::OkStatus();
 }
 
@@ -450,9 +462,9 @@ absl::StatusOr<v1::CheckpointResponse> Checkpointer::Save(absl::Time deadline, b
     if (last.ok()) {
       int64_t waiting = 0;
       for (const auto& r : responses) waiting += r.keys_waiting();
-      last = absl::DeadlineExceededError(absl::StrCat("checkpoint ", name, ": ", waiting,
-                                                      " keys had not reached step ", *step,
-                                                      " by the deadline"));
+      last = absl::DeadlineExceededError(absl::StrCat(
+          "checkpoint ", name, ": ", responses.empty() ? "some" : absl::StrCat(waiting),
+          " keys had not reached step ", *step, " by the deadline"));
     }
     if (absl::IsUnavailable(last) && backoff.Wait()) continue;
     if (!absl::IsFailedPrecondition(last)) break;
@@ -538,6 +550,12 @@ absl::Duration Checkpointer::SyncTurn(LoopState* state) {
     state->target_checked = true;
     state->responses.clear();
   }
+  // Asked once the job got to the step: a server whose keys all run free
+  // (assign; where the optimizer runs on the workers, all but their state's)
+  // would otherwise write its shard at once, before the keys that follow
+  // the step exist there.
+  if (absl::StatusOr<int64_t> now = CurrentStep(absl::Now()); now.ok() && *now < state->target)
+    return absl::Milliseconds(50);
   const absl::Time started = absl::Now();
   bool done = false;
   absl::Status s = Round(name, state->target, PollWait(addresses_.size()), /*final=*/false,

@@ -305,6 +305,12 @@ class Store {
     bool FreeRunning() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
       return optimizer.kind == OptimizerKind::kAssign;  // never a table's
     }
+    // A hold key (kernels/optimizer.h) holds the workers' state: rank 0
+    // alone registers and sets it, whole, for the step it names, which
+    // becomes its version (it does not move between those steps).
+    bool Held() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return optimizer.kind == OptimizerKind::kHold;
+    }
   };
   using Completed = std::vector<std::shared_ptr<PendingPull>>;
   absl::StatusOr<Key*> Find(const std::string& variable, uint32_t partition) const;
@@ -377,6 +383,9 @@ class Store {
   // it out without a value) instead of waiting for it. Warns once per key.
   bool Stray(Key* key, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(key->mu);
   absl::Status WaitForRestore(absl::Time deadline, const Cancelled& cancelled);
+  // A push to a hold key: rank 0's, whole, float32, in a sync job.
+  absl::Status CheckHeldPush(const Key* k, const WireMessage& req, const WireKey& kd) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);
   // One key of a validated push.
   void ApplyPush(Key* k, const WireMessage& req, const WireKey& kd)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu);

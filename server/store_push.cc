@@ -69,7 +69,7 @@ void Store::Apply(Key* key, const Update& update, const Origin& origin) {
   }
   // An assign key's value is data, not an update: NaN and Inf in it are what
   // the workers must see (GradScaler finds the overflow in the mean gradient).
-  const bool skip = !key->FreeRunning() && !AllFinite(update.values, update.n);
+  const bool skip = !key->FreeRunning() && !key->Held() && !AllFinite(update.values, update.n);
   if (!skip) {
     BytesHeld held(&bytes_stored_, *key->value);
     const int64_t evicted = key->value->Apply(update, key->lr, key->version + 1);
@@ -164,7 +164,10 @@ absl::Status Store::Push(const WireMessage& req) {
             " is not an active worker of this job (it was lost); it must rejoin first"));
       }
     }
-    if (kd.version < 0 || (options_.sync && kd.version > k->version)) {
+    if (k->Held()) {
+      if (absl::Status s = CheckHeldPush(k, req, kd); !s.ok()) return s;
+    }
+    if (kd.version < 0 || (options_.sync && kd.version > k->version && !k->Held())) {
       return absl::OutOfRangeError(absl::StrCat(
           "push to key '", k->name, "' is for version ", kd.version, " but the key is at version ",
           k->version,
@@ -238,6 +241,23 @@ absl::Status Store::CheckNoGradient(const Key* k, const WireKey& kd) {
         absl::StrCat("push to key '", k->name,
                      "' says it has no gradient (no_gradient) but carries values, ids, a scale "
                      "or the nonfinite mark; send one or the other"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::CheckHeldPush(const Key* k, const WireMessage& req, const WireKey& kd) const {
+  const std::string what = absl::StrCat("key '", k->name, "' holds the workers' state (kind hold)");
+  if (!options_.sync) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ", which follows a sync job's steps; this job is not sync"));
+  }
+  if (req.worker_rank != 0 || !req.also_for.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": rank 0 alone sets it; worker ", req.worker_rank, " pushed to it"));
+  }
+  if (kd.no_gradient || kd.dtype != v1::DTYPE_FLOAT32 || (kd.scale != 0 && kd.scale != 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": it is set whole, as float32 and unscaled"));
   }
   return absl::OkStatus();
 }
@@ -321,6 +341,18 @@ int Store::Counted(Key* k, const WireMessage& req) {
 void Store::ApplyPush(Key* k, const WireMessage& req, const WireKey& kd) {
   const int w = req.worker_rank;
   const uint64_t push_id = req.push_id;
+  if (k->Held()) {
+    // Rank 0's state for step kd.version (CheckHeldPush): the key jumps to
+    // the step before it, so that applying the value makes it that step
+    // (and takes an armed checkpoint's copy); a step it reached is done.
+    if (kd.version <= k->version) {
+      duplicate_pushes_->Add();
+      return;
+    }
+    k->version = kd.version - 1;
+    Apply(k, Gradient(k, kd), Origin());
+    return;
+  }
   if (!options_.sync) {
     uint64_t* recent = &k->window.recent_push_ids[w * kPushWindow];
     if (push_id != 0 && std::find(recent, recent + kPushWindow, push_id) != recent + kPushWindow) {

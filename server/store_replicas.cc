@@ -79,6 +79,8 @@ absl::Status Store::Replicate(const v1::ReplicateRequest& req, absl::string_view
       return absl::NotFoundError(absl::StrCat("replica of key '", k->name, "' has no value yet"));
     }
     if (req.version() < k->version) return absl::OkStatus();  // a retry of an applied update
+    // A hold key jumps to the step rank 0 set it for (Store::ApplyPush).
+    if (k->Held()) k->version = req.version();
     if (req.version() > k->version) {
       return absl::FailedPreconditionError(
           absl::StrCat("replica of key '", k->name, "' is at version ", k->version,

@@ -52,7 +52,8 @@ bool Store::Stray(Key* k, int64_t step) {
     }
     return true;
   }
-  if (k->version != 0 || k->registered.by.empty() ||
+  // A hold key is rank 0's alone: no other worker registers it.
+  if (k->version != 0 || k->Held() || k->registered.by.empty() ||
       absl::Now() - k->registered.first < options_.registration_wait) {
     return false;
   }

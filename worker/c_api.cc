@@ -1,18 +1,25 @@
 #include "worker/c_api.h"
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "worker/client.h"
 #include "worker/reducer.h"
+#include "worker/state_keys.h"
 
 struct psrt_client {
   explicit psrt_client(std::unique_ptr<psrt::Client> c)
-      : client(std::move(c)), reducer(client.get()) {}
+      : client(std::move(c)), reducer(client.get()), state(client.get()) {}
   std::unique_ptr<psrt::Client> client;
   psrt::Reducer reducer;
+  psrt::StateKeys state;
+  // psrt_state_load's bytes until the call that copies them.
+  absl::flat_hash_map<std::string, std::string> loaded;
 };
 
 namespace {
@@ -298,9 +305,44 @@ int psrt_allreduce(psrt_client* c, int n, const char* const* names, const int64_
   return 0;
 }
 
-int psrt_state_on_workers(const psrt_client* c) {
+int psrt_state_on_workers(const psrt_client* c, int saves_state) {
   if (c == nullptr) return Fail(absl::InvalidArgumentError("psrt_state_on_workers: NULL client"));
-  return static_cast<int>(Result(c->client->StateOnWorkers()));
+  return static_cast<int>(Result(c->client->StateOnWorkers(saves_state != 0)));
+}
+
+int psrt_state_load(psrt_client* c, const char* name, void* buf, int64_t capacity, int64_t* size) {
+  if (c == nullptr || name == nullptr || size == nullptr) {
+    return Fail(absl::InvalidArgumentError("psrt_state_load: NULL client, name or size"));
+  }
+  auto it = c->loaded.find(name);
+  if (it == c->loaded.end()) {
+    absl::StatusOr<std::string> state = c->state.Load(name);
+    if (!state.ok()) return Fail(state.status());
+    it = c->loaded.emplace(name, *std::move(state)).first;
+  }
+  *size = static_cast<int64_t>(it->second.size());
+  if (buf != nullptr && capacity >= *size) {
+    std::memcpy(buf, it->second.data(), it->second.size());
+    c->loaded.erase(it);
+  }
+  return static_cast<int>(Result(absl::OkStatus()));
+}
+
+int psrt_state_save(psrt_client* c, const char* name, const void* bytes, int64_t size,
+                    int64_t step) {
+  if (c == nullptr || name == nullptr || (bytes == nullptr && size != 0) || size < 0 || step <= 0) {
+    return Fail(absl::InvalidArgumentError(
+        "psrt_state_save: NULL client or name, no bytes, or a step not > 0"));
+  }
+  return static_cast<int>(Result(c->state.Save(
+      name, absl::string_view(static_cast<const char*>(bytes), static_cast<size_t>(size)), step)));
+}
+
+int psrt_state_due(const psrt_client* c, int64_t step, int last) {
+  if (c == nullptr) return Fail(absl::InvalidArgumentError("psrt_state_due: NULL client"));
+  const int64_t every = c->client->checkpoint_every_steps();
+  if (every < 0 || step <= 0) return 0;
+  return last != 0 || (every > 0 && step % every == 0) ? 1 : 0;
 }
 
 int psrt_check_same(psrt_client* c, const char* what, uint32_t digest) {

@@ -144,8 +144,27 @@ int psrt_allreduce(psrt_client* client, int n, const char* const* names, const i
 
 /* 0 where the weights and optimizer state may live on the workers, each
  * applying its own optimizer to psrt_allreduce's mean gradient; otherwise a
- * negative status code, and psrt_last_error says which option prevents it. */
-int psrt_state_on_workers(const psrt_client* client);
+ * negative status code, and psrt_last_error says which option prevents it.
+ * `saves_state`: the plugin keeps its state with psrt_state_save (else
+ * checkpoints and restore prevent it too). */
+int psrt_state_on_workers(const psrt_client* client, int saves_state);
+
+/* The workers' own state where the optimizer runs on the workers (weights
+ * and optimizer state as the plugin serializes them), kept in the servers'
+ * keys so that the job's checkpoints save it once and a restore gives it
+ * back (worker/state_keys.h). psrt_state_load, every worker at start: sets
+ * *size to the bytes of the state `name` the job restored (0: none) and
+ * copies them to `buf` where `capacity` holds them (call again with a buffer
+ * that large: the bytes are kept until then). psrt_state_save: rank 0's
+ * state of `step` (other ranks: nothing); blocks until the servers hold it.
+ * psrt_state_due: 1 if a checkpoint of the job saves `step` (a multiple of
+ * its every_steps; with `last` set, the last step, which the job's final
+ * checkpoint saves), so rank 0 saves the state of that step; else 0. */
+int psrt_state_load(psrt_client* client, const char* name, void* buf, int64_t capacity,
+                    int64_t* size);
+int psrt_state_save(psrt_client* client, const char* name, const void* bytes, int64_t size,
+                    int64_t step);
+int psrt_state_due(const psrt_client* client, int64_t step, int last);
 
 /* 0 if every worker's `digest` (of its weights, say) is rank 0's; otherwise
  * a negative status code and psrt_last_error names the workers whose `what`

@@ -129,6 +129,10 @@ int Client::num_servers() const { return impl_->num_servers; }
 bool Client::sync() const { return impl_->config.mode() == "sync"; }
 bool Client::averages() const { return impl_->config.average_gradients(); }
 int64_t Client::restored_step() const { return impl_->config.restored_step(); }
+int64_t Client::checkpoint_every_steps() const {
+  const v1::CheckpointConfig& c = impl_->config.checkpoint();
+  return c.uri().empty() ? -1 : c.every_steps();
+}
 
 absl::Status Client::EveryWorkerEachStep() const {
   const v1::JobConfig& c = impl_->config;
@@ -150,18 +154,24 @@ absl::Status Client::EveryWorkerEachStep() const {
       absl::StrCat("a sum over the job's workers needs every worker's push in each step; ", why));
 }
 
-absl::Status Client::StateOnWorkers() const {
+absl::Status Client::StateOnWorkers(bool saves_state) const {
   const v1::JobConfig& c = impl_->config;
   std::string why;
   if (!sync()) {
     why = absl::StrCat("the job's mode is ", c.mode(),
                        ": each worker's push is applied alone, so no step has one mean gradient");
-  } else if (!c.checkpoint().uri().empty() || !c.restore_uri().empty()) {
+  } else if (!saves_state && (!c.checkpoint().uri().empty() || !c.restore_uri().empty())) {
     why =
-        "\"checkpoint\" and \"restore\" save and restore what the servers hold, and psrt does "
-        "not yet save the weights and optimizer state that would live on the workers";
+        "\"checkpoint\" and \"restore\" keep what the servers hold, and this framework's "
+        "plugin does not yet keep the weights and optimizer state that live on the workers";
+  } else if (!c.checkpoint().uri().empty() && c.checkpoint().every_seconds() > 0) {
+    // Rank 0 saves the workers' state at the steps the checkpoints take
+    // (worker/state_keys.h); a checkpoint by the clock has no such step.
+    why = "\"checkpoint\": \"every_seconds\" saves at no step the workers know; use every_steps";
   } else if (c.on_failure() == "recover") {
-    why = "\"on_failure\": \"recover\" rolls back to what the servers hold";
+    why =
+        "\"on_failure\": \"recover\" rolls the servers back to a checkpoint, and running workers "
+        "do not take their state back from it";
   } else if (c.restart_workers() > 0) {
     why = "\"restart_workers\": a restarted worker takes its weights from the servers";
   } else if (absl::Status s = EveryWorkerEachStep(); !s.ok()) {

@@ -122,6 +122,8 @@ class Client {
   // otherwise): a training loop starts counting there. In sync mode it is
   // also the version RegisterVariable pulls.
   int64_t restored_step() const;
+  // The job's checkpoints' every_steps (0: the final one alone; -1: none).
+  int64_t checkpoint_every_steps() const;
   // OK where every sync step waits for every worker's push (no backup
   // workers, not elastic, a lost worker ends the job), so a sum over a
   // step's pushes is one over the job's workers: what collectives through
@@ -129,12 +131,14 @@ class Client {
   absl::Status EveryWorkerEachStep() const;
   // OK where the weights and optimizer state may live on the workers, each
   // applying its own optimizer to the step's mean gradient (Reducer): a sync
-  // job in which no process must receive them from elsewhere later (no
-  // checkpoints or restore, recovery, worker restarts or elastic joins,
-  // which save or hand over only what the servers hold) and every worker
+  // job in which no running process must receive them from elsewhere later
+  // (no recovery, worker restarts or elastic joins, which hand over only
+  // what the servers hold), checkpointed by steps, and in which every worker
   // takes part in each step (EveryWorkerEachStep: the weights' check needs
-  // them all). Otherwise FAILED_PRECONDITION saying which option.
-  absl::Status StateOnWorkers() const;
+  // them all). `saves_state`: the plugin keeps its state in the job's
+  // checkpoints (StateKeys); without it, checkpoints and restore are refused
+  // too. Otherwise FAILED_PRECONDITION saying which option.
+  absl::Status StateOnWorkers(bool saves_state) const;
 
   // Registers a float32 variable on the servers. Rank 0's `data` is the
   // initial value; then every rank's `data` is overwritten with the current

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -67,7 +68,9 @@ class Client {
   bool is_sync() const { return psrt_is_sync(client_) == 1; }
   bool averages() const { return psrt_averages(client_) == 1; }
   void every_worker_each_step() const { Check(psrt_every_worker_each_step(client_)); }
-  void state_on_workers() const { Check(psrt_state_on_workers(client_)); }
+  void state_on_workers(bool saves_state) const {
+    Check(psrt_state_on_workers(client_, saves_state ? 1 : 0));
+  }
   void check_same(const std::string& what, uint32_t digest) {
     int rc;
     {
@@ -193,6 +196,36 @@ class Client {
     Check(rc);
   }
 
+  // The workers' state (worker/state_keys.h): bytes in, bytes out.
+  py::bytes load_state(const std::string& name) {
+    int64_t size = 0;
+    std::string buf;
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = psrt_state_load(client_, name.c_str(), nullptr, 0, &size);
+      if (rc == 0) {
+        buf.resize(static_cast<size_t>(size));
+        rc = psrt_state_load(client_, name.c_str(), buf.data(), size, &size);
+      }
+    }
+    Check(rc);
+    return py::bytes(buf);
+  }
+  void save_state(const std::string& name, const py::bytes& state, int64_t step) {
+    const std::string_view bytes = state;
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = psrt_state_save(client_, name.c_str(), bytes.data(), static_cast<int64_t>(bytes.size()),
+                           step);
+    }
+    Check(rc);
+  }
+  bool state_due(int64_t step, bool last) const {
+    return Check(psrt_state_due(client_, step, last ? 1 : 0)) == 1;
+  }
+
   int64_t pulled_version(const std::string& name) { return Check(psrt_pulled_version(client_, name.c_str())); }
   int64_t next_step(const std::string& name, int64_t last) {
     return Check(psrt_next_step(client_, name.c_str(), last));
@@ -235,9 +268,16 @@ PYBIND11_MODULE(_psrt, m) {
            py::arg("pull_compression") = 0)
       .def("push_pull", &Client::push_pull)
       .def("allreduce", &Client::allreduce)
-      .def("state_on_workers", &Client::state_on_workers,
-           "Raises PsrtError unless the weights and optimizer state may live on the workers.")
+      .def("state_on_workers", &Client::state_on_workers, py::arg("saves_state") = false,
+           "Raises PsrtError unless the weights and optimizer state may live on the workers "
+           "(saves_state: the plugin keeps them in the job's checkpoints).")
       .def("check_same", &Client::check_same)
+      .def("load_state", &Client::load_state,
+           "The workers' state `name` the job restored (b'' if none); every worker, at start.")
+      .def("save_state", &Client::save_state,
+           "Rank 0's state of `step`, saved with the job's checkpoints; other ranks: nothing.")
+      .def("state_due", &Client::state_due, py::arg("step"), py::arg("last") = false,
+           "Whether a checkpoint saves `step` (last: the job's last step, its final checkpoint's).")
       .def("push", &Client::push)
       .def("pull", &Client::pull)
       .def("register_table", &Client::register_table, py::arg("name"), py::arg("dim"),

@@ -3,10 +3,13 @@ gradient (psrt.torch.DistributedOptimizer's optimizer_on), in real 2-worker
 jobs: each against one process on the mean of the workers' gradients."""
 
 import os
+import tempfile
 
 import pytest
 
 from jobs import HERE, run_job
+
+torch = pytest.importorskip("torch")
 
 SCRIPT = os.path.join(HERE, "torch_worker_optimizer.py")
 CASES = ["rmsprop", "nadam", "lbfgs", "adafactor", "groups", "amsgrad", "bf16", "batchnorm"]
@@ -41,8 +44,10 @@ def test_a_worker_whose_weights_changed_behind_psrts_back_is_named(job):
 @pytest.mark.parametrize("ps,asked,why", [
     ({"mode": "async"}, "auto", "RMSprop cannot run on the parameter servers"),
     ({"mode": "async"}, "workers", "the job's mode is async"),
-    ({"checkpoint": {"uri": "file:///tmp/psrt-never", "every_steps": 100}}, "workers",
-     '"checkpoint" and "restore" save and restore what the servers hold'),
+    ({"checkpoint": {"uri": "file:///tmp/psrt-never", "every_seconds": 600}}, "workers",
+     '"checkpoint": "every_seconds" saves at no step the workers know'),
+    ({"on_failure": "recover", "checkpoint": {"uri": "file:///tmp/psrt-never", "every_steps": 100}}, "workers",
+     '"on_failure": "recover" rolls the servers back to a checkpoint'),
     ({"backup_workers": 1}, "workers", '"backup_workers": 1 completes a step without the 1 slowest'),
 ])
 def test_jobs_that_cannot_keep_the_state_on_the_workers_refuse_it_at_start(ps, asked, why):
@@ -51,3 +56,29 @@ def test_jobs_that_cannot_keep_the_state_on_the_workers_refuse_it_at_start(ps, a
     for rank in (0, 1):
         assert "rank %d: refusal: " % rank in log and why in log, log
     assert "refusal: none" not in log, log
+
+
+def test_a_job_restored_from_a_checkpoint_goes_on_as_if_uninterrupted():
+    """The checkpoints keep the workers' state once (rank 0's): a job of 4
+    steps checkpoints step 3 (every_steps) and step 4 (its final checkpoint,
+    with the state rank 0 saves as it exits); a job restored from step 3
+    trains step 3 and ends where the first did, bit for bit, and one
+    restored from step 4 starts there. RMSprop's, LBFGS's and momentum's
+    state, BatchNorm's statistics."""
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = {"uri": "file://" + d + "/ckpt", "every_steps": 3}
+        code, log = run_job(SCRIPT, ["--resume", d + "/whole.pt"], {"checkpoint": ckpt})
+        assert code == 0, log
+        for step in (3, 4):
+            assert os.path.isdir("%s/ckpt/step-%012d" % (d, step)), (os.listdir(d + "/ckpt"), log)
+        whole = torch.load(d + "/whole.pt")
+        for step in (3, 4):
+            out = "%s/from%d.pt" % (d, step)
+            code, log = run_job(SCRIPT, ["--resume", out],
+                                {"restore": "file://%s/ckpt/step-%012d" % (d, step)})
+            assert code == 0, log
+            assert "rank 1: from step %d" % step in log, log
+            resumed = torch.load(out)
+            for case in whole:
+                for name, value in whole[case].items():
+                    assert torch.equal(resumed[case][name], value), (step, case, name)

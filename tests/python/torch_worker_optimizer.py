@@ -166,13 +166,47 @@ def tamper(rank):
             return
 
 
+def resume(rank, out):
+    """RMSprop on the Transformer, LBFGS (its history grows) and SGD with
+    momentum on the BatchNorm CNN, each on the workers, trained from the
+    job's restored step (0 when fresh) to STEPS, then evaluated once; rank 0
+    writes every model's weights and buffers to `out`."""
+    runs = []
+    for case in ("rmsprop", "lbfgs", "batchnorm"):
+        model, opt, dtype = build(case)
+        opt = psrt.DistributedOptimizer(opt, named_parameters=[(case + "." + n, p) for n, p in model.named_parameters()],
+                                        optimizer_on="workers")
+        runs.append((case, model, opt, dtype))
+    print("rank %d: from step %d" % (rank, psrt.restored_step()), flush=True)
+    for step in range(psrt.restored_step(), STEPS):
+        for case, model, opt, dtype in runs:
+            x, y = batch(case, rank, step, dtype)
+
+            def closure():
+                opt.zero_grad()
+                loss = loss_of(model, x, y)
+                loss.backward()
+                return loss
+            opt.step(closure) if case == "lbfgs" else (closure(), opt.step())
+    with torch.no_grad():  # an evaluation: where no step ran, buffers take their restored values here
+        for case, model, _, dtype in runs:
+            model.eval()
+            model(batch(case, rank, 0, dtype)[0])
+    if rank == 0:
+        torch.save({case: model.state_dict() for case, model, _, _ in runs}, out)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="")
     parser.add_argument("--refusal", default="")
+    parser.add_argument("--resume", default="", help="resume(); rank 0 writes the weights there")
     args = parser.parse_args()
     psrt.init()
     rank = psrt.rank()
+    if args.resume:
+        resume(rank, args.resume)
+        return 0
     if args.refusal:
         model, opt, _ = build("rmsprop")
         try:

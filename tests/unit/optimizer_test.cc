@@ -364,20 +364,23 @@ TEST(OptimizerSlots, NumSlotsAndInit) {
   for (float s : sum) EXPECT_EQ(s, 0.25f);
 }
 
+// Assign and hold: the aggregate (hold: rank 0's value) becomes the value.
 TEST(OptimizerAssign, TheAggregateBecomesTheValueWithoutSlots) {
-  OptimizerConfig c;
-  c.kind = OptimizerKind::kAssign;
-  EXPECT_TRUE(ValidateOptimizerConfig(c).ok());
-  EXPECT_EQ(NumSlots(c), 0);
-  std::vector<float> param = {1.0f, -2.0f, 3.0f};
-  const std::vector<float> grad = {0.5f, 0.25f, -7.0f};
-  ApplyUpdate(c, /*lr=*/0.1, /*step=*/3, param.data(), grad.data(), nullptr,
-              param.size());
-  EXPECT_EQ(param, grad);
-  EXPECT_STREQ(OptimizerName(OptimizerKind::kAssign), "assign");
-  absl::StatusOr<OptimizerKind> k = ParseOptimizerKind("assign");
-  ASSERT_TRUE(k.ok());
-  EXPECT_EQ(*k, OptimizerKind::kAssign);
+  for (const auto& [kind, name] :
+       {std::pair{OptimizerKind::kAssign, "assign"}, std::pair{OptimizerKind::kHold, "hold"}}) {
+    OptimizerConfig c;
+    c.kind = kind;
+    EXPECT_TRUE(ValidateOptimizerConfig(c).ok());
+    EXPECT_EQ(NumSlots(c), 0);
+    std::vector<float> param = {1.0f, -2.0f, 3.0f};
+    const std::vector<float> grad = {0.5f, 0.25f, -7.0f};
+    ApplyUpdate(c, /*lr=*/0.1, /*step=*/3, param.data(), grad.data(), nullptr, param.size());
+    EXPECT_EQ(param, grad);
+    EXPECT_STREQ(OptimizerName(kind), name);
+    absl::StatusOr<OptimizerKind> k = ParseOptimizerKind(name);
+    ASSERT_TRUE(k.ok());
+    EXPECT_EQ(*k, kind);
+  }
 }
 
 TEST(OptimizerName, Names) {

@@ -706,6 +706,7 @@ std::vector<BadConfig> BadConfigs() {
       [](OptimizerConfig& c) { c.initial_accumulator_value = -0.1; },
       {"initial_accumulator_value", "-0.1"});
   add("Assign", OptimizerKind::kAssign, [](OptimizerConfig&) {}, {"assign", "dense keys"});
+  add("Hold", OptimizerKind::kHold, [](OptimizerConfig&) {}, {"hold", "dense keys"});
   add("UnknownKind", static_cast<OptimizerKind>(9), [](OptimizerConfig&) {}, {"kind", "9"});
   return out;
 }

@@ -1514,6 +1514,53 @@ namespace {
 
 // ---- Checkpoint snapshots and restore ----
 
+// A hold key: rank 0 alone registers and sets it, whole, for the step it
+// names; an armed checkpoint waits for it as for any key of the step.
+TEST(StoreSnapshotTest, AHoldKeyIsRank0sValueForTheStepItNamesAndTheCheckpointWaitsForIt) {
+  Metrics m("t");
+  StoreOptions o = Sync(2);
+  o.registration_wait = absl::ZeroDuration();  // only rank 0 registers it
+  Store store(o, &m);
+  ASSERT_TRUE(store
+                  .RegisterKeys(RegReq(
+                      0, {Spec("state", 0, {3}, 0, 3, std::vector<float>{0, 0, 0}, "hold", 0.0)}))
+                  .ok());
+  ASSERT_TRUE(store.ArmSnapshot(4).ok());
+  EXPECT_EQ(store.WaitSnapshot(absl::Now()), 1);  // still at 0: not stray
+  // Only rank 0, whole, float32.
+  absl::Status s = store.Push(PushReq(1, 1, {Grad("state", 4, {1, 2, 3})}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("rank 0 alone sets it"), std::string::npos) << s;
+  v1::PushRequest half = PushReq(0, 2, {Grad("state", 4, {1, 2, 3})});
+  half.mutable_keys(0)->set_dtype(v1::DTYPE_FLOAT16);
+  half.mutable_keys(0)->set_data(std::string(6, '\0'));
+  EXPECT_EQ(store.Push(half).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_KEY(store, "state", 0, {0, 0, 0});  // the refusals changed nothing
+  // Step 4's value, with a bit pattern no update would keep (NaN).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(store.Push(PushReq(0, 3, {Grad("state", 4, {7, nan, -0.5f})})).ok());
+  absl::StatusOr<Pulled> p = PullOne(store, 1, "state", 4);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->version, 4);
+  EXPECT_EQ(p->weights[0], 7.0f);
+  EXPECT_TRUE(std::isnan(p->weights[1]));
+  EXPECT_EQ(p->weights[2], -0.5f);
+  EXPECT_EQ(store.WaitSnapshot(absl::Now()), 0);
+  // A step it reached again, or an earlier one: dropped.
+  ASSERT_TRUE(store.Push(PushReq(0, 4, {Grad("state", 4, {1, 1, 1})})).ok());
+  ASSERT_TRUE(store.Push(PushReq(0, 5, {Grad("state", 2, {1, 1, 1})})).ok());
+  std::string shard;
+  v1::SaveShardResponse info;
+  store.EncodeSnapshot(&shard, &info);
+  absl::StatusOr<std::vector<KeyRecord>> records = DecodeShard(shard, "test");
+  ASSERT_TRUE(records.ok()) << records.status();
+  ASSERT_EQ(records->size(), 1u);
+  EXPECT_EQ((*records)[0].version, 4);
+  EXPECT_EQ((*records)[0].optimizer, "hold");
+  EXPECT_EQ((*records)[0].weights[0], 7.0f);
+  EXPECT_TRUE(std::isnan((*records)[0].weights[1]));
+}
+
 TEST(StoreSnapshotTest, CopiesEachKeyExactlyAtTheArmedStep) {
   Metrics m("t");
   Store store(Sync(1), &m);

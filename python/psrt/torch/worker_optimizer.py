@@ -18,12 +18,19 @@ rule every plugin shares; this module is torch's glue to it:
   and every ``check_every`` steps after; a difference is an error naming the
   worker, never a silent drift.
 
+- the job's checkpoints save rank 0's parameters, optimizer state and
+  buffers once (``worker/state_keys.h``: at the checkpoints' steps and the
+  last one, when the process exits), and a job restored from one gives them
+  back to every worker before its first step.
+
 Sync jobs only (an async push has no step-wide mean), and only where no
-process must receive the weights later (``Client::StateOnWorkers``:
-checkpoints, restore, recovery, restarted or joining workers are refused at
-start until psrt saves and hands over the workers' state).
+running process must receive the weights later (``Client::StateOnWorkers``:
+recovery, restarted or joining workers are refused at start).
 """
 
+import atexit
+import io
+import itertools
 import weakref
 import zlib
 
@@ -36,6 +43,9 @@ from psrt.torch import _buffers
 from psrt.torch.optimizer import DistributedOptimizer
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+# Each optimizer's state has a name, the same in every process of the job
+# and in the job restored from its checkpoint: the order they were made in.
+_made = itertools.count()
 
 
 def _read_through(name):
@@ -59,7 +69,7 @@ class WorkerOptimizer(DistributedOptimizer):
                  sync_buffers=True, optimizer_on="workers", check_every=100):
         client = psrt.client()
         try:
-            client.state_on_workers()
+            client.state_on_workers(saves_state=True)
         except psrt.PsrtError as e:
             raise psrt.PsrtError("psrt.DistributedOptimizer(%s): %s" % (type(optimizer).__name__, e)) from None
         if not client.averages():
@@ -103,6 +113,7 @@ class WorkerOptimizer(DistributedOptimizer):
         # these parameters, found as they run forward (named_parameters does
         # not name them).
         self._buffers = {}  # name -> buffer
+        self._kept_buffers = {}  # the same and the others (a step count): a checkpoint's
         self._buffer_hook = None
         if sync_buffers:
             names = {id(p): n for n, p in named}
@@ -110,10 +121,13 @@ class WorkerOptimizer(DistributedOptimizer):
 
             def before_forward(module, args):
                 if me() is not None and not torch.compiler.is_compiling():
-                    found = _buffers.named_buffers(module, names, lambda b: b.dtype.is_floating_point)
-                    me()._buffers.update(found or ())
+                    me()._take_buffers(dict(_buffers.named_buffers(module, names, lambda b: True) or ()))
 
             self._buffer_hook = _module.register_module_forward_pre_hook(before_forward)
+        self._state_name = "torch.optimizer%d" % next(_made)
+        self._start = self._saved = client.restored_step()
+        self._restored_buffers = self._load_state()
+        atexit.register(self._save_last)
 
     # torch.optim.Optimizer's bookkeeping is the wrapped optimizer's, read
     # through: its load_state_dict (accelerate's device placement calls it)
@@ -131,6 +145,57 @@ class WorkerOptimizer(DistributedOptimizer):
                                            psrt.Compression.none.value, psrt.Compression.none.value)
             with torch.no_grad():
                 p.copy_(host)
+
+    # --- the state a checkpoint keeps ------------------------------------------
+
+    def _load_state(self):
+        """Every worker takes the state the job restored (rank 0's, saved
+        once); returns the buffers, which modules show as they run."""
+        blob = self._client.load_state(self._state_name)
+        if not blob:
+            if self._start > 0:
+                raise psrt.PsrtError(
+                    "psrt.DistributedOptimizer: the job restored step %d, but its checkpoint holds no "
+                    "state of an optimizer on the workers ('%s')" % (self._start, self._state_name))
+            return {}
+        state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        names = sorted(n for n, _ in self._params)
+        if state["step"] != self._start or sorted(state["params"]) != names:
+            raise psrt.PsrtError(
+                "psrt.DistributedOptimizer: the checkpoint's state '%s' is of step %d and parameters %s; "
+                "this job restored step %d and trains %s" % (self._state_name, state["step"],
+                                                              sorted(state["params"]), self._start, names))
+        with torch.no_grad():
+            for n, p in self._params:
+                p.copy_(state["params"][n])
+        self._optimizer.load_state_dict(state["optimizer"])
+        return dict(state["buffers"])
+
+    def _take_buffers(self, found):
+        """A module's buffers, as it runs forward: the float ones are
+        averaged each step, all are in the state a checkpoint keeps (and
+        take the restored values)."""
+        self._kept_buffers.update(found)
+        self._buffers.update((n, b) for n, b in found.items() if b.dtype.is_floating_point)
+        for n in list(self._restored_buffers):
+            if n in found:
+                with torch.no_grad():
+                    found[n].copy_(self._restored_buffers.pop(n))
+
+    def _save_state(self, step):
+        """Rank 0: the state of `step`, for the job's checkpoints."""
+        f = io.BytesIO()
+        torch.save({"step": step, "params": {n: p.detach().cpu() for n, p in self._params},
+                    "optimizer": self._optimizer.state_dict(),
+                    "buffers": {n: b.detach().cpu() for n, b in self._kept_buffers.items()}}, f)
+        self._client.save_state(self._state_name, f.getvalue(), step)
+        self._saved = step
+
+    def _save_last(self):
+        """At exit: the last step's state, which the final checkpoint saves."""
+        step = self._start + self._steps
+        if step > self._saved and self._client.rank() == 0 and self._client.state_due(step, True):
+            self._save_state(step)
 
     # --- the mean gradient, at the end of backward() --------------------------
 
@@ -185,6 +250,9 @@ class WorkerOptimizer(DistributedOptimizer):
             self._average_buffers()
             if self._steps == 1 or self._steps % self._check_every == 0:
                 self._check_weights()
+            step = self._start + self._steps
+            if self._client.rank() == 0 and self._client.state_due(step):
+                self._save_state(step)
         return loss
 
     def _average_buffers(self):
