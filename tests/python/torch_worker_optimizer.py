@@ -108,27 +108,35 @@ def reference(case):
     return model
 
 
-def train(case, rank):
+def wrapped(case, on="auto"):
+    """The case's model and its optimizer wrapped, the case's variables
+    under their own names (the cases share one job)."""
     model, opt, dtype = build(case)
-    # Each case's variables under its own names: the cases share one job.
     opt = psrt.DistributedOptimizer(opt, named_parameters=[(case + "." + n, p) for n, p in model.named_parameters()],
-                                    optimizer_on="workers" if case == "batchnorm" else "auto")
+                                    optimizer_on=on)
     assert type(opt).__name__ == "WorkerOptimizer", type(opt)
-    for step in range(STEPS):
-        x, y = batch(case, rank, step, dtype)
+    return model, opt, dtype
 
-        def closure():
-            opt.zero_grad()
-            loss = loss_of(model, x, y)
-            loss.backward()
-            return loss
-        if case == "lbfgs":
-            opt.step(closure)
-        else:
-            closure()
-            if case == "batchnorm":
-                nn.utils.clip_grad_norm_(model.parameters(), 0.05)  # on the mean gradient
-            opt.step()
+
+def take_step(case, model, opt, x, y):
+    def closure():
+        opt.zero_grad()
+        loss = loss_of(model, x, y)
+        loss.backward()
+        return loss
+    if case == "lbfgs":
+        opt.step(closure)
+    else:
+        closure()
+        if case == "batchnorm":
+            nn.utils.clip_grad_norm_(model.parameters(), 0.05)  # on the mean gradient
+        opt.step()
+
+
+def train(case, rank):
+    model, opt, dtype = wrapped(case, "workers" if case == "batchnorm" else "auto")
+    for step in range(STEPS):
+        take_step(case, model, opt, *batch(case, rank, step, dtype))
     return model
 
 
@@ -171,23 +179,11 @@ def resume(rank, out):
     momentum on the BatchNorm CNN, each on the workers, trained from the
     job's restored step (0 when fresh) to STEPS, then evaluated once; rank 0
     writes every model's weights and buffers to `out`."""
-    runs = []
-    for case in ("rmsprop", "lbfgs", "batchnorm"):
-        model, opt, dtype = build(case)
-        opt = psrt.DistributedOptimizer(opt, named_parameters=[(case + "." + n, p) for n, p in model.named_parameters()],
-                                        optimizer_on="workers")
-        runs.append((case, model, opt, dtype))
+    runs = [(case,) + wrapped(case, "workers") for case in ("rmsprop", "lbfgs", "batchnorm")]
     print("rank %d: from step %d" % (rank, psrt.restored_step()), flush=True)
     for step in range(psrt.restored_step(), STEPS):
         for case, model, opt, dtype in runs:
-            x, y = batch(case, rank, step, dtype)
-
-            def closure():
-                opt.zero_grad()
-                loss = loss_of(model, x, y)
-                loss.backward()
-                return loss
-            opt.step(closure) if case == "lbfgs" else (closure(), opt.step())
+            take_step(case, model, opt, *batch(case, rank, step, dtype))
     with torch.no_grad():  # an evaluation: where no step ran, buffers take their restored values here
         for case, model, _, dtype in runs:
             model.eval()
