@@ -89,7 +89,6 @@ OptimizerConfig DefaultOptimizer(OptimizerKind kind, double lr) {
 // The client's state and its request pipeline (worker/dispatcher.h).
 class Client::Impl : public Dispatcher {
  public:
-  using Dispatcher::Dispatcher;
   LearningRates rates;
 };
 
@@ -110,15 +109,59 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (absl::Status s = InitTransportSecurity(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TLS: ", s.message()));
   }
-  std::unique_ptr<Timeline> timeline;
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
   if (!options.timeline.empty()) {
-    absl::StatusOr<std::unique_ptr<Timeline>> opened =
+    absl::StatusOr<std::unique_ptr<Timeline>> timeline =
         Timeline::Open(options.timeline, options.rank);
-    if (!opened.ok()) return opened.status();
-    timeline = *std::move(opened);
+    if (!timeline.ok()) return timeline.status();
+    impl->timeline = *std::move(timeline);
   }
-  auto impl = std::make_unique<Impl>(options, std::move(timeline));
-  if (absl::Status s = impl->Join(); !s.ok()) return s;
+  CoordinatorLink::Options lo;
+  lo.coordinator = options.coordinator;
+  lo.token = options.token;
+  lo.id.set_role(v1::ROLE_WORKER);
+  lo.id.set_index(options.rank);
+  lo.host = options.host;
+  lo.generation = options.generation;
+  lo.connect_timeout = options.connect_timeout;
+  lo.on_membership = [impl = impl.get()](const v1::Membership& m) {
+    impl->active_workers.store(m.active_workers_size(), std::memory_order_relaxed);
+  };
+  lo.on_shard_map = [impl = impl.get()](const v1::ShardMap& m) { impl->FollowShardMap(m); };
+  lo.stats = [impl = impl.get()] { return impl->counters.Stats(); };
+  absl::StatusOr<std::unique_ptr<CoordinatorLink>> link = CoordinatorLink::Connect(lo);
+  if (!link.ok()) return link.status();
+  impl->link = std::move(*link);
+  absl::StatusOr<v1::BarrierResponse> barrier = impl->link->Barrier();
+  if (!barrier.ok()) return barrier.status();
+  impl->config = barrier->config();
+  impl->active_workers.store(barrier->membership().active_workers_size(),
+                             std::memory_order_relaxed);
+  const int n = barrier->shard_map().server_addresses_size();
+  if (n == 0) return absl::FailedPreconditionError("the shard map lists no servers");
+  ServerLinks::Options links;
+  links.rank = options.rank;
+  links.token = options.token;
+  links.connections = options.connections_per_server;
+  links.rpc_timeout = options.rpc_timeout;
+  links.data_channels = impl->config.transport() != "grpc" && !TlsEnabled();
+  impl->servers = std::make_unique<ServerLinks>(links, barrier->shard_map());
+  impl->servers_ready.store(impl->servers.get(), std::memory_order_release);
+  impl->num_servers = n;
+  impl->windows = std::make_unique<Impl::Windows>(n, impl->timeline.get());
+  if (impl->config.transport() == "auto") impl->ShareMemory();
+  impl->servers->OpenDataChannels();
+  // Enough threads for a request in flight on every connection.
+  impl->pool =
+      std::make_unique<ThreadPool>(std::max<int>(4, 2 * options.connections_per_server * n));
+  if (impl->config.local_aggregation() && !options.host_group.empty()) {
+    absl::StatusOr<std::unique_ptr<HostGroup>> group =
+        HostGroup::Join(options.host_group, options.local_rank, options.rank,
+                        [impl = impl.get()] { return impl->JobStatus(); });
+    if (!group.ok()) return group.status();
+    impl->group = *std::move(group);
+  }
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -252,20 +295,32 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
   // "replicas": 1: the backup of each server keeps copies of its keys
   // (with "max_servers", copies its server builds once the job runs).
   const int copies = impl_->config.replicas() > 0 && impl_->config.started_servers() == 0 ? 2 : 1;
-  std::vector<Dispatcher::Registration> regs;
-  for (const Batch& b : batches) {
-    regs.push_back({b.server, b.req});
-    if (copies == 1) continue;
-    auto req = std::make_shared<v1::RegisterKeysRequest>(*b.req);
-    req->set_replica(true);
-    req->set_primary(b.server);
-    regs.push_back({BackupServer(b.server, num_servers(),
-                                 num_servers() / std::max(1, impl_->config.num_hosts())),
-                    std::move(req)});
+  auto [handle, op] =
+      impl_->ops.New(static_cast<int>(batches.size()) * copies, absl::OkStatus(), "REGISTER");
+  if (impl_->timeline != nullptr) {
+    op->tensors = JsonNames({name});
+    op->bytes = n * 4;
   }
-  if (absl::Status s = Wait(impl_->StartRegister(std::move(regs), JsonNames({name}), n * 4));
-      !s.ok())
-    return s;
+  for (const Batch& b : batches) {
+    for (int c = 0; c < copies; ++c) {
+      int server = b.server;
+      std::shared_ptr<v1::RegisterKeysRequest> req = b.req;
+      if (c == 1) {
+        server = BackupServer(b.server, num_servers(),
+                              num_servers() / std::max(1, impl_->config.num_hosts()));
+        req = std::make_shared<v1::RegisterKeysRequest>(*b.req);
+        req->set_replica(true);
+        req->set_primary(b.server);
+      }
+      impl_->pool->Schedule([this, server, req, op = op] {
+        v1::RegisterKeysResponse resp;
+        OpTracker::Done(op.get(), impl_->Call(server, "register", [&](grpc::ClientContext* ctx) {
+          return impl_->Stub(server)->RegisterKeys(ctx, *req, &resp);
+        }));
+      });
+    }
+  }
+  if (absl::Status s = Wait(handle); !s.ok()) return s;
   // The starting weights travel exactly, whatever the pull compression.
   if (absl::Status s = Wait(impl_->Start({{name, nullptr, data}}, 0, false, true, /*exact=*/true));
       !s.ok())
@@ -326,7 +381,8 @@ absl::Status Client::RegisterTable(const std::string& name, const TableOptions& 
                                             absl::Now() + impl_->options.connect_timeout);
     if (!s.ok()) return s;
   }
-  std::vector<Dispatcher::Registration> regs;
+  auto [handle, op] = impl_->ops.New(num_servers(), absl::OkStatus(), "REGISTER");
+  if (impl_->timeline != nullptr) op->tensors = JsonNames({name});
   for (int s = 0; s < num_servers(); ++s) {
     auto req = std::make_shared<v1::RegisterKeysRequest>();
     req->set_worker_rank(rank());
@@ -335,17 +391,19 @@ absl::Status Client::RegisterTable(const std::string& name, const TableOptions& 
     k->set_partition(static_cast<uint32_t>(s));
     // Part s is server s's ("max_servers": served elsewhere until it joins).
     if (impl_->config.started_servers() > 0) req->set_owner(s);
-    regs.push_back({s, std::move(req)});
+    impl_->pool->Schedule([this, name, s, req, op = op] {
+      v1::RegisterKeysResponse resp;
+      absl::Status status = impl_->Call(s, "register", [&](grpc::ClientContext* ctx) {
+        return impl_->Stub(s)->RegisterKeys(ctx, *req, &resp);
+      });
+      if (status.ok() && resp.versions_size() == 1) {
+        // A running sync job's table: this worker's steps start there.
+        absl::MutexLock lock(&impl_->mu);
+        impl_->RecordPulled(name, static_cast<uint32_t>(s), resp.versions(0), /*at_least=*/true);
+      }
+      OpTracker::Done(op.get(), status);
+    });
   }
-  auto record = [this, name](int s, const v1::RegisterKeysResponse& resp) {
-    if (resp.versions_size() == 1) {
-      // A running sync job's table: this worker's steps start there.
-      absl::MutexLock lock(&impl_->mu);
-      impl_->RecordPulled(name, static_cast<uint32_t>(s), resp.versions(0), /*at_least=*/true);
-    }
-    return absl::OkStatus();
-  };
-  Handle handle = impl_->StartRegister(std::move(regs), JsonNames({name}), 0, std::move(record));
   // A table's rate is not tracked (LearningRates): a rate for every
   // variable is the dense ones', and one they hold already is not sent, so
   // it leaves a table's own rate alone.

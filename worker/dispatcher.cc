@@ -93,55 +93,6 @@ void LiveCalls::Close(const std::function<void()>& also, absl::Duration timeout)
   mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
 }
 
-Dispatcher::Dispatcher(ClientOptions options, std::unique_ptr<Timeline> timeline)
-    : timeline(std::move(timeline)), options(std::move(options)) {}
-
-absl::Status Dispatcher::Join() {
-  CoordinatorLink::Options lo;
-  lo.coordinator = options.coordinator;
-  lo.token = options.token;
-  lo.id.set_role(v1::ROLE_WORKER);
-  lo.id.set_index(options.rank);
-  lo.host = options.host;
-  lo.generation = options.generation;
-  lo.connect_timeout = options.connect_timeout;
-  lo.on_membership = [this](const v1::Membership& m) {
-    active_workers.store(m.active_workers_size(), std::memory_order_relaxed);
-  };
-  lo.on_shard_map = [this](const v1::ShardMap& m) { FollowShardMap(m); };
-  lo.stats = [this] { return counters.Stats(); };
-  absl::StatusOr<std::unique_ptr<CoordinatorLink>> joined = CoordinatorLink::Connect(lo);
-  if (!joined.ok()) return joined.status();
-  link = *std::move(joined);
-  absl::StatusOr<v1::BarrierResponse> barrier = link->Barrier();
-  if (!barrier.ok()) return barrier.status();
-  config = barrier->config();
-  active_workers.store(barrier->membership().active_workers_size(), std::memory_order_relaxed);
-  const int n = barrier->shard_map().server_addresses_size();
-  if (n == 0) return absl::FailedPreconditionError("the shard map lists no servers");
-  ServerLinks::Options links;
-  links.rank = options.rank;
-  links.token = options.token;
-  links.connections = options.connections_per_server;
-  links.rpc_timeout = options.rpc_timeout;
-  links.data_channels = config.transport() != "grpc" && !TlsEnabled();
-  servers = std::make_unique<ServerLinks>(links, barrier->shard_map());
-  servers_ready.store(servers.get(), std::memory_order_release);
-  num_servers = n;
-  windows = std::make_unique<Windows>(n, timeline.get());
-  if (config.transport() == "auto") ShareMemory();
-  servers->OpenDataChannels();
-  // Enough threads for a request in flight on every connection.
-  pool = std::make_unique<ThreadPool>(std::max<int>(4, 2 * options.connections_per_server * n));
-  if (config.local_aggregation() && !options.host_group.empty()) {
-    absl::StatusOr<std::unique_ptr<HostGroup>> joined_group = HostGroup::Join(
-        options.host_group, options.local_rank, options.rank, [this] { return JobStatus(); });
-    if (!joined_group.ok()) return joined_group.status();
-    group = *std::move(joined_group);
-  }
-  return absl::OkStatus();
-}
-
 Dispatcher::~Dispatcher() {
   if (group != nullptr) group->Close();
   // Data calls end asynchronously, on gRPC's threads (data channels' on
@@ -421,45 +372,13 @@ void Dispatcher::Launch(std::vector<Shard> shards, const std::shared_ptr<Op>& op
     r->version = version;
     r->await_step = r->shard.await_step;
     if (adorn) adorn(r.get());
-    Enqueue(r);
+    calls.Begin();
+    std::function<void()> send = [this, r] { Send(r); };
+    if (push && r->shard.bytes >= kPoolBytes)
+      send = [this, r] { pool->Schedule([this, r] { Send(r); }); };
+    if (timeline != nullptr) r->queued_us = timeline->NowMicros();
+    if (std::function<void()> now = windows->Enter(r, std::move(send))) now();
   }
-}
-
-void Dispatcher::Enqueue(const std::shared_ptr<Request>& r) {
-  calls.Begin();
-  // A registration holds no place in a window: it goes out at once, never
-  // behind a sync push-pull whose pull waits for workers that may wait for
-  // this registration.
-  if (r->keys != nullptr) return Send(r);
-  std::function<void()> send = [this, r] { Send(r); };
-  if (r->push && r->shard.bytes >= kPoolBytes)
-    send = [this, r] { pool->Schedule([this, r] { Send(r); }); };
-  if (timeline != nullptr) r->queued_us = timeline->NowMicros();
-  if (std::function<void()> now = windows->Enter(r, std::move(send))) now();
-}
-
-Dispatcher::Handle Dispatcher::StartRegister(
-    std::vector<Registration> regs, std::string tensors, int64_t bytes,
-    std::function<absl::Status(int server, const v1::RegisterKeysResponse&)> answered) {
-  auto [handle, op] = ops.New(static_cast<int>(regs.size()), absl::OkStatus(), "REGISTER");
-  if (timeline != nullptr) {
-    op->tensors = std::move(tensors);
-    op->bytes = bytes;
-  }
-  for (Registration& reg : regs) {
-    auto r = std::make_shared<Request>();
-    r->shard.server = reg.server;
-    r->op = op;
-    r->keys = std::move(reg.keys);
-    if (answered) {
-      const Request* self = r.get();  // not the shared pointer: r would hold itself
-      r->finished = [answered, self](const absl::Status& s) {
-        return s.ok() ? answered(self->shard.server, self->registered) : s;
-      };
-    }
-    Enqueue(r);
-  }
-  return handle;
 }
 
 Dispatcher::Windows::Windows(int servers, Timeline* timeline)
@@ -508,10 +427,6 @@ std::function<void()> Dispatcher::Windows::Leave(const Request& r) {
 void Dispatcher::Send(const std::shared_ptr<Request>& r) {
   r->target = Route(r->shard.server);
   r->target_moves = servers->Moves(r->target);
-  if (r->keys != nullptr) {
-    if (r->attempts == 0) r->start = absl::Now();
-    return Attempt(r);
-  }
   if (r->await_step) {
     const Shard::Item& it = r->shard.items.front();
     OutKey k;
@@ -541,7 +456,6 @@ void Dispatcher::Send(const std::shared_ptr<Request>& r) {
 void Dispatcher::Attempt(const std::shared_ptr<Request>& r) {
   ++r->attempts;
   if (!calls.Add(nullptr)) return Finish(r, absl::CancelledError("the client is closing"));
-  if (r->keys != nullptr) return AttemptRegister(r);
   const FrameKind kind = r->await_step        ? FrameKind::kPull
                          : r->push && r->pull ? FrameKind::kPushPull
                          : r->push            ? FrameKind::kPush
@@ -565,16 +479,6 @@ void Dispatcher::Attempt(const std::shared_ptr<Request>& r) {
                                                            : kPullMethod;
   r->stub->UnaryCall(r->ctx.get(), method, grpc::StubOptions(), &r->req, &r->resp,
                      [this, r](grpc::Status st) { Answered(r, std::move(st)); });
-}
-
-void Dispatcher::AttemptRegister(const std::shared_ptr<Request>& r) {
-  r->registered.Clear();
-  r->ctx = std::make_unique<grpc::ClientContext>();
-  PrepareContext(r->ctx.get(), options.token, options.rpc_timeout);
-  if (!calls.Add(r->ctx.get())) return Finish(r, absl::CancelledError("the client is closing"));
-  r->control = Stub(r->shard.server);
-  r->control->async()->RegisterKeys(r->ctx.get(), r->keys.get(), &r->registered,
-                                    [this, r](grpc::Status st) { Answered(r, std::move(st)); });
 }
 
 void Dispatcher::Answered(const std::shared_ptr<Request>& r, grpc::Status st) {
@@ -616,11 +520,9 @@ void Dispatcher::Answered(const std::shared_ptr<Request>& r, grpc::Status st) {
 
 void Dispatcher::Finish(const std::shared_ptr<Request>& r, const absl::Status& s) {
   SharedSlots::Give(&r->lease, s.ok());
-  // A registration shows as its operation's WAIT alone.
-  if (timeline != nullptr && r->keys == nullptr) TraceRequest(*r, s);
+  if (timeline != nullptr) TraceRequest(*r, s);
   EndPart(r->op.get(), r->finished ? r->finished(s) : s);
-  // Its turn: this one's place in the window (a registration held none).
-  if (r->keys != nullptr) return calls.End();
+  // Its turn: this one's place in the window.
   if (std::function<void()> next = windows->Leave(*r)) next();
   calls.End();
 }
