@@ -17,6 +17,15 @@ int64_t ChunkValues(int i) { return int64_t{1} << (kFirstChunkLog2 + i); }
 // The values of chunks [0, n).
 int64_t Capacity(int n) { return (int64_t{1} << kFirstChunkLog2) * ((int64_t{1} << n) - 1); }
 
+// The chunks that hold `values` (one past kMaxChunks where none do).
+int ChunksFor(int64_t values) {
+  int n = 0;
+  while (n <= kMaxChunks && Capacity(n) < values) ++n;
+  return n;
+}
+
+std::string ChunkName(const std::string& name, int i) { return absl::StrCat(name, "@state/", i); }
+
 bool Whole(float v) {
   return v >= 0.0f && v < kLimit && static_cast<float>(static_cast<int64_t>(v)) == v;
 }
@@ -35,8 +44,8 @@ absl::Status StateKeys::Grow(const std::string& name, Keys* keys, int n) {
   }
   for (int i = keys->chunks; i < n; ++i) {
     keys->values.resize(Capacity(i + 1), 0.0f);
-    if (absl::Status s = Register(absl::StrCat(name, "@state/", i), ChunkValues(i),
-                                  keys->values.data() + Capacity(i));
+    if (absl::Status s =
+            Register(ChunkName(name, i), ChunkValues(i), keys->values.data() + Capacity(i));
         !s.ok()) {
       return s;
     }
@@ -66,9 +75,8 @@ absl::StatusOr<std::string> StateKeys::Load(const std::string& name) {
     }
     bytes |= static_cast<uint64_t>(keys.header[i]) << (24 * i);
   }
-  int n = 0;
-  while (n <= kMaxChunks && Capacity(n) * 3 < static_cast<int64_t>(bytes)) ++n;
-  if (absl::Status s = Grow(name, &keys, n); !s.ok()) return s;
+  if (absl::Status s = Grow(name, &keys, ChunksFor((static_cast<int64_t>(bytes) + 2) / 3)); !s.ok())
+    return s;
   std::string out(bytes, '\0');
   for (uint64_t j = 0; j < bytes; j += 3) {
     const float v = keys.values[j / 3];
@@ -93,10 +101,10 @@ absl::Status StateKeys::Save(const std::string& name, absl::string_view bytes, i
         absl::StrCat("state '", name, "' is saved after it is loaded (every worker, at start)"));
   }
   Keys& keys = it->second;
-  const int64_t values = (static_cast<int64_t>(bytes.size()) + 2) / 3;
-  int n = keys.chunks;
-  while (n <= kMaxChunks && Capacity(n) < values) ++n;
-  if (absl::Status s = Grow(name, &keys, n); !s.ok()) return s;
+  // Grows only: a state that shrank keeps its chunks (pushed as zeros).
+  if (absl::Status s = Grow(name, &keys, ChunksFor((static_cast<int64_t>(bytes.size()) + 2) / 3));
+      !s.ok())
+    return s;
   for (int64_t i = 0; i < Capacity(keys.chunks); ++i) {
     uint32_t word = 0;
     for (int64_t b = 0; b < 3 && 3 * i + b < static_cast<int64_t>(bytes.size()); ++b)
@@ -109,7 +117,7 @@ absl::Status StateKeys::Save(const std::string& name, absl::string_view bytes, i
   // Every chunk, the unused ones too, reaches the step with the size.
   std::vector<TensorRef> refs;
   for (int i = 0; i < keys.chunks; ++i)
-    refs.push_back({absl::StrCat(name, "@state/", i), keys.values.data() + Capacity(i), nullptr});
+    refs.push_back({ChunkName(name, i), keys.values.data() + Capacity(i), nullptr});
   refs.push_back({name + "@state", keys.header.data(), nullptr});
   return client_->Wait(client_->Push(std::move(refs), step));
 }
