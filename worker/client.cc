@@ -295,32 +295,20 @@ absl::Status Client::RegisterVariable(const std::string& name, std::vector<int64
   // "replicas": 1: the backup of each server keeps copies of its keys
   // (with "max_servers", copies its server builds once the job runs).
   const int copies = impl_->config.replicas() > 0 && impl_->config.started_servers() == 0 ? 2 : 1;
-  auto [handle, op] =
-      impl_->ops.New(static_cast<int>(batches.size()) * copies, absl::OkStatus(), "REGISTER");
-  if (impl_->timeline != nullptr) {
-    op->tensors = JsonNames({name});
-    op->bytes = n * 4;
-  }
+  std::vector<Dispatcher::Registration> regs;
   for (const Batch& b : batches) {
-    for (int c = 0; c < copies; ++c) {
-      int server = b.server;
-      std::shared_ptr<v1::RegisterKeysRequest> req = b.req;
-      if (c == 1) {
-        server = BackupServer(b.server, num_servers(),
-                              num_servers() / std::max(1, impl_->config.num_hosts()));
-        req = std::make_shared<v1::RegisterKeysRequest>(*b.req);
-        req->set_replica(true);
-        req->set_primary(b.server);
-      }
-      impl_->pool->Schedule([this, server, req, op = op] {
-        v1::RegisterKeysResponse resp;
-        OpTracker::Done(op.get(), impl_->Call(server, "register", [&](grpc::ClientContext* ctx) {
-          return impl_->Stub(server)->RegisterKeys(ctx, *req, &resp);
-        }));
-      });
-    }
+    regs.push_back({b.server, b.req});
+    if (copies == 1) continue;
+    auto req = std::make_shared<v1::RegisterKeysRequest>(*b.req);
+    req->set_replica(true);
+    req->set_primary(b.server);
+    regs.push_back({BackupServer(b.server, num_servers(),
+                                 num_servers() / std::max(1, impl_->config.num_hosts())),
+                    std::move(req)});
   }
-  if (absl::Status s = Wait(handle); !s.ok()) return s;
+  if (absl::Status s = Wait(impl_->StartRegister(std::move(regs), JsonNames({name}), n * 4));
+      !s.ok())
+    return s;
   // The starting weights travel exactly, whatever the pull compression.
   if (absl::Status s = Wait(impl_->Start({{name, nullptr, data}}, 0, false, true, /*exact=*/true));
       !s.ok())
@@ -381,8 +369,7 @@ absl::Status Client::RegisterTable(const std::string& name, const TableOptions& 
                                             absl::Now() + impl_->options.connect_timeout);
     if (!s.ok()) return s;
   }
-  auto [handle, op] = impl_->ops.New(num_servers(), absl::OkStatus(), "REGISTER");
-  if (impl_->timeline != nullptr) op->tensors = JsonNames({name});
+  std::vector<Dispatcher::Registration> regs;
   for (int s = 0; s < num_servers(); ++s) {
     auto req = std::make_shared<v1::RegisterKeysRequest>();
     req->set_worker_rank(rank());
@@ -391,19 +378,17 @@ absl::Status Client::RegisterTable(const std::string& name, const TableOptions& 
     k->set_partition(static_cast<uint32_t>(s));
     // Part s is server s's ("max_servers": served elsewhere until it joins).
     if (impl_->config.started_servers() > 0) req->set_owner(s);
-    impl_->pool->Schedule([this, name, s, req, op = op] {
-      v1::RegisterKeysResponse resp;
-      absl::Status status = impl_->Call(s, "register", [&](grpc::ClientContext* ctx) {
-        return impl_->Stub(s)->RegisterKeys(ctx, *req, &resp);
-      });
-      if (status.ok() && resp.versions_size() == 1) {
-        // A running sync job's table: this worker's steps start there.
-        absl::MutexLock lock(&impl_->mu);
-        impl_->RecordPulled(name, static_cast<uint32_t>(s), resp.versions(0), /*at_least=*/true);
-      }
-      OpTracker::Done(op.get(), status);
-    });
+    regs.push_back({s, std::move(req)});
   }
+  auto record = [this, name](int s, const v1::RegisterKeysResponse& resp) {
+    if (resp.versions_size() == 1) {
+      // A running sync job's table: this worker's steps start there.
+      absl::MutexLock lock(&impl_->mu);
+      impl_->RecordPulled(name, static_cast<uint32_t>(s), resp.versions(0), /*at_least=*/true);
+    }
+    return absl::OkStatus();
+  };
+  Handle handle = impl_->StartRegister(std::move(regs), JsonNames({name}), 0, std::move(record));
   // A table's rate is not tracked (LearningRates): a rate for every
   // variable is the dense ones', and one they hold already is not sent, so
   // it leaves a table's own rate alone.

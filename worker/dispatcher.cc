@@ -372,13 +372,45 @@ void Dispatcher::Launch(std::vector<Shard> shards, const std::shared_ptr<Op>& op
     r->version = version;
     r->await_step = r->shard.await_step;
     if (adorn) adorn(r.get());
-    calls.Begin();
-    std::function<void()> send = [this, r] { Send(r); };
-    if (push && r->shard.bytes >= kPoolBytes)
-      send = [this, r] { pool->Schedule([this, r] { Send(r); }); };
-    if (timeline != nullptr) r->queued_us = timeline->NowMicros();
-    if (std::function<void()> now = windows->Enter(r, std::move(send))) now();
+    Enqueue(r);
   }
+}
+
+void Dispatcher::Enqueue(const std::shared_ptr<Request>& r) {
+  calls.Begin();
+  // A registration holds no place in a window: it goes out at once, never
+  // behind a sync push-pull whose pull waits for workers that may wait for
+  // this registration.
+  if (r->keys != nullptr) return Send(r);
+  std::function<void()> send = [this, r] { Send(r); };
+  if (r->push && r->shard.bytes >= kPoolBytes)
+    send = [this, r] { pool->Schedule([this, r] { Send(r); }); };
+  if (timeline != nullptr) r->queued_us = timeline->NowMicros();
+  if (std::function<void()> now = windows->Enter(r, std::move(send))) now();
+}
+
+Dispatcher::Handle Dispatcher::StartRegister(
+    std::vector<Registration> regs, std::string tensors, int64_t bytes,
+    std::function<absl::Status(int server, const v1::RegisterKeysResponse&)> answered) {
+  auto [handle, op] = ops.New(static_cast<int>(regs.size()), absl::OkStatus(), "REGISTER");
+  if (timeline != nullptr) {
+    op->tensors = std::move(tensors);
+    op->bytes = bytes;
+  }
+  for (Registration& reg : regs) {
+    auto r = std::make_shared<Request>();
+    r->shard.server = reg.server;
+    r->op = op;
+    r->keys = std::move(reg.keys);
+    if (answered) {
+      const Request* self = r.get();  // not the shared pointer: r would hold itself
+      r->finished = [answered, self](const absl::Status& s) {
+        return s.ok() ? answered(self->shard.server, self->registered) : s;
+      };
+    }
+    Enqueue(r);
+  }
+  return handle;
 }
 
 Dispatcher::Windows::Windows(int servers, Timeline* timeline)
@@ -427,6 +459,10 @@ std::function<void()> Dispatcher::Windows::Leave(const Request& r) {
 void Dispatcher::Send(const std::shared_ptr<Request>& r) {
   r->target = Route(r->shard.server);
   r->target_moves = servers->Moves(r->target);
+  if (r->keys != nullptr) {
+    if (r->attempts == 0) r->start = absl::Now();
+    return Attempt(r);
+  }
   if (r->await_step) {
     const Shard::Item& it = r->shard.items.front();
     OutKey k;
@@ -456,6 +492,7 @@ void Dispatcher::Send(const std::shared_ptr<Request>& r) {
 void Dispatcher::Attempt(const std::shared_ptr<Request>& r) {
   ++r->attempts;
   if (!calls.Add(nullptr)) return Finish(r, absl::CancelledError("the client is closing"));
+  if (r->keys != nullptr) return AttemptRegister(r);
   const FrameKind kind = r->await_step        ? FrameKind::kPull
                          : r->push && r->pull ? FrameKind::kPushPull
                          : r->push            ? FrameKind::kPush
@@ -479,6 +516,20 @@ void Dispatcher::Attempt(const std::shared_ptr<Request>& r) {
                                                            : kPullMethod;
   r->stub->UnaryCall(r->ctx.get(), method, grpc::StubOptions(), &r->req, &r->resp,
                      [this, r](grpc::Status st) { Answered(r, std::move(st)); });
+}
+
+void Dispatcher::AttemptRegister(const std::shared_ptr<Request>& r) {
+  // A blocking call on the pool: on gRPC's callback API the control
+  // channel's last release could hold the process's exit for seconds after
+  // its heartbeats stopped, past the coordinator's heartbeat timeout.
+  pool->Schedule([this, r] {
+    r->registered.Clear();
+    r->ctx = std::make_unique<grpc::ClientContext>();
+    PrepareContext(r->ctx.get(), options.token, options.rpc_timeout);
+    if (!calls.Add(r->ctx.get())) return Finish(r, absl::CancelledError("the client is closing"));
+    grpc::Status st = Stub(r->shard.server)->RegisterKeys(r->ctx.get(), *r->keys, &r->registered);
+    Answered(r, std::move(st));
+  });
 }
 
 void Dispatcher::Answered(const std::shared_ptr<Request>& r, grpc::Status st) {
@@ -520,9 +571,11 @@ void Dispatcher::Answered(const std::shared_ptr<Request>& r, grpc::Status st) {
 
 void Dispatcher::Finish(const std::shared_ptr<Request>& r, const absl::Status& s) {
   SharedSlots::Give(&r->lease, s.ok());
-  if (timeline != nullptr) TraceRequest(*r, s);
+  // A registration shows as its operation's WAIT alone.
+  if (timeline != nullptr && r->keys == nullptr) TraceRequest(*r, s);
   EndPart(r->op.get(), r->finished ? r->finished(s) : s);
-  // Its turn: this one's place in the window.
+  // Its turn: this one's place in the window (a registration held none).
+  if (r->keys != nullptr) return calls.End();
   if (std::function<void()> next = windows->Leave(*r)) next();
   calls.End();
 }

@@ -253,7 +253,13 @@ class Dispatcher {
     std::vector<int32_t> also_for;
     std::function<absl::Status(const absl::Status&)> finished;
     bool assign_rows = false;  // a table's rows' values (PushRequest.assign_rows)
-    const char* what() const { return push && pull ? "push-pull" : push ? "push" : "pull"; }
+    // A registration of keys (RegisterKeys), sent as it is over the control
+    // connection of shard.server (no slot, no encoding), and its answer.
+    std::shared_ptr<const v1::RegisterKeysRequest> keys;
+    v1::RegisterKeysResponse registered;
+    const char* what() const {
+      return keys != nullptr ? "register" : push && pull ? "push-pull" : push ? "push" : "pull";
+    }
     const char* kind() const { return push && pull ? "PUSH_PULL" : push ? "PUSH" : "PULL"; }
   };
 
@@ -292,6 +298,23 @@ class Dispatcher {
   // each already; `adorn` (if set) completes each request first.
   void Launch(std::vector<Shard> shards, const std::shared_ptr<Op>& op, int64_t version, bool push,
               bool pull, const std::function<void(Request*)>& adorn = nullptr);
+  // Queues a request in its server's window (Windows::Enter) and sends it
+  // in its turn.
+  void Enqueue(const std::shared_ptr<Request>& r);
+
+  // One RegisterKeys request for server `server` (its route's).
+  struct Registration {
+    int server = 0;
+    std::shared_ptr<const v1::RegisterKeysRequest> keys;
+  };
+  // An operation ("REGISTER") of `regs` as requests through the stages a
+  // push's go through (Send, Attempt, Answered and its retries, Finish; no
+  // window: Enqueue), the timeline describing it as `tensors` (a JSON
+  // array) of `bytes`. `answered` (if set) reads a server's answer to a
+  // request that succeeded; its error ends the request's part.
+  Handle StartRegister(
+      std::vector<Registration> regs, std::string tensors, int64_t bytes,
+      std::function<absl::Status(int server, const v1::RegisterKeysResponse&)> answered = nullptr);
 
   // A sync push (or push-pull) of dense variables in a host group
   // (worker/local_aggregation.cc): a partition's owner sums the host's
@@ -354,6 +377,8 @@ class Dispatcher {
   // One attempt, over the data channel or on gRPC's callback API: no thread
   // waits for the answer.
   void Attempt(const std::shared_ptr<Request>& r);
+  // A registration's attempt, a blocking call on the pool.
+  void AttemptRegister(const std::shared_ptr<Request>& r);
 
   void Answered(const std::shared_ptr<Request>& r, grpc::Status st);
 
