@@ -17,8 +17,9 @@ def _row_pieces(key, value, scale):
     pieces = []
     for v in _outputs(value):
         if not _is_sparse(v):
-            raise psrt.PsrtError("psrt kvstore: key %s is a table: push a row_sparse gradient (got a %s "
-                                 "NDArray)" % (key, getattr(v, "stype", type(v).__name__)))
+            raise psrt.PsrtError("psrt kvstore: key %s is a table: push a row_sparse gradient "
+                                 "(got a %s NDArray)"
+                                 % (key, getattr(v, "stype", type(v).__name__)))
         rows = v.data.asnumpy().astype(np.float32, copy=False)
         if scale != 1.0:
             rows = rows * np.float32(scale)

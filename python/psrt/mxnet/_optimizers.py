@@ -11,34 +11,39 @@ def _server_optimizer(opt):
     clip_gradient is applied by the plugin), or a refusal."""
     lr, wd = float(opt.learning_rate), float(opt.wd)
     if isinstance(opt, mx.optimizer.NAG):
-        return {"name": "sgd", "lr": lr, "momentum": float(opt.momentum), "nesterov": True, "weight_decay": wd}
+        return {"name": "sgd", "lr": lr, "momentum": float(opt.momentum), "nesterov": True,
+                "weight_decay": wd}
     if isinstance(opt, mx.optimizer.SGD):
         return {"name": "sgd", "lr": lr, "momentum": float(opt.momentum), "weight_decay": wd}
     if isinstance(opt, mx.optimizer.Adam):
         return {"name": "adam", "lr": lr, "beta1": float(opt.beta1), "beta2": float(opt.beta2),
                 "eps": float(opt.epsilon), "weight_decay": wd}
     if isinstance(opt, mx.optimizer.AdaGrad):
-        return {"name": "adagrad", "lr": lr, "eps": float(opt.float_stable_eps), "weight_decay": wd}
-    raise psrt.PsrtError("psrt kvstore: %s cannot run on the parameter servers; use sgd, nag, adam or "
-                         "adagrad" % type(opt).__name__)
+        return {"name": "adagrad", "lr": lr, "eps": float(opt.float_stable_eps),
+                "weight_decay": wd}
+    raise psrt.PsrtError("psrt kvstore: %s cannot run on the parameter servers; use sgd, nag, adam "
+                         "or adagrad" % type(opt).__name__)
 
 
 def _table_optimizer(opt):
     """The row-wise form of an MXNet optimizer for a table, or a refusal."""
     if opt.clip_gradient is not None:
-        raise psrt.PsrtError("psrt kvstore: clip_gradient is not supported for tables (row_sparse weights): "
-                             "the servers update their rows from the aggregated gradient; set "
-                             "clip_gradient=None")
+        raise psrt.PsrtError("psrt kvstore: clip_gradient is not supported for tables (row_sparse "
+                             "weights): the servers update their rows from the aggregated "
+                             "gradient; set clip_gradient=None")
     lr, wd = float(opt.learning_rate), float(opt.wd)
     if isinstance(opt, mx.optimizer.Ftrl):
         # MXNet's denominator (beta + sqrt(n)) / lr + wd is the servers' (TF's)
         # sqrt(n) / lr + 2 * (l2 + beta / (2 * lr)) with l2 = wd / 2.
-        return {"name": "ftrl", "lr": lr, "l1": float(opt.lamda1), "l2": wd / 2, "ftrl_beta": float(opt.beta),
-                "initial_accumulator_value": 0.0}
+        return {"name": "ftrl", "lr": lr, "l1": float(opt.lamda1), "l2": wd / 2,
+                "ftrl_beta": float(opt.beta), "initial_accumulator_value": 0.0}
     if wd:
-        raise psrt.PsrtError("psrt kvstore: weight decay (wd=%g) is not supported for tables: the servers' "
-                             "row-wise optimizers have none (ftrl takes wd as its l2); use wd=0" % wd)
-    if isinstance(opt, mx.optimizer.SGD) and not isinstance(opt, mx.optimizer.NAG) and not opt.momentum:
+        raise psrt.PsrtError("psrt kvstore: weight decay (wd=%g) is not supported for tables: the "
+                             "servers' row-wise optimizers have none (ftrl takes wd as its l2); "
+                             "use wd=0" % wd)
+    plain_sgd = (isinstance(opt, mx.optimizer.SGD) and not isinstance(opt, mx.optimizer.NAG)
+                 and not opt.momentum)
+    if plain_sgd:
         return {"name": "sgd", "lr": lr}
     if isinstance(opt, mx.optimizer.Adam) and opt.lazy_update:
         return {"name": "adam", "lr": lr, "beta1": float(opt.beta1), "beta2": float(opt.beta2),
@@ -46,12 +51,12 @@ def _table_optimizer(opt):
     if isinstance(opt, mx.optimizer.AdaGrad):
         # MXNet divides by sqrt(history + eps) with history from 0; the
         # servers add eps after the root, so eps becomes the history's start.
-        return {"name": "adagrad", "lr": lr, "initial_accumulator_value": float(opt.float_stable_eps),
-                "eps": 0.0}
-    raise psrt.PsrtError("psrt kvstore: %s%s is not row-wise, so it cannot update a table; use sgd without "
-                         "momentum, adam with lazy_update=True, adagrad or ftrl"
-                         % (type(opt).__name__, "(lazy_update=False)" if isinstance(opt, mx.optimizer.Adam)
-                                                 else ""))
+        return {"name": "adagrad", "lr": lr,
+                "initial_accumulator_value": float(opt.float_stable_eps), "eps": 0.0}
+    lazy = "(lazy_update=False)" if isinstance(opt, mx.optimizer.Adam) else ""
+    raise psrt.PsrtError("psrt kvstore: %s%s is not row-wise, so it cannot update a table; use sgd "
+                         "without momentum, adam with lazy_update=True, adagrad or ftrl"
+                         % (type(opt).__name__, lazy))
 
 
 def _check_rows_of_dense(key, opt):
@@ -67,16 +72,18 @@ def _check_rows_of_dense(key, opt):
     row_local = (plain_sgd or isinstance(opt, mx.optimizer.AdaGrad)) and not wd
     if row_local or not getattr(opt, "lazy_update", isinstance(opt, mx.optimizer.AdaGrad)):
         return
-    raise psrt.PsrtError("psrt kvstore: key %s has a dense weight and row_sparse gradients: MXNet's %s with "
-                         "lazy_update=True changes only the gradient's rows, the servers update every row. "
-                         "Create the optimizer with lazy_update=False (the servers' update), or use sgd without "
-                         "momentum or wd" % (key, type(opt).__name__))
+    raise psrt.PsrtError("psrt kvstore: key %s has a dense weight and row_sparse gradients: "
+                         "MXNet's %s with lazy_update=True changes only the gradient's rows, the "
+                         "servers update every row. Create the optimizer with lazy_update=False "
+                         "(the servers' update), or use sgd without momentum or wd"
+                         % (key, type(opt).__name__))
 
 
 def _scales_gradient(config):
     """SGD with momentum (not Nesterov's): a changed rate scales the pushed
-    gradient instead of the servers' rate (Psrt._prepared)."""
-    return config["name"] == "sgd" and config.get("momentum", 0.0) > 0 and not config.get("nesterov")
+    gradient instead of the servers' rate (_learning_rates.py)."""
+    return (config["name"] == "sgd" and config.get("momentum", 0.0) > 0
+            and not config.get("nesterov"))
 
 
 def _without_lr(config):

@@ -57,7 +57,8 @@ _mx_module_init_optimizer = getattr(mxnet.module.Module.init_optimizer, "_psrt_o
 _module_init_optimizer._psrt_original = _mx_module_init_optimizer
 mxnet.module.Module.init_optimizer = _module_init_optimizer
 
-_mx_create_kvstore = getattr(mxnet.model._create_kvstore, "_psrt_original", mxnet.model._create_kvstore)
+_mx_create_kvstore = getattr(mxnet.model._create_kvstore, "_psrt_original",
+                             mxnet.model._create_kvstore)
 _create_kvstore._psrt_original = _mx_create_kvstore
 for _module in (mxnet.model, mxnet.gluon.trainer, mxnet.module.module):
     _module._create_kvstore = _create_kvstore

@@ -10,14 +10,14 @@ from psrt import _tables
 from psrt.mxnet._arrays import _is_sparse, _nonzero_rows, _outputs, _row_pieces, _write_rows
 from psrt.mxnet._optimizers import _table_optimizer
 
-DEFAULTS = {"seed": 0, "init_std": 0.01, "max_rows": 0, "evict_after_steps": 0, "evict_min_count": 0,
-            "compression": psrt.Compression.job_default}
+DEFAULTS = {"seed": 0, "init_std": 0.01, "max_rows": 0, "evict_after_steps": 0,
+            "evict_min_count": 0, "compression": psrt.Compression.job_default}
 options = {}  # key (None: every table) -> settings given to table_options
 
 
 def _no_optimizer(key):
-    return psrt.PsrtError("psrt kvstore: key %s is a table (a row_sparse weight): set_optimizer first; "
-                          "its rows are updated on the servers" % (key,))
+    return psrt.PsrtError("psrt kvstore: key %s is a table (a row_sparse weight): set_optimizer "
+                          "first; its rows are updated on the servers" % (key,))
 
 
 class TableKeys:
@@ -36,8 +36,8 @@ class TableKeys:
         if key in self._tables:
             return
         if len(value.shape) != 2:
-            raise psrt.PsrtError("psrt kvstore: a table's value has shape (vocab, dim); key %s has %s"
-                                 % (key, value.shape))
+            raise psrt.PsrtError("psrt kvstore: a table's value has shape (vocab, dim); key %s "
+                                 "has %s" % (key, value.shape))
         if optimizer is None:
             raise _no_optimizer(key)
         given = dict(options.get(None, {}), **options.get(key, {}))
@@ -92,8 +92,8 @@ class TableKeys:
         dsts = _outputs(out)
         rids = list(row_ids) if isinstance(row_ids, (list, tuple)) else [row_ids] * len(dsts)
         if len(rids) != len(dsts):
-            raise psrt.PsrtError("psrt kvstore: row_sparse_pull of key %s: %d outputs but %d row_ids"
-                                 % (key, len(dsts), len(rids)))
+            raise psrt.PsrtError("psrt kvstore: row_sparse_pull of key %s: %d outputs but %d "
+                                 "row_ids" % (key, len(dsts), len(rids)))
         for dst, r in zip(dsts, rids):
             ids = np.unique(_tables.int_ids(table.name, r.asnumpy()))
             _write_rows(dst, ids, table.pull(ids))
