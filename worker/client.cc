@@ -89,6 +89,7 @@ OptimizerConfig DefaultOptimizer(OptimizerKind kind, double lr) {
 // The client's state and its request pipeline (worker/dispatcher.h).
 class Client::Impl : public Dispatcher {
  public:
+  using Dispatcher::Dispatcher;
   LearningRates rates;
 };
 
@@ -109,59 +110,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (absl::Status s = InitTransportSecurity(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TLS: ", s.message()));
   }
-  auto impl = std::make_unique<Impl>();
-  impl->options = options;
+  std::unique_ptr<Timeline> timeline;
   if (!options.timeline.empty()) {
-    absl::StatusOr<std::unique_ptr<Timeline>> timeline =
+    absl::StatusOr<std::unique_ptr<Timeline>> opened =
         Timeline::Open(options.timeline, options.rank);
-    if (!timeline.ok()) return timeline.status();
-    impl->timeline = *std::move(timeline);
+    if (!opened.ok()) return opened.status();
+    timeline = *std::move(opened);
   }
-  CoordinatorLink::Options lo;
-  lo.coordinator = options.coordinator;
-  lo.token = options.token;
-  lo.id.set_role(v1::ROLE_WORKER);
-  lo.id.set_index(options.rank);
-  lo.host = options.host;
-  lo.generation = options.generation;
-  lo.connect_timeout = options.connect_timeout;
-  lo.on_membership = [impl = impl.get()](const v1::Membership& m) {
-    impl->active_workers.store(m.active_workers_size(), std::memory_order_relaxed);
-  };
-  lo.on_shard_map = [impl = impl.get()](const v1::ShardMap& m) { impl->FollowShardMap(m); };
-  lo.stats = [impl = impl.get()] { return impl->counters.Stats(); };
-  absl::StatusOr<std::unique_ptr<CoordinatorLink>> link = CoordinatorLink::Connect(lo);
-  if (!link.ok()) return link.status();
-  impl->link = std::move(*link);
-  absl::StatusOr<v1::BarrierResponse> barrier = impl->link->Barrier();
-  if (!barrier.ok()) return barrier.status();
-  impl->config = barrier->config();
-  impl->active_workers.store(barrier->membership().active_workers_size(),
-                             std::memory_order_relaxed);
-  const int n = barrier->shard_map().server_addresses_size();
-  if (n == 0) return absl::FailedPreconditionError("the shard map lists no servers");
-  ServerLinks::Options links;
-  links.rank = options.rank;
-  links.token = options.token;
-  links.connections = options.connections_per_server;
-  links.rpc_timeout = options.rpc_timeout;
-  links.data_channels = impl->config.transport() != "grpc" && !TlsEnabled();
-  impl->servers = std::make_unique<ServerLinks>(links, barrier->shard_map());
-  impl->servers_ready.store(impl->servers.get(), std::memory_order_release);
-  impl->num_servers = n;
-  impl->windows = std::make_unique<Impl::Windows>(n, impl->timeline.get());
-  if (impl->config.transport() == "auto") impl->ShareMemory();
-  impl->servers->OpenDataChannels();
-  // Enough threads for a request in flight on every connection.
-  impl->pool =
-      std::make_unique<ThreadPool>(std::max<int>(4, 2 * options.connections_per_server * n));
-  if (impl->config.local_aggregation() && !options.host_group.empty()) {
-    absl::StatusOr<std::unique_ptr<HostGroup>> group =
-        HostGroup::Join(options.host_group, options.local_rank, options.rank,
-                        [impl = impl.get()] { return impl->JobStatus(); });
-    if (!group.ok()) return group.status();
-    impl->group = *std::move(group);
-  }
+  auto impl = std::make_unique<Impl>(options, std::move(timeline));
+  if (absl::Status s = impl->Join(); !s.ok()) return s;
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 

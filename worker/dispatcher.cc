@@ -93,6 +93,55 @@ void LiveCalls::Close(const std::function<void()>& also, absl::Duration timeout)
   mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
 }
 
+Dispatcher::Dispatcher(ClientOptions options, std::unique_ptr<Timeline> timeline)
+    : timeline(std::move(timeline)), options(std::move(options)) {}
+
+absl::Status Dispatcher::Join() {
+  CoordinatorLink::Options lo;
+  lo.coordinator = options.coordinator;
+  lo.token = options.token;
+  lo.id.set_role(v1::ROLE_WORKER);
+  lo.id.set_index(options.rank);
+  lo.host = options.host;
+  lo.generation = options.generation;
+  lo.connect_timeout = options.connect_timeout;
+  lo.on_membership = [this](const v1::Membership& m) {
+    active_workers.store(m.active_workers_size(), std::memory_order_relaxed);
+  };
+  lo.on_shard_map = [this](const v1::ShardMap& m) { FollowShardMap(m); };
+  lo.stats = [this] { return counters.Stats(); };
+  absl::StatusOr<std::unique_ptr<CoordinatorLink>> joined = CoordinatorLink::Connect(lo);
+  if (!joined.ok()) return joined.status();
+  link = *std::move(joined);
+  absl::StatusOr<v1::BarrierResponse> barrier = link->Barrier();
+  if (!barrier.ok()) return barrier.status();
+  config = barrier->config();
+  active_workers.store(barrier->membership().active_workers_size(), std::memory_order_relaxed);
+  const int n = barrier->shard_map().server_addresses_size();
+  if (n == 0) return absl::FailedPreconditionError("the shard map lists no servers");
+  ServerLinks::Options links;
+  links.rank = options.rank;
+  links.token = options.token;
+  links.connections = options.connections_per_server;
+  links.rpc_timeout = options.rpc_timeout;
+  links.data_channels = config.transport() != "grpc" && !TlsEnabled();
+  servers = std::make_unique<ServerLinks>(links, barrier->shard_map());
+  servers_ready.store(servers.get(), std::memory_order_release);
+  num_servers = n;
+  windows = std::make_unique<Windows>(n, timeline.get());
+  if (config.transport() == "auto") ShareMemory();
+  servers->OpenDataChannels();
+  // Enough threads for a request in flight on every connection.
+  pool = std::make_unique<ThreadPool>(std::max<int>(4, 2 * options.connections_per_server * n));
+  if (config.local_aggregation() && !options.host_group.empty()) {
+    absl::StatusOr<std::unique_ptr<HostGroup>> joined_group = HostGroup::Join(
+        options.host_group, options.local_rank, options.rank, [this] { return JobStatus(); });
+    if (!joined_group.ok()) return joined_group.status();
+    group = *std::move(joined_group);
+  }
+  return absl::OkStatus();
+}
+
 Dispatcher::~Dispatcher() {
   if (group != nullptr) group->Close();
   // Data calls end asynchronously, on gRPC's threads (data channels' on

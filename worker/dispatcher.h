@@ -91,135 +91,17 @@ class WorkerCounters {
 class Dispatcher {
  public:
   using Handle = Client::Handle;
+  using Lease = SharedSlots::Lease;
 
-  // Cancels calls in flight, so a process that gives up (the job failed, a
-  // server is gone) exits at once instead of waiting out their deadlines.
-  ~Dispatcher();
-
-  // First member: destroyed last, once no request can write to it.
-  std::unique_ptr<Timeline> timeline;
-  LiveCalls calls;
-  ClientOptions options;
-  v1::JobConfig config;
-  // Before `link`, whose heartbeat thread sets them until the link is gone.
-  std::atomic<int> active_workers{0};
-  // `servers` once made: the shard maps the link's heartbeats bring go there.
-  std::atomic<ServerLinks*> servers_ready{nullptr};
-  std::unique_ptr<CoordinatorLink> link;
-  int num_servers = 0;
-  BufferPool buffers;  // compressed gradients on their way out
   // Requests in flight to one server at most; more wait their turn, so a
   // huge tensor does not put hundreds of requests on the wire at once (and
   // every request in flight finds a shared slot).
   static constexpr int kWindow = 8;
-  struct Request;
-  // Each server's window, its own lock each. With a timeline, a request in
-  // flight holds one of its server's kWindow streams (tracks).
-  class Windows {
-   public:
-    Windows(int servers, Timeline* timeline);
-    // A place in r's server's window: `send`, to run now, when there is
-    // one; else null, and `send` runs once r's turn comes (Leave).
-    std::function<void()> Enter(const std::shared_ptr<Request>& r, std::function<void()> send);
-    // r leaves its window, its place (and stream) going to the first request
-    // waiting: that one's send, to run now (outside the lock), or null.
-    std::function<void()> Leave(const Request& r);
-
-   private:
-    struct Queue {
-      absl::Mutex mu;
-      int in_flight ABSL_GUARDED_BY(mu) = 0;
-      // Each waiting request and what sends it.
-      std::deque<std::pair<std::shared_ptr<Request>, std::function<void()>>> waiting
-          ABSL_GUARDED_BY(mu);
-      // With a timeline: the streams (tracks) no request in flight holds.
-      std::vector<int> free_streams ABSL_GUARDED_BY(mu);
-    };
-    std::unique_ptr<Queue[]> queues_;  // per server
-    Timeline* const timeline_;
-  };
-  std::unique_ptr<Windows> windows;
-  // Shared memory with each server on this host: a slot for each request
-  // in flight.
-  SharedSlots shared;
   static_assert(SharedSlots::kSlots == kWindow);
-  std::unique_ptr<ThreadPool> pool;
-  absl::Mutex mu;
-  absl::flat_hash_map<std::string, Variable> variables ABSL_GUARDED_BY(mu);
-  OpTracker ops;
-  WorkerCounters counters;
-  // Push ids grow across restarts of this rank: they start at the clock.
-  std::atomic<uint64_t> next_push_id{static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())) << 20};
-  // The servers' links, their data channels among them. Last: destroyed
-  // first, so the channels' threads' last callbacks find everything else.
-  std::unique_ptr<ServerLinks> servers;
-
-  // This host's group when its gradients are summed here first
-  // (worker/local_aggregation.cc); null otherwise. Closed first of all
-  // (its waits' ends go to the pool), freed after the pool's last task.
-  std::unique_ptr<HostGroup> group;
-
-  int Route(int s) const { return servers->Route(s); }
-  std::vector<int> OnePerServer(const std::vector<char>& holds) const;
-  std::shared_ptr<v1::ParameterServer::Stub> Stub(int s) const { return servers->Stub(s); }
-  std::string Address(int s) const { return servers->Address(s); }
-  void FollowShardMap(const v1::ShardMap& map);
-
-  absl::StatusOr<Variable> Find(const std::string& name);
-
-  // Records that `variable`'s partition (a table's: part) `part` was pulled
-  // at `version`; `at_least`: unless a pull recorded a later one (a table
-  // registered in a running job). The one writer of a registered
-  // variable's pulled_versions; unknown variables and parts are skipped.
-  void RecordPulled(const std::string& variable, uint32_t part, int64_t version,
-                    bool at_least = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-
-  // ABORTED with the coordinator's reason once the job has failed.
-  absl::Status JobStatus() const;
-
-  // Runs `rpc` against server `s`, retrying while the server is unreachable
-  // (the request is resent unchanged, so a push keeps its id).
-  absl::Status Call(int s, const char* what,
-                    const std::function<grpc::Status(grpc::ClientContext*)>& rpc);
-
-  // Whether a failed call is tried again after `backoff`: only a server that
-  // could not be reached, within the retry budget, while the job runs.
-  bool Retry(const grpc::Status& st, absl::Time start, absl::Duration backoff) const;
-
-  absl::Status CallError(int s, const char* what, const grpc::Status& st, int attempts,
-                         absl::Time start) const;
-
-  // Over a data channel a request carries at most this much (or one key):
-  // the server applies one request while the next arrives and the one
-  // before's answer leaves, where one big request would take its receipt,
-  // update and answer in turn.
-  static constexpr int64_t kChannelRequestBytes = 256 << 10;
-
-  // The most a request to server `s` carries.
-  int64_t RequestBytes(int s);
-
-  using Lease = SharedSlots::Lease;
-
-  // A free slot for a request to `server`, if it shares memory with it.
-  Lease Take(int server);
-
-  // Offers each server on this host a shared region (servers elsewhere
-  // cannot open it) and says in one line which servers it is used with.
-  void ShareMemory();
-
-  // The request for one shard. With a shared-memory slot, values are
-  // written into it (converted on the way) and each key reserves room for
-  // its answer; otherwise float32 gradients in host memory go out from
-  // where they lie and compressed (or GPU) ones through a pooled buffer.
-  absl::StatusOr<std::vector<OutKey>> Encode(const Shard& shard, int64_t version, bool push,
-                                             bool pull, Lease* lease);
-
-  // Bytes a key takes in a shared slot: its values, and room for the answer
-  // (which goes where the values were).
-  static int64_t Room(const Shard::Item& it, bool push, bool pull);
-
-  // Writes a pull's answer into the shard's output tensors.
-  absl::Status Store(const grpc::ByteBuffer& resp, const Shard& shard, const Lease& lease);
+  // Shards at least this big are encoded and decoded on the pool (in
+  // parallel, and off gRPC's threads); smaller ones where they are, which
+  // saves a thread hand-off each way.
+  static constexpr int64_t kPoolBytes = 256 << 10;
 
   // One shard of an operation on its way: a request to one server.
   struct Request {
@@ -263,64 +145,6 @@ class Dispatcher {
     const char* kind() const { return push && pull ? "PUSH_PULL" : push ? "PUSH" : "PULL"; }
   };
 
-  // Shards at least this big are encoded and decoded on the pool (in
-  // parallel, and off gRPC's threads); smaller ones where they are, which
-  // saves a thread hand-off each way.
-  static constexpr int64_t kPoolBytes = 256 << 10;
-
-  // `exact`: pull float32 whatever the variable's pull compression.
-  Handle Start(std::vector<TensorRef> tensors, int64_t version, bool push, bool pull,
-               bool exact = false);
-
-  // A table's push or pull (worker/table_requests.cc), split by the server
-  // each id's row lives on. A
-  // sync push goes to every server, with no rows for some: each counts
-  // every worker's push for the step. A pull skips the servers with none of
-  // its ids, so a worker may not have seen a server reach the step it
-  // pushes for (another worker's push of the step before may still be on
-  // its way there): that part of the push waits for the step first
-  // (Request::await_step).
-  Handle StartRows(const std::string& table, const int64_t* ids, int64_t n, const float* grads,
-                   float* out, int64_t version, bool push);
-
-  // A table's rows take `values` (float32, n rows) on the servers, before
-  // its first step: one request per server and at most kRequestBytes.
-  Handle StartAssignRows(const std::string& table, const int64_t* ids, int64_t n,
-                         const float* values);
-
-  // One server's part of a table's push or pull.
-  static Shard RowsShard(const std::string& table, const Variable& var, int server,
-                         std::shared_ptr<RowSet> set, float* out, bool await);
-
-  Handle Start(absl::StatusOr<std::vector<Shard>> shards, int64_t version, bool push, bool pull);
-
-  // Sends `shards` as requests of `op`, which counts one pending part for
-  // each already; `adorn` (if set) completes each request first.
-  void Launch(std::vector<Shard> shards, const std::shared_ptr<Op>& op, int64_t version, bool push,
-              bool pull, const std::function<void(Request*)>& adorn = nullptr);
-  // Queues a request in its server's window (Windows::Enter) and sends it
-  // in its turn.
-  void Enqueue(const std::shared_ptr<Request>& r);
-
-  // One RegisterKeys request for server `server` (its route's).
-  struct Registration {
-    int server = 0;
-    std::shared_ptr<const v1::RegisterKeysRequest> keys;
-  };
-  // An operation ("REGISTER") of `regs` as requests through the stages a
-  // push's go through (Send, Attempt, Answered and its retries, Finish; no
-  // window: Enqueue), the timeline describing it as `tensors` (a JSON
-  // array) of `bytes`. `answered` (if set) reads a server's answer to a
-  // request that succeeded; its error ends the request's part.
-  Handle StartRegister(
-      std::vector<Registration> regs, std::string tensors, int64_t bytes,
-      std::function<absl::Status(int server, const v1::RegisterKeysResponse&)> answered = nullptr);
-
-  // A sync push (or push-pull) of dense variables in a host group
-  // (worker/local_aggregation.cc): a partition's owner sums the host's
-  // gradients and pushes once for all; the others hand their gradients over
-  // and copy the weights it pulled.
-  Handle StartGrouped(std::vector<TensorRef> tensors, int64_t version, bool pull);
   // Requests that a part of an operation goes on as (Continue).
   struct Requests {
     std::vector<Shard> shards;
@@ -348,9 +172,178 @@ class Dispatcher {
     bool in_turn = false;
     uint64_t ticket = 0;
   };
+  // One RegisterKeys request for server `server` (its route's).
+  struct Registration {
+    int server = 0;
+    std::shared_ptr<const v1::RegisterKeysRequest> keys;
+  };
+
+  // A client of `options` (its timeline, if any, opened already); Join
+  // connects it.
+  Dispatcher(ClientOptions options, std::unique_ptr<Timeline> timeline);
+  // Cancels calls in flight, so a process that gives up (the job failed, a
+  // server is gone) exits at once instead of waiting out their deadlines.
+  ~Dispatcher();
+  Dispatcher(const Dispatcher&) = delete;
+  Dispatcher& operator=(const Dispatcher&) = delete;
+
+  // Joins the job: the coordinator's link and barrier (the job's config and
+  // shard map), the servers' links, shared memory and data channels, the
+  // pool and, with local aggregation, the host group. Once, before any
+  // request.
+  absl::Status Join();
+
+  std::vector<int> OnePerServer(const std::vector<char>& holds) const;
+  std::shared_ptr<v1::ParameterServer::Stub> Stub(int s) const { return servers->Stub(s); }
+
+  absl::StatusOr<Variable> Find(const std::string& name);
+
+  // Records that `variable`'s partition (a table's: part) `part` was pulled
+  // at `version`; `at_least`: unless a pull recorded a later one (a table
+  // registered in a running job). The one writer of a registered
+  // variable's pulled_versions; unknown variables and parts are skipped.
+  void RecordPulled(const std::string& variable, uint32_t part, int64_t version,
+                    bool at_least = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // ABORTED with the coordinator's reason once the job has failed.
+  absl::Status JobStatus() const;
+
+  // Runs `rpc` against server `s`, retrying while the server is unreachable
+  // (the request is resent unchanged, so a push keeps its id).
+  absl::Status Call(int s, const char* what,
+                    const std::function<grpc::Status(grpc::ClientContext*)>& rpc);
+
+  // The most a request to server `s` carries.
+  int64_t RequestBytes(int s);
+
+  // `exact`: pull float32 whatever the variable's pull compression.
+  Handle Start(std::vector<TensorRef> tensors, int64_t version, bool push, bool pull,
+               bool exact = false);
+  Handle Start(absl::StatusOr<std::vector<Shard>> shards, int64_t version, bool push, bool pull);
+
+  // A table's push or pull (worker/table_requests.cc), split by the server
+  // each id's row lives on. A
+  // sync push goes to every server, with no rows for some: each counts
+  // every worker's push for the step. A pull skips the servers with none of
+  // its ids, so a worker may not have seen a server reach the step it
+  // pushes for (another worker's push of the step before may still be on
+  // its way there): that part of the push waits for the step first
+  // (Request::await_step).
+  Handle StartRows(const std::string& table, const int64_t* ids, int64_t n, const float* grads,
+                   float* out, int64_t version, bool push);
+
+  // A table's rows take `values` (float32, n rows) on the servers, before
+  // its first step: one request per server and at most kRequestBytes.
+  Handle StartAssignRows(const std::string& table, const int64_t* ids, int64_t n,
+                         const float* values);
+
+  // One server's part of a table's push or pull.
+  static Shard RowsShard(const std::string& table, const Variable& var, int server,
+                         std::shared_ptr<RowSet> set, float* out, bool await);
+
+  // An operation ("REGISTER") of `regs` as requests through the stages a
+  // push's go through (Send, Attempt, Answered and its retries, Finish; no
+  // window: Enqueue), the timeline describing it as `tensors` (a JSON
+  // array) of `bytes`. `answered` (if set) reads a server's answer to a
+  // request that succeeded; its error ends the request's part.
+  Handle StartRegister(
+      std::vector<Registration> regs, std::string tensors, int64_t bytes,
+      std::function<absl::Status(int server, const v1::RegisterKeysResponse&)> answered = nullptr);
+
+  // Runs a stage of local aggregation (GroupStage).
   void Await(GroupStage stage);
-  // The rest of a stage once its wait ended with `s`.
-  void RunStage(const std::shared_ptr<GroupStage>& stage, absl::Status s);
+
+  // Ends one pending part of `op` with `s`: a request's (Finish) or a
+  // group stage's. The one place a part ends.
+  static void EndPart(Op* op, const absl::Status& s) { OpTracker::Done(op, s); }
+
+  // A Wait call's event, on the waiting thread's track.
+  void TraceWait(Handle handle, const Op* op, int64_t start, const absl::Status& s);
+
+  // Waits for the operation `handle` (its Op in *found, when there is one).
+  // Each part ends within its RPC deadline and retry budget; the extra
+  // margin only guards against a lost wake-up. A job that failed elsewhere
+  // ends the wait at once, with the coordinator's reason.
+  absl::Status Wait(Handle handle, std::shared_ptr<Op>* found);
+
+ private:
+  // Each server's window, its own lock each. With a timeline, a request in
+  // flight holds one of its server's kWindow streams (tracks).
+  class Windows {
+   public:
+    Windows(int servers, Timeline* timeline);
+    // A place in r's server's window: `send`, to run now, when there is
+    // one; else null, and `send` runs once r's turn comes (Leave).
+    std::function<void()> Enter(const std::shared_ptr<Request>& r, std::function<void()> send);
+    // r leaves its window, its place (and stream) going to the first request
+    // waiting: that one's send, to run now (outside the lock), or null.
+    std::function<void()> Leave(const Request& r);
+
+   private:
+    struct Queue {
+      absl::Mutex mu;
+      int in_flight ABSL_GUARDED_BY(mu) = 0;
+      // Each waiting request and what sends it.
+      std::deque<std::pair<std::shared_ptr<Request>, std::function<void()>>> waiting
+          ABSL_GUARDED_BY(mu);
+      // With a timeline: the streams (tracks) no request in flight holds.
+      std::vector<int> free_streams ABSL_GUARDED_BY(mu);
+    };
+    std::unique_ptr<Queue[]> queues_;  // per server
+    Timeline* const timeline_;
+  };
+
+  int Route(int s) const { return servers->Route(s); }
+  std::string Address(int s) const { return servers->Address(s); }
+  void FollowShardMap(const v1::ShardMap& map);
+
+  // Whether a failed call is tried again after `backoff`: only a server that
+  // could not be reached, within the retry budget, while the job runs.
+  bool Retry(const grpc::Status& st, absl::Time start, absl::Duration backoff) const;
+
+  absl::Status CallError(int s, const char* what, const grpc::Status& st, int attempts,
+                         absl::Time start) const;
+
+  // Over a data channel a request carries at most this much (or one key):
+  // the server applies one request while the next arrives and the one
+  // before's answer leaves, where one big request would take its receipt,
+  // update and answer in turn.
+  static constexpr int64_t kChannelRequestBytes = 256 << 10;
+
+  // A free slot for a request to `server`, if it shares memory with it.
+  Lease Take(int server);
+
+  // Offers each server on this host a shared region (servers elsewhere
+  // cannot open it) and says in one line which servers it is used with.
+  void ShareMemory();
+
+  // The request for one shard. With a shared-memory slot, values are
+  // written into it (converted on the way) and each key reserves room for
+  // its answer; otherwise float32 gradients in host memory go out from
+  // where they lie and compressed (or GPU) ones through a pooled buffer.
+  absl::StatusOr<std::vector<OutKey>> Encode(const Shard& shard, int64_t version, bool push,
+                                             bool pull, Lease* lease);
+
+  // Bytes a key takes in a shared slot: its values, and room for the answer
+  // (which goes where the values were).
+  static int64_t Room(const Shard::Item& it, bool push, bool pull);
+
+  // Writes a pull's answer into the shard's output tensors.
+  absl::Status Store(const grpc::ByteBuffer& resp, const Shard& shard, const Lease& lease);
+
+  // Sends `shards` as requests of `op`, which counts one pending part for
+  // each already; `adorn` (if set) completes each request first.
+  void Launch(std::vector<Shard> shards, const std::shared_ptr<Op>& op, int64_t version, bool push,
+              bool pull, const std::function<void(Request*)>& adorn = nullptr);
+  // Queues a request in its server's window (Windows::Enter) and sends it
+  // in its turn.
+  void Enqueue(const std::shared_ptr<Request>& r);
+
+  // A sync push (or push-pull) of dense variables in a host group
+  // (worker/local_aggregation.cc): a partition's owner sums the host's
+  // gradients and pushes once for all; the others hand their gradients over
+  // and copy the weights it pulled.
+  Handle StartGrouped(std::vector<TensorRef> tensors, int64_t version, bool pull);
   // A sync push of a table's rows in a host group (worker/local_row_sums.cc):
   // a part's owner sums the host's rows per id and pushes them once for all;
   // the others hand theirs over. `sets` and `await` are StartRows's.
@@ -362,7 +355,72 @@ class Dispatcher {
   // for by one of them.
   Handle StartGroupedPull(const std::string& table, const Variable& var, HostGroup::Slots* slots,
                           const int64_t* ids, int64_t n, float* out, int64_t version);
+  // The rest of a stage once its wait ended with `s`.
+  void RunStage(const std::shared_ptr<GroupStage>& stage, absl::Status s);
+  // A pending part of `op` goes on as `next`'s requests, one part each
+  // (none: it ends), or ends with its error.
+  void Continue(const std::shared_ptr<Op>& op, absl::StatusOr<Requests> next);
 
+  // Encodes the request and makes its first attempt.
+  void Send(const std::shared_ptr<Request>& r);
+  // One attempt, over the data channel or on gRPC's callback API: no thread
+  // waits for the answer.
+  void Attempt(const std::shared_ptr<Request>& r);
+  // A registration's attempt, a blocking call on the pool.
+  void AttemptRegister(const std::shared_ptr<Request>& r);
+  void Answered(const std::shared_ptr<Request>& r, grpc::Status st);
+  void Finish(const std::shared_ptr<Request>& r, const absl::Status& s);
+
+  // The timeline's description of an operation, for its WAIT event.
+  static void DescribeOp(const std::vector<Shard>& shards, Op* op);
+  // A request's event, from its place in the window to its end, on the
+  // track of the stream it held.
+  void TraceRequest(const Request& r, const absl::Status& s);
+
+  // The state, by what guards it. Declared in the order it may be
+  // destroyed in reverse: the timeline last, the servers' links first.
+ public:
+  // Set by the constructor. The timeline first: destroyed last, once no
+  // request can write to it.
+  const std::unique_ptr<Timeline> timeline;
+  const ClientOptions options;
+
+ private:
+  // Their own locks: the calls in flight (before everything a late
+  // request touches), and the operations (below).
+  LiveCalls calls;
+
+ public:
+  OpTracker ops;
+  // Without a lock, before `link`, whose heartbeat thread sets them until
+  // the link is gone.
+  WorkerCounters counters;
+  std::atomic<int> active_workers{0};
+
+ private:
+  // `servers` once made: the shard maps the link's heartbeats bring go there.
+  std::atomic<ServerLinks*> servers_ready{nullptr};
+  // Push ids grow across restarts of this rank: they start at the clock.
+  std::atomic<uint64_t> next_push_id{static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())) << 20};
+
+ public:
+  // Set once by Join, before any request; read without a lock after.
+  v1::JobConfig config;
+  std::unique_ptr<CoordinatorLink> link;
+  int num_servers = 0;
+  // This host's group when its gradients are summed here first
+  // (worker/local_aggregation.cc); null otherwise. Closed first of all
+  // (its waits' ends go to the pool), freed after the pool's last task.
+  std::unique_ptr<HostGroup> group;
+
+ private:
+  // Made by Join too; each with its own lock (or locks) after.
+  std::unique_ptr<Windows> windows;
+  // Shared memory with each server on this host: a slot for each request
+  // in flight.
+  SharedSlots shared;
+  std::unique_ptr<ThreadPool> pool;
+  BufferPool buffers;  // compressed gradients on their way out
   // An owner's pushes go out in the order of their operations, whenever
   // their sums are ready: a push-pull's pull holds its place in the window
   // until every host pushed the key, so owners on two hosts that sent the
@@ -371,41 +429,15 @@ class Dispatcher {
   // first ones).
   LaunchTurns turns;
 
-  // Encodes the request and makes its first attempt.
-  void Send(const std::shared_ptr<Request>& r);
+ public:
+  // Guarded by mu: the registered variables.
+  absl::Mutex mu;
+  absl::flat_hash_map<std::string, Variable> variables ABSL_GUARDED_BY(mu);
 
-  // One attempt, over the data channel or on gRPC's callback API: no thread
-  // waits for the answer.
-  void Attempt(const std::shared_ptr<Request>& r);
-  // A registration's attempt, a blocking call on the pool.
-  void AttemptRegister(const std::shared_ptr<Request>& r);
-
-  void Answered(const std::shared_ptr<Request>& r, grpc::Status st);
-
-  void Finish(const std::shared_ptr<Request>& r, const absl::Status& s);
-
-  // Ends one pending part of `op` with `s`: a request's (Finish) or a
-  // group stage's. The one place a part ends.
-  static void EndPart(Op* op, const absl::Status& s) { OpTracker::Done(op, s); }
-  // A pending part of `op` goes on as `next`'s requests, one part each
-  // (none: it ends), or ends with its error.
-  void Continue(const std::shared_ptr<Op>& op, absl::StatusOr<Requests> next);
-
-  // The timeline's description of an operation, for its WAIT event.
-  static void DescribeOp(const std::vector<Shard>& shards, Op* op);
-
-  // A request's event, from its place in the window to its end, on the
-  // track of the stream it held.
-  void TraceRequest(const Request& r, const absl::Status& s);
-
-  // A Wait call's event, on the waiting thread's track.
-  void TraceWait(Handle handle, const Op* op, int64_t start, const absl::Status& s);
-
-  // Waits for the operation `handle` (its Op in *found, when there is one).
-  // Each part ends within its RPC deadline and retry budget; the extra
-  // margin only guards against a lost wake-up. A job that failed elsewhere
-  // ends the wait at once, with the coordinator's reason.
-  absl::Status Wait(Handle handle, std::shared_ptr<Op>* found);
+ private:
+  // The servers' links, their data channels among them. Last: destroyed
+  // first, so the channels' threads' last callbacks find everything else.
+  std::unique_ptr<ServerLinks> servers;
 };
 
 }  // namespace psrt
