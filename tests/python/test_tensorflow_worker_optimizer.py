@@ -4,7 +4,9 @@ gradient (psrt.keras.DistributedOptimizer's optimizer_on), in a real
 gradients."""
 
 import os
+import tempfile
 
+import numpy as np
 import pytest
 
 from jobs import HERE, run_job
@@ -35,3 +37,29 @@ def test_a_worker_whose_weights_changed_behind_psrts_back_is_named(job):
         assert "rank %d: case tamper: step 1: " % rank in log, log
         assert "worker 1 holds other weights than worker 0" in log, log
     assert "case tamper: step 0" not in log, log
+
+
+def test_a_job_restored_from_a_checkpoint_goes_on_as_if_uninterrupted():
+    """The checkpoints keep the workers' state once (rank 0's): a job of 4
+    steps checkpoints step 3 (every_steps) and step 4 (its final checkpoint,
+    with the state rank 0 saves as it exits); a job restored from step 3
+    trains step 3 and ends where the first did, bit for bit, and one
+    restored from step 4 starts there. Nadam's moments, the EMA's copies,
+    the loss scale and every optimizer's step count."""
+    script = os.path.join(HERE, "tf_worker_optimizer.py")
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = {"uri": "file://" + d + "/ckpt", "every_steps": 3}
+        code, log = run_job(script, ["--resume", d + "/whole.npz"], {"checkpoint": ckpt})
+        assert code == 0, log
+        for step in (3, 4):
+            assert os.path.isdir("%s/ckpt/step-%012d" % (d, step)), (os.listdir(d + "/ckpt"), log)
+        whole = dict(np.load(d + "/whole.npz"))
+        for step in (3, 4):
+            out = "%s/from%d.npz" % (d, step)
+            code, log = run_job(script, ["--resume", out], {"restore": "file://%s/ckpt/step-%012d" % (d, step)})
+            assert code == 0, log
+            assert "rank 1: from step %d" % step in log, log
+            resumed = dict(np.load(out))
+            assert sorted(resumed) == sorted(whole)
+            for name, value in whole.items():
+                np.testing.assert_array_equal(resumed[name], value, err_msg="step %d: %s" % (step, name))

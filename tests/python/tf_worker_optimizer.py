@@ -1,7 +1,8 @@
 """A training process of test_tensorflow_worker_optimizer.py: Keras
 optimizers the servers do not run, on the workers, against one process on
 the mean of the workers' gradients (computed here on every rank from every
-rank's batches). Prints "rank R: case C passed" or why not."""
+rank's batches). Prints "rank R: case C passed" or why not. With
+--resume OUT: a job to checkpoint and restore (resume())."""
 
 import sys
 
@@ -82,9 +83,32 @@ def tamper(rank):
             return
 
 
+def resume(rank, out):
+    """Nadam, SGD with use_ema and Nadam under a LossScaleOptimizer, each on
+    the workers in a custom loop, trained from the job's restored step (0
+    when fresh) to STEPS; rank 0 writes every model's and optimizer's
+    variables to `out` (.npz)."""
+    runs = []
+    for case in ("nadam", "ema", "loss_scale"):
+        model, opt = build(case)
+        opt = psrt.keras.DistributedOptimizer(opt, model=model)
+        opt.build(model.trainable_variables)  # a restored job's state arrives here
+        runs.append((case, model, opt))
+    print("rank %d: from step %d" % (rank, psrt.restored_step()), flush=True)
+    for step in range(psrt.restored_step(), STEPS):
+        for _, model, opt in runs:
+            opt.apply_gradients(zip(gradient(model, *batch(rank, step), opt), model.trainable_variables))
+    if rank == 0:
+        np.savez(out, **{"%s.%d" % (case, i): keras.ops.convert_to_numpy(v)
+                         for case, model, opt in runs for i, v in enumerate(model.weights + opt.variables)})
+
+
 def main():
     psrt.init()
     rank = psrt.rank()
+    if sys.argv[1] == "--resume":
+        resume(rank, sys.argv[2])
+        return 0
     for case in sys.argv[1].split(","):
         if case == "tamper":
             tamper(rank)

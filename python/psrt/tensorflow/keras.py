@@ -374,6 +374,8 @@ class _Distributed:
             super().apply([None if g is None else tf.cast(g, v.dtype) for g, v in zip(grads, variables)],
                           trainable_variables)
             self._psrt_keys.after_step(self.iterations)
+            if self._psrt_loss_scale is None:
+                self._psrt_keys.save_if_due()
             return
         if self.loss_scale_factor:
             grads = [None if g is None else g / self.loss_scale_factor for g in grads]
@@ -409,6 +411,8 @@ class _DistributedLossScale:
         tf.cond(self.check_finite(grads),
                 lambda: self._stateful_handle_finite_grads(grads, trainable_variables),
                 self._stateful_handle_non_finite_grads)
+        if inner._psrt_on_workers:
+            inner._psrt_keys.save_if_due()
 
     def _stateful_handle_non_finite_grads(self):
         self.inner_optimizer._psrt_skip()

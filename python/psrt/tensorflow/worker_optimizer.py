@@ -7,10 +7,17 @@ mean gradient over the workers (psrt_allreduce, the rule every plugin
 shares) and runs the optimizer's own update on it, as the PyTorch plugin's
 worker_optimizer.py does: every worker starts from rank 0's variables, the
 moving statistics (BatchNormalization's) are averaged each step, and the
-workers check now and then that their weights agree. Sync jobs only, and
-only where no process must receive the workers' state later
-(Client::StateOnWorkers).
+workers check now and then that their weights agree. The job's checkpoints
+keep rank 0's variables and optimizer state once (worker/state_keys.h: at
+the checkpoints' steps and the last one, as the process exits), and a job
+restored from one gives them back to every worker as the optimizer is
+built. Sync jobs only, and only where no running process must receive the
+workers' state later (Client::StateOnWorkers).
 """
+
+import atexit
+import io
+import itertools
 
 import numpy as np
 import tensorflow as tf
@@ -20,10 +27,15 @@ import psrt
 from psrt import _host
 
 
+# Each optimizer's state has a name, the same in every process of the job
+# and in the job restored from its checkpoint: the order they were built in.
+_made = itertools.count()
+
+
 def refusal(optimizer):
     """None where `optimizer` may run on the workers in this job, else why not."""
     try:
-        psrt.client().state_on_workers()
+        psrt.client().state_on_workers(saves_state=True)
     except psrt.PsrtError as e:
         return "%s cannot run on the workers: %s" % (type(optimizer).__name__, e)
     return None
@@ -43,6 +55,56 @@ class WorkerKeys:
         for name, v in zip(self.names, dense + moving + fixed):
             value = keras.ops.convert_to_numpy(v).astype(np.float32)
             v.assign(tf.cast(start.register(name + "@start", value, {"name": "assign", "lr": 0.0}), v.dtype))
+        # What a checkpoint keeps: the model's variables and the optimizer's
+        # (a loss scale optimizer's around it too), each once; with those a
+        # variable held in an attribute, which `variables` may not list
+        # (Nadam's u_product inside a LossScaleOptimizer).
+        kept = dense + moving + fixed
+        for o in (opt._psrt_loss_scale, opt):
+            if o is not None:
+                kept += list(o.variables) + [v for v in vars(o).values() if isinstance(v, keras.Variable)]
+        self.kept = list({id(v): v for v in kept}.values())
+        self.state_name = "keras.optimizer%d" % next(_made)
+        self.start = self.saved = self.client.restored_step()
+        self.steps = 0  # the job's steps since the start: mean gradients taken
+        self._load_state()
+        if self.client.rank() == 0:
+            atexit.register(self._save_last)
+
+    def _load_state(self):
+        """Every worker takes the state the job restored (rank 0's, saved once)."""
+        blob = self.client.load_state(self.state_name)
+        if not blob:
+            if self.start > 0:
+                raise psrt.PsrtError(
+                    "psrt.keras.DistributedOptimizer: the job restored step %d, but its checkpoint holds "
+                    "no state of an optimizer on the workers ('%s')" % (self.start, self.state_name))
+            return
+        saved = np.load(io.BytesIO(blob))
+        values = [saved["v%d" % i] for i in range(len(saved.files) - 1)]
+        shapes = [tuple(v.shape) for v in self.kept]
+        if int(saved["step"]) != self.start or [v.shape for v in values] != shapes:
+            raise psrt.PsrtError(
+                "psrt.keras.DistributedOptimizer: the checkpoint's state '%s' is of step %d and shapes %s; "
+                "this job restored step %d and holds %s" % (self.state_name, int(saved["step"]),
+                                                            [v.shape for v in values], self.start, shapes))
+        for v, value in zip(self.kept, values):
+            v.assign(value)
+
+    def _save(self, *values):
+        """Rank 0: the state of this step, for the job's checkpoints."""
+        step = self.start + self.steps
+        f = io.BytesIO()
+        np.savez(f, step=np.int64(step), **{"v%d" % i: np.asarray(v) for i, v in enumerate(values)})
+        self.client.save_state(self.state_name, f.getvalue(), step)
+        self.saved = step
+        return np.int64(step)
+
+    def _save_last(self):
+        """At exit: the last step's state, which the final checkpoint saves."""
+        step = self.start + self.steps
+        if step > self.saved and self.client.state_due(step, True):
+            self._save(*[keras.ops.convert_to_numpy(v) for v in self.kept])
 
     def mean(self, grads):
         """The workers' mean gradients (None where no worker had one), as
@@ -52,6 +114,7 @@ class WorkerKeys:
         names = self.names[:len(self.dense)]
 
         def reduce(*values):
+            self.steps += 1
             full = [None] * len(grads)
             for i, value in zip(given, values):
                 full[i] = value
@@ -89,6 +152,19 @@ class WorkerKeys:
         means = means if isinstance(means, (list, tuple)) else [means]
         for v, mean in zip(self.moving, means):
             v.assign(tf.cast(tf.reshape(mean, v.shape), v.dtype))
+
+    def save_if_due(self):
+        """Rank 0, at the end of the step (a loss scale optimizer's too, which
+        counts its steps after the inner update): the state, where the
+        job's checkpoints keep this step. Read after the step's writes:
+        automatic control dependencies keep the order written."""
+        if self.client.rank() == 0:
+            due = tf.numpy_function(lambda: np.bool_(self.client.state_due(self.start + self.steps)), [],
+                                    tf.bool, stateful=True)
+            tf.cond(tf.reshape(due, []),
+                    lambda: tf.reshape(tf.numpy_function(self._save, [v.value for v in self.kept], tf.int64,
+                                                         stateful=True), []),
+                    lambda: tf.constant(0, tf.int64))
 
 
 def _digest(variables):
