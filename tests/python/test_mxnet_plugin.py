@@ -259,6 +259,22 @@ def test_gluon_batchnorm_statistics_come_back_from_a_checkpoint():
         np.testing.assert_array_equal(restored["bn"][i], first["bn"][i])
 
 
+def test_gluon_local_updates_in_a_job_that_checkpoints_are_refused_saying_why():
+    """update_on_kvstore=False leaves the weights and the optimizer's state
+    on the workers: a checkpoint would keep the last step's aggregated
+    gradients as the weights, and a restore would start from them. The first
+    push says so, naming the option, before any update."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        (code, log), _ = gluon_job(["local_update"], {"checkpoint": {"uri": "file://" + d}})
+    assert code == 0, log
+    for rank in (0, 1):
+        line = [l for l in log.splitlines() if l.startswith("rank %d: case local_update" % rank)]
+        assert line and "FAILED" in line[0] and "update_on_kvstore=False" in line[0], log
+        assert '"checkpoint" and "restore" keep what the servers hold' in line[0], log
+
+
 def module_reference(workers=2, epochs=2, batch=16):
     """MXNet's dist_sync with Module: the servers sum the workers'
     gradients, Module rescales by the global batch (batch x workers); SGD

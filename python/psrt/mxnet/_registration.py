@@ -98,6 +98,18 @@ class _Registry:
         if key in self.broadcast_only and self._updates.optimizer is not None:
             del self.broadcast_only[key]
             self._move(key)
+        if self._updates.optimizer is None and not self.pushed and self._client.is_sync():
+            # A plain key's value becomes the step's aggregate (Gluon's
+            # update_on_kvstore=False): the weights and the optimizer's state
+            # live on the workers, where a checkpoint, a restore or a
+            # restarted worker would not find them.
+            try:
+                self._client.state_on_workers()
+            except psrt.PsrtError as e:
+                raise psrt.PsrtError("psrt kvstore: pushing to key %s, which has no optimizer (Gluon's "
+                                     "update_on_kvstore=False), leaves the weights and the optimizer's "
+                                     "state on the workers: %s; use update_on_kvstore=True (set_optimizer)"
+                                     % (key, e)) from None
         self.pushed.add(key)
 
     def follow_optimizer(self):
