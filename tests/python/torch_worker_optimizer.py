@@ -6,6 +6,7 @@ from every rank's batches). Prints "rank R: case C passed" or why not."""
 import argparse
 import copy
 import sys
+import time
 
 import torch
 from torch import nn
@@ -174,14 +175,19 @@ def tamper(rank):
             return
 
 
-def resume(rank, out):
+def resume(rank, out, stall_at=-1):
     """RMSprop on the Transformer, LBFGS (its history grows) and SGD with
     momentum on the BatchNorm CNN, each on the workers, trained from the
     job's restored step (0 when fresh) to STEPS, then evaluated once; rank 0
-    writes every model's weights and buffers to `out`."""
+    writes every model's weights and buffers to `out`. With `stall_at`, the
+    workers wait before that step until the job ends around them (a server
+    killed)."""
     runs = [(case,) + wrapped(case, "workers") for case in ("rmsprop", "lbfgs", "batchnorm")]
     print("rank %d: from step %d" % (rank, psrt.restored_step()), flush=True)
     for step in range(psrt.restored_step(), STEPS):
+        if step == stall_at:
+            print("rank %d: stalls at step %d" % (rank, step), flush=True)
+            time.sleep(120)
         for case, model, opt, dtype in runs:
             take_step(case, model, opt, *batch(case, rank, step, dtype))
     with torch.no_grad():  # an evaluation: where no step ran, buffers take their restored values here
@@ -197,11 +203,12 @@ def main():
     parser.add_argument("--cases", default="")
     parser.add_argument("--refusal", default="")
     parser.add_argument("--resume", default="", help="resume(); rank 0 writes the weights there")
+    parser.add_argument("--stall-at", type=int, default=-1, help="resume()'s stall_at")
     args = parser.parse_args()
     psrt.init()
     rank = psrt.rank()
     if args.resume:
-        resume(rank, args.resume)
+        resume(rank, args.resume, args.stall_at)
         return 0
     if args.refusal:
         model, opt, _ = build("rmsprop")

@@ -228,7 +228,7 @@ class WorkerOptimizer(DistributedOptimizer):
 
     def _mean_loss(self, loss):
         """The workers' mean loss (a closure's, which LBFGS compares)."""
-        value = torch.tensor([float(loss)], dtype=torch.float32)
+        value = torch.tensor([float(loss.detach() if torch.is_tensor(loss) else loss)], dtype=torch.float32)
         (mean,), _ = _host.allreduce(self._client, ["psrt.loss"], [value.numpy()], [(1,)])
         return torch.as_tensor(float(mean[0]), dtype=loss.dtype if torch.is_tensor(loss) else torch.float32)
 
