@@ -99,7 +99,7 @@ def train(case, kv, rank, out, steps=None):
         net.collect_params().reset_ctx(devices)
     trainer = gluon.Trainer(net.collect_params(), name, params, kvstore=kvstore,
                             update_on_kvstore=(case != "local_update"))
-    for step in range(steps or STEPS[case]):
+    for step in range(STEPS[case] if steps is None else steps):
         x, y = batch(step, rank)
         # Each device takes a slice of the worker's batch.
         xs, ys = gluon.utils.split_and_load(x, devices), gluon.utils.split_and_load(y, devices)
@@ -169,13 +169,15 @@ def async_cases(rank):
     """Async (and ssp): update_on_kvstore=False is refused as on dist_async,
     and the model learns: the loss on fixed data falls below half."""
     net = mx_worker.build_net(seed=0)
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore="psrt",
-                            update_on_kvstore=False)
     x, y = mx_worker.batch(0, rank)
     with autograd.record():
         loss = gluon.loss.L2Loss()(net(x), y)
     loss.backward()
     try:
+        # The store starts as the Trainer is made (its parameters are
+        # initialised): the refusal comes there.
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore="psrt",
+                                update_on_kvstore=False)
         trainer.step(x.shape[0])
         raise AssertionError("update_on_kvstore=False in async mode was taken")
     except ValueError as e:

@@ -1,21 +1,51 @@
 """Where MXNet's Gluon Trainer and Module meet the "psrt" store: MXNet's
-functions that make a kvstore, check a changed rescale_grad and set up
-Module's optimizer, each wrapped once (the originals kept, so a reload does
-not wrap twice)."""
+functions that make a Trainer and a kvstore, check a changed rescale_grad
+and set up Module's optimizer, each wrapped once (the originals kept, so a
+reload does not wrap twice)."""
 
 import mxnet as mx
 import mxnet.gluon.trainer
 import mxnet.model
 import mxnet.module.module
 
+import psrt
 from psrt.mxnet import Psrt
+
+
+def _is_psrt(kvstore):
+    return isinstance(kvstore, Psrt) or (isinstance(kvstore, str) and kvstore.lower() == "psrt")
+
+
+def _trainer_init(trainer, *args, **kwargs):
+    """Gluon's Trainer, whose store then starts at once where the model's
+    parameters are initialised: Gluon starts it in the first step(), after
+    that step's forward and backward ran on the worker's own weights, so a
+    restored job's first gradient (and, with workers drawing other initial
+    weights, every job's) would not be taken at the job's weights. A
+    restored job whose parameters wait for their shapes (deferred
+    initialisation) is refused, saying so."""
+    _mx_trainer_init(trainer, *args, **kwargs)
+    if not _is_psrt(trainer._kvstore_params["kvstore"]):
+        return
+    params = trainer._params
+    if any(p._deferred_init for p in params) or any(p._data is None for p in params):
+        if psrt.init().restored_step() > 0:
+            waiting = [p.name for p in params if p._deferred_init or p._data is None]
+            raise psrt.PsrtError(
+                "psrt kvstore: a restored job's Trainer needs initialised parameters, so that the first "
+                "step runs on the restored weights; %s wait for their shapes (deferred initialisation): "
+                "give the layers their input sizes (in_units, in_channels) or run the model once before "
+                "making the Trainer" % ", ".join(waiting[:4]))
+        return
+    trainer._init_kvstore()
+    trainer._init_params()
 
 
 def _create_kvstore(kvstore, num_device, arg_params):
     """MXNet's model._create_kvstore, but "psrt" given as a string is the
     store itself: MXNet drops a store whose name lacks "dist" when a process
     has one device."""
-    if isinstance(kvstore, str) and kvstore.lower() == "psrt":
+    if _is_psrt(kvstore) and isinstance(kvstore, str):
         kvstore = mx.kv.create(kvstore)
     return _mx_create_kvstore(kvstore, num_device, arg_params)
 
@@ -56,6 +86,10 @@ _mx_module_init_optimizer = getattr(mxnet.module.Module.init_optimizer, "_psrt_o
                                     mxnet.module.Module.init_optimizer)
 _module_init_optimizer._psrt_original = _mx_module_init_optimizer
 mxnet.module.Module.init_optimizer = _module_init_optimizer
+
+_mx_trainer_init = getattr(mxnet.gluon.Trainer.__init__, "_psrt_original", mxnet.gluon.Trainer.__init__)
+_trainer_init._psrt_original = _mx_trainer_init
+mxnet.gluon.Trainer.__init__ = _trainer_init
 
 _mx_create_kvstore = getattr(mxnet.model._create_kvstore, "_psrt_original",
                              mxnet.model._create_kvstore)
