@@ -1,5 +1,6 @@
 """The TensorFlow plugin in real jobs (psrt.tensorflow, Keras 3)."""
 
+import json
 import os
 import re
 import tempfile
@@ -7,7 +8,8 @@ import tempfile
 import numpy as np
 import pytest
 
-from jobs import EXAMPLES, HERE, ONE_HOST, assert_trained_like, run_job, trained_arrays
+from jobs import (EXAMPLES, HERE, ONE_HOST, assert_trained_like, failure_text, run_job,
+                  trained_arrays)
 
 # TensorFlow's oneDNN kernels round float16 differently by CPU (AVX-512 FP16
 # against AVX2), and mixed-precision training grows a rounding difference
@@ -69,19 +71,47 @@ def initial(model="mlp", mixed=False):
     return tf_worker.saved(net, None) + ([np.array(tf_worker.MIXED_SCALE), np.array(0.0)] if mixed else [])
 
 
+def trained_in_one_job(cases, ps=None):
+    """{case: rank 0's final arrays}, `cases` ({case: its tf_worker.py
+    arguments}) trained one after the other in one job of two workers
+    (tf_worker.py --configs, each case's variables its own keys): a job's
+    time is mostly its workers' start and TensorFlow's import."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "final")
+        configs = json.dumps(list(cases.values()))
+        code, log = run_job(os.path.join(HERE, "tf_worker.py"), ["--configs", configs, "--out", out], ps, 2,
+                            timeout=600)
+        assert code == 0, failure_text(log)
+        got = {}
+        for i, case in enumerate(cases):
+            saved = np.load("%s.c%d.npz" % (out, i))
+            got[case] = [saved["arr_%d" % k] for k in range(len(saved.files))]
+        return got
+
+
 # Keras's Adam adds epsilon to sqrt(v) before bias correction, the servers'
 # (PyTorch's) after it: the results differ by about epsilon over sqrt(v),
 # up to 5e-4 after 10 steps for parameters with tiny gradients. A fixed
 # loss_scale_factor scales the loss; the gradients are unscaled before the
-# push.
-@pytest.mark.parametrize("kind,eager,atol,factor", [("sgd", False, 1e-5, None), ("adam", False, 5e-4, None),
-                                                    ("sgd", True, 1e-5, None), ("sgd", False, 1e-5, 1024.0)])
-def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, eager, atol, factor):
-    steps = 10
-    got = trained_arrays(os.path.join(HERE, "tf_worker.py"),
-                         ["--optimizer", kind, "--steps", str(steps)] + (["--eager"] if eager else []) +
-                         (["--loss-scale-factor", str(factor)] if factor else []))
-    want, _ = reference(steps, 2, kind, loss_scale_factor=factor)
+# push. The four cases train one after the other in one job.
+SYNC = [("sgd", False, 1e-5, None), ("adam", False, 5e-4, None), ("sgd", True, 1e-5, None),
+        ("sgd", False, 1e-5, 1024.0)]
+SYNC_STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def sync_trained():
+    return trained_in_one_job({
+        (kind, eager, atol, factor): ["--optimizer", kind, "--steps", str(SYNC_STEPS)] +
+        (["--eager"] if eager else []) + (["--loss-scale-factor", str(factor)] if factor else [])
+        for kind, eager, atol, factor in SYNC})
+
+
+@pytest.mark.parametrize("kind,eager,atol,factor", SYNC)
+def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, eager, atol, factor,
+                                                                 sync_trained):
+    got = sync_trained[(kind, eager, atol, factor)]
+    want, _ = reference(SYNC_STEPS, 2, kind, loss_scale_factor=factor)
     assert_trained_like(got, want, initial(), atol)
 
 
@@ -90,24 +120,45 @@ def test_sync_two_workers_equal_one_process_on_the_mean_gradient(kind, eager, at
 # a frozen keras.applications backbone whose weights every worker draws
 # from its own seed, so that they must become rank 0's (as the trainable
 # ones do). The statistics and the backbone are among the arrays compared.
-@pytest.mark.parametrize("model,fit,atol", [("mha", False, 1e-5), ("bn", True, 1e-5), ("frozen", False, 1e-5)])
-def test_sync_two_workers_on_real_layers_equal_one_process(model, fit, atol):
-    steps = 6
-    got = trained_arrays(os.path.join(HERE, "tf_worker.py"),
-                         ["--model", model, "--steps", str(steps), "--backbone-seed", "-1"] +
-                         (["--fit"] if fit else []))
-    want, _ = reference(steps, 2, model=model, fit=fit)
+# The three cases train one after the other in one job.
+REAL = [("mha", False, 1e-5), ("bn", True, 1e-5), ("frozen", False, 1e-5)]
+REAL_STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def real_trained():
+    return trained_in_one_job({
+        (model, fit, atol): ["--model", model, "--steps", str(REAL_STEPS), "--backbone-seed", "-1"]
+        + (["--fit"] if fit else []) for model, fit, atol in REAL})
+
+
+@pytest.mark.parametrize("model,fit,atol", REAL)
+def test_sync_two_workers_on_real_layers_equal_one_process(model, fit, atol, real_trained):
+    got = real_trained[(model, fit, atol)]
+    want, _ = reference(REAL_STEPS, 2, model=model, fit=fit)
     assert_trained_like(got, want, initial(model), atol)
+
+
+FEATURE_STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def features_trained():
+    """The variable without a gradient's case and the clip after a
+    DistributedGradientTape's, one after the other in one job."""
+    return trained_in_one_job({
+        "unused": ["--model", "unused", "--optimizer", "adamw", "--steps", str(FEATURE_STEPS)],
+        "tape_clip": ["--tape-clip", "0.05", "--steps", str(FEATURE_STEPS)]})
 
 
 # A head without a gradient at every step and AdamW excluding the biases
 # from weight decay: Keras leaves the head alone (no decay either) and
 # decays the kernels only; so must the servers. (Keras's Adam puts epsilon
 # elsewhere than the servers, hence 5e-4, as above.)
-def test_a_variable_without_a_gradient_and_excluded_from_weight_decay_train_as_in_one_process():
-    steps = 6
-    got = trained_arrays(os.path.join(HERE, "tf_worker.py"),
-                         ["--model", "unused", "--optimizer", "adamw", "--steps", str(steps)])
+def test_a_variable_without_a_gradient_and_excluded_from_weight_decay_train_as_in_one_process(
+        features_trained):
+    steps = FEATURE_STEPS
+    got = features_trained["unused"]
     want, _ = reference(steps, 2, kind="adamw", model="unused")
     start = initial("unused")
     assert_trained_like(got, want, start, 5e-4)
@@ -122,13 +173,23 @@ def test_a_variable_without_a_gradient_and_excluded_from_weight_decay_train_as_i
 # Servers that sum (gradient_aggregation "sum", MXNet's way): the model
 # takes the sum of the workers' gradients, and BatchNormalization's
 # statistics are still the workers' mean, in model.fit and in a custom loop
-# with a clip (the mean gradients' round trip).
-@pytest.mark.parametrize("fit,clip", [(True, None), (False, "global_clipnorm=0.3")])
-def test_servers_that_sum_give_keras_the_summed_gradient_and_the_mean_statistics(fit, clip):
+# with a clip (the mean gradients' round trip). The two cases train one
+# after the other in one job.
+SUMS = [(True, None), (False, "global_clipnorm=0.3")]
+
+
+@pytest.fixture(scope="module")
+def sum_trained():
+    return trained_in_one_job({
+        (fit, clip): ["--model", "bn", "--steps", "4"] + (["--fit"] if fit else ["--clip", clip])
+        for fit, clip in SUMS}, {"gradient_aggregation": "sum"})
+
+
+@pytest.mark.parametrize("fit,clip", SUMS)
+def test_servers_that_sum_give_keras_the_summed_gradient_and_the_mean_statistics(fit, clip,
+                                                                                 sum_trained):
     steps = 4
-    got = trained_arrays(os.path.join(HERE, "tf_worker.py"),
-                         ["--model", "bn", "--steps", str(steps)] + (["--fit"] if fit else ["--clip", clip]),
-                         {"gradient_aggregation": "sum"})
+    got = sum_trained[(fit, clip)]
     want, _ = reference(steps, 2, model="bn", fit=fit, clip=clip, aggregation="sum")
     assert_trained_like(got, want, initial("bn"), 1e-5)
 
@@ -156,10 +217,26 @@ def test_one_host_summing_first_equals_one_process():
 # Clipping applies to the mean gradient, as one process clips it; the
 # bounds are below the gradients' size, so every step clips (clipping each
 # worker's own gradient, or none, gives other weights).
-@pytest.mark.parametrize("clip", ["global_clipnorm=0.3", "clipnorm=0.1", "clipvalue=0.02"])
-def test_sync_two_workers_clip_the_mean_gradient(clip):
-    steps = 8
-    got = trained_arrays(os.path.join(HERE, "tf_worker.py"), ["--clip", clip, "--steps", str(steps)])
+CLIPS = ["global_clipnorm=0.3", "clipnorm=0.1", "clipvalue=0.02"]
+CLIP_STEPS = 8
+MIXED_STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def clip_and_mixed_trained():
+    """The two mixed precision cases, then the three clips, in one job: the
+    clips run under float32 again (a mixed_float16 policy left behind would
+    put them past their tolerance)."""
+    cases = {("mixed", fit): ["--mixed", "--steps", str(MIXED_STEPS)] + (["--fit"] if fit else [])
+             for fit in (False, True)}
+    cases.update({("clip", clip): ["--clip", clip, "--steps", str(CLIP_STEPS)] for clip in CLIPS})
+    return trained_in_one_job(cases)
+
+
+@pytest.mark.parametrize("clip", CLIPS)
+def test_sync_two_workers_clip_the_mean_gradient(clip, clip_and_mixed_trained):
+    steps = CLIP_STEPS
+    got = clip_and_mixed_trained[("clip", clip)]
     want, _ = reference(steps, 2, clip=clip)
     unclipped, _ = reference(steps, 2)
     assert max(np.abs(w - u).max() for w, u in zip(want, unclipped)) > 1e-2
@@ -168,10 +245,11 @@ def test_sync_two_workers_clip_the_mean_gradient(clip):
 
 # A custom loop that clips after the tape clips the mean gradient where the
 # tape is a DistributedGradientTape (as with Horovod's); clipping each
-# worker's own gradient ends elsewhere.
-def test_a_clip_after_a_distributed_gradient_tape_clips_the_mean_gradient():
-    steps = 6
-    got = trained_arrays(os.path.join(HERE, "tf_worker.py"), ["--tape-clip", "0.05", "--steps", str(steps)])
+# worker's own gradient ends elsewhere. Trained in the job of the variable
+# without a gradient.
+def test_a_clip_after_a_distributed_gradient_tape_clips_the_mean_gradient(features_trained):
+    steps = FEATURE_STEPS
+    got = features_trained["tape_clip"]
     want, _ = reference(steps, 2, tape_clip=0.05)
     unclipped, _ = reference(steps, 2)
     assert max(np.abs(w - u).max() for w, u in zip(want, unclipped)) > 1e-2
@@ -184,10 +262,9 @@ def test_a_clip_after_a_distributed_gradient_tape_clips_the_mean_gradient():
 # (the mean is not finite); so must both workers, with the same loss scale
 # after (the last two arrays: the scale and the number of applied steps).
 @pytest.mark.parametrize("fit", [False, True])
-def test_sync_two_workers_mixed_precision_skip_steps_together(fit):
-    steps = 10
-    got = trained_arrays(os.path.join(HERE, "tf_worker.py"),
-                         ["--mixed", "--steps", str(steps)] + (["--fit"] if fit else []))
+def test_sync_two_workers_mixed_precision_skip_steps_together(fit, clip_and_mixed_trained):
+    steps = MIXED_STEPS
+    got = clip_and_mixed_trained[("mixed", fit)]
     want, skipped = reference(steps, 2, mixed=True, fit=fit)
     assert 0 < skipped < steps - 2
     assert float(want[-1]) == steps - skipped

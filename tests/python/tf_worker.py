@@ -9,9 +9,13 @@ arguments, --mixed trains under mixed_float16 with a LossScaleOptimizer,
 --loss-scale-factor sets the optimizer's fixed loss scale.
 Rank 0 writes the final variables (numpy .npz; see saved()) to --out; with
 --fixed each rank prints its loss over the first and the last two steps.
+--configs trains several argument lists one after the other in one job
+(TensorFlow imported and the workers started once).
 """
 
 import argparse
+import contextlib
+import json
 import os
 import sys
 
@@ -136,50 +140,83 @@ def main():
     p.add_argument("--fixed", action="store_true", help="the same two batches over and over (to see learning)")
     p.add_argument("--tape-clip", type=float, help="custom loop: DistributedGradientTape, then "
                    "tf.clip_by_global_norm to this")
+    p.add_argument("--configs", help="a JSON list of argument lists: one after the other in this "
+                   "job, the i-th's variables under the name scope ci (its own servers' keys), its "
+                   "--out OUT.ci.npz")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     psrt.init()
     rank = psrt.rank()
-    if args.mixed:
-        keras.mixed_precision.set_global_policy("mixed_float16")
-    # Rank 0's initial values must win.
-    model = build_model(seed=rank, model=args.model, mixed=args.mixed,
-                        backbone_seed=rank if args.backbone_seed < 0 else args.backbone_seed)
-    batches = [batch(step % 2 if args.fixed else step, rank, args.model, args.mixed) for step in range(args.steps)]
-    if args.fit:
-        # model.compile adds the LossScaleOptimizer itself under mixed_float16.
-        inner = make_optimizer(args.optimizer, args.clip)
-        opt = psrt.keras.DistributedOptimizer(inner, compression=psrt.Compression.none)
-        model.compile(optimizer=opt, loss="mse", jit_compile=False)
-        model.fit(np.concatenate([x for x, _ in batches]), np.concatenate([y for _, y in batches]),
-                  batch_size=len(batches[0][0]), epochs=1, shuffle=False, verbose=0)
-        opt = model.optimizer
-    else:
-        opt = psrt.keras.DistributedOptimizer(
-            make_optimizer(args.optimizer, args.clip, args.mixed, args.loss_scale_factor),
-            compression=psrt.Compression.none, model=model)
-        opt.build(model.trainable_variables)
-
-        def train_step(x, y):
-            with tf.GradientTape() as tape:
-                # The loss scale's (or loss_scale_factor's); else unchanged.
-                loss = opt.scale_loss(tf.reduce_mean(tf.square(model(x, training=True) - y)))
-            if args.tape_clip:
-                tape = psrt.keras.DistributedGradientTape(tape)
-            grads = tape.gradient(loss, model.trainable_variables)
-            if args.tape_clip:
-                grads, _ = tf.clip_by_global_norm(grads, args.tape_clip)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
-        step_fn = train_step if args.eager else tf.function(train_step, jit_compile=False)
-        losses = [float(step_fn(x, y)) for x, y in batches]
-        if args.fixed:
-            # The loss as the weights were before each step (scaled under --mixed).
-            print("rank %d loss first %.5f last %.5f" % (rank, np.mean(losses[:2]), np.mean(losses[-2:])), flush=True)
-    if rank == 0:
-        np.savez(args.out, *saved(model, opt))
+    if not args.configs:
+        train(args, rank)
+        return 0
+    # psrt.keras knows the variables it registered by id(): a finished
+    # case's variables, freed, could pass their ids on to a later case's.
+    kept = []
+    for i, config in enumerate(json.loads(args.configs)):
+        case = p.parse_args(config + ["--out", "%s.c%d.npz" % (args.out, i)])
+        kept.append(train(case, rank, "c%d" % i))
     return 0
+
+
+@contextlib.contextmanager
+def dtype_policy(mixed):
+    """mixed_float16 for a --mixed case; float32, Keras's default, again
+    after it, so that a next case in the same job does not inherit it."""
+    keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def train(args, rank, scope=None):
+    """One run of main's arguments, the model built under the name scope
+    `scope` (its variables' paths, so its servers' keys, begin with it);
+    returns the model and the optimizer."""
+    with dtype_policy(args.mixed):
+        # Rank 0's initial values must win.
+        with keras.name_scope(scope) if scope else contextlib.nullcontext():
+            backbone_seed = rank if args.backbone_seed < 0 else args.backbone_seed
+            model = build_model(seed=rank, model=args.model, mixed=args.mixed,
+                                backbone_seed=backbone_seed)
+        batches = [batch(step % 2 if args.fixed else step, rank, args.model, args.mixed)
+                   for step in range(args.steps)]
+        if args.fit:
+            # model.compile adds the LossScaleOptimizer itself under mixed_float16.
+            inner = make_optimizer(args.optimizer, args.clip)
+            opt = psrt.keras.DistributedOptimizer(inner, compression=psrt.Compression.none)
+            model.compile(optimizer=opt, loss="mse", jit_compile=False)
+            model.fit(np.concatenate([x for x, _ in batches]), np.concatenate([y for _, y in batches]),
+                      batch_size=len(batches[0][0]), epochs=1, shuffle=False, verbose=0)
+            opt = model.optimizer
+        else:
+            opt = psrt.keras.DistributedOptimizer(
+                make_optimizer(args.optimizer, args.clip, args.mixed, args.loss_scale_factor),
+                compression=psrt.Compression.none, model=model)
+            opt.build(model.trainable_variables)
+
+            def train_step(x, y):
+                with tf.GradientTape() as tape:
+                    # The loss scale's (or loss_scale_factor's); else unchanged.
+                    loss = opt.scale_loss(tf.reduce_mean(tf.square(model(x, training=True) - y)))
+                if args.tape_clip:
+                    tape = psrt.keras.DistributedGradientTape(tape)
+                grads = tape.gradient(loss, model.trainable_variables)
+                if args.tape_clip:
+                    grads, _ = tf.clip_by_global_norm(grads, args.tape_clip)
+                opt.apply_gradients(zip(grads, model.trainable_variables))
+                return loss
+
+            step_fn = train_step if args.eager else tf.function(train_step, jit_compile=False)
+            losses = [float(step_fn(x, y)) for x, y in batches]
+            if args.fixed:
+                # The loss as the weights were before each step (scaled under --mixed).
+                print("rank %d loss first %.5f last %.5f"
+                      % (rank, np.mean(losses[:2]), np.mean(losses[-2:])), flush=True)
+        if rank == 0:
+            np.savez(args.out, *saved(model, opt))
+        return model, opt
 
 
 if __name__ == "__main__":
