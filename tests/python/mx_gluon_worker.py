@@ -199,14 +199,42 @@ def async_cases(rank):
     assert last < 0.5 * first, (first, last)
 
 
+RESUME_STEPS = 4
+
+
+def resume(rank, out):
+    """RMSProp (centered; the servers cannot run it, so every worker's
+    updater does) under a FactorScheduler, from the job's restored step (0
+    when fresh) to RESUME_STEPS; rank 0 writes the net's arrays to `out`
+    (.npz, collect_params() order)."""
+    net = mx_worker.build_net(seed=0)
+    schedule = mx.lr_scheduler.FactorScheduler(step=1, factor=0.8)
+    trainer = gluon.Trainer(net.collect_params(), "rmsprop",
+                            {"learning_rate": 0.01, "centered": True, "lr_scheduler": schedule}, kvstore="psrt")
+    start = psrt.restored_step()
+    print("rank %d: from step %d" % (rank, start), flush=True)
+    for step in range(start, RESUME_STEPS):
+        x, y = mx_worker.batch(step, rank)
+        with autograd.record():
+            loss = gluon.loss.L2Loss()(net(x), y)
+        loss.backward()
+        trainer.step(x.shape[0])
+    if rank == 0:
+        np.savez(out, *[p.data().asnumpy() for p in net.collect_params().values()])
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--cases", required=True)
+    p.add_argument("--cases")
+    p.add_argument("--resume", help="resume(); rank 0 writes the arrays there")
     p.add_argument("--out")
     p.add_argument("--steps", type=int, help="steps of every training case (default: STEPS)")
     args = p.parse_args()
     kv = mx.kv.create("psrt")
     rank = kv.rank
+    if args.resume:
+        resume(rank, args.resume)
+        return 0
     out = {}
     for case in args.cases.split(","):
         # Each case reports on its own, so that a test names what failed.

@@ -277,6 +277,30 @@ def test_gluon_local_updates_in_a_job_that_checkpoints_are_refused_saying_why():
         assert '"checkpoint" and "restore" keep what the servers hold' in line[0], log
 
 
+def test_gluon_optimizer_on_the_workers_restored_from_a_checkpoint_goes_on_as_if_uninterrupted():
+    """RMSProp runs on every worker (the servers cannot run it); the
+    checkpoints keep rank 0's weights, updater states and optimizer counters
+    (the scheduler's too) once: a job of 4 steps checkpoints step 3 and its
+    final step 4; jobs restored from each end where it did, bit for bit."""
+    import tempfile
+
+    script = os.path.join(HERE, "mx_gluon_worker.py")
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = {"uri": "file://" + d + "/ckpt", "every_steps": 3}
+        code, log = run_job(script, ["--resume", d + "/whole.npz"], {"checkpoint": ckpt})
+        assert code == 0, log
+        whole = np.load(d + "/whole.npz")
+        for step in (3, 4):
+            out = "%s/from%d.npz" % (d, step)
+            code, log = run_job(script, ["--resume", out], {"restore": "file://%s/ckpt/step-%012d" % (d, step)})
+            assert code == 0, log
+            assert "rank 1: from step %d" % step in log, log
+            resumed = np.load(out)
+            assert sorted(resumed.files) == sorted(whole.files)
+            for name in whole.files:
+                np.testing.assert_array_equal(resumed[name], whole[name], err_msg="step %d: %s" % (step, name))
+
+
 def module_reference(workers=2, epochs=2, batch=16):
     """MXNet's dist_sync with Module: the servers sum the workers'
     gradients, Module rescales by the global batch (batch x workers); SGD

@@ -120,7 +120,7 @@ class Psrt(mx.kvstore.KVStore):
         self._client = psrt.init()
         prefix = "kv" if Psrt._created == 0 else "kv%d" % Psrt._created
         Psrt._created += 1
-        self._updates = _Updates(self._client)
+        self._updates = _Updates(self._client, lambda: self._keys.vars.step)
         self._rates = _LearningRates(self._client, self._updates)
         self._keys = _Registry(self._client, prefix, psrt.Compression.job_default, self._updates,
                                self._rates, KeyNotInitialised)
@@ -225,6 +225,13 @@ class Psrt(mx.kvstore.KVStore):
         elif self._step_keys.issubset(self._round):
             self._finish(step_end=True)
 
+    def _end_step(self):
+        """Gluon's Trainer has pushpulled every key of a step: the step ends
+        here. Its first step shows which keys a step has, so without this
+        that step's end (the statistics' mean, the state a checkpoint
+        keeps) would wait for the next step's first key."""
+        self._finish(step_end=self._step_keys is None and bool(self._round))
+
     def push(self, key, value, priority=0):
         """Sends gradients; the servers update the weights (pull reads them).
         A table's gradient is a row_sparse NDArray (or one per device)."""
@@ -238,6 +245,7 @@ class Psrt(mx.kvstore.KVStore):
         if self._updates.local:  # the aggregate now: the updater steps on it
             for k, w in zip(keys, self._keys.push_pull(keys, grads)):
                 self._updates.stepped(k, w)
+            self._updates.save_if_due()
             return
         self._keys.push(keys, grads)
 
@@ -328,6 +336,9 @@ class Psrt(mx.kvstore.KVStore):
                 _write(o, w)
         if step_end:
             self._stats.step_end()
+        # Once every key took the step (the statistics' too: the step is the
+        # least over the keys).
+        self._updates.save_if_due()
 
     @staticmethod
     def _pairs(key, value):

@@ -1,6 +1,6 @@
 """Where MXNet's Gluon Trainer and Module meet the "psrt" store: MXNet's
-functions that make a Trainer and a kvstore, check a changed rescale_grad
-and set up Module's optimizer, each wrapped once (the originals kept, so a
+functions that make a Trainer and a kvstore, end a Trainer's reduction,
+check a changed rescale_grad and set up Module's optimizer, each wrapped once (the originals kept, so a
 reload does not wrap twice)."""
 
 import mxnet as mx
@@ -86,6 +86,18 @@ _mx_module_init_optimizer = getattr(mxnet.module.Module.init_optimizer, "_psrt_o
                                     mxnet.module.Module.init_optimizer)
 _module_init_optimizer._psrt_original = _mx_module_init_optimizer
 mxnet.module.Module.init_optimizer = _module_init_optimizer
+
+def _allreduce_grads(trainer):
+    """Gluon's Trainer pushpulls every parameter: the store's step ends."""
+    _mx_allreduce_grads(trainer)
+    if isinstance(trainer._kvstore, Psrt):
+        trainer._kvstore._end_step()
+
+
+_mx_allreduce_grads = getattr(mxnet.gluon.Trainer._allreduce_grads, "_psrt_original",
+                              mxnet.gluon.Trainer._allreduce_grads)
+_allreduce_grads._psrt_original = _mx_allreduce_grads
+mxnet.gluon.Trainer._allreduce_grads = _allreduce_grads
 
 _mx_trainer_init = getattr(mxnet.gluon.Trainer.__init__, "_psrt_original", mxnet.gluon.Trainer.__init__)
 _trainer_init._psrt_original = _mx_trainer_init
