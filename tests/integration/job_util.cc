@@ -1,6 +1,7 @@
 #include "tests/integration/job_util.h"
 
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -8,11 +9,12 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <sstream>
-
-#include <gtest/gtest.h>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -28,9 +30,36 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+namespace {
+
+// The folders TempDir made, removed as the test program ends with every
+// test passed; a failure's are kept to look into.
+class TempDirs {
+ public:
+  ~TempDirs() {
+    if (!::testing::UnitTest::GetInstance()->Passed()) return;
+    std::error_code ignored;
+    for (const std::string& dir : dirs_) std::filesystem::remove_all(dir, ignored);
+  }
+  void Add(const std::string& dir) {
+    std::lock_guard<std::mutex> lock(mu_);
+    dirs_.push_back(dir);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> dirs_;
+};
+
+TempDirs temp_dirs;
+
+}  // namespace
+
 std::string TempDir() {
   char dir[] = "/tmp/psrt-test-XXXXXX";
-  return mkdtemp(dir) ? dir : "/tmp";
+  if (mkdtemp(dir) == nullptr) return "/tmp";
+  temp_dirs.Add(dir);
+  return dir;
 }
 
 Proc Proc::Start(const std::string& cmd, const std::string& log) {
