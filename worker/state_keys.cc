@@ -75,6 +75,13 @@ absl::StatusOr<std::string> StateKeys::Load(const std::string& name) {
     }
     bytes |= static_cast<uint64_t>(keys.header[i]) << (24 * i);
   }
+  if (bytes == 0 && client_->restored_step() > 0) {
+    // Its job saved none: the workers would start over from what the
+    // servers hold, silently.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job restored step ", client_->restored_step(), ", but its checkpoint holds no state '",
+        name, "' of an optimizer on the workers"));
+  }
   if (absl::Status s = Grow(name, &keys, ChunksFor((static_cast<int64_t>(bytes) + 2) / 3)); !s.ok())
     return s;
   std::string out(bytes, '\0');

@@ -40,7 +40,8 @@ class StateKeys {
   StateKeys& operator=(const StateKeys&) = delete;
 
   // Every worker, before its first Save: the state `name` the job restored
-  // (empty: none, as in a job that starts fresh). Registers its keys.
+  // (empty: none, as in a job that starts fresh; FAILED_PRECONDITION where a
+  // restored job's checkpoint holds none). Registers its keys.
   absl::StatusOr<std::string> Load(const std::string& name);
   // Rank 0: `bytes` is the state of step `step` (> the last one set); the
   // other ranks return at once. Blocks until the servers hold it.

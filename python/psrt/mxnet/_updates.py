@@ -107,11 +107,11 @@ class _Updates:
         not the weights)."""
         self._state_name = "mxnet.updater%d" % next(_made)
         start = self._saved = self._client.restored_step()
-        blob = self._client.load_state(self._state_name)
+        try:
+            blob = self._client.load_state(self._state_name)
+        except psrt.PsrtError as e:
+            raise psrt.PsrtError("psrt kvstore: %s" % e) from None
         if not blob:
-            if start > 0:
-                raise psrt.PsrtError("psrt kvstore: the job restored step %d, but its checkpoint holds no "
-                                     "state of an optimizer on the workers ('%s')" % (start, self._state_name))
             return
         saved = np.load(io.BytesIO(blob))
         if int(saved["step"]) != start:

@@ -73,12 +73,11 @@ class WorkerKeys:
 
     def _load_state(self):
         """Every worker takes the state the job restored (rank 0's, saved once)."""
-        blob = self.client.load_state(self.state_name)
+        try:
+            blob = self.client.load_state(self.state_name)
+        except psrt.PsrtError as e:
+            raise psrt.PsrtError("psrt.keras.DistributedOptimizer: %s" % e) from None
         if not blob:
-            if self.start > 0:
-                raise psrt.PsrtError(
-                    "psrt.keras.DistributedOptimizer: the job restored step %d, but its checkpoint holds "
-                    "no state of an optimizer on the workers ('%s')" % (self.start, self.state_name))
             return
         saved = np.load(io.BytesIO(blob))
         values = [saved["v%d" % i] for i in range(len(saved.files) - 1)]

@@ -151,12 +151,11 @@ class WorkerOptimizer(DistributedOptimizer):
     def _load_state(self):
         """Every worker takes the state the job restored (rank 0's, saved
         once); returns the buffers, which modules show as they run."""
-        blob = self._client.load_state(self._state_name)
+        try:
+            blob = self._client.load_state(self._state_name)
+        except psrt.PsrtError as e:
+            raise psrt.PsrtError("psrt.DistributedOptimizer: %s" % e) from None
         if not blob:
-            if self._start > 0:
-                raise psrt.PsrtError(
-                    "psrt.DistributedOptimizer: the job restored step %d, but its checkpoint holds no "
-                    "state of an optimizer on the workers ('%s')" % (self._start, self._state_name))
             return {}
         state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
         names = sorted(n for n, _ in self._params)
