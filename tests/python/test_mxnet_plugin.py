@@ -272,7 +272,7 @@ def test_gluon_local_updates_in_a_job_that_checkpoints_are_refused_saying_why():
         (code, log), _ = gluon_job(["local_update"], {"checkpoint": {"uri": "file://" + d}})
     assert code == 0, log
     for rank in (0, 1):
-        line = [l for l in log.splitlines() if l.startswith("rank %d: case local_update" % rank)]
+        line = [text for text in log.splitlines() if text.startswith("rank %d: case local_update" % rank)]
         assert line and "FAILED" in line[0] and "update_on_kvstore=False" in line[0], log
         assert '"checkpoint" and "restore" keep what the servers hold' in line[0], log
 

@@ -87,6 +87,7 @@ _mx_module_init_optimizer = getattr(mxnet.module.Module.init_optimizer, "_psrt_o
 _module_init_optimizer._psrt_original = _mx_module_init_optimizer
 mxnet.module.Module.init_optimizer = _module_init_optimizer
 
+
 def _allreduce_grads(trainer):
     """Gluon's Trainer pushpulls every parameter: the store's step ends."""
     _mx_allreduce_grads(trainer)
