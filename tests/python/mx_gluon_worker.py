@@ -202,15 +202,22 @@ def async_cases(rank):
 RESUME_STEPS = 4
 
 
-def resume(rank, out):
-    """RMSProp (centered; the servers cannot run it, so every worker's
-    updater does) under a FactorScheduler, from the job's restored step (0
-    when fresh) to RESUME_STEPS; rank 0 writes the net's arrays to `out`
-    (.npz, collect_params() order)."""
+RESUME_OPTIMIZERS = {
+    # The servers cannot run it: every worker's updater does.
+    "rmsprop": {"learning_rate": 0.01, "centered": True},
+    # On the servers, its rate kept and the schedule carried by the gradient.
+    "sgd": {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3},
+}
+
+
+def resume(rank, out, optimizer):
+    """`optimizer` (RESUME_OPTIMIZERS) under a FactorScheduler, from the
+    job's restored step (0 when fresh) to RESUME_STEPS; rank 0 writes the
+    net's arrays to `out` (.npz, collect_params() order)."""
     net = mx_worker.build_net(seed=0)
     schedule = mx.lr_scheduler.FactorScheduler(step=1, factor=0.8)
-    trainer = gluon.Trainer(net.collect_params(), "rmsprop",
-                            {"learning_rate": 0.01, "centered": True, "lr_scheduler": schedule}, kvstore="psrt")
+    trainer = gluon.Trainer(net.collect_params(), optimizer,
+                            dict(RESUME_OPTIMIZERS[optimizer], lr_scheduler=schedule), kvstore="psrt")
     start = psrt.restored_step()
     print("rank %d: from step %d" % (rank, start), flush=True)
     for step in range(start, RESUME_STEPS):
@@ -227,13 +234,14 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--cases")
     p.add_argument("--resume", help="resume(); rank 0 writes the arrays there")
+    p.add_argument("--optimizer", default="rmsprop", help="resume()'s")
     p.add_argument("--out")
     p.add_argument("--steps", type=int, help="steps of every training case (default: STEPS)")
     args = p.parse_args()
     kv = mx.kv.create("psrt")
     rank = kv.rank
     if args.resume:
-        resume(rank, args.resume)
+        resume(rank, args.resume, args.optimizer)
         return 0
     out = {}
     for case in args.cases.split(","):

@@ -277,22 +277,26 @@ def test_gluon_local_updates_in_a_job_that_checkpoints_are_refused_saying_why():
         assert '"checkpoint" and "restore" keep what the servers hold' in line[0], log
 
 
-def test_gluon_optimizer_on_the_workers_restored_from_a_checkpoint_goes_on_as_if_uninterrupted():
-    """RMSProp runs on every worker (the servers cannot run it); the
-    checkpoints keep rank 0's weights, updater states and optimizer counters
-    (the scheduler's too) once: a job of 4 steps checkpoints step 3 and its
-    final step 4; jobs restored from each end where it did, bit for bit."""
+@pytest.mark.parametrize("optimizer", ["rmsprop", "sgd"])
+def test_gluon_restored_from_a_checkpoint_goes_on_as_if_uninterrupted(optimizer):
+    """Under a FactorScheduler, RMSProp on every worker (the servers cannot
+    run it: the checkpoints keep rank 0's weights, updater states and update
+    counts once) or SGD with momentum on the servers (the worker's update
+    counts, which drive the schedule, go on from the restored step): a job
+    of 4 steps checkpoints step 3 and its final step 4; jobs restored from
+    each end where it did, bit for bit."""
     import tempfile
 
     script = os.path.join(HERE, "mx_gluon_worker.py")
     with tempfile.TemporaryDirectory() as d:
         ckpt = {"uri": "file://" + d + "/ckpt", "every_steps": 3}
-        code, log = run_job(script, ["--resume", d + "/whole.npz"], {"checkpoint": ckpt})
+        code, log = run_job(script, ["--resume", d + "/whole.npz", "--optimizer", optimizer], {"checkpoint": ckpt})
         assert code == 0, log
         whole = np.load(d + "/whole.npz")
         for step in (3, 4):
             out = "%s/from%d.npz" % (d, step)
-            code, log = run_job(script, ["--resume", out], {"restore": "file://%s/ckpt/step-%012d" % (d, step)})
+            code, log = run_job(script, ["--resume", out, "--optimizer", optimizer],
+                                {"restore": "file://%s/ckpt/step-%012d" % (d, step)})
             assert code == 0, log
             assert "rank 1: from step %d" % step in log, log
             resumed = np.load(out)

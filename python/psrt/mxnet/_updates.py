@@ -71,6 +71,13 @@ class _Updates:
             if self._local is not None:
                 self._load_state()
                 atexit.register(self.save_if_due, True)
+        start = self._client.restored_step()
+        if self._config is not None and start > 0:
+            # The servers' keys come back at step `start`; the worker counts
+            # each key's updates (which drive its lr_scheduler), and goes on
+            # from there as MXNet's servers, which keep the count, would.
+            optimizer.begin_num_update = max(optimizer.begin_num_update, start)
+            optimizer.num_update = max(optimizer.num_update, start)
 
     def config(self, key, broadcast_only):
         """What a dense key registers with now: the optimizer (with the
