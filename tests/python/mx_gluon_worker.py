@@ -211,10 +211,11 @@ RESUME_OPTIMIZERS = {
 
 
 def resume(rank, out, optimizer):
-    """`optimizer` (RESUME_OPTIMIZERS) under a FactorScheduler, from the
-    job's restored step (0 when fresh) to RESUME_STEPS; rank 0 writes the
-    net's arrays to `out` (.npz, collect_params() order)."""
-    net = mx_worker.build_net(seed=0)
+    """`optimizer` (RESUME_OPTIMIZERS) under a FactorScheduler on the
+    BatchNorm net, from the job's restored step (0 when fresh) to
+    RESUME_STEPS; rank 0 writes the net's arrays (the running statistics
+    among them) to `out` (.npz, collect_params() order)."""
+    net = build_bn_net(0)
     schedule = mx.lr_scheduler.FactorScheduler(step=1, factor=0.8)
     trainer = gluon.Trainer(net.collect_params(), optimizer,
                             dict(RESUME_OPTIMIZERS[optimizer], lr_scheduler=schedule), kvstore="psrt")

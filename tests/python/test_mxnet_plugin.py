@@ -282,9 +282,10 @@ def test_gluon_restored_from_a_checkpoint_goes_on_as_if_uninterrupted(optimizer)
     """Under a FactorScheduler, RMSProp on every worker (the servers cannot
     run it: the checkpoints keep rank 0's weights, updater states and update
     counts once) or SGD with momentum on the servers (the worker's update
-    counts, which drive the schedule, go on from the restored step): a job
-    of 4 steps checkpoints step 3 and its final step 4; jobs restored from
-    each end where it did, bit for bit."""
+    counts, which drive the schedule, go on from the restored step), with
+    BatchNorm's averaged statistics: a job of 4 steps checkpoints step 3
+    and its final step 4; jobs restored from each end where it did, bit
+    for bit."""
     import tempfile
 
     script = os.path.join(HERE, "mx_gluon_worker.py")

@@ -36,11 +36,17 @@ class _RunningStats:
         return own
 
     def broadcast(self, own):
-        """Gluon broadcasts after the first forward pass, which moved each
-        worker's statistics: their mean, not rank 0's, as at every later
-        step. A restored job takes the checkpoint's."""
+        """Gluon broadcasts rank 0's arrays (after the first forward pass
+        where its store starts late, so that each worker's statistics moved
+        already): each worker keeps its own until the step's end takes their
+        mean, once a step, so that the keys' version is the step (a
+        checkpoint of step T holds step T's statistics). A restored job
+        takes the checkpoint's."""
         if own and self._client.is_sync() and not self._client.restored_step():
-            self._average(list(own), [own[k] for k in own])
+            with mx.autograd.pause():
+                for k, value in own.items():
+                    for dst in self._keys.broadcast_only[k]:
+                        _assign(dst, value)
 
     def step_end(self):
         """Sync: every worker's running statistics become their mean. Which
