@@ -28,6 +28,15 @@ def allreduce(client, names, values, shapes, op=MEAN, compression=psrt.Compressi
     return [o if g else None for o, g in zip(outs, given)], factor
 
 
+def load_state(client, name, who):
+    """The bytes of the workers' state `name` the job restored (b"": none,
+    a fresh job), its error told as `who`'s (worker/state_keys.h)."""
+    try:
+        return client.load_state(name)
+    except psrt.PsrtError as e:
+        raise psrt.PsrtError("%s: %s" % (who, e)) from None
+
+
 def unique_names(names):
     """`names`, made unique by suffixes where they repeat."""
     seen, out = {}, []

@@ -13,6 +13,7 @@ import mxnet as mx
 import numpy as np
 
 import psrt
+from psrt import _host
 from psrt.mxnet._optimizers import _scales_gradient, _server_optimizer
 
 # A key with no optimizer: its value becomes the step's aggregated push.
@@ -45,6 +46,9 @@ class _Updates:
         self._state_name = None    # the updater's state in the job's checkpoints
         self._restored = {}        # dense key -> its weights from the restored state
         self._saved = 0            # the step whose state rank 0 saved last
+        # At exit, the last step's state for the final checkpoint (a store
+        # whose updates run on the servers saves nothing).
+        atexit.register(self.save_if_due, True)
 
     @property
     def local(self):
@@ -70,7 +74,6 @@ class _Updates:
                         "%s; and it cannot run on the workers: %s" % (e, why))
             if self._local is not None:
                 self._load_state()
-                atexit.register(self.save_if_due, True)
         start = self._client.restored_step()
         if self._config is not None and start > 0:
             # The servers' keys come back at step `start`; the worker counts
@@ -114,10 +117,7 @@ class _Updates:
         not the weights)."""
         self._state_name = "mxnet.updater%d" % next(_made)
         start = self._saved = self._client.restored_step()
-        try:
-            blob = self._client.load_state(self._state_name)
-        except psrt.PsrtError as e:
-            raise psrt.PsrtError("psrt kvstore: %s" % e) from None
+        blob = _host.load_state(self._client, self._state_name, "psrt kvstore")
         if not blob:
             return
         saved = np.load(io.BytesIO(blob))
@@ -141,8 +141,10 @@ class _Updates:
     def save_if_due(self, last=False):
         """Rank 0, once every dense key took the step: the state, where the
         job's checkpoints keep this step (`last`: the final one's, at exit)."""
+        if self._local is None or self._client.rank() != 0:
+            return
         step = self._step()
-        if self._local is None or self._client.rank() != 0 or step <= self._saved:
+        if step <= self._saved:
             return
         if not self._client.state_due(step, last):
             return

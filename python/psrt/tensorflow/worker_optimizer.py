@@ -73,10 +73,7 @@ class WorkerKeys:
 
     def _load_state(self):
         """Every worker takes the state the job restored (rank 0's, saved once)."""
-        try:
-            blob = self.client.load_state(self.state_name)
-        except psrt.PsrtError as e:
-            raise psrt.PsrtError("psrt.keras.DistributedOptimizer: %s" % e) from None
+        blob = _host.load_state(self.client, self.state_name, "psrt.keras.DistributedOptimizer")
         if not blob:
             return
         saved = np.load(io.BytesIO(blob))

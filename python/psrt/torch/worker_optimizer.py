@@ -151,10 +151,7 @@ class WorkerOptimizer(DistributedOptimizer):
     def _load_state(self):
         """Every worker takes the state the job restored (rank 0's, saved
         once); returns the buffers, which modules show as they run."""
-        try:
-            blob = self._client.load_state(self._state_name)
-        except psrt.PsrtError as e:
-            raise psrt.PsrtError("psrt.DistributedOptimizer: %s" % e) from None
+        blob = _host.load_state(self._client, self._state_name, "psrt.DistributedOptimizer")
         if not blob:
             return {}
         state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
